@@ -1,0 +1,14 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    include: ['test/**/*.test.ts'],
+    testTimeout: 30_000,
+    hookTimeout: 30_000,
+    // Child-process and multi-process tests share one machine with 2 cores:
+    // files run in parallel, tests inside a file run in order.
+    fileParallelism: true,
+    maxWorkers: 2,
+    reporters: ['default'],
+  },
+});
