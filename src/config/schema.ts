@@ -1,0 +1,127 @@
+import { z } from 'zod';
+import { parseDuration } from '../core/duration.js';
+
+const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
+
+const Duration = z
+  .union([z.string(), z.number()])
+  .transform((v, ctx) => {
+    const ms = parseDuration(v);
+    if (ms === null) {
+      ctx.addIssue({ code: 'custom', message: 'must be a duration such as "500ms", "30s", "15m", "24h", "7d", or milliseconds' });
+      return z.NEVER;
+    }
+    return ms;
+  });
+
+const ms = (max: number) => z.number().int().min(0).max(max);
+
+export const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as const;
+
+/** Headers kept with a stored response for replay (DESIGN §3). Never `set-cookie`. */
+export const DEFAULT_REPLAY_HEADERS = [
+  'content-type',
+  'content-language',
+  'content-encoding',
+  'content-disposition',
+  'location',
+  'etag',
+  'last-modified',
+  'cache-control',
+  'request-id',
+  'idempotency-key',
+];
+
+const Entity = z.union([
+  z.strictObject({ header: HeaderName }),
+  z.strictObject({ path: z.string().regex(/^:[A-Za-z_][A-Za-z0-9_]*$/, 'must name a path parameter, e.g. ":invoice"') }),
+  z.strictObject({ json: z.string().regex(/^(\/.*)?$/, 'must be a JSON pointer (RFC 6901), e.g. "/invoice_id"') }),
+]);
+
+/** A header sent to the upstream: a literal, or a secret read from an environment variable. */
+const UpstreamHeader = z.union([
+  z.string(),
+  z.strictObject({ env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name'), prefix: z.string().default('') }),
+]);
+
+export const RouteSchema = z.strictObject({
+  /** Unique; scopes idempotency keys and labels logs and metrics. */
+  name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'must be 1-64 letters, digits, "_", "." or "-"'),
+  match: z.strictObject({
+    /** `/payments/*` (prefix), `/invoices/:invoice/pay` (one segment per parameter). */
+    path: z
+      .string()
+      .regex(/^\/[^?#\s]*$/, 'must start with "/" and contain no query, fragment or space')
+      .refine((p) => !p.slice(0, -1).includes('*'), 'may only end with "*"'),
+    methods: z.array(z.enum(METHODS)).min(1).default(['POST', 'PUT', 'PATCH', 'DELETE']),
+  }),
+  upstream: z.url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' }),
+  entity: Entity.default({ header: 'X-Fence-Entity' }),
+  fence: z.enum(['required', 'optional', 'off']).default('required'),
+  fenceHeader: HeaderName.default('X-Execution-Fence'),
+  idempotency: z.enum(['required', 'optional', 'off']).default('required'),
+  idempotencyHeader: HeaderName.default('Idempotency-Key'),
+  mode: z.enum(['serial', 'concurrent']).default('serial'),
+  /** Bound on the whole upstream exchange, response body included. */
+  timeoutMs: ms(600_000).min(1).default(10_000),
+  /** The record lock is `timeoutMs + lockMarginMs`: long enough to outlive any live attempt. */
+  lockMarginMs: ms(600_000).default(2_000),
+  /** Serial mode: how long a request waits for the entity's in-flight request before 409 entity-busy. */
+  serialWaitMs: ms(600_000).default(5_000),
+  /** Cap on `Prefer: wait=N` for a key in progress. */
+  maxWaitMs: ms(600_000).default(10_000),
+  maxBodyBytes: z.number().int().min(0).max(100 * 1024 * 1024).default(1024 * 1024),
+  retention: Duration.prefault('24h'),
+  onUnknown: z.enum(['reject', 'retry']).default('reject'),
+  upstreamHeaders: z.record(HeaderName, UpstreamHeader).default({}),
+  /** Request headers never forwarded (besides hop-by-hop ones and the gateway's own credentials). */
+  stripHeaders: z.array(HeaderName).default([]),
+  replayHeaders: z
+    .array(HeaderName)
+    .default(DEFAULT_REPLAY_HEADERS)
+    .refine((hs) => !hs.some((h) => h.toLowerCase() === 'set-cookie'), 'may not contain set-cookie'),
+  /** Upstream statuses that mean "not processed": the record is released, not stored. */
+  releaseStatuses: z.array(z.number().int().min(100).max(599)).default([429, 503]),
+  errors: z.enum(['problem', 'stripe']).default('problem'),
+});
+
+const StoreSchema = z.union([
+  z.strictObject({ sqlite: z.string().min(1), synchronous: z.enum(['FULL', 'NORMAL']).default('FULL') }),
+  z.strictObject({ postgres: z.string().min(1), poolSize: z.number().int().min(1).max(1000).default(10) }),
+  z.strictObject({ d1: z.string().min(1) }),
+]);
+
+export const ConfigSchema = z
+  .strictObject({
+    listen: z
+      .strictObject({ host: z.string().min(1).default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080) })
+      .prefault({}),
+    store: StoreSchema.prefault({ sqlite: './fencegate.db' }),
+    adminPrefix: z
+      .string()
+      .regex(/^(\/[A-Za-z0-9_.~-]+)+$/, 'must be a path such as "/_fencegate" (no trailing slash)')
+      .default('/_fencegate'),
+    /** How often expired records and old rejections are swept. */
+    sweepInterval: Duration.prefault('60s'),
+    rejectionRetention: Duration.prefault('90d'),
+    /** Base of problem `type` URIs; default `<adminPrefix>/problems/`, served by the gateway. */
+    problemTypeBase: z.string().min(1).optional(),
+    routes: z.array(RouteSchema).min(1),
+  })
+  .superRefine((config, ctx) => {
+    const seen = new Set<string>();
+    config.routes.forEach((route, i) => {
+      if (seen.has(route.name)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'name'], message: `duplicate route name "${route.name}"` });
+      seen.add(route.name);
+      if ('path' in route.entity && !route.match.path.split('/').includes(route.entity.path)) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'entity', 'path'], message: `"${route.entity.path}" is not a parameter of match.path "${route.match.path}"` });
+      }
+      if (route.match.path.startsWith(`${config.adminPrefix}/`) || route.match.path === config.adminPrefix) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `overlaps the admin prefix ${config.adminPrefix}` });
+      }
+    });
+  });
+
+export type Config = z.output<typeof ConfigSchema>;
+export type ConfigInput = z.input<typeof ConfigSchema>;
+export type RouteConfig = z.output<typeof RouteSchema>;

@@ -1,0 +1,99 @@
+import { createAdaptorServer } from '@hono/node-server';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Config } from '../config/schema.js';
+import { createUndiciForwarder } from '../http/forward-undici.js';
+import type { Forwarder } from '../http/forward.js';
+import { createGateway, type Gateway } from '../http/gateway.js';
+import { createJsonLogger, type Logger } from '../http/logger.js';
+import { createSqliteStore } from '../store/sqlite/index.js';
+import type { GatewayStore } from '../store/types.js';
+
+export interface RunningGateway {
+  gateway: Gateway;
+  server: Server;
+  /** `http://host:port`, with the port actually bound. */
+  url: string;
+  /** Stops accepting, finishes in-flight requests, closes the store. Idempotent. */
+  close(): Promise<void>;
+}
+
+export interface StartOptions {
+  config: Config;
+  logger?: Logger;
+  /** Defaults to the store the config names. */
+  store?: GatewayStore;
+  forwarder?: Forwarder;
+  env?: Record<string, string | undefined>;
+}
+
+/** Opens the store a configuration names. PostgreSQL and D1 are loaded only when named. */
+export async function openStore(store: Config['store']): Promise<GatewayStore> {
+  if ('sqlite' in store) return createSqliteStore({ path: store.sqlite, synchronous: store.synchronous });
+  if ('postgres' in store) {
+    const pgStore = '../store/postgres/index.js';
+    const mod = await import(pgStore);
+    return mod.createPostgresStore({ connectionString: store.postgres, poolSize: store.poolSize });
+  }
+  throw new Error('store.d1 is only available on Cloudflare Workers (see wrangler.toml)');
+}
+
+export function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || host === '[::1]' || /^127(\.\d{1,3}){3}$/.test(host);
+}
+
+/**
+ * The Node server: the gateway on `config.listen`, a periodic sweeper, and a
+ * close that drains in-flight requests before the store goes away.
+ */
+export async function startGateway(options: StartOptions): Promise<RunningGateway> {
+  const { config } = options;
+  const logger = options.logger ?? createJsonLogger();
+  const store = options.store ?? (await openStore(config.store));
+  const admin = isLoopback(config.listen.host);
+  if (!admin) logger.warn('admin-api-disabled', { reason: 'listening on a non-loopback address without caller authentication', host: config.listen.host });
+
+  const gateway = createGateway({ config, store, forwarder: options.forwarder ?? createUndiciForwarder(), logger, admin, env: options.env });
+  const server = createAdaptorServer({ fetch: gateway.app.fetch }) as Server;
+  // Slow-body and slow-header clients are cut off instead of holding sockets.
+  server.requestTimeout = 60_000;
+  server.headersTimeout = 20_000;
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(config.listen.port, config.listen.host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const { port } = server.address() as AddressInfo;
+  const host = config.listen.host.includes(':') && !config.listen.host.startsWith('[') ? `[${config.listen.host}]` : config.listen.host;
+  const url = `http://${host}:${port}`;
+
+  const sweeper = setInterval(() => {
+    gateway.sweep().then(
+      (r) => {
+        if (r.expiredRecords + r.unknownRecords + r.oldRejections > 0) logger.info('sweep', { ...r });
+      },
+      (err) => logger.error('sweep-failed', { error: String(err) }),
+    );
+  }, config.sweepInterval);
+  sweeper.unref();
+
+  let closing: Promise<void> | null = null;
+  return {
+    gateway,
+    server,
+    url,
+    close() {
+      closing ??= (async () => {
+        clearInterval(sweeper);
+        const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+        server.closeIdleConnections();
+        await gateway.close();
+        server.closeAllConnections();
+        await closed;
+      })();
+      return closing;
+    },
+  };
+}

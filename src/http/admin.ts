@@ -1,0 +1,137 @@
+import { Hono } from 'hono';
+import { parseDuration } from '../core/duration.js';
+import { ERROR_CODES, type ErrorCode } from '../protocol/codes.js';
+import { renderProblem, type Refusal } from '../protocol/problem.js';
+import type { GatewayStore, RejectionQuery, RejectionRow } from '../store/types.js';
+
+export interface AdminOptions {
+  store: GatewayStore;
+  problemBase: string;
+  /** When false, only `/health` and the problem descriptions answer. */
+  enabled: boolean;
+}
+
+/**
+ * The admin API, mounted under `adminPrefix`. `GET /health` and
+ * `GET /problems/:code` always answer; the `/v1` audit endpoints only when
+ * enabled (until caller auth exists: only on a loopback listener).
+ */
+export function createAdminApp(options: AdminOptions): Hono {
+  const { store } = options;
+  const app = new Hono();
+  const problem = (refusal: Refusal) => {
+    const r = renderProblem(refusal, options.problemBase);
+    return new Response(r.body, { status: r.status, headers: r.headers });
+  };
+
+  app.get('/health', (c) => c.json({ status: 'ok' }));
+
+  app.get('/problems/:code', (c) => {
+    const code = c.req.param('code');
+    if (!Object.hasOwn(ERROR_CODES, code)) return problem({ code: 'not-found', detail: `no problem type "${code}"` });
+    const spec = ERROR_CODES[code as ErrorCode];
+    return c.json({ code, status: spec.status, title: spec.title, retryable: spec.retryable });
+  });
+
+  app.use('/v1/*', async (c, next) => {
+    if (!options.enabled) return problem({ code: 'admin-disabled', detail: 'the admin API answers only on a loopback listener until caller authentication is configured' });
+    await next();
+  });
+
+  app.get('/v1/rejections', async (c) => {
+    const parsed = parseRejectionQuery(new URL(c.req.url).searchParams);
+    if (typeof parsed === 'string') return problem({ code: 'invalid-request', detail: parsed });
+    const page = await store.listRejections(parsed);
+    return c.json({ items: page.items.map(rejectionJson), next_cursor: page.nextCursor });
+  });
+
+  app.get('/v1/entities/:entity', async (c) => {
+    const info = await store.getEntity(c.req.param('entity'));
+    if (info === null) return problem({ code: 'not-found', detail: 'no such entity' });
+    return c.json({
+      entity: info.entity,
+      fence: info.fence,
+      accepted_at: info.acceptedAt.toISOString(),
+      inflight: info.inflight === null ? null : { until: info.inflight.until.toISOString() },
+    });
+  });
+
+  app.get('/v1/idempotency/:key', async (c) => {
+    const key = c.req.param('key');
+    const records = await store.getRecords(key);
+    if (records.length === 0) return problem({ code: 'not-found', detail: 'no record with this idempotency key' });
+    return c.json({
+      key,
+      records: records.map((r) => ({
+        scope: r.scope,
+        state: r.state,
+        fingerprint: r.fingerprint,
+        entity: r.entity,
+        fence: r.fence,
+        status: r.status,
+        locked_until: r.lockedUntil?.toISOString() ?? null,
+        created_at: r.createdAt.toISOString(),
+        expires_at: r.expiresAt.toISOString(),
+      })),
+    });
+  });
+
+  app.all('*', () => problem({ code: 'not-found', detail: 'no such admin endpoint' }));
+  return app;
+}
+
+export function rejectionJson(r: RejectionRow) {
+  return {
+    id: r.id,
+    at: r.at.toISOString(),
+    reason: r.reason,
+    entity: r.entity,
+    presented_fence: r.presentedFence,
+    current_fence: r.currentFence,
+    idempotency_key: r.idempotencyKey,
+    caller: r.caller,
+    method: r.method,
+    path: r.path,
+    payload_sha256: r.payloadSha256,
+    request_id: r.requestId,
+  };
+}
+
+/**
+ * `entity`, `reason`, `caller`; `since` / `until` as ISO 8601 or as a
+ * duration back from now (`2h`); `limit` 1–1000 (default 100); `cursor`.
+ * Returns the query, or a message naming the bad parameter.
+ */
+export function parseRejectionQuery(params: URLSearchParams, now = Date.now()): RejectionQuery | string {
+  const q: RejectionQuery = { limit: 100 };
+  for (const name of ['entity', 'reason', 'caller'] as const) {
+    const v = params.get(name);
+    if (v !== null && v !== '') q[name] = v;
+  }
+  for (const name of ['since', 'until'] as const) {
+    const v = params.get(name);
+    if (v === null || v === '') continue;
+    const d = parseTime(v, now);
+    if (d === null) return `${name}: expected an ISO 8601 time or a duration such as "2h"`;
+    q[name] = d;
+  }
+  const limit = params.get('limit');
+  if (limit !== null) {
+    if (!/^\d{1,4}$/.test(limit) || Number(limit) < 1 || Number(limit) > 1000) return 'limit: expected an integer from 1 to 1000';
+    q.limit = Number(limit);
+  }
+  const cursor = params.get('cursor');
+  if (cursor !== null && cursor !== '') {
+    if (!/^\d{1,19}$/.test(cursor)) return 'cursor: not a cursor from next_cursor';
+    q.cursor = cursor;
+  }
+  return q;
+}
+
+function parseTime(v: string, now: number): Date | null {
+  const ago = parseDuration(v);
+  if (ago !== null) return new Date(now - ago);
+  if (!/^\d{4}-\d{2}-\d{2}/.test(v)) return null;
+  const d = new Date(v);
+  return Number.isNaN(d.getTime()) ? null : d;
+}

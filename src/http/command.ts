@@ -1,0 +1,84 @@
+import type { RouteConfig } from '../config/schema.js';
+import { parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
+import type { Refusal } from '../protocol/problem.js';
+
+/** What the headers (and path) of a proxied request say, once parsed (DESIGN §3.3). */
+export interface Command {
+  fence: bigint | null;
+  key: string | null;
+  /** From the header or the path; a JSON-pointer entity is read after the body. */
+  entity: string | null;
+}
+
+export type CommandResult = { ok: true; command: Command } | { ok: false; refusal: Refusal };
+
+/**
+ * Step 3 of the decision order: parse the fence, the idempotency key and the
+ * entity (when it comes from a header or the path). Nothing is stored yet,
+ * so a refusal here changes no state.
+ */
+export function parseCommand(route: RouteConfig, headers: Headers, params: Record<string, string>): CommandResult {
+  let fence: bigint | null = null;
+  if (route.fence !== 'off') {
+    const raw = headers.get(route.fenceHeader);
+    if (raw === null) {
+      if (route.fence === 'required') return refuse('missing-fence', `this route requires the ${route.fenceHeader} header`);
+    } else {
+      const parsed = parseFence(raw);
+      if (!parsed.ok) return refuse('invalid-fence', `${route.fenceHeader}: ${parsed.reason}`);
+      fence = parsed.value;
+    }
+  }
+
+  let key: string | null = null;
+  if (route.idempotency !== 'off') {
+    const raw = headers.get(route.idempotencyHeader);
+    if (raw === null) {
+      if (route.idempotency === 'required') return refuse('missing-idempotency-key', `this route requires the ${route.idempotencyHeader} header`);
+    } else {
+      const parsed = parseIdempotencyKey(raw);
+      if (!parsed.ok) return refuse('invalid-idempotency-key', `${route.idempotencyHeader}: ${parsed.reason}`);
+      key = parsed.value;
+    }
+  }
+
+  let entity: string | null = null;
+  if ('header' in route.entity || 'path' in route.entity) {
+    const raw = 'header' in route.entity ? headers.get(route.entity.header) : (params[route.entity.path.slice(1)] ?? null);
+    const where = 'header' in route.entity ? route.entity.header : `path parameter ${route.entity.path}`;
+    if (raw !== null) {
+      const parsed = parseEntity(raw);
+      if (!parsed.ok) return refuse('invalid-entity', `${where}: ${parsed.reason}`);
+      entity = parsed.value;
+    }
+  }
+  return { ok: true, command: { fence, key, entity } };
+}
+
+/**
+ * A JSON-pointer entity (RFC 6901) from the request body: a string, or an
+ * integer written as its decimal text.
+ */
+export function entityFromJson(pointer: string, body: Uint8Array): { ok: true; entity: string | null } | { ok: false; refusal: Refusal } {
+  let doc: unknown;
+  try {
+    doc = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
+  } catch {
+    return { ok: true, entity: null };
+  }
+  const tokens = pointer === '' ? [] : pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+  let node: unknown = doc;
+  for (const t of tokens) {
+    if (node === null || typeof node !== 'object' || !Object.prototype.hasOwnProperty.call(node, t)) return { ok: true, entity: null };
+    node = (node as Record<string, unknown>)[t];
+  }
+  if (typeof node === 'number' && Number.isSafeInteger(node)) node = String(node);
+  if (typeof node !== 'string') return { ok: true, entity: null };
+  const parsed = parseEntity(node);
+  if (!parsed.ok) return { ok: false, refusal: { code: 'invalid-entity', detail: `body ${pointer}: ${parsed.reason}` } };
+  return { ok: true, entity: parsed.value };
+}
+
+function refuse(code: Refusal['code'], detail: string): CommandResult {
+  return { ok: false, refusal: { code, detail } };
+}

@@ -1,0 +1,106 @@
+import { Hono } from 'hono';
+import type { Config } from '../config/schema.js';
+import { ConfigError } from '../config/load.js';
+import { renderProblem } from '../protocol/problem.js';
+import type { GatewayStore, SweepResult } from '../store/types.js';
+import { createAdminApp } from './admin.js';
+import type { Forwarder } from './forward.js';
+import { silentLogger, type Logger } from './logger.js';
+import { createProxyHandler, errorText } from './proxy.js';
+
+export interface GatewayOptions {
+  config: Config;
+  store: GatewayStore;
+  forwarder: Forwarder;
+  /** Where `upstreamHeaders: { env }` secrets are read from. Default `process.env` (on Node). */
+  env?: Record<string, string | undefined>;
+  logger?: Logger;
+  /** Serve the `/v1` admin API. Default true; the Node entry turns it off on non-loopback listeners. */
+  admin?: boolean;
+}
+
+export interface Gateway {
+  app: Hono;
+  store: GatewayStore;
+  config: Config;
+  /** Requests being handled right now. */
+  inflight(): number;
+  /** Deletes expired records and old rejections; marks dead in_progress records outcome_unknown. */
+  sweep(): Promise<SweepResult>;
+  /** Waits for in-flight requests, then closes the forwarder and the store. Idempotent. */
+  close(): Promise<void>;
+}
+
+/**
+ * Builds the gateway: one Hono app whose admin API lives under
+ * `adminPrefix` and whose every other path goes through the fenced proxy.
+ * Validates what it can at start-up (upstream credentials present).
+ *
+ * @example
+ * const gateway = createGateway({ config, store: createSqliteStore({ path: 'fg.db' }), forwarder: createUndiciForwarder() });
+ * serve({ fetch: gateway.app.fetch, port: 8080 });
+ */
+export function createGateway(options: GatewayOptions): Gateway {
+  const { config, store, forwarder } = options;
+  const logger = options.logger ?? silentLogger;
+  const problemBase = config.problemTypeBase ?? `${config.adminPrefix}/problems/`;
+  const upstreamHeaders = resolveUpstreamHeaders(config, options.env ?? (globalThis as any).process?.env ?? {});
+
+  const proxy = createProxyHandler({ config, store, forwarder, logger, problemBase, upstreamHeaders, stripAuthorization: false });
+
+  let active = 0;
+  let drained: (() => void) | null = null;
+  const app = new Hono();
+  app.route(config.adminPrefix, createAdminApp({ store, problemBase, enabled: options.admin ?? true }));
+  app.all('*', async (c) => {
+    active++;
+    try {
+      return await proxy(c);
+    } finally {
+      if (--active === 0) drained?.();
+    }
+  });
+  app.onError((err, c) => {
+    logger.error('internal-error', { path: new URL(c.req.url).pathname, error: errorText(err) });
+    const r = renderProblem({ code: 'internal-error', detail: 'the gateway failed to handle this request' }, problemBase);
+    return new Response(r.body, { status: r.status, headers: r.headers });
+  });
+
+  let closing: Promise<void> | null = null;
+  return {
+    app,
+    store,
+    config,
+    inflight: () => active,
+    sweep: () => store.sweep({ rejectionRetentionMs: config.rejectionRetention }),
+    close() {
+      closing ??= (async () => {
+        if (active > 0) await new Promise<void>((resolve) => (drained = resolve));
+        await forwarder.close?.();
+        await store.close();
+      })();
+      return closing;
+    },
+  };
+}
+
+/** Reads `upstreamHeaders` secrets once; a missing variable stops start-up naming the field. */
+function resolveUpstreamHeaders(config: Config, env: Record<string, string | undefined>): Map<string, Record<string, string>> {
+  const out = new Map<string, Record<string, string>>();
+  const missing: string[] = [];
+  config.routes.forEach((route, i) => {
+    const headers: Record<string, string> = {};
+    for (const [name, spec] of Object.entries(route.upstreamHeaders)) {
+      if (typeof spec === 'string') {
+        headers[name] = spec;
+        continue;
+      }
+      const value = env[spec.env];
+      if (value === undefined || value === '') missing.push(`routes[${i}].upstreamHeaders.${name}: environment variable ${spec.env} is not set`);
+      else headers[name] = spec.prefix + value;
+    }
+    out.set(route.name, headers);
+  });
+  if (missing.length > 0) throw new ConfigError(`invalid configuration:\n  ${missing.join('\n  ')}`, missing);
+  return out;
+}

@@ -1,0 +1,310 @@
+import { randomUUID } from 'node:crypto';
+import type { Context } from 'hono';
+import type { Config, RouteConfig } from '../config/schema.js';
+import { fingerprint, sha256Hex } from '../core/fingerprint.js';
+import { parsePreferWait } from '../protocol/headers.js';
+import { retryAfterSeconds, type Refusal } from '../protocol/problem.js';
+import { entityTopic, recordTopic, type Admission, type AdmitInput, type AuditInfo, type FinishInput, type GatewayStore, type StoredResponse } from '../store/types.js';
+import { readBody } from './body.js';
+import { entityFromJson, parseCommand } from './command.js';
+import { renderRefusal, toResponse } from './errors.js';
+import { connectionTokens, isHopByHop, type Forwarder, type UpstreamResult } from './forward.js';
+import type { Logger } from './logger.js';
+import { createRouter } from './router.js';
+
+export interface ProxyDeps {
+  config: Config;
+  store: GatewayStore;
+  forwarder: Forwarder;
+  logger: Logger;
+  problemBase: string;
+  /** Resolved `upstreamHeaders` per route name (secrets read from the environment at start-up). */
+  upstreamHeaders: Map<string, Record<string, string>>;
+  /** Strip the caller's `Authorization` (it authenticates to the gateway, not the upstream). */
+  stripAuthorization: boolean;
+  /** Identifies the caller in the rejection log and scopes its keys; null without auth. */
+  callerOf?: (c: Context) => string | null;
+}
+
+/** Per-decision log line (DESIGN: ids, codes, durations; no bodies). */
+interface Trace {
+  request_id: string;
+  route: string | null;
+  method: string;
+  path: string;
+  entity?: string | null;
+  fence?: bigint | null;
+  idempotency_key?: string | null;
+  decision?: string;
+  status?: number;
+  upstream_ms?: number;
+}
+
+const REQUEST_ID = /^[A-Za-z0-9._:@-]{1,128}$/;
+
+/**
+ * The proxied request, in the decision order of DESIGN §3: route, headers,
+ * body and fingerprint, one-transaction admission, forward, owner-token
+ * conditional finish. Refusals never reach the upstream and, before the
+ * admission, change no state.
+ */
+export function createProxyHandler(deps: ProxyDeps) {
+  const router = createRouter(deps.config.routes);
+  const { store, logger } = deps;
+
+  return async function proxy(c: Context): Promise<Response> {
+    const started = performance.now();
+    const req = c.req.raw;
+    const url = new URL(req.url);
+    const given = req.headers.get('x-request-id');
+    const requestId = given !== null && REQUEST_ID.test(given) ? given : randomUUID();
+    const trace: Trace = { request_id: requestId, route: null, method: req.method, path: url.pathname };
+    const done = (res: Response, decision: string): Response => {
+      res.headers.set('x-request-id', requestId);
+      logger.info('decision', { ...trace, decision, status: res.status, total_ms: round(performance.now() - started) });
+      return res;
+    };
+    const refuse = (route: RouteConfig | null, refusal: Refusal): Response => {
+      refusal.extras = { ...refusal.extras, request_id: requestId };
+      return done(toResponse(renderRefusal(refusal, route?.errors ?? null, deps.problemBase)), refusal.code);
+    };
+
+    // 1. Route.
+    const matched = router(req.method, url.pathname);
+    if (matched === null) return refuse(null, { code: 'no-route', detail: `no route for ${req.method} ${url.pathname}` });
+    const { route } = matched;
+    trace.route = route.name;
+
+    // 3. Headers (2, caller auth, runs as middleware before this handler).
+    const parsed = parseCommand(route, req.headers, matched.params);
+    if (!parsed.ok) return refuse(route, parsed.refusal);
+    let { fence, key, entity } = parsed.command;
+
+    // 4. Body, up to the route's limit, and the fingerprint.
+    const read = await readBody(req, route.maxBodyBytes);
+    if (!read.ok) return refuse(route, { code: 'payload-too-large', detail: `the body exceeds this route's limit of ${route.maxBodyBytes} bytes` });
+    const body = read.body;
+    if ('json' in route.entity) {
+      const fromBody = entityFromJson(route.entity.json, body);
+      if (!fromBody.ok) return refuse(route, fromBody.refusal);
+      entity = fromBody.entity;
+    }
+    if (entity === null && (fence !== null || route.fence === 'required')) {
+      return refuse(route, { code: 'missing-entity', detail: `a fence needs an entity (${describeEntity(route)})` });
+    }
+    Object.assign(trace, { entity, fence, idempotency_key: key });
+
+    const pathAndQuery = url.pathname + url.search;
+    const caller = deps.callerOf?.(c) ?? null;
+    const audit: AuditInfo = { requestId, caller, method: req.method, path: pathAndQuery, payloadSha256: sha256Hex(body) };
+    const input: AdmitInput = {
+      scope: caller === null ? route.name : `${route.name}\u0000${caller}`,
+      key,
+      entity,
+      fence,
+      fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', body),
+      mode: route.mode,
+      ownerToken: randomUUID(),
+      lockMs: route.timeoutMs + route.lockMarginMs,
+      retentionMs: route.retention,
+      onUnknown: route.onUnknown,
+      audit,
+    };
+
+    // 5. Admission, re-run after bounded waits (serial slot; Prefer: wait).
+    let admission: Admission;
+    try {
+      admission = await admitWithWaits(store, input, route, req);
+    } catch (err) {
+      logger.error('store-error', { request_id: requestId, route: route.name, phase: 'admit', error: errorText(err) });
+      return refuse(route, { code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
+    }
+
+    const fenceExtras = { entity, presented_fence: fence?.toString() ?? null };
+    switch (admission.outcome) {
+      case 'stale-fence':
+        return refuse(route, {
+          code: 'stale-fence',
+          detail: `fence ${fence} is older than fence ${admission.currentFence} already accepted for this entity`,
+          extras: { ...fenceExtras, current_fence: admission.currentFence.toString() },
+        });
+      case 'idempotency-key-reused':
+        return refuse(route, { code: 'idempotency-key-reused', detail: 'this idempotency key was used for a different request (method, path, content type or body differ)', extras: { idempotency_key: key } });
+      case 'idempotency-in-progress': {
+        const retry_after = retryAfterSeconds(admission.retryAfterMs);
+        return refuse(route, { code: 'idempotency-in-progress', detail: 'a request with this idempotency key is still in progress; retry later or send Prefer: wait=N', extras: { idempotency_key: key, retry_after } });
+      }
+      case 'outcome-unknown':
+        return refuse(route, { code: 'outcome-unknown', detail: 'an earlier attempt with this key may have reached the upstream; it needs an operator or an upstream check, not a blind retry', extras: { idempotency_key: key } });
+      case 'entity-busy': {
+        const retry_after = retryAfterSeconds(admission.retryAfterMs);
+        return refuse(route, { code: 'entity-busy', detail: 'another request for this entity is in flight (serial mode)', extras: { entity, retry_after } });
+      }
+      case 'replay': {
+        const res = responseFrom(admission.response, null);
+        res.headers.set('idempotent-replayed', 'true');
+        return done(res, 'replayed');
+      }
+      case 'forward':
+        break;
+    }
+
+    // 6. Forward. The caller's disconnect does not cancel this: the outcome
+    //    is stored so that its retry with the same key gets the replay.
+    const upstreamStarted = performance.now();
+    let result: UpstreamResult;
+    try {
+      result = await deps.forwarder.forward({
+        url: joinUrl(route.upstream, pathAndQuery),
+        method: req.method,
+        headers: upstreamHeaders(req.headers, route, deps, { requestId, entity, fence }),
+        body: body.byteLength > 0 ? body : null,
+        timeoutMs: route.timeoutMs,
+      });
+    } catch (err) {
+      // A forwarder fault after admission: the request may have left, so the
+      // only honest outcome is unknown (G4: still exactly one outcome).
+      logger.error('forward-error', { request_id: requestId, route: route.name, error: errorText(err) });
+      result = { kind: 'unknown', error: 'forwarder-error', timedOut: false };
+    }
+    trace.upstream_ms = round(performance.now() - upstreamStarted);
+
+    // 7. Finish, conditional on the owner token.
+    const base = { scope: input.scope, key, entity, ownerToken: input.ownerToken, audit };
+    const { finish, response, decision } = settle(result, route, base, deps.problemBase, requestId);
+    const recorded = await finishWithRetries(store, finish, logger, requestId);
+    if (recorded === false) logger.warn('late-finish-discarded', { request_id: requestId, route: route.name, idempotency_key: key });
+    return done(response, admission.takeover ? `${decision}-after-takeover` : decision);
+  };
+}
+
+async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Request): Promise<Admission> {
+  const start = Date.now();
+  const preferWait = parsePreferWait(req.headers.get('prefer') ?? undefined);
+  const keyWaitMs = preferWait === null ? 0 : Math.min(preferWait * 1000, route.maxWaitMs);
+  for (;;) {
+    const admission = await store.admit(input);
+    const waited = Date.now() - start;
+    let topic: string | null = null;
+    let budget = 0;
+    if (admission.outcome === 'entity-busy' && input.entity !== null) {
+      topic = entityTopic(input.entity);
+      budget = route.serialWaitMs - waited;
+    } else if (admission.outcome === 'idempotency-in-progress' && input.key !== null) {
+      topic = recordTopic(input.scope, input.key);
+      budget = keyWaitMs - waited;
+    }
+    // A caller that has gone away stops waiting: nothing was admitted for it.
+    if (topic === null || budget <= 0 || req.signal.aborted) return admission;
+    await store.waitForChange(topic, budget, req.signal);
+  }
+}
+
+function settle(
+  result: UpstreamResult,
+  route: RouteConfig,
+  base: Omit<FinishInput, 'outcome'>,
+  problemBase: string,
+  requestId: string,
+): { finish: FinishInput; response: Response; decision: string } {
+  const problem = (refusal: Refusal) => toResponse(renderRefusal({ ...refusal, extras: { ...refusal.extras, request_id: requestId } }, route.errors, problemBase));
+  switch (result.kind) {
+    case 'response': {
+      const passthrough = responseFrom({ status: result.status, headers: result.headers, body: result.body }, 'hop-by-hop');
+      if (route.releaseStatuses.includes(result.status)) {
+        // 429 / 503 and the like mean "not processed": safe to retry.
+        return { finish: { ...base, outcome: 'released' }, response: passthrough, decision: 'forwarded-released' };
+      }
+      const keep = new Set(route.replayHeaders.map((h) => h.toLowerCase()));
+      const stored: StoredResponse = { status: result.status, headers: result.headers.filter(([n]) => keep.has(n.toLowerCase())), body: result.body };
+      return { finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention }, response: passthrough, decision: 'forwarded' };
+    }
+    case 'refused':
+      return {
+        finish: { ...base, outcome: 'released' },
+        response: problem({ code: 'upstream-unavailable', detail: `the upstream refused the connection (${result.error}); nothing was sent, retry with the same key is safe` }),
+        decision: 'upstream-unavailable',
+      };
+    case 'unknown':
+      return {
+        finish: { ...base, outcome: 'unknown' },
+        response: problem({
+          code: 'upstream-timeout',
+          detail: `${result.timedOut ? `no complete answer within ${route.timeoutMs} ms` : `the connection failed (${result.error})`} after the request may have been sent; the outcome is unknown`,
+        }),
+        decision: 'upstream-timeout',
+      };
+  }
+}
+
+/**
+ * The finish must land, or the record would wait for its lock to expire and
+ * become outcome_unknown although the gateway knows the answer. A short
+ * retry rides out a store blip (a PostgreSQL failover, a busy SQLite file).
+ */
+async function finishWithRetries(store: GatewayStore, finish: FinishInput, logger: Logger, requestId: string): Promise<boolean | null> {
+  const delays = [50, 200, 1000];
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return (await store.finish(finish)).recorded;
+    } catch (err) {
+      if (attempt >= delays.length) {
+        logger.error('store-error', { request_id: requestId, phase: 'finish', outcome: finish.outcome, error: errorText(err) });
+        return null;
+      }
+      await new Promise((r) => setTimeout(r, delays[attempt]));
+    }
+  }
+}
+
+function upstreamHeaders(
+  incoming: Headers,
+  route: RouteConfig,
+  deps: ProxyDeps,
+  command: { requestId: string; entity: string | null; fence: bigint | null },
+): Record<string, string> {
+  const conn = connectionTokens(incoming.get('connection'));
+  const strip = new Set(route.stripHeaders.map((h) => h.toLowerCase()));
+  if (deps.stripAuthorization) strip.add('authorization');
+  const out: Record<string, string> = {};
+  incoming.forEach((value, name) => {
+    if (isHopByHop(name, conn) || strip.has(name)) return;
+    out[name] = value;
+  });
+  // Pass the fencing context on, so a cooperating upstream can check it too.
+  if (command.entity !== null) out['x-fence-entity'] = command.entity;
+  if (command.fence !== null) out[route.fenceHeader.toLowerCase()] = command.fence.toString();
+  out['x-request-id'] = command.requestId;
+  for (const [name, value] of Object.entries(deps.upstreamHeaders.get(route.name) ?? {})) out[name.toLowerCase()] = value;
+  return out;
+}
+
+function responseFrom(stored: StoredResponse, filter: 'hop-by-hop' | null): Response {
+  const headers = new Headers();
+  const conn = filter ? connectionTokens(stored.headers.find(([n]) => n.toLowerCase() === 'connection')?.[1]) : new Set<string>();
+  for (const [name, value] of stored.headers) {
+    if (filter && isHopByHop(name, conn)) continue;
+    headers.append(name, value);
+  }
+  const noBody = stored.status === 204 || stored.status === 304 || (stored.status >= 100 && stored.status < 200);
+  return new Response(noBody ? null : stored.body, { status: stored.status, headers });
+}
+
+/** `http://up:9000/base` + `/payments/x?y=1` → `http://up:9000/base/payments/x?y=1`. */
+function joinUrl(upstream: string, pathAndQuery: string): string {
+  return upstream.replace(/\/+$/, '') + pathAndQuery;
+}
+
+function describeEntity(route: RouteConfig): string {
+  if ('header' in route.entity) return `header ${route.entity.header}`;
+  if ('path' in route.entity) return `path parameter ${route.entity.path}`;
+  return `body field ${route.entity.json}`;
+}
+
+function round(ms: number): number {
+  return Math.round(ms * 100) / 100;
+}
+
+export function errorText(err: unknown): string {
+  return err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+}

@@ -1,0 +1,385 @@
+import type { Statement } from 'better-sqlite3';
+import { LocalNotifier } from '../notifier.js';
+import {
+  entityTopic,
+  recordTopic,
+  type Admission,
+  type AdmitInput,
+  type EntityInfo,
+  type FinishInput,
+  type FinishResult,
+  type GatewayStore,
+  type RecordInfo,
+  type RecordState,
+  type RejectionInput,
+  type RejectionPage,
+  type RejectionQuery,
+  type RejectionRow,
+  type StoredResponse,
+  type SweepOptions,
+  type SweepResult,
+} from '../types.js';
+import { migrateSqlite } from './migrate.js';
+import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
+
+export interface SqliteStoreOptions extends OpenSqliteOptions {
+  /** Path of the database file (created if missing), or `:memory:`. */
+  path: string;
+  /**
+   * How often a waiter re-checks the database when the change it waits for
+   * may come from another process on the same file. Default 50 ms.
+   * Changes made by this process wake waiters at once.
+   */
+  pollMs?: number;
+  /** Apply pending migrations on open. Default true. */
+  migrate?: boolean;
+}
+
+/** The database clock in integer milliseconds (G6): the only clock used in expiry conditions. */
+const NOW_MS = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+interface RecordRow {
+  fingerprint: string;
+  state: RecordState;
+  owner_token: string;
+  locked_until: number | null;
+  status: number | null;
+  headers: string | null;
+  body: Buffer | null;
+  expires_at: number;
+}
+
+/**
+ * The embedded default store: one SQLite file in WAL mode. Every decision is
+ * one `BEGIN IMMEDIATE` transaction, so several gateway processes on the same
+ * file serialise on SQLite's write lock and keep every guarantee.
+ *
+ * better-sqlite3 is synchronous; the async interface is kept so that the
+ * gateway treats every backend alike.
+ */
+export class SqliteGatewayStore implements GatewayStore {
+  readonly kind = 'sqlite';
+  readonly db: SqliteDatabase;
+  private readonly notifier: LocalNotifier;
+  private closed = false;
+  private readonly q: ReturnType<typeof prepare>;
+  private readonly admitTx: (input: AdmitInput) => Admission;
+  private readonly finishTx: (input: FinishInput) => FinishResult;
+
+  constructor(options: SqliteStoreOptions) {
+    this.db = openSqlite(options.path, options);
+    if (options.migrate !== false) migrateSqlite(this.db);
+    this.notifier = new LocalNotifier(options.pollMs ?? 50);
+    this.q = prepare(this.db);
+    const admit = this.db.transaction((input: AdmitInput) => this.admitIn(input));
+    const finish = this.db.transaction((input: FinishInput) => this.finishIn(input));
+    // IMMEDIATE: take the write lock at BEGIN, so that two processes never
+    // both read the old fence and then both write (SQLITE_BUSY_SNAPSHOT).
+    this.admitTx = (input) => admit.immediate(input);
+    this.finishTx = (input) => finish.immediate(input);
+  }
+
+  async admit(input: AdmitInput): Promise<Admission> {
+    return this.admitTx(input);
+  }
+
+  async finish(input: FinishInput): Promise<FinishResult> {
+    const result = this.finishTx(input);
+    if (input.entity !== null) this.notifier.notify(entityTopic(input.entity));
+    if (input.key !== null) this.notifier.notify(recordTopic(input.scope, input.key));
+    return result;
+  }
+
+  async recordRejection(input: RejectionInput): Promise<void> {
+    this.db.transaction(() => this.reject(input, this.now())).immediate();
+  }
+
+  waitForChange(topic: string, timeoutMs: number, signal?: AbortSignal): Promise<void> {
+    return this.notifier.wait(topic, timeoutMs, signal);
+  }
+
+  /** DESIGN §3.5 a–h, inside the immediate transaction. */
+  private admitIn(input: AdmitInput): Admission {
+    const { q } = this;
+    const now = this.now();
+    const { scope, key, entity, fence } = input;
+
+    // a. The fence check comes first, always: a stale fence is refused even
+    //    when its key has a stored response. One conditional upsert: it
+    //    raises the fence (equal is fine) or returns nothing.
+    if (entity !== null && fence !== null) {
+      const raised = q.raiseFence.get({ entity, fence, now });
+      if (raised === undefined) {
+        const current = (q.entityFence.get(entity) as { fence: bigint }).fence;
+        this.reject({ reason: 'stale-fence', entity, presentedFence: fence, currentFence: current, idempotencyKey: key, audit: input.audit }, now);
+        return { outcome: 'stale-fence', currentFence: current };
+      }
+    }
+
+    // b–g. The idempotency record.
+    let takeoverFrom: string | null = null;
+    if (key !== null) {
+      let rec = q.getRecord.get(scope, key) as RecordRow | undefined;
+      if (rec !== undefined && rec.state === 'completed' && rec.expires_at <= now) {
+        // Past retention: forgotten, as if the sweeper had already run.
+        q.deleteRecord.run(scope, key);
+        rec = undefined;
+      }
+      if (rec !== undefined) {
+        if (rec.fingerprint !== input.fingerprint) {
+          this.reject({ reason: 'idempotency-key-reused', entity, presentedFence: fence, currentFence: null, idempotencyKey: key, audit: input.audit }, now);
+          return { outcome: 'idempotency-key-reused' };
+        }
+        if (rec.state === 'completed') return { outcome: 'replay', response: toResponse(rec) };
+        if (rec.state === 'in_progress') {
+          if (rec.locked_until !== null && rec.locked_until > now) {
+            return { outcome: 'idempotency-in-progress', retryAfterMs: rec.locked_until - now };
+          }
+          // f. The gateway that held the lock died mid-request: the request
+          //    may have reached the upstream.
+          q.markUnknown.run({ scope, key, owner: rec.owner_token });
+        }
+        // g. outcome_unknown: never re-sent blindly unless the route says the
+        //    upstream is idempotent.
+        if (input.onUnknown === 'reject') {
+          this.reject({ reason: 'outcome-unknown', entity, presentedFence: fence, currentFence: null, idempotencyKey: key, audit: input.audit }, now);
+          return { outcome: 'outcome-unknown' };
+        }
+        takeoverFrom = rec.owner_token;
+      }
+    }
+
+    // h. Serial mode: take the entity's one in-flight slot (or the expired
+    //    slot of a dead gateway). Checked before the record is written, so a
+    //    busy answer leaves no record behind.
+    if (input.mode === 'serial' && entity !== null) {
+      if (fence === null) q.ensureEntity.run({ entity, now });
+      const slot = q.takeSlot.get({ entity, owner: input.ownerToken, until: now + input.lockMs, now });
+      if (slot === undefined) {
+        const held = q.entitySlot.get(entity) as { inflight_until: number | null };
+        return { outcome: 'entity-busy', retryAfterMs: Math.max(0, (held.inflight_until ?? now) - now) };
+      }
+    }
+
+    if (key !== null) {
+      const lock = { scope, key, owner: input.ownerToken, until: now + input.lockMs, entity, fence, now };
+      if (takeoverFrom !== null) {
+        q.takeOver.run({ ...lock, previous: takeoverFrom });
+      } else {
+        q.insertRecord.run({ ...lock, fingerprint: input.fingerprint, expires: now + input.retentionMs });
+      }
+    }
+    return { outcome: 'forward', takeover: takeoverFrom !== null };
+  }
+
+  /** DESIGN §3.7, inside the immediate transaction. */
+  private finishIn(input: FinishInput): FinishResult {
+    const { q } = this;
+    const now = this.now();
+    let recorded = true;
+    if (input.key !== null) {
+      const owned = { scope: input.scope, key: input.key, owner: input.ownerToken };
+      let changes: number;
+      switch (input.outcome) {
+        case 'completed': {
+          const r = input.response;
+          changes = q.complete.run({
+            ...owned,
+            status: r.status,
+            headers: JSON.stringify(r.headers),
+            body: Buffer.from(r.body.buffer, r.body.byteOffset, r.body.byteLength),
+            expires: now + input.retentionMs,
+          }).changes;
+          break;
+        }
+        case 'released':
+          changes = q.deleteOwned.run(owned).changes;
+          break;
+        case 'unknown':
+          changes = q.markUnknownOwned.run(owned).changes;
+          break;
+      }
+      recorded = changes === 1;
+      if (!recorded) {
+        // Taken over by a newer owner (onUnknown: retry) or resolved by an
+        // operator: this owner's outcome no longer decides anything.
+        this.reject({ reason: 'late-finish', entity: input.entity, presentedFence: null, currentFence: null, idempotencyKey: input.key, audit: input.audit }, now);
+      }
+    }
+    if (input.entity !== null) q.freeSlot.run({ entity: input.entity, owner: input.ownerToken });
+    return { recorded };
+  }
+
+  async listRejections(query: RejectionQuery): Promise<RejectionPage> {
+    const where: string[] = [];
+    const params: Record<string, unknown> = { limit: query.limit + 1 };
+    if (query.entity !== undefined) (where.push('entity = @entity'), (params.entity = query.entity));
+    if (query.reason !== undefined) (where.push('reason = @reason'), (params.reason = query.reason));
+    if (query.caller !== undefined) (where.push('caller = @caller'), (params.caller = query.caller));
+    if (query.since !== undefined) (where.push('at >= @since'), (params.since = query.since.getTime()));
+    if (query.until !== undefined) (where.push('at < @until'), (params.until = query.until.getTime()));
+    if (query.cursor !== undefined) (where.push('id < @cursor'), (params.cursor = BigInt(query.cursor)));
+    const sql = `SELECT * FROM rejections ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY id DESC LIMIT @limit`;
+    const rows = this.db.prepare(sql).safeIntegers(true).all(params) as Record<string, unknown>[];
+    const items = rows.slice(0, query.limit).map(toRejection);
+    const more = rows.length > query.limit;
+    return { items, nextCursor: more ? items[items.length - 1]!.id : null };
+  }
+
+  async getEntity(entity: string): Promise<EntityInfo | null> {
+    const row = this.q.entityInfo.get({ entity }) as
+      | { entity: string; fence: bigint | null; accepted_at: bigint; inflight_until: bigint | null; now: bigint }
+      | undefined;
+    if (row === undefined) return null;
+    const live = row.inflight_until !== null && row.inflight_until > row.now;
+    return {
+      entity: row.entity,
+      fence: row.fence === null ? null : row.fence.toString(),
+      acceptedAt: new Date(Number(row.accepted_at)),
+      inflight: live ? { until: new Date(Number(row.inflight_until)) } : null,
+    };
+  }
+
+  async getRecords(key: string): Promise<RecordInfo[]> {
+    const rows = this.q.recordsByKey.all(key) as Record<string, any>[];
+    return rows.map((r) => ({
+      scope: r.scope,
+      key: r.key,
+      state: r.state,
+      fingerprint: r.fingerprint,
+      entity: r.entity,
+      fence: r.fence === null ? null : String(r.fence),
+      status: r.status === null ? null : Number(r.status),
+      lockedUntil: r.locked_until === null ? null : new Date(Number(r.locked_until)),
+      createdAt: new Date(Number(r.created_at)),
+      expiresAt: new Date(Number(r.expires_at)),
+    }));
+  }
+
+  async sweep(options: SweepOptions): Promise<SweepResult> {
+    const batch = options.batch ?? 1000;
+    return this.db
+      .transaction(() => {
+        const now = this.now();
+        return {
+          expiredRecords: this.q.sweepExpired.run({ now, batch }).changes,
+          unknownRecords: this.q.sweepLocked.run({ now, batch }).changes,
+          oldRejections: this.q.sweepRejections.run({ before: now - options.rejectionRetentionMs, batch }).changes,
+        };
+      })
+      .immediate();
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.notifier.close();
+    this.db.close();
+  }
+
+  private now(): number {
+    return (this.q.now.get() as { now: number }).now;
+  }
+
+  private reject(r: RejectionInput, now: number): void {
+    this.q.insertRejection.run({
+      at: now,
+      reason: r.reason,
+      entity: r.entity,
+      presented: r.presentedFence,
+      current: r.currentFence,
+      key: r.idempotencyKey,
+      caller: r.audit.caller,
+      method: r.audit.method,
+      path: r.audit.path,
+      sha: r.audit.payloadSha256,
+      requestId: r.audit.requestId,
+    });
+  }
+}
+
+function toResponse(rec: RecordRow): StoredResponse {
+  return {
+    status: rec.status ?? 200,
+    headers: JSON.parse(rec.headers ?? '[]') as [string, string][],
+    body: new Uint8Array(rec.body ?? new Uint8Array(0)),
+  };
+}
+
+function toRejection(r: Record<string, unknown>): RejectionRow {
+  const str = (v: unknown) => (v === null || v === undefined ? null : String(v));
+  return {
+    id: String(r.id),
+    at: new Date(Number(r.at)),
+    reason: String(r.reason),
+    entity: str(r.entity),
+    presentedFence: str(r.presented_fence),
+    currentFence: str(r.current_fence),
+    idempotencyKey: str(r.idempotency_key),
+    caller: str(r.caller),
+    method: str(r.method),
+    path: str(r.path),
+    payloadSha256: str(r.payload_sha256),
+    requestId: str(r.request_id),
+  };
+}
+
+/** Every statement of the hot path, prepared once. Named parameters: see each. */
+function prepare(db: SqliteDatabase) {
+  const s = (sql: string, safe = false): Statement => {
+    const st = db.prepare(sql);
+    return safe ? st.safeIntegers(true) : st;
+  };
+  return {
+    now: s(`SELECT ${NOW_MS} AS now`),
+    // @entity @fence @now — raise (or create) the entity's fence; no row back means stale.
+    raiseFence: s(`INSERT INTO fence_entities (entity, fence, accepted_at) VALUES (@entity, @fence, @now)
+      ON CONFLICT (entity) DO UPDATE SET fence = excluded.fence, accepted_at = excluded.accepted_at
+      WHERE fence_entities.fence IS NULL OR excluded.fence >= fence_entities.fence
+      RETURNING fence`),
+    entityFence: s('SELECT fence FROM fence_entities WHERE entity = ?', true),
+    // @entity @now — the row that holds the serial slot of an entity without fences.
+    ensureEntity: s('INSERT INTO fence_entities (entity, fence, accepted_at) VALUES (@entity, NULL, @now) ON CONFLICT (entity) DO NOTHING'),
+    // @entity @owner @until @now — take the slot if free or expired (a dead gateway's).
+    takeSlot: s(`UPDATE fence_entities SET inflight_owner = @owner, inflight_until = @until
+      WHERE entity = @entity AND (inflight_owner IS NULL OR inflight_until <= @now) RETURNING 1 AS ok`),
+    entitySlot: s('SELECT inflight_until FROM fence_entities WHERE entity = ?'),
+    // @entity @owner — free the slot only if this owner still holds it.
+    freeSlot: s('UPDATE fence_entities SET inflight_owner = NULL, inflight_until = NULL WHERE entity = @entity AND inflight_owner = @owner'),
+    entityInfo: s(`SELECT entity, fence, accepted_at, inflight_until, ${NOW_MS} AS now FROM fence_entities WHERE entity = @entity`, true),
+    getRecord: s(`SELECT fingerprint, state, owner_token, locked_until, status, headers, body, expires_at
+      FROM idempotency_records WHERE scope = ? AND key = ?`),
+    deleteRecord: s('DELETE FROM idempotency_records WHERE scope = ? AND key = ?'),
+    // @scope @key @owner @until @entity @fence @now @fingerprint @expires
+    insertRecord: s(`INSERT INTO idempotency_records
+      (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, created_at, expires_at)
+      VALUES (@scope, @key, @fingerprint, @entity, @fence, 'in_progress', @owner, @until, @now, @expires)`),
+    // @scope @key @owner @until @entity @fence @previous — onUnknown: retry takes the record over.
+    takeOver: s(`UPDATE idempotency_records SET owner_token = @owner, state = 'in_progress', locked_until = @until,
+      entity = @entity, fence = @fence
+      WHERE scope = @scope AND key = @key AND owner_token = @previous AND state = 'outcome_unknown'`),
+    // @scope @key @owner
+    markUnknown: s(`UPDATE idempotency_records SET state = 'outcome_unknown', locked_until = NULL
+      WHERE scope = @scope AND key = @key AND owner_token = @owner AND state = 'in_progress'`),
+    // Finishes, each conditional on the owner token. A record only marked
+    // outcome_unknown (nobody took it over) still belongs to its owner.
+    complete: s(`UPDATE idempotency_records SET state = 'completed', status = @status, headers = @headers, body = @body,
+      locked_until = NULL, expires_at = @expires
+      WHERE scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')`),
+    deleteOwned: s(`DELETE FROM idempotency_records
+      WHERE scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')`),
+    markUnknownOwned: s(`UPDATE idempotency_records SET state = 'outcome_unknown', locked_until = NULL
+      WHERE scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')`),
+    insertRejection: s(`INSERT INTO rejections
+      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id)
+      VALUES (@at, @reason, @entity, @presented, @current, @key, @caller, @method, @path, @sha, @requestId)`),
+    recordsByKey: s(`SELECT scope, key, state, fingerprint, entity, fence, status, locked_until, created_at, expires_at
+      FROM idempotency_records WHERE key = ? ORDER BY scope`, true),
+    sweepExpired: s(`DELETE FROM idempotency_records WHERE rowid IN (
+      SELECT rowid FROM idempotency_records WHERE state = 'completed' AND expires_at <= @now LIMIT @batch)`),
+    sweepLocked: s(`UPDATE idempotency_records SET state = 'outcome_unknown', locked_until = NULL WHERE rowid IN (
+      SELECT rowid FROM idempotency_records WHERE state = 'in_progress' AND locked_until <= @now LIMIT @batch)`),
+    sweepRejections: s(`DELETE FROM rejections WHERE id IN (
+      SELECT id FROM rejections WHERE at < @before ORDER BY id LIMIT @batch)`),
+  };
+}

@@ -1,0 +1,205 @@
+/**
+ * The gateway's storage contract. Every backend (SQLite, PostgreSQL, D1)
+ * implements this narrow, semantic interface; the gateway never sees SQL.
+ *
+ * Each method that decides something is ONE atomic step in the database
+ * (one transaction, or one statement), and takes every expiry decision with
+ * the database clock (DESIGN G6). Expected outcomes are discriminated
+ * results; exceptions mean a fault (the gateway answers 503 store-unavailable).
+ */
+
+export type Mode = 'serial' | 'concurrent';
+export type UnknownPolicy = 'reject' | 'retry';
+export type RecordState = 'in_progress' | 'completed' | 'outcome_unknown';
+
+/** Reasons written to the rejection log (DESIGN G5), plus `late-finish`. */
+export type RejectionReason =
+  | 'stale-fence'
+  | 'idempotency-key-reused'
+  | 'outcome-unknown'
+  | 'invalid-fence-signature'
+  | 'fence-expired'
+  | 'unauthorized'
+  | 'forbidden'
+  | 'late-finish';
+
+/** What the rejection log keeps of a request: ids, tokens and hashes, never bodies. */
+export interface AuditInfo {
+  requestId: string;
+  caller: string | null;
+  method: string;
+  /** Path and query as received. */
+  path: string;
+  /** sha256 (hex) of the request body. */
+  payloadSha256: string;
+}
+
+/** A response kept for replay: status, allow-listed headers, exact body bytes. */
+export interface StoredResponse {
+  status: number;
+  headers: [name: string, value: string][];
+  body: Uint8Array;
+}
+
+export interface AdmitInput {
+  /** Idempotency scope: the route name (and the caller once auth is on). */
+  scope: string;
+  /** The Idempotency-Key, or null when the route allows requests without one. */
+  key: string | null;
+  /** The fence entity, or null when none applies (then no fence and no serial slot). */
+  entity: string | null;
+  /** The presented fence, or null when the route allows requests without one. */
+  fence: bigint | null;
+  /** sha256(method, path?query, content-type, body), hex. */
+  fingerprint: string;
+  mode: Mode;
+  /** Owner token for this attempt; the finish must present it (DESIGN §3.7). */
+  ownerToken: string;
+  /** How long the owner holds the record and the serial slot: upstream timeout + margin. */
+  lockMs: number;
+  /** How long a completed record is kept for replay. */
+  retentionMs: number;
+  onUnknown: UnknownPolicy;
+  audit: AuditInfo;
+}
+
+/**
+ * The admission decision (DESIGN §3.5, steps a–h). Every refusal that matters
+ * to an auditor has already been written to the rejection log in the same
+ * transaction when this resolves.
+ */
+export type Admission =
+  /** Forward upstream; `takeover` when an `outcome_unknown` record was taken over (onUnknown: retry). */
+  | { outcome: 'forward'; takeover: boolean }
+  | { outcome: 'stale-fence'; currentFence: bigint }
+  | { outcome: 'replay'; response: StoredResponse }
+  | { outcome: 'idempotency-key-reused' }
+  | { outcome: 'idempotency-in-progress'; retryAfterMs: number }
+  | { outcome: 'outcome-unknown' }
+  | { outcome: 'entity-busy'; retryAfterMs: number };
+
+interface FinishBase {
+  scope: string;
+  key: string | null;
+  entity: string | null;
+  ownerToken: string;
+  audit: AuditInfo;
+}
+
+export type FinishInput = FinishBase &
+  (
+    | { outcome: 'completed'; response: StoredResponse; retentionMs: number }
+    /** Never reached the upstream (or it said "not processed"): the record is deleted, safe to retry. */
+    | { outcome: 'released' }
+    /** May have reached the upstream: the record becomes `outcome_unknown`. */
+    | { outcome: 'unknown' }
+  );
+
+/** `recorded: false`: the record was taken over by a newer owner; the late finish was logged and discarded. */
+export interface FinishResult {
+  recorded: boolean;
+}
+
+export interface RejectionInput {
+  reason: RejectionReason;
+  entity: string | null;
+  presentedFence: bigint | null;
+  currentFence: bigint | null;
+  idempotencyKey: string | null;
+  audit: AuditInfo;
+}
+
+export interface RejectionRow {
+  id: string;
+  at: Date;
+  reason: string;
+  entity: string | null;
+  presentedFence: string | null;
+  currentFence: string | null;
+  idempotencyKey: string | null;
+  caller: string | null;
+  method: string | null;
+  path: string | null;
+  payloadSha256: string | null;
+  requestId: string | null;
+}
+
+export interface RejectionQuery {
+  entity?: string;
+  reason?: string;
+  caller?: string;
+  since?: Date;
+  until?: Date;
+  /** 1…1000. */
+  limit: number;
+  /** Opaque keyset cursor from a previous page (`nextCursor`). */
+  cursor?: string;
+}
+
+export interface RejectionPage {
+  /** Newest first (by id, which follows commit order closely). */
+  items: RejectionRow[];
+  nextCursor: string | null;
+}
+
+export interface EntityInfo {
+  entity: string;
+  fence: string | null;
+  acceptedAt: Date;
+  /** The serial-mode slot, when a request holds it and it has not expired. */
+  inflight: { until: Date } | null;
+}
+
+export interface RecordInfo {
+  scope: string;
+  key: string;
+  state: RecordState;
+  fingerprint: string;
+  entity: string | null;
+  fence: string | null;
+  status: number | null;
+  lockedUntil: Date | null;
+  createdAt: Date;
+  expiresAt: Date;
+}
+
+export interface SweepOptions {
+  /** Rejections older than this are deleted. */
+  rejectionRetentionMs: number;
+  /** At most this many rows per table per sweep, so a sweep never holds the write lock long. */
+  batch?: number;
+}
+
+export interface SweepResult {
+  expiredRecords: number;
+  /** in_progress records whose lock expired (their gateway died), now outcome_unknown (G4). */
+  unknownRecords: number;
+  oldRejections: number;
+}
+
+export interface GatewayStore {
+  /** Backend name for logs and metrics: `sqlite`, `postgres`, `d1`. */
+  readonly kind: string;
+  /** DESIGN §3.5 in one transaction. */
+  admit(input: AdmitInput): Promise<Admission>;
+  /** DESIGN §3.7, conditional on the owner token; also frees the serial slot it held. */
+  finish(input: FinishInput): Promise<FinishResult>;
+  /** Logs a refusal decided before admission (signature, expiry, auth). */
+  recordRejection(input: RejectionInput): Promise<void>;
+  /**
+   * Resolves when `topic` (see `entityTopic` / `recordTopic`) may have changed,
+   * or after `timeoutMs`, or when `signal` aborts; never rejects. The gateway
+   * re-runs the admission afterwards, so a spurious wake-up is harmless.
+   */
+  waitForChange(topic: string, timeoutMs: number, signal?: AbortSignal): Promise<void>;
+  listRejections(query: RejectionQuery): Promise<RejectionPage>;
+  getEntity(entity: string): Promise<EntityInfo | null>;
+  /** Every record with this key, across scopes. Never the stored body. */
+  getRecords(key: string): Promise<RecordInfo[]>;
+  sweep(options: SweepOptions): Promise<SweepResult>;
+  /** Idempotent. */
+  close(): Promise<void>;
+}
+
+export const entityTopic = (entity: string): string => `e:${entity}`;
+export const recordTopic = (scope: string, key: string): string => `k:${scope}\u0000${key}`;
