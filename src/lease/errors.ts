@@ -1,0 +1,87 @@
+/**
+ * Errors of `fencegate/lease`. Expected store outcomes (a lost lease) are
+ * discriminated results, not exceptions; these classes are for faults and for
+ * the places where a `fetch`-shaped API has no other way to say "not done":
+ * `fencedFetch` and `step` throw them, and the runner recognises them.
+ */
+
+export type LeaseErrorCode =
+  | 'invalid_config'
+  | 'invalid_input'
+  | 'lease_lost'
+  | 'ownership_unknown'
+  | 'outcome_unknown'
+  | 'stage_timeout'
+  | 'worker_stopping'
+  | 'heartbeat_thread';
+
+export class LeaseError extends Error {
+  override name = 'LeaseError';
+  readonly code: LeaseErrorCode;
+  constructor(code: LeaseErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+  }
+}
+
+/** Start-up options that cannot work (e.g. `leaseMs ≤ missed × heartbeat + jitter`). */
+export class LeaseConfigError extends LeaseError {
+  override name = 'LeaseConfigError';
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('invalid_config', message, options);
+  }
+}
+
+/**
+ * The job is no longer ours: a heartbeat or a commit matched zero rows, the
+ * gateway answered `stale-fence`, or the lease ran out unconfirmed. Nothing
+ * more may be done for the job; its result will not be stored.
+ */
+export class LeaseLostError extends LeaseError {
+  override name = 'LeaseLostError';
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('lease_lost', message, options);
+  }
+}
+
+/**
+ * The lease could not be confirmed for long enough (the database is
+ * unreachable, or the last confirmation is too old): no new external action
+ * may start until a heartbeat succeeds again.
+ */
+export class OwnershipUnknownError extends LeaseError {
+  override name = 'OwnershipUnknownError';
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('ownership_unknown', message, options);
+  }
+}
+
+/**
+ * A tool call timed out or its connection broke after it was sent: it may
+ * have happened. Retrying is safe only with the same idempotency key, which
+ * `fencedFetch` guarantees (the key is per job and step, not per attempt).
+ */
+export class OutcomeUnknownError extends LeaseError {
+  override name = 'OutcomeUnknownError';
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('outcome_unknown', message, options);
+  }
+}
+
+/**
+ * Thrown by a handler to fail the attempt with a chosen code. `retryable:
+ * false` (validation errors, refused business rules) ends the job at once.
+ *
+ * @example
+ * throw new JobError('invalid_amount', 'amount must be positive', { retryable: false });
+ */
+export class JobError extends Error {
+  override name = 'JobError';
+  readonly code: string;
+  readonly retryable: boolean;
+  constructor(code: string, message: string, options: { retryable?: boolean; cause?: unknown } = {}) {
+    super(message, { cause: options.cause });
+    this.code = code;
+    this.retryable = options.retryable ?? true;
+  }
+}

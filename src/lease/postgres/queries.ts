@@ -1,0 +1,152 @@
+/**
+ * The `tool_jobs` statements for PostgreSQL, one per operation. Each is a
+ * single statement, so it is its own transaction; time is always `now()`.
+ */
+
+const COLUMN_NAMES = [
+  'id', 'kind', 'state', 'owner_id', 'lease_until', 'fencing_token', 'heartbeat_at', 'attempt',
+  'max_attempts', 'idempotency_key', 'fence_key', 'payload', 'payload_sha256', 'result', 'error',
+  'reason', 'previous_owner_id', 'created_at', 'first_claimed_at', 'deadline_at', 'run_after', 'finished_at',
+];
+
+/** Every column (optionally qualified), shaped for `rowToJob`; NULL fence_key reads as the default entity. */
+const columns = (t: string) =>
+  COLUMN_NAMES.map((n) =>
+    n === 'fence_key' ? `coalesce(${t}fence_key, 'tool-job:' || ${t}id) AS fence_key` : `${t}${n}`,
+  ).join(', ');
+
+export const JOB_COLUMNS = columns('');
+
+/**
+ * $1 kind, $2 idempotency_key, $3 payload (JSON text), $4 payload_sha256,
+ * $5 max_attempts, $6 deadline ms (NULL: none), $7 fence_key (NULL: default).
+ * A known key inserts nothing and returns nothing; the store then reads it.
+ */
+export const ENQUEUE = `
+INSERT INTO tool_jobs (kind, idempotency_key, payload, payload_sha256, max_attempts, deadline_at, fence_key)
+VALUES ($1, $2, $3::jsonb, $4, $5, now() + $6::bigint * interval '1 millisecond', $7)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING ${JOB_COLUMNS}`;
+
+export const BY_KEY = `SELECT ${JOB_COLUMNS} FROM tool_jobs WHERE idempotency_key = $1`;
+export const BY_ID = `SELECT ${JOB_COLUMNS} FROM tool_jobs WHERE id = $1`;
+
+/** $2: kinds (text[]), or NULL for any kind. */
+const KIND_FILTER = '($2::text[] IS NULL OR kind = ANY ($2::text[]))';
+
+/**
+ * Why a picked job may not be handed out (NULL: it may). Computed in the
+ * locking SELECTs below: `FOR UPDATE` returns (and re-checks) the newest
+ * version of the row, so these values are those of the row we locked.
+ */
+const PICKED = `id, owner_id, kind,
+  CASE WHEN deadline_at <= now() THEN 'deadline'
+       WHEN attempt >= max_attempts THEN 'max_attempts' END AS dead`;
+
+/**
+ * $1 owner, $2 kinds (text[] or NULL), $3 default lease ms, $4 lease ms by
+ * kind (jsonb object). Picks an expired running job first (recovery), else
+ * the oldest ready queued one, each through its partial index and with
+ * `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on or take the
+ * same row, and finished rows are never read. The second CTE is only scanned
+ * when the first is empty (UNION ALL … LIMIT 1 stops early), so at most one
+ * row is locked. A job whose attempts are used up or whose deadline passed
+ * becomes `failed` with the reason instead (the returned state says which).
+ *
+ * The token: one more than both this job's token and the highest token under
+ * its custom fence key, so tokens stay monotonic per fence entity when jobs
+ * share a key one after the other.
+ */
+export const CLAIM = `
+WITH expired AS (
+  SELECT ${PICKED} FROM tool_jobs
+   WHERE state = 'running' AND lease_until <= now() AND ${KIND_FILTER}
+   ORDER BY lease_until
+   LIMIT 1
+   FOR UPDATE SKIP LOCKED
+), ready AS (
+  SELECT ${PICKED} FROM tool_jobs
+   WHERE state = 'queued' AND run_after <= now() AND ${KIND_FILTER}
+   ORDER BY run_after, id
+   LIMIT 1
+   FOR UPDATE SKIP LOCKED
+), pick AS (
+  SELECT id, owner_id AS previous_owner, kind, dead, true AS was_running FROM expired
+  UNION ALL
+  SELECT id, NULL, kind, dead, false FROM ready
+  LIMIT 1
+)
+UPDATE tool_jobs j SET
+  state = CASE WHEN p.dead IS NULL THEN 'running' ELSE 'failed' END,
+  reason = p.dead,
+  finished_at = CASE WHEN p.dead IS NULL THEN NULL ELSE now() END,
+  previous_owner_id = CASE WHEN p.was_running THEN p.previous_owner END,
+  owner_id = CASE WHEN p.dead IS NULL THEN $1 ELSE j.owner_id END,
+  fencing_token = CASE WHEN p.dead IS NULL
+    THEN 1 + greatest(j.fencing_token, coalesce((SELECT max(o.fencing_token) FROM tool_jobs o
+                                                 WHERE o.fence_key IS NOT NULL AND o.fence_key = j.fence_key), 0))
+    ELSE j.fencing_token END,
+  attempt = CASE WHEN p.dead IS NULL THEN j.attempt + 1 ELSE j.attempt END,
+  lease_until = CASE WHEN p.dead IS NULL
+    THEN now() + coalesce(($4::jsonb ->> p.kind)::bigint, $3::bigint) * interval '1 millisecond'
+    ELSE j.lease_until END,
+  heartbeat_at = CASE WHEN p.dead IS NULL THEN now() ELSE j.heartbeat_at END,
+  first_claimed_at = coalesce(j.first_claimed_at, CASE WHEN p.dead IS NULL THEN now() END)
+FROM pick p
+WHERE j.id = p.id
+RETURNING ${columns('j.')}`;
+
+/** The ownership condition of every later statement (DESIGN §6): $1 id, $2 owner, $3 token. */
+const OWNED = `id = $1 AND owner_id = $2 AND fencing_token = $3 AND state = 'running' AND lease_until > now()`;
+
+/** $1 id, $2 owner, $3 token, $4 lease ms. Zero rows: the lease is lost. */
+export const EXTEND = `
+UPDATE tool_jobs SET lease_until = now() + $4::bigint * interval '1 millisecond', heartbeat_at = now()
+WHERE ${OWNED}
+RETURNING lease_until`;
+
+/** $1 id, $2 owner, $3 token, $4 result (JSON text). Zero rows: the lease is lost, nothing stored. */
+export const COMPLETE = `
+UPDATE tool_jobs SET state = 'succeeded', result = $4::jsonb, finished_at = now(), lease_until = NULL
+WHERE ${OWNED}
+RETURNING id`;
+
+/** A failed attempt goes back to the queue: retryable, an attempt left, and the retry starts before the deadline. */
+const RETRY = `($5::boolean AND attempt < max_attempts
+  AND (deadline_at IS NULL OR now() + $6::bigint * interval '1 millisecond' < deadline_at))`;
+
+/**
+ * $1 id, $2 owner, $3 token, $4 error (JSON text), $5 retryable, $6 backoff
+ * ms, $7 error code. Requeues (see RETRY) or ends the job, in the same
+ * statement as the ownership check, so the decision and the check cannot
+ * drift apart.
+ */
+export const FAIL = `
+UPDATE tool_jobs SET
+  state = CASE WHEN ${RETRY} THEN 'queued' ELSE 'failed' END,
+  reason = CASE WHEN ${RETRY} THEN NULL
+                WHEN $5::boolean AND attempt >= max_attempts THEN 'max_attempts'
+                WHEN $5::boolean THEN 'deadline'
+                ELSE $7::text END,
+  finished_at = CASE WHEN ${RETRY} THEN NULL ELSE now() END,
+  error = jsonb_set($4::jsonb, '{attempt}', to_jsonb(attempt)),
+  run_after = now() + $6::bigint * interval '1 millisecond',
+  -- A queued job has no owner; a failed one keeps its last owner for the record.
+  owner_id = CASE WHEN ${RETRY} THEN NULL ELSE owner_id END,
+  lease_until = NULL
+WHERE ${OWNED}
+RETURNING state, reason, run_after`;
+
+/** $1 id, $2 owner, $3 token. Back to the queue at once; the attempt still counts. */
+export const RELEASE = `
+UPDATE tool_jobs SET state = 'queued', owner_id = NULL, lease_until = NULL, run_after = now()
+WHERE ${OWNED}
+RETURNING id`;
+
+/** $1 id. */
+export const CANCEL = `
+UPDATE tool_jobs SET state = 'cancelled', reason = 'cancelled', finished_at = now(), lease_until = NULL
+WHERE id = $1 AND state IN ('queued', 'running')
+RETURNING id`;
+
+export const COUNTS = 'SELECT state, kind, count(*)::int AS count FROM tool_jobs GROUP BY state, kind ORDER BY state, kind';

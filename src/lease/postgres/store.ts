@@ -1,0 +1,245 @@
+import { migratePostgres } from '../../store/postgres/migrate.js';
+import type { PoolLike } from '../../store/postgres/types.js';
+import { checkWorkerId, kindFilter, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
+import type { ClaimFailedJob, Job, JobState, JobStore, JobStoreOptions, LeaseRef, StoreDescriptor } from '../types.js';
+import * as q from './queries.js';
+
+export type PostgresJobStoreOptions = JobStoreOptions & {
+  /** Timeout of each statement on a pool the store opens itself (client side `query_timeout`). */
+  queryTimeoutMs?: number;
+  /** Connection timeout on a pool the store opens itself. */
+  connectionTimeoutMs?: number;
+  /** Pool size on a pool the store opens itself; default 4. */
+  poolMax?: number;
+} & (
+    | { connectionString: string }
+    /**
+     * A pool you opened (e.g. a `pg.Pool`); not ended by `close()`. Give its
+     * `connectionString` too so that the heartbeat thread can open its own.
+     */
+    | { pool: PoolLike; connectionString?: string }
+  );
+
+interface JobRow {
+  id: string;
+  kind: string;
+  state: JobState;
+  owner_id: string | null;
+  lease_until: Date | null;
+  fencing_token: string;
+  heartbeat_at: Date | null;
+  attempt: number;
+  max_attempts: number;
+  idempotency_key: string;
+  fence_key: string;
+  payload: unknown;
+  payload_sha256: string;
+  result: unknown;
+  error: Job['error'];
+  reason: string | null;
+  previous_owner_id: string | null;
+  created_at: Date;
+  first_claimed_at: Date | null;
+  deadline_at: Date | null;
+  run_after: Date;
+  finished_at: Date | null;
+}
+
+/** bigint columns arrive as text; ids and tokens stay far below 2^53. */
+function int(text: string): number {
+  const n = Number(text);
+  if (!Number.isSafeInteger(n)) throw new RangeError(`integer out of the safe range: ${text}`);
+  return n;
+}
+
+function rowToJob(r: JobRow): Job {
+  return {
+    id: int(r.id),
+    kind: r.kind,
+    state: r.state,
+    ownerId: r.owner_id,
+    leaseUntil: r.lease_until,
+    fencingToken: int(r.fencing_token),
+    heartbeatAt: r.heartbeat_at,
+    attempt: r.attempt,
+    maxAttempts: r.max_attempts,
+    idempotencyKey: r.idempotency_key,
+    fenceKey: r.fence_key,
+    payload: r.payload,
+    payloadSha256: r.payload_sha256,
+    result: r.result,
+    error: r.error,
+    reason: r.reason,
+    previousOwnerId: r.previous_owner_id,
+    createdAt: r.created_at,
+    firstClaimedAt: r.first_claimed_at,
+    deadlineAt: r.deadline_at,
+    runAfter: r.run_after,
+    finishedAt: r.finished_at,
+  };
+}
+
+/** How many dead jobs one claim call may finalise before it returns (the caller claims again). */
+const MAX_DEAD_PER_CLAIM = 50;
+
+/**
+ * The job store on PostgreSQL. Every operation is one statement (its own
+ * transaction), so the store needs no client of its own between calls and
+ * works through any pool.
+ *
+ * @example
+ * const store = await createPostgresJobStore({ connectionString: process.env.DATABASE_URL! });
+ * const { lease } = await store.claim({ workerId: 'w1' });
+ */
+export async function createPostgresJobStore(options: PostgresJobStoreOptions): Promise<JobStore> {
+  let pool: PoolLike;
+  let ownsPool = false;
+  if ('pool' in options) {
+    pool = options.pool;
+  } else {
+    // Loaded on demand: `pg` stays out of programs that only use SQLite.
+    const { default: pg } = await import('pg');
+    const own = new pg.Pool({
+      connectionString: options.connectionString,
+      max: options.poolMax ?? 4,
+      ...(options.queryTimeoutMs === undefined ? {} : { query_timeout: options.queryTimeoutMs }),
+      ...(options.connectionTimeoutMs === undefined ? {} : { connectionTimeoutMillis: options.connectionTimeoutMs }),
+    });
+    // An idle client that loses its connection emits 'error' on the pool; unheard,
+    // it would crash the process. The next query reports the fault instead.
+    own.on('error', () => {});
+    pool = own as unknown as PoolLike;
+    ownsPool = true;
+  }
+  try {
+    if (options.migrate ?? true) await migratePostgres(pool);
+  } catch (err) {
+    if (ownsPool) await pool.end().catch(() => {});
+    throw err;
+  }
+
+  const descriptor: StoreDescriptor | undefined =
+    options.connectionString === undefined ? undefined : { postgres: options.connectionString };
+  const owned = (lease: LeaseRef) => [lease.id, lease.ownerId, lease.fencingToken];
+  const lost = { ok: false, reason: 'lease_lost' } as const;
+  let closed = false;
+
+  return {
+    dialect: 'postgres',
+    descriptor,
+
+    async enqueue(input) {
+      const job = normaliseEnqueue(input);
+      const inserted = await pool.query<JobRow>(q.ENQUEUE, [
+        job.kind,
+        job.idempotencyKey,
+        job.payloadJson,
+        job.payloadSha256,
+        job.maxAttempts,
+        job.deadlineMs,
+        job.fenceKey,
+      ]);
+      const row = inserted.rows[0];
+      if (row) return { created: true, job: rowToJob(row) };
+      // ON CONFLICT DO NOTHING waited for the other inserter to commit, so
+      // this (new-snapshot) read finds its row.
+      const existing = await pool.query<JobRow>(q.BY_KEY, [job.idempotencyKey]);
+      const found = rowToJob(existing.rows[0] as JobRow);
+      return { created: false, job: found, samePayload: found.payloadSha256 === job.payloadSha256 };
+    },
+
+    async claim(claim) {
+      const workerId = checkWorkerId(claim.workerId);
+      const kinds = kindFilter(claim.kinds);
+      const lease = leaseTable(options, claim);
+      const params = [workerId, kinds, lease.defaultMs, JSON.stringify(lease.byKind)];
+      const failed: ClaimFailedJob[] = [];
+      for (let i = 0; i < MAX_DEAD_PER_CLAIM; i++) {
+        const { rows } = await pool.query<JobRow>(q.CLAIM, params);
+        if (!rows[0]) return { lease: null, failed };
+        const job = rowToJob(rows[0]);
+        if (job.state !== 'running') {
+          failed.push({
+            id: job.id,
+            kind: job.kind,
+            fencingToken: job.fencingToken,
+            reason: job.reason as ClaimFailedJob['reason'],
+            previousOwnerId: job.previousOwnerId,
+          });
+          continue;
+        }
+        return {
+          lease: {
+            id: job.id,
+            kind: job.kind,
+            ownerId: workerId,
+            fencingToken: job.fencingToken,
+            leaseUntil: job.leaseUntil as Date,
+            leaseMs: lease.byKind[job.kind] ?? lease.defaultMs,
+            attempt: job.attempt,
+            maxAttempts: job.maxAttempts,
+            idempotencyKey: job.idempotencyKey,
+            fenceKey: job.fenceKey,
+            payload: job.payload,
+            payloadSha256: job.payloadSha256,
+            deadlineAt: job.deadlineAt,
+            previousOwnerId: job.previousOwnerId,
+          },
+          failed,
+        };
+      }
+      return { lease: null, failed };
+    },
+
+    async extend(lease) {
+      const { rows } = await pool.query<{ lease_until: Date }>(q.EXTEND, [...owned(lease), lease.leaseMs]);
+      return rows[0] ? { ok: true, leaseUntil: rows[0].lease_until } : lost;
+    },
+
+    async complete(lease, result) {
+      const { rows } = await pool.query(q.COMPLETE, [...owned(lease), toJson(result)]);
+      return rows.length === 1 ? { ok: true } : lost;
+    },
+
+    async fail(lease, error, { retryable, backoffMs = 0 }) {
+      const { rows } = await pool.query<{ state: JobState; reason: string | null; run_after: Date }>(q.FAIL, [
+        ...owned(lease),
+        JSON.stringify({ code: error.code, message: error.message }),
+        retryable,
+        Math.max(0, Math.round(backoffMs)),
+        error.code,
+      ]);
+      const row = rows[0];
+      if (!row) return lost;
+      return row.state === 'queued'
+        ? { ok: true, state: 'queued', runAfter: row.run_after }
+        : { ok: true, state: 'failed', reason: row.reason ?? error.code };
+    },
+
+    async release(lease) {
+      const { rows } = await pool.query(q.RELEASE, owned(lease));
+      return rows.length === 1 ? { ok: true } : lost;
+    },
+
+    async cancel(id) {
+      const { rows } = await pool.query(q.CANCEL, [id]);
+      return rows.length === 1 ? { ok: true } : { ok: false, reason: 'not_cancellable' };
+    },
+
+    async get(id) {
+      const { rows } = await pool.query<JobRow>(q.BY_ID, [id]);
+      return rows[0] ? rowToJob(rows[0]) : null;
+    },
+
+    async counts() {
+      const { rows } = await pool.query<{ state: JobState; kind: string; count: number }>(q.COUNTS);
+      return rows;
+    },
+
+    async close() {
+      if (closed) return;
+      closed = true;
+      if (ownsPool) await pool.end();
+    },
+  };
+}

@@ -1,0 +1,246 @@
+import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../store/sqlite/open.js';
+import { migrateSqlite } from '../../store/sqlite/migrate.js';
+import { checkWorkerId, kindFilter, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
+import type {
+  ClaimFailedJob,
+  Job,
+  JobErrorInfo,
+  JobState,
+  JobStore,
+  JobStoreOptions,
+  LeaseRef,
+  StoreDescriptor,
+} from '../types.js';
+import * as q from './queries.js';
+
+export type SqliteJobStoreOptions = JobStoreOptions &
+  (
+    | ({ path: string } & OpenSqliteOptions)
+    /** A database you opened (use `openSqlite` for WAL and a busy timeout); not closed by `close()`. */
+    | { db: SqliteDatabase }
+  );
+
+interface JobRow {
+  id: number;
+  kind: string;
+  state: JobState;
+  owner_id: string | null;
+  lease_until: number | null;
+  fencing_token: number;
+  heartbeat_at: number | null;
+  attempt: number;
+  max_attempts: number;
+  idempotency_key: string;
+  fence_key: string;
+  payload: string;
+  payload_sha256: string;
+  result: string | null;
+  error: string | null;
+  reason: string | null;
+  previous_owner_id: string | null;
+  created_at: number;
+  first_claimed_at: number | null;
+  deadline_at: number | null;
+  run_after: number;
+  finished_at: number | null;
+}
+
+const date = (ms: number | null) => (ms === null ? null : new Date(ms));
+const json = (text: string | null) => (text === null ? null : JSON.parse(text));
+
+function rowToJob(r: JobRow): Job {
+  return {
+    id: r.id,
+    kind: r.kind,
+    state: r.state,
+    ownerId: r.owner_id,
+    leaseUntil: date(r.lease_until),
+    fencingToken: r.fencing_token,
+    heartbeatAt: date(r.heartbeat_at),
+    attempt: r.attempt,
+    maxAttempts: r.max_attempts,
+    idempotencyKey: r.idempotency_key,
+    fenceKey: r.fence_key,
+    payload: JSON.parse(r.payload),
+    payloadSha256: r.payload_sha256,
+    result: json(r.result),
+    error: json(r.error),
+    reason: r.reason,
+    previousOwnerId: r.previous_owner_id,
+    createdAt: new Date(r.created_at),
+    firstClaimedAt: date(r.first_claimed_at),
+    deadlineAt: date(r.deadline_at),
+    runAfter: new Date(r.run_after),
+    finishedAt: date(r.finished_at),
+  };
+}
+
+/** How many dead jobs one claim call may finalise before it returns (the caller claims again). */
+const MAX_DEAD_PER_CLAIM = 50;
+
+/**
+ * The job store on a SQLite file (better-sqlite3). Several processes may
+ * share the file: it is opened in WAL mode with a busy timeout, and every
+ * write runs in `BEGIN IMMEDIATE`, so writers queue on the file lock instead
+ * of failing half-way.
+ *
+ * @example
+ * const store = createSqliteJobStore({ path: 'jobs.db', kinds: { payment: { leaseMs: 60_000 } } });
+ * await store.enqueue({ kind: 'payment', idempotencyKey: 'order-17', payload: { amount: 1200 } });
+ */
+export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
+  const ownsDb = 'path' in options;
+  const db = ownsDb ? openSqlite(options.path, options) : options.db;
+  if (options.migrate ?? true) migrateSqlite(db);
+
+  const descriptor: StoreDescriptor | undefined = ownsDb
+    ? { sqlite: options.path, ...(options.busyTimeoutMs === undefined ? {} : { busyTimeoutMs: options.busyTimeoutMs }) }
+    : db.memory
+      ? undefined
+      : { sqlite: db.name };
+
+  const stmt = {
+    enqueue: db.prepare(q.ENQUEUE),
+    byKey: db.prepare(q.BY_KEY),
+    byId: db.prepare(q.BY_ID),
+    claim: db.prepare(q.CLAIM),
+    extend: db.prepare(q.EXTEND),
+    complete: db.prepare(q.COMPLETE),
+    fail: db.prepare(q.FAIL),
+    release: db.prepare(q.RELEASE),
+    cancel: db.prepare(q.CANCEL),
+    counts: db.prepare(q.COUNTS),
+  };
+
+  /** Runs `fn` in BEGIN IMMEDIATE: the write lock is taken (or waited for) up front. */
+  const immediate = <T>(fn: () => T): T => db.transaction(fn).immediate();
+
+  const owned = (lease: LeaseRef) => ({ id: lease.id, owner: lease.ownerId, token: lease.fencingToken });
+  let closed = false;
+
+  return {
+    dialect: 'sqlite',
+    descriptor,
+
+    async enqueue(input) {
+      const job = normaliseEnqueue(input);
+      return immediate(() => {
+        const inserted = stmt.enqueue.get(
+          job.kind,
+          job.idempotencyKey,
+          job.payloadJson,
+          job.payloadSha256,
+          job.maxAttempts,
+          job.deadlineMs,
+          job.fenceKey,
+        ) as JobRow | undefined;
+        if (inserted) return { created: true as const, job: rowToJob(inserted) };
+        const existing = rowToJob(stmt.byKey.get(job.idempotencyKey) as JobRow);
+        return { created: false as const, job: existing, samePayload: existing.payloadSha256 === job.payloadSha256 };
+      });
+    },
+
+    async claim(claim) {
+      const workerId = checkWorkerId(claim.workerId);
+      const kinds = kindFilter(claim.kinds);
+      const lease = leaseTable(options, claim);
+      const params = {
+        owner: workerId,
+        kinds: kinds === null ? null : JSON.stringify(kinds),
+        lease_default_ms: lease.defaultMs,
+        lease_by_kind: JSON.stringify(lease.byKind),
+      };
+      return immediate(() => {
+        const failed: ClaimFailedJob[] = [];
+        for (let i = 0; i < MAX_DEAD_PER_CLAIM; i++) {
+          const row = stmt.claim.get(params) as JobRow | undefined;
+          if (!row) return { lease: null, failed };
+          const job = rowToJob(row);
+          if (job.state !== 'running') {
+            failed.push({
+              id: job.id,
+              kind: job.kind,
+              fencingToken: job.fencingToken,
+              reason: job.reason as ClaimFailedJob['reason'],
+              previousOwnerId: job.previousOwnerId,
+            });
+            continue;
+          }
+          return {
+            lease: {
+              id: job.id,
+              kind: job.kind,
+              ownerId: workerId,
+              fencingToken: job.fencingToken,
+              leaseUntil: job.leaseUntil as Date,
+              leaseMs: lease.byKind[job.kind] ?? lease.defaultMs,
+              attempt: job.attempt,
+              maxAttempts: job.maxAttempts,
+              idempotencyKey: job.idempotencyKey,
+              fenceKey: job.fenceKey,
+              payload: job.payload,
+              payloadSha256: job.payloadSha256,
+              deadlineAt: job.deadlineAt,
+              previousOwnerId: job.previousOwnerId,
+            },
+            failed,
+          };
+        }
+        return { lease: null, failed };
+      });
+    },
+
+    async extend(lease) {
+      const row = immediate(() => stmt.extend.get({ ...owned(lease), lease_ms: lease.leaseMs })) as
+        | { lease_until: number }
+        | undefined;
+      return row ? { ok: true, leaseUntil: new Date(row.lease_until) } : { ok: false, reason: 'lease_lost' };
+    },
+
+    async complete(lease, result) {
+      const row = immediate(() => stmt.complete.get({ ...owned(lease), result: toJson(result) }));
+      return row ? { ok: true } : { ok: false, reason: 'lease_lost' };
+    },
+
+    async fail(lease, error: JobErrorInfo, { retryable, backoffMs = 0 }) {
+      const row = immediate(() =>
+        stmt.fail.get({
+          ...owned(lease),
+          error: JSON.stringify({ code: error.code, message: error.message }),
+          error_code: error.code,
+          retryable: retryable ? 1 : 0,
+          backoff_ms: Math.max(0, Math.round(backoffMs)),
+        }),
+      ) as { state: JobState; reason: string | null; run_after: number } | undefined;
+      if (!row) return { ok: false, reason: 'lease_lost' };
+      return row.state === 'queued'
+        ? { ok: true, state: 'queued', runAfter: new Date(row.run_after) }
+        : { ok: true, state: 'failed', reason: row.reason ?? error.code };
+    },
+
+    async release(lease) {
+      const row = immediate(() => stmt.release.get(owned(lease)));
+      return row ? { ok: true } : { ok: false, reason: 'lease_lost' };
+    },
+
+    async cancel(id) {
+      const row = immediate(() => stmt.cancel.get(id));
+      return row ? { ok: true } : { ok: false, reason: 'not_cancellable' };
+    },
+
+    async get(id) {
+      const row = stmt.byId.get(id) as JobRow | undefined;
+      return row ? rowToJob(row) : null;
+    },
+
+    async counts() {
+      return stmt.counts.all() as { state: JobState; kind: string; count: number }[];
+    },
+
+    async close() {
+      if (closed) return;
+      closed = true;
+      if (ownsDb) db.close();
+    },
+  };
+}

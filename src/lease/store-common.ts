@@ -1,0 +1,81 @@
+import { createHash } from 'node:crypto';
+import { LeaseError } from './errors.js';
+import type { ClaimOptions, EnqueueInput, JobStoreOptions } from './types.js';
+
+/** Defaults shared by both backends. */
+export const DEFAULT_LEASE_MS = 30_000;
+export const DEFAULT_MAX_ATTEMPTS = 3;
+
+/** sha256 of a JSON value, hex: what events and logs carry instead of the value. */
+export function sha256Json(value: unknown): string {
+  return createHash('sha256').update(JSON.stringify(value ?? null)).digest('hex');
+}
+
+/** `JSON.stringify` that never yields `undefined` (a NOT NULL column needs a value). */
+export function toJson(value: unknown): string {
+  return JSON.stringify(value ?? null);
+}
+
+function positiveInt(value: unknown, field: string): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value <= 0) {
+    throw new LeaseError('invalid_input', `${field} must be a positive integer, got ${String(value)}`);
+  }
+  return value;
+}
+
+function text(value: unknown, field: string, max: number): string {
+  if (typeof value !== 'string' || value.length === 0 || value.length > max) {
+    throw new LeaseError('invalid_input', `${field} must be a string of 1 to ${max} characters`);
+  }
+  return value;
+}
+
+/** Checks an enqueue request and fills in defaults. Bad input is a caller fault, so it throws. */
+export function normaliseEnqueue(input: EnqueueInput) {
+  const fenceKey = input.fenceKey === undefined ? null : text(input.fenceKey, 'fenceKey', 512);
+  if (fenceKey !== null && !/^[\x21-\x7e]+$/.test(fenceKey)) {
+    // It travels as the X-Fence-Entity header: printable ASCII, no spaces.
+    throw new LeaseError('invalid_input', 'fenceKey must be printable ASCII without spaces');
+  }
+  return {
+    kind: text(input.kind, 'kind', 200),
+    idempotencyKey: text(input.idempotencyKey, 'idempotencyKey', 255),
+    payloadJson: toJson(input.payload),
+    payloadSha256: sha256Json(input.payload),
+    maxAttempts: input.maxAttempts === undefined ? DEFAULT_MAX_ATTEMPTS : positiveInt(input.maxAttempts, 'maxAttempts'),
+    deadlineMs: input.deadlineMs === undefined ? null : positiveInt(input.deadlineMs, 'deadlineMs'),
+    fenceKey,
+  };
+}
+
+/**
+ * The lease lengths a claim uses: the claim's own, else the store's table of
+ * kinds, else the default. Never anything from the payload: a job must not
+ * choose how long it may hold its lease.
+ */
+export function leaseTable(store: JobStoreOptions, claim: ClaimOptions) {
+  const byKind: Record<string, number> = {};
+  for (const [kind, spec] of Object.entries(store.kinds ?? {})) {
+    if (spec.leaseMs !== undefined) byKind[kind] = positiveInt(spec.leaseMs, `kinds.${kind}.leaseMs`);
+  }
+  for (const [kind, ms] of Object.entries(claim.leaseMsByKind ?? {})) {
+    byKind[kind] = positiveInt(ms, `leaseMsByKind.${kind}`);
+  }
+  const defaultMs = positiveInt(claim.leaseMs ?? store.leaseMs ?? DEFAULT_LEASE_MS, 'leaseMs');
+  return { defaultMs, byKind };
+}
+
+export function checkWorkerId(workerId: unknown): string {
+  return text(workerId, 'workerId', 200);
+}
+
+/** `null` means any kind; an empty list would claim nothing, which is surely a mistake. */
+export function kindFilter(kinds: readonly string[] | undefined): string[] | null {
+  if (kinds === undefined) return null;
+  if (kinds.length === 0) throw new LeaseError('invalid_input', 'kinds must not be empty (omit it to claim any kind)');
+  return kinds.map((k, i) => text(k, `kinds[${i}]`, 200));
+}
+
+export function defaultFenceKey(id: number): string {
+  return `tool-job:${id}`;
+}
