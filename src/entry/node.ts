@@ -7,9 +7,9 @@ import type { Forwarder } from '../http/forward.js';
 import { createGateway, type Gateway } from '../http/gateway.js';
 import { createJsonLogger, type Logger } from '../http/logger.js';
 import { createSqliteStore } from '../store/sqlite/index.js';
-
-export { createUndiciForwarder } from '../http/forward-undici.js';
 import type { GatewayStore } from '../store/types.js';
+
+export { createUndiciForwarder };
 
 export interface RunningGateway {
   gateway: Gateway;
