@@ -1,0 +1,84 @@
+import { EventEmitter } from 'node:events';
+import type { Admission, AdmitInput, GatewayStore } from '../../src/store/types.js';
+
+/**
+ * Wrappers around a real store, for tests only. The gateway has no switch to
+ * turn its checks off, and must not get one: a negative control wraps the
+ * store it is given instead (STYLE habit 7).
+ */
+
+function delegate(inner: GatewayStore, overrides: Partial<GatewayStore>): GatewayStore {
+  return {
+    kind: inner.kind,
+    admit: (i) => inner.admit(i),
+    finish: (i) => inner.finish(i),
+    recordRejection: (i) => inner.recordRejection(i),
+    waitForChange: (t, ms, s) => inner.waitForChange(t, ms, s),
+    listRejections: (q) => inner.listRejections(q),
+    getEntity: (e) => inner.getEntity(e),
+    getRecords: (k) => inner.getRecords(k),
+    sweep: (o) => inner.sweep(o),
+    close: () => inner.close(),
+    ...overrides,
+  };
+}
+
+/** Negative control: the store never sees the fence, so no fence is ever checked. */
+export function withoutFenceCheck(inner: GatewayStore): GatewayStore {
+  return delegate(inner, { admit: (i) => inner.admit({ ...i, fence: null }) });
+}
+
+/** Negative control: the store never sees the idempotency key, so nothing is deduplicated. */
+export function withoutIdempotency(inner: GatewayStore): GatewayStore {
+  return delegate(inner, {
+    admit: (i) => inner.admit({ ...i, key: null }),
+    finish: (i) => inner.finish({ ...i, key: null }),
+  });
+}
+
+export interface AdmissionSpy {
+  store: GatewayStore;
+  /** Every admission decision, in order. */
+  admissions: { input: AdmitInput; admission: Admission }[];
+  /** Resolves once an admission matching `predicate` has been decided. */
+  waitForAdmission(predicate: (input: AdmitInput, admission: Admission) => boolean, timeoutMs?: number): Promise<void>;
+}
+
+/**
+ * Observes admissions without changing them, so a test can wait for "the
+ * second request is now waiting on the first" instead of sleeping.
+ */
+export function spyOnAdmissions(inner: GatewayStore): AdmissionSpy {
+  const events = new EventEmitter();
+  events.setMaxListeners(0);
+  const admissions: AdmissionSpy['admissions'] = [];
+  const store = delegate(inner, {
+    async admit(input) {
+      const admission = await inner.admit(input);
+      admissions.push({ input, admission });
+      events.emit('admission');
+      return admission;
+    },
+  });
+  return {
+    store,
+    admissions,
+    waitForAdmission(predicate, timeoutMs = 20_000) {
+      const seen = () => admissions.some((a) => predicate(a.input, a.admission));
+      return new Promise((resolve, reject) => {
+        if (seen()) return resolve();
+        const check = () => {
+          if (!seen()) return;
+          clearTimeout(timer);
+          events.off('admission', check);
+          resolve();
+        };
+        const timer = setTimeout(() => {
+          events.off('admission', check);
+          reject(new Error(`no matching admission among ${admissions.map((a) => a.admission.outcome).join(', ')}`));
+        }, timeoutMs);
+        events.on('admission', check);
+      });
+    },
+  };
+}
