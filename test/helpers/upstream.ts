@@ -167,7 +167,7 @@ export async function startUpstream(options: UpstreamOptions = {}): Promise<Fake
       calls.push(call);
       res.socket?.once('close', () => finish(call));
       events.emit('change');
-      const b = (closed ? { kind: 'reset' } : behavior?.(call)) ?? defaultAnswer(call);
+      const b: Behavior = (closed ? { kind: 'reset' as const } : behavior?.(call)) ?? defaultAnswer(call);
       act(b, call, res).catch(() => res.socket?.destroy());
     });
   });
