@@ -1,0 +1,159 @@
+// npm run bench: fencegate beside its control and its peer, in one run.
+//
+//   direct      autocannon → upstream                       (the physical floor)
+//   control     → stateless Hono + undici proxy → upstream  (same HTTP stack, no decisions)
+//   fg-full     → fencegate, SQLite synchronous=FULL        (the default)
+//   fg-normal   → fencegate, SQLite synchronous=NORMAL
+//   fg-postgres → fencegate, PostgreSQL                     (when a database URL is set)
+//   peer        → express + express-idempotency (in-memory) → upstream
+//
+// Every request is a new command: a new Idempotency-Key, a rising fence,
+// one of 1000 entities, in serial mode. Targets run one at a time; the
+// server under test is pinned to core 0, the upstream and the load
+// generator to core 1 (when taskset exists). Results are ratios against
+// the control measured in the same run; absolute numbers depend on the box.
+//
+// Options: --seconds N (default 10) per throughput run, --latency N (default
+// 3000) sequential requests per latency run, --only a,b to pick targets.
+import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { cpus, tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import pg from 'pg';
+import { latency, pinned, startNode, throughput } from './lib.mjs';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = join(here, '..');
+const args = process.argv.slice(2);
+const opt = (name, dflt) => {
+  const i = args.indexOf(`--${name}`);
+  return i >= 0 ? args[i + 1] : dflt;
+};
+const seconds = Number(opt('seconds', 10));
+const latencyRequests = Number(opt('latency', 3000));
+const only = opt('only', null)?.split(',');
+const pgUrl = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
+
+const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-'));
+const stops = [];
+process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
+
+async function freePort() {
+  const s = createServer();
+  await new Promise((r) => s.listen(0, '127.0.0.1', r));
+  const { port } = s.address();
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+async function startFencegate(name, store, upstream) {
+  const port = await freePort();
+  const config = {
+    listen: { host: '127.0.0.1', port },
+    store,
+    routes: [
+      {
+        name: 'payments',
+        match: { path: '/payments/*', methods: ['POST'] },
+        upstream,
+        entity: { header: 'X-Fence-Entity' },
+        fence: 'required',
+        idempotency: 'required',
+        mode: 'serial',
+      },
+    ],
+  };
+  const file = join(tmp, `${name}.json`);
+  writeFileSync(file, JSON.stringify(config));
+  return startNode(join(root, 'dist/entry/cli.js'), { args: ['serve', '--config', file], cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' } });
+}
+
+async function main() {
+  const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 });
+  stops.push(upstream);
+  let schema = null;
+
+  const targets = [
+    ['direct', async () => ({ url: upstream.url, stop: async () => {} })],
+    ['control', () => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
+    ['fg-full', () => startFencegate('full', { sqlite: join(tmp, 'full.db'), synchronous: 'FULL' }, upstream.url)],
+    ['fg-normal', () => startFencegate('normal', { sqlite: join(tmp, 'normal.db'), synchronous: 'NORMAL' }, upstream.url)],
+    ...(pgUrl
+      ? [
+          [
+            'fg-postgres',
+            async () => {
+              schema = `fg_bench_${process.pid}`;
+              const c = new pg.Client({ connectionString: pgUrl });
+              await c.connect();
+              await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE; CREATE SCHEMA ${schema}`);
+              await c.end();
+              const u = new URL(pgUrl);
+              u.searchParams.set('options', `-c search_path=${schema}`);
+              return startFencegate('postgres', { postgres: u.toString(), poolSize: 20 }, upstream.url);
+            },
+          ],
+        ]
+      : []),
+    ['peer', () => startNode(join(here, 'servers/idempotency-peer.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
+  ].filter(([name]) => !only || only.includes(name));
+
+  const rows = [];
+  for (const [name, start] of targets) {
+    const target = await start();
+    await waitReady(target.url);
+    // Warm-up: JIT, connection pools, SQLite page cache.
+    await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm` });
+    const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50` });
+    const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1` });
+    rows.push({ target: name, rps50: t50.rps, p50_50c: t50.p50, p99_50c: t50.p99, p50_1c: l1.p50, p99_1c: l1.p99, errors: t50.errors + l1.errors });
+    await target.stop();
+    process.stderr.write(`done: ${name}\n`);
+  }
+  await upstream.stop();
+  if (schema) {
+    const c = new pg.Client({ connectionString: pgUrl });
+    await c.connect();
+    await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    await c.end();
+  }
+
+  const control = rows.find((r) => r.target === 'control');
+  const direct = rows.find((r) => r.target === 'direct');
+  for (const r of rows) {
+    r.vs_control = control ? r.rps50 / control.rps50 : null;
+    r.added_p50_1c_ms = direct ? r.p50_1c - direct.p50_1c : null;
+  }
+  const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned };
+  const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rows };
+  mkdirSync(join(here, 'results'), { recursive: true });
+  writeFileSync(join(here, 'results', 'http.json'), JSON.stringify(out, null, 2) + '\n');
+
+  const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
+  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned}, ${seconds}s per run`);
+  console.log('| target | req/s @50 | × control | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
+  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+  for (const r of rows) {
+    console.log(`| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_control)} | ${r.p50_50c} | ${r.p99_50c} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`);
+  }
+  console.log(`\n(written to bench/results/http.json; p50/p99 @50 are autocannon's whole milliseconds, @1 are hrtime-precise)`);
+}
+
+async function waitReady(url) {
+  for (let i = 0; i < 200; i++) {
+    try {
+      const res = await fetch(`${url}/_fencegate/health`);
+      await res.arrayBuffer();
+      if (res.status < 500) return;
+    } catch {}
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`${url} never became ready`);
+}
+
+main().catch(async (err) => {
+  console.error(err);
+  for (const s of stops) await s.stop().catch(() => {});
+  process.exit(1);
+});
