@@ -5,7 +5,7 @@ import type { ClaimFailedJob, Job, JobState, JobStore, JobStoreOptions, LeaseRef
 import * as q from './queries.js';
 
 export type PostgresJobStoreOptions = JobStoreOptions & {
-  /** Timeout of each statement on a pool the store opens itself (client side `query_timeout`). */
+  /** Timeout of each statement on a pool the store opens itself (`statement_timeout` and client-side `query_timeout`). */
   queryTimeoutMs?: number;
   /** Connection timeout on a pool the store opens itself. */
   connectionTimeoutMs?: number;
@@ -102,7 +102,11 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
     const own = new pg.Pool({
       connectionString: options.connectionString,
       max: options.poolMax ?? 4,
-      ...(options.queryTimeoutMs === undefined ? {} : { query_timeout: options.queryTimeoutMs }),
+      // Both sides: the server cancels a statement stuck on a lock, the client
+      // gives up on a connection that went silent.
+      ...(options.queryTimeoutMs === undefined
+        ? {}
+        : { query_timeout: options.queryTimeoutMs, statement_timeout: options.queryTimeoutMs }),
       ...(options.connectionTimeoutMs === undefined ? {} : { connectionTimeoutMillis: options.connectionTimeoutMs }),
     });
     // An idle client that loses its connection emits 'error' on the pool; unheard,

@@ -1,0 +1,235 @@
+/**
+ * `fencedFetch` and `step`: every external action a handler takes carries
+ * the lease's fence, and none starts unless the lease is confirmed for at
+ * least one more heartbeat interval (DESIGN §3, §6).
+ */
+import { randomUUID } from 'node:crypto';
+import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
+import type { LeaseEvent } from './events.js';
+
+/** Header names; the gateway's defaults (configurable per route there, so here too). */
+export interface FenceHeaderNames {
+  fence: string;
+  entity: string;
+  idempotencyKey: string;
+  requestId: string;
+}
+
+export const DEFAULT_FENCE_HEADERS: FenceHeaderNames = {
+  fence: 'X-Execution-Fence',
+  entity: 'X-Fence-Entity',
+  idempotencyKey: 'Idempotency-Key',
+  requestId: 'X-Request-Id',
+};
+
+/** The claims of a signed fence (DESIGN §7): entity, token, worker, expiry in epoch seconds. */
+export interface FenceClaims {
+  ent: string;
+  fence: number;
+  sub: string;
+  /** The lease end (database time) in epoch seconds; the signer adds its grace. */
+  exp: number;
+}
+
+/**
+ * Turns fence claims into the header value, e.g. a compact JWS. The seam for
+ * signed fences; without one the header is the decimal token.
+ */
+export type FenceSigner = (claims: FenceClaims) => string | Promise<string>;
+
+/**
+ * What `fencedFetch` and `step` need to know about the lease they act for.
+ * A narrow context, so they can be tested with a plain object.
+ */
+export interface FenceContext {
+  workerId: string;
+  jobId: number;
+  kind: string;
+  fencingToken: number;
+  fenceKey: string;
+  /** Aborts when the lease is lost or the attempt ends. */
+  signal: AbortSignal;
+  /** The latest lease end the database confirmed. */
+  leaseUntil(): Date;
+  /** Throws `LeaseLostError` or `OwnershipUnknownError` when no new external action may start. */
+  assertCanStart(): void;
+  /** The gateway refused our fence: the lease is lost. */
+  markLost(cause: 'stale_fence'): void;
+  emit(event: LeaseEvent): void;
+}
+
+export interface FenceOptions {
+  fetch?: typeof fetch;
+  headers?: Partial<FenceHeaderNames>;
+  fenceSigner?: FenceSigner;
+}
+
+export interface FencedRequestInit extends RequestInit {
+  /**
+   * The step's name, stable across attempts: the `Idempotency-Key` is
+   * `tool-job:<id>:<step>`, so a retry of the same step replays instead of
+   * repeating. Letters, digits and `._~:-`, up to 128.
+   */
+  step: string;
+  /** Bounds the call; past it the outcome is unknown (`OutcomeUnknownError`). */
+  timeoutMs?: number;
+}
+
+export type FencedFetch = (input: string | URL, init: FencedRequestInit) => Promise<Response>;
+
+export interface StepContext {
+  idempotencyKey: string;
+  /** The fence header value (the token, or the signed fence). */
+  fence: string;
+  fenceKey: string;
+  requestId: string;
+  signal: AbortSignal;
+}
+
+export type StepFn = <T>(name: string, action: (ctx: StepContext) => Promise<T> | T) => Promise<T>;
+
+const STEP_NAME = /^[A-Za-z0-9._~:-]{1,128}$/;
+
+function idempotencyKey(jobId: number, step: string): string {
+  if (!STEP_NAME.test(step)) {
+    throw new LeaseError('invalid_input', `step must match ${STEP_NAME} (it becomes part of the Idempotency-Key), got ${JSON.stringify(step)}`);
+  }
+  return `tool-job:${jobId}:${step}`;
+}
+
+async function fenceValue(ctx: FenceContext, signer: FenceSigner | undefined): Promise<string> {
+  if (!signer) return String(ctx.fencingToken);
+  return signer({
+    ent: ctx.fenceKey,
+    fence: ctx.fencingToken,
+    sub: ctx.workerId,
+    exp: Math.floor(ctx.leaseUntil().getTime() / 1000),
+  });
+}
+
+/** Errors that prove the request never left this machine: safe to retry, nothing happened. */
+const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'UND_ERR_CONNECT_TIMEOUT']);
+
+function neverSent(err: unknown): boolean {
+  const cause = (err as { cause?: { code?: unknown } } | undefined)?.cause;
+  return typeof cause?.code === 'string' && NOT_SENT.has(cause.code);
+}
+
+/** Does this response say our fence is stale (problem+json or the gateway's Stripe shape)? */
+async function isFenceRefusal(res: Response): Promise<unknown> {
+  if (res.status !== 409) return undefined;
+  if (!/json/i.test(res.headers.get('content-type') ?? '')) return undefined;
+  const body = (await res.clone().json().catch(() => null)) as
+    | { type?: unknown; error?: { code?: unknown } }
+    | null;
+  if (typeof body?.type === 'string' && /\/(stale-fence|fence-expired)$/.test(body.type)) return body;
+  if (body?.error?.code === 'stale_fence' || body?.error?.code === 'fence_expired') return body;
+  return undefined;
+}
+
+/**
+ * Builds the handler's `fencedFetch`. Each call checks the lease, adds
+ * `X-Execution-Fence`, `X-Fence-Entity`, `Idempotency-Key` and
+ * `X-Request-Id`, aborts with the lease, and turns the gateway's
+ * `stale-fence` answer into lease loss.
+ *
+ * @example
+ * const res = await fencedFetch('http://127.0.0.1:8080/payments/charges', {
+ *   step: 'charge', method: 'POST', body: JSON.stringify({ amount: 1200 }),
+ *   headers: { 'content-type': 'application/json' }, timeoutMs: 10_000,
+ * });
+ */
+export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {}): FencedFetch {
+  const names = { ...DEFAULT_FENCE_HEADERS, ...options.headers };
+  const doFetch = options.fetch ?? fetch;
+
+  return async function fencedFetch(input, init) {
+    const { step, timeoutMs, signal: callerSignal, headers: callerHeaders, ...rest } = init;
+    const key = idempotencyKey(ctx.jobId, step);
+    ctx.assertCanStart();
+    const fence = await fenceValue(ctx, options.fenceSigner);
+    // Re-check: a signer may await, and the lease may have changed meanwhile.
+    ctx.assertCanStart();
+
+    const headers = new Headers(callerHeaders);
+    headers.set(names.fence, fence);
+    headers.set(names.entity, ctx.fenceKey);
+    headers.set(names.idempotencyKey, key);
+    const requestId = headers.get(names.requestId) ?? randomUUID();
+    headers.set(names.requestId, requestId);
+
+    const url = new URL(input);
+    const timeout = timeoutMs === undefined ? undefined : AbortSignal.timeout(timeoutMs);
+    const signals = [ctx.signal, callerSignal, timeout].filter((s): s is AbortSignal => s != null);
+
+    ctx.emit({
+      type: 'tool_request_started',
+      at: new Date(),
+      workerId: ctx.workerId,
+      jobId: ctx.jobId,
+      kind: ctx.kind,
+      fencingToken: ctx.fencingToken,
+      step,
+      idempotencyKey: key,
+      requestId,
+      method: (rest.method ?? 'GET').toUpperCase(),
+      url: url.origin + url.pathname,
+    });
+
+    let res: Response;
+    try {
+      res = await doFetch(url, { ...rest, headers, signal: AbortSignal.any(signals) });
+    } catch (err) {
+      if (ctx.signal.aborted) throw ctx.signal.reason instanceof Error ? ctx.signal.reason : new LeaseLostError('the lease ended', { cause: err });
+      if (callerSignal?.aborted) throw err;
+      if (timeout?.aborted) {
+        throw new OutcomeUnknownError(
+          `step ${step}: no answer within ${timeoutMs} ms; the request may have taken effect, retry only with the same step`,
+          { cause: err },
+        );
+      }
+      if (neverSent(err)) throw err;
+      throw new OutcomeUnknownError(`step ${step}: the request failed after it may have been sent`, { cause: err });
+    }
+
+    const refusal = await isFenceRefusal(res);
+    if (refusal !== undefined) {
+      ctx.markLost('stale_fence');
+      throw new LeaseLostError(`the gateway refused fence ${ctx.fencingToken} for ${ctx.fenceKey}: a newer owner holds it`, {
+        cause: refusal,
+      });
+    }
+    return res;
+  };
+}
+
+/**
+ * Builds the handler's `step`: the same lease check and event as
+ * `fencedFetch`, for an external action that is not an HTTP call through the
+ * gateway (an SDK, an e-mail): the action gets the idempotency key and fence
+ * to pass on.
+ *
+ * @example
+ * await step('receipt', ({ idempotencyKey }) => mailer.send(receipt, { idempotencyKey }));
+ */
+export function createStep(ctx: FenceContext, options: FenceOptions = {}): StepFn {
+  return async function step(name, action) {
+    const key = idempotencyKey(ctx.jobId, name);
+    ctx.assertCanStart();
+    const fence = await fenceValue(ctx, options.fenceSigner);
+    ctx.assertCanStart();
+    const requestId = randomUUID();
+    ctx.emit({
+      type: 'tool_request_started',
+      at: new Date(),
+      workerId: ctx.workerId,
+      jobId: ctx.jobId,
+      kind: ctx.kind,
+      fencingToken: ctx.fencingToken,
+      step: name,
+      idempotencyKey: key,
+      requestId,
+    });
+    return action({ idempotencyKey: key, fence, fenceKey: ctx.fenceKey, requestId, signal: ctx.signal });
+  };
+}

@@ -1,0 +1,84 @@
+/**
+ * Memory shared between the handler's thread and the heartbeat thread.
+ *
+ * Why shared memory and not only messages: when the handler's thread wakes
+ * up from a stall, the heartbeat thread's messages are still queued behind
+ * it, but a `fencedFetch` about to start must know *now* whether the lease is
+ * still confirmed. Both sides read and write these cells with `Atomics`.
+ */
+
+export const LeaseStatus = {
+  /** Heartbeats succeed. */
+  Ok: 0,
+  /** Heartbeats fail (database unreachable): no new external action, keep trying. */
+  Unknown: 1,
+  /** Gone: zero rows, stale fence, or not confirmed before the conservative deadline. */
+  Lost: 2,
+  /** The handler's thread stopped ticking past the allowed stall: heartbeats stopped. */
+  Stalled: 3,
+  /** The handler finished (or the attempt ended): heartbeats stopped on purpose. */
+  Released: 4,
+} as const;
+export type LeaseStatus = (typeof LeaseStatus)[keyof typeof LeaseStatus];
+
+/**
+ * One lease's shared state: until when (monotonic ms) the database has
+ * confirmed it, and its status. A fresh buffer per lease, never reused, so a
+ * late write for an old lease can never land on a new one.
+ */
+export class LeaseCell {
+  readonly buffer: SharedArrayBuffer;
+  readonly #until: BigInt64Array;
+  readonly #status: Int32Array;
+
+  constructor(buffer: SharedArrayBuffer = new SharedArrayBuffer(16)) {
+    this.buffer = buffer;
+    this.#until = new BigInt64Array(buffer, 0, 1);
+    this.#status = new Int32Array(buffer, 8, 1);
+  }
+
+  get confirmedUntil(): number {
+    return Number(Atomics.load(this.#until, 0));
+  }
+
+  set confirmedUntil(ms: number) {
+    Atomics.store(this.#until, 0, BigInt(Math.floor(ms)));
+  }
+
+  get status(): LeaseStatus {
+    return Atomics.load(this.#status, 0) as LeaseStatus;
+  }
+
+  /** Moves from `from` to `to` only if nobody changed the status meanwhile. */
+  transition(from: LeaseStatus, to: LeaseStatus): boolean {
+    return Atomics.compareExchange(this.#status, 0, from, to) === from;
+  }
+
+  /** Ends the cell (Lost, Stalled or Released) unless it already ended; returns whether it did. */
+  end(to: typeof LeaseStatus.Lost | typeof LeaseStatus.Stalled | typeof LeaseStatus.Released): boolean {
+    return this.transition(LeaseStatus.Ok, to) || this.transition(LeaseStatus.Unknown, to);
+  }
+}
+
+/**
+ * The handler thread's pulse: a counter it bumps on a timer. If the counter
+ * stops moving, the thread's event loop is blocked (a tight loop, a stuck
+ * native call) and the heartbeat thread stops extending its leases.
+ */
+export class Pulse {
+  readonly buffer: SharedArrayBuffer;
+  readonly #count: Int32Array;
+
+  constructor(buffer: SharedArrayBuffer = new SharedArrayBuffer(4)) {
+    this.buffer = buffer;
+    this.#count = new Int32Array(buffer, 0, 1);
+  }
+
+  tick(): void {
+    Atomics.add(this.#count, 0, 1);
+  }
+
+  read(): number {
+    return Atomics.load(this.#count, 0);
+  }
+}

@@ -1,0 +1,165 @@
+/**
+ * The heartbeat thread: extends the runner's leases on its own database
+ * connection, so a blocked handler thread (a tight loop, a stuck native call,
+ * a long GC) cannot silence it. It extends a lease only while the handler's
+ * thread shows it is alive (its `Pulse` moves): heartbeats prove that the
+ * worker is making progress, not merely that a timer still fires.
+ *
+ * Outcomes, classified as DESIGN §6 asks:
+ * - zero rows: the lease is lost (a newer owner, a cancel, or it expired);
+ * - an error (database unreachable, timeout): ownership unknown once the
+ *   lease cannot be confirmed for another interval or too many beats were
+ *   missed; keep trying until the conservative deadline (the lease end as of
+ *   the last success, measured from *before* that statement was sent), then lost.
+ */
+import { parentPort, workerData } from 'node:worker_threads';
+import { openJobStore } from '../open.js';
+import { monotonicMs, nextHeartbeatDelay } from '../timing.js';
+import type { JobStore, LeaseRef } from '../types.js';
+import { LeaseCell, LeaseStatus, Pulse } from './cell.js';
+import type { FromThread, ThreadInit, ToThread } from './protocol.js';
+
+const init = workerData as ThreadInit;
+const port = parentPort!;
+const post = (message: FromThread) => port.postMessage(message);
+
+interface Watched {
+  key: string;
+  lease: LeaseRef;
+  cell: LeaseCell;
+  maxStallMs: number;
+  failures: number;
+  timer: NodeJS.Timeout | undefined;
+}
+
+const watched = new Map<string, Watched>();
+const pulse = new Pulse(init.pulse);
+let lastPulse = pulse.read();
+let lastPulseMovedAt = monotonicMs();
+
+/** How long the handler's thread has not ticked, as far as this thread can tell. */
+function stalledForMs(): number {
+  const now = monotonicMs();
+  const count = pulse.read();
+  if (count !== lastPulse) {
+    lastPulse = count;
+    lastPulseMovedAt = now;
+  }
+  return now - lastPulseMovedAt;
+}
+
+function drop(w: Watched): void {
+  clearTimeout(w.timer);
+  watched.delete(w.key);
+}
+
+function schedule(w: Watched, delayMs: number): void {
+  clearTimeout(w.timer);
+  w.timer = setTimeout(() => void beat(w, store), delayMs);
+}
+
+async function beat(w: Watched, store: JobStore): Promise<void> {
+  if (watched.get(w.key) !== w) return;
+  const status = w.cell.status;
+  if (status !== LeaseStatus.Ok && status !== LeaseStatus.Unknown) return drop(w);
+
+  const stalled = stalledForMs();
+  if (stalled > w.maxStallMs) {
+    // The handler's thread is not making progress: let the lease run out so
+    // that another worker can take the job. Never extend on its behalf.
+    if (w.cell.end(LeaseStatus.Stalled)) post({ type: 'stalled', key: w.key, stalledForMs: stalled });
+    return drop(w);
+  }
+
+  const sentAt = monotonicMs();
+  let result: Awaited<ReturnType<JobStore['extend']>> | undefined;
+  let error: unknown;
+  try {
+    result = await store.extend(w.lease);
+  } catch (err) {
+    error = err;
+  }
+  if (watched.get(w.key) !== w) return; // unwatched (or declared lost) meanwhile
+
+  if (result?.ok) {
+    // Conservative: the database set lease_until = its now + leaseMs, and its
+    // now was no earlier than our sentAt.
+    w.cell.confirmedUntil = sentAt + w.lease.leaseMs;
+    w.failures = 0;
+    w.cell.transition(LeaseStatus.Unknown, LeaseStatus.Ok);
+    post({ type: 'ok', key: w.key, leaseUntil: result.leaseUntil, latencyMs: monotonicMs() - sentAt });
+    return schedule(w, nextHeartbeatDelay(init.heartbeatMs, init.jitterMs, Math.random()));
+  }
+  if (result && !result.ok) {
+    if (w.cell.end(LeaseStatus.Lost)) post({ type: 'lost', key: w.key, cause: 'zero_rows' });
+    return drop(w);
+  }
+
+  w.failures += 1;
+  post({ type: 'failed', key: w.key, error: error instanceof Error ? error.message : String(error), consecutive: w.failures });
+  const confirmedForMs = w.cell.confirmedUntil - monotonicMs();
+  if (
+    (w.failures >= init.maxMissedHeartbeats || confirmedForMs <= init.heartbeatMs) &&
+    w.cell.transition(LeaseStatus.Ok, LeaseStatus.Unknown)
+  ) {
+    post({ type: 'unknown', key: w.key, confirmedForMs, consecutive: w.failures });
+  }
+  // Retry sooner than the normal interval: the deadline is getting closer.
+  schedule(w, init.heartbeatMs / 2);
+}
+
+/** The conservative deadline: a lease not confirmed by then may belong to someone else. */
+function checkDeadlines(): void {
+  stalledForMs();
+  const now = monotonicMs();
+  for (const w of watched.values()) {
+    if (now < w.cell.confirmedUntil) continue;
+    if (w.cell.end(LeaseStatus.Lost)) post({ type: 'lost', key: w.key, cause: 'unconfirmed' });
+    drop(w);
+  }
+}
+
+let store: JobStore;
+try {
+  // A statement that takes longer than a heartbeat counts as a missed beat.
+  store = await openJobStore(init.store, { migrate: false, statementTimeoutMs: init.heartbeatMs });
+} catch (err) {
+  post({ type: 'fatal', error: err instanceof Error ? err.message : String(err) });
+  process.exit(1);
+}
+
+const watchdog = setInterval(checkDeadlines, Math.max(10, Math.min(50, init.heartbeatMs / 4)));
+
+port.on('message', (message: ToThread) => {
+  switch (message.type) {
+    case 'watch': {
+      const w: Watched = {
+        key: message.key,
+        lease: message.lease,
+        cell: new LeaseCell(message.cell),
+        maxStallMs: message.maxStallMs,
+        failures: 0,
+        timer: undefined,
+      };
+      watched.set(w.key, w);
+      schedule(w, nextHeartbeatDelay(init.heartbeatMs, init.jitterMs, Math.random()));
+      break;
+    }
+    case 'unwatch': {
+      const w = watched.get(message.key);
+      if (w) drop(w);
+      break;
+    }
+    case 'stop': {
+      clearInterval(watchdog);
+      for (const w of [...watched.values()]) drop(w);
+      void store.close().finally(() => {
+        post({ type: 'stopped' });
+        port.close();
+      });
+      break;
+    }
+  }
+});
+
+post({ type: 'ready' });
