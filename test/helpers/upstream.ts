@@ -59,6 +59,8 @@ export interface FakeUpstream {
   maxInflight(entity: string): number;
   /** Requests in flight right now, all entities. */
   readonly inflight: number;
+  /** Highest number of requests in flight at once, all entities. */
+  readonly maxInflightTotal: number;
   /** Sets how the next requests are answered; `undefined` from `fn` means the default 201. */
   behave(fn: BehaviorFn | null): void;
   /** A gate for `hold`; every gate opens when the upstream closes. */
@@ -98,6 +100,7 @@ export async function startUpstream(options: UpstreamOptions = {}): Promise<Fake
   events.setMaxListeners(0);
   let behavior: BehaviorFn | null = null;
   let inflight = 0;
+  let maxInflightTotal = 0;
   let closed = false;
 
   const header = (h: IncomingHttpHeaders, name: string): string | null => {
@@ -132,7 +135,6 @@ export async function startUpstream(options: UpstreamOptions = {}): Promise<Fake
         await new Promise((r) => setTimeout(r, b.ms));
         return act(b.then ?? defaultAnswer(call), call, res);
       case 'hang':
-        res.socket?.once('close', () => finish(call));
         return;
       case 'reset':
         finish(call);
@@ -151,6 +153,7 @@ export async function startUpstream(options: UpstreamOptions = {}): Promise<Fake
       inflightByEntity.set(e, now);
       maxByEntity.set(e, Math.max(maxByEntity.get(e) ?? 0, now));
       inflight++;
+      maxInflightTotal = Math.max(maxInflightTotal, inflight);
       const call: UpstreamCall = {
         seq: calls.length + 1,
         method: req.method ?? '',
@@ -165,7 +168,11 @@ export async function startUpstream(options: UpstreamOptions = {}): Promise<Fake
         finished: false,
       };
       calls.push(call);
-      res.socket?.once('close', () => finish(call));
+      // A dropped connection ends the call too (hang, or the gateway gave up).
+      const socket = res.socket;
+      const onClose = () => finish(call);
+      socket?.once('close', onClose);
+      res.once('finish', () => socket?.off('close', onClose));
       events.emit('change');
       const b: Behavior = (closed ? { kind: 'reset' as const } : behavior?.(call)) ?? defaultAnswer(call);
       act(b, call, res).catch(() => res.socket?.destroy());
@@ -206,6 +213,9 @@ export async function startUpstream(options: UpstreamOptions = {}): Promise<Fake
     },
     get inflight() {
       return inflight;
+    },
+    get maxInflightTotal() {
+      return maxInflightTotal;
     },
     maxInflight: (entity) => maxByEntity.get(entity) ?? 0,
     behave(fn) {
