@@ -91,6 +91,56 @@ const StoreSchema = z.union([
   z.strictObject({ d1: z.string().min(1) }),
 ]);
 
+const EnvName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name');
+
+/**
+ * Verification keys (auth tokens, signed fences): an HS256 secret, SPKI PEM
+ * public keys (ES256, EdDSA, RS256), and/or a local JWKS. Files are read once
+ * at start-up by the Node entry, relative to the working directory.
+ */
+const KeySetFields = {
+  /** HS256 shared secret: a literal of 32+ characters, or `{ "env": "VAR" }`. */
+  secret: z.union([z.string().min(32, 'must be at least 32 characters (256 bits) for HS256'), z.strictObject({ env: EnvName })]).optional(),
+  publicKeys: z
+    .array(
+      z
+        .strictObject({ alg: z.enum(['ES256', 'EdDSA', 'RS256']), kid: z.string().min(1).optional(), pem: z.string().min(1).optional(), file: z.string().min(1).optional() })
+        .refine((k) => (k.pem === undefined) !== (k.file === undefined), 'needs exactly one of "pem" or "file"'),
+    )
+    .min(1)
+    .optional(),
+  jwks: z.object({ keys: z.array(z.record(z.string(), z.unknown())).min(1) }).optional(),
+  jwksFile: z.string().min(1).optional(),
+};
+const hasKey = (k: { secret?: unknown; publicKeys?: unknown; jwks?: unknown; jwksFile?: unknown }) =>
+  k.secret !== undefined || k.publicKeys !== undefined || k.jwks !== undefined || k.jwksFile !== undefined;
+const NO_KEY = 'needs a key: "secret", "publicKeys", "jwks" or "jwksFile"';
+const Audience = z.union([z.string().min(1), z.array(z.string().min(1)).min(1)]);
+
+/** Caller authentication (bearer JWTs). Absent: no auth, admin API on loopback only. */
+export const AuthSchema = z
+  .strictObject({
+    ...KeySetFields,
+    issuer: Audience,
+    audience: Audience,
+    /** Clock skew accepted on `exp` / `nbf`. */
+    clockTolerance: Duration.prefault('5s'),
+    /** The claim that names the caller (rejection log, idempotency scope). */
+    callerClaim: z.string().min(1).default('sub'),
+  })
+  .refine(hasKey, NO_KEY);
+
+/** Signed fences (DESIGN §7): the fence header must be a JWS minted with these keys. */
+export const SignedFenceSchema = z
+  .strictObject({
+    ...KeySetFields,
+    /** Required `iss` claim, if the signer sets one. */
+    issuer: z.string().min(1).optional(),
+    /** Clock skew accepted on `exp`; the signer's grace is the usual place for it. */
+    clockTolerance: Duration.prefault('0s'),
+  })
+  .refine(hasKey, NO_KEY);
+
 export const ConfigSchema = z
   .strictObject({
     listen: z
@@ -106,6 +156,10 @@ export const ConfigSchema = z
     rejectionRetention: Duration.prefault('90d'),
     /** Base of problem `type` URIs; default `<adminPrefix>/problems/`, served by the gateway. */
     problemTypeBase: z.string().min(1).optional(),
+    auth: AuthSchema.optional(),
+    fence: z.strictObject({ signed: SignedFenceSchema.optional() }).prefault({}),
+    /** `<adminPrefix>/metrics`: Prometheus text; audit scope (or loopback without auth) unless public. */
+    metrics: z.strictObject({ enabled: z.boolean().default(true), public: z.boolean().default(false) }).prefault({}),
     routes: z.array(RouteSchema).min(1),
   })
   .superRefine((config, ctx) => {
@@ -125,3 +179,5 @@ export const ConfigSchema = z
 export type Config = z.output<typeof ConfigSchema>;
 export type ConfigInput = z.input<typeof ConfigSchema>;
 export type RouteConfig = z.output<typeof RouteSchema>;
+export type AuthConfig = z.output<typeof AuthSchema>;
+export type SignedFenceConfig = z.output<typeof SignedFenceSchema>;
