@@ -1,26 +1,39 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createTestSchema, POSTGRES_URL, type TestSchema } from '../../helpers/postgres.js';
+import pg from 'pg';
+import { createTestSchema, POSTGRES_URL } from '../../helpers/postgres.js';
 import { createPostgresJobStore } from '../../../src/lease/postgres/store.js';
 import { createSqliteJobStore } from '../../../src/lease/sqlite/store.js';
-import type { JobStore, JobStoreOptions } from '../../../src/lease/types.js';
+import { openSqlite } from '../../../src/store/sqlite/open.js';
+import type { JobStore, JobStoreOptions, StoreDescriptor } from '../../../src/lease/types.js';
 
 export { POSTGRES_URL };
 
+/** Time columns of tool_jobs that tests may move into the past. */
+export type TimeColumn = 'lease_until' | 'run_after' | 'deadline_at';
+
 /**
- * A database for one test file, and a way to open stores on it. `sql` runs
- * raw SQL on it (to backdate leases, read rows, EXPLAIN), with `$1`-style
- * params on PostgreSQL and `?` on SQLite.
+ * A database for one test file, and a way to open stores on it. Expiry is
+ * reached by moving rows into the past in SQL, never by faking a clock (G6).
  */
 export interface TestDatabase {
   dialect: 'sqlite' | 'postgres';
   /** What child processes and the heartbeat thread use to reach the same database. */
-  descriptor: { sqlite: string } | { postgres: string };
+  descriptor: StoreDescriptor;
   open(options?: JobStoreOptions): Promise<JobStore>;
+  /** Raw SQL: `?` params on SQLite, `$1` on PostgreSQL. */
   sql<R = Record<string, unknown>>(text: string, params?: unknown[]): Promise<R[]>;
-  /** Moves a job's lease into the past, as if it had expired (DB clock untouched). */
-  expireLease(id: number): Promise<void>;
+  /** Moves a time column of one job (or all jobs) `ms` into the past. */
+  backdate(column: TimeColumn, ms: number, id?: number): Promise<void>;
+  /** Expires a job's lease (or every lease) as if an hour had passed. */
+  expireLease(id?: number): Promise<void>;
+  /**
+   * Holds the write lock on tool_jobs until the returned function is called,
+   * so every writer (the heartbeat thread too) waits and times out: the
+   * database is unreachable for writes.
+   */
+  lockWrites(): Promise<() => Promise<void>>;
   dispose(): Promise<void>;
 }
 
@@ -30,11 +43,11 @@ export type TestDatabaseFactory = () => Promise<TestDatabase>;
 export const sqliteDatabase: TestDatabaseFactory = async () => {
   const dir = mkdtempSync(join(tmpdir(), 'fencegate-lease-'));
   const path = join(dir, 'jobs.db');
-  const stores: JobStore[] = [];
-  const admin = createSqliteJobStore({ path });
-  stores.push(admin);
-  const { openSqlite } = await import('../../../src/store/sqlite/open.js');
+  const stores: JobStore[] = [createSqliteJobStore({ path })]; // migrates
   const raw = openSqlite(path);
+  const backdate = async (column: TimeColumn, ms: number, id?: number) => {
+    raw.prepare(`UPDATE tool_jobs SET ${column} = ${column} - ? WHERE ? IS NULL OR id = ?`).run(ms, id ?? null, id ?? null);
+  };
   return {
     dialect: 'sqlite',
     descriptor: { sqlite: path },
@@ -47,8 +60,15 @@ export const sqliteDatabase: TestDatabaseFactory = async () => {
       const stmt = raw.prepare(text);
       return (stmt.reader ? stmt.all(...params) : (stmt.run(...params), [])) as never[];
     },
-    async expireLease(id) {
-      raw.prepare('UPDATE tool_jobs SET lease_until = lease_until - 3600000 WHERE id = ?').run(id);
+    backdate,
+    expireLease: (id) => backdate('lease_until', 3_600_000, id),
+    async lockWrites() {
+      const holder = openSqlite(path);
+      holder.exec('BEGIN IMMEDIATE');
+      return async () => {
+        holder.exec('ROLLBACK');
+        holder.close();
+      };
     },
     async dispose() {
       for (const s of stores) await s.close();
@@ -60,10 +80,14 @@ export const sqliteDatabase: TestDatabaseFactory = async () => {
 
 /** A fresh PostgreSQL schema (needs FENCEGATE_TEST_POSTGRES_URL). */
 export const postgresDatabase: TestDatabaseFactory = async () => {
-  const schema: TestSchema = await createTestSchema('lease');
-  const stores: JobStore[] = [];
-  const admin = await createPostgresJobStore({ pool: schema.pool, connectionString: schema.url });
-  stores.push(admin);
+  const schema = await createTestSchema('lease');
+  const stores: JobStore[] = [await createPostgresJobStore({ pool: schema.pool, connectionString: schema.url })];
+  const backdate = async (column: TimeColumn, ms: number, id?: number) => {
+    await schema.pool.query(
+      `UPDATE tool_jobs SET ${column} = ${column} - $1::bigint * interval '1 millisecond' WHERE $2::bigint IS NULL OR id = $2`,
+      [ms, id ?? null],
+    );
+  };
   return {
     dialect: 'postgres',
     descriptor: { postgres: schema.url },
@@ -75,8 +99,18 @@ export const postgresDatabase: TestDatabaseFactory = async () => {
     async sql(text, params = []) {
       return (await schema.pool.query(text, params)).rows;
     },
-    async expireLease(id) {
-      await schema.pool.query("UPDATE tool_jobs SET lease_until = lease_until - interval '1 hour' WHERE id = $1", [id]);
+    backdate,
+    expireLease: (id) => backdate('lease_until', 3_600_000, id),
+    async lockWrites() {
+      const holder = new pg.Client({ connectionString: schema.url });
+      await holder.connect();
+      await holder.query('BEGIN');
+      // EXCLUSIVE blocks every UPDATE, allows plain reads.
+      await holder.query('LOCK TABLE tool_jobs IN EXCLUSIVE MODE');
+      return async () => {
+        await holder.query('ROLLBACK');
+        await holder.end();
+      };
     },
     async dispose() {
       for (const s of stores) await s.close();
@@ -84,3 +118,9 @@ export const postgresDatabase: TestDatabaseFactory = async () => {
     },
   };
 };
+
+/** Both backends, PostgreSQL only when FENCEGATE_TEST_POSTGRES_URL is set. */
+export const BACKENDS: { name: 'sqlite' | 'postgres'; factory: TestDatabaseFactory; skip: boolean }[] = [
+  { name: 'sqlite', factory: sqliteDatabase, skip: false },
+  { name: 'postgres', factory: postgresDatabase, skip: !POSTGRES_URL },
+];
