@@ -97,7 +97,7 @@ describe('two gateway processes on one SQLite file', () => {
     const logged = await staleRejections(pair[1], 'tool-job:race');
     expect(logged).toHaveLength(refused.length);
     expect([...logged].sort((x, y) => x - y)).toEqual([...refused].sort((x, y) => x - y));
-    const entity = await (await fetch(`${pair[0].url}/_fencegate/v1/entities/tool-job:race`)).json();
+    const entity: any = await (await fetch(`${pair[0].url}/_fencegate/v1/entities/tool-job:race`)).json();
     expect(entity.fence).toBe('200');
   });
 
