@@ -184,3 +184,18 @@ export async function expectProblem(res: Response, status: number, code: string,
 export async function effectOf(res: Response): Promise<{ effect: number; fence: string | null; entity: string | null; key: string | null }> {
   return JSON.parse(await res.text());
 }
+
+/**
+ * Waits for a condition that no event announces (a row another process
+ * writes), re-checking every `everyMs`. Not a timing assertion: only the
+ * overall `timeoutMs` bounds it.
+ */
+export async function until<T>(check: () => T | Promise<T>, what: string, { everyMs = 50, timeoutMs = 20_000 } = {}): Promise<NonNullable<T>> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await check();
+    if (v) return v as NonNullable<T>;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
