@@ -1,0 +1,1019 @@
+/**
+ * THE store conformance suite (STYLE habit 5): every backend of
+ * `GatewayStore` (SQLite, PostgreSQL, D1) must pass it, through the
+ * interface only. Backend-specific powers (moving rows into the past, a
+ * second replica on the same database) come through the harness the factory
+ * returns, so the suite body uses nothing but the interface, `setTimeout`,
+ * `TextEncoder` and `crypto.randomUUID` (it also runs under workerd).
+ *
+ * Expiry is reached with short real lock / retention values (a few ms, then
+ * a short sleep) or by backdating rows in SQL: never by faking a clock.
+ * No test asserts a duration.
+ *
+ * The safety checks (`checkStaleFence`, `checkFenceRace`, `checkSingleForward`,
+ * `checkSerialExclusive`) return the violations they saw instead of asserting,
+ * so that the suite can also run them against wrappers that switch a check
+ * off (negative controls, STYLE habit 7) and see them fail.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  entityTopic,
+  recordTopic,
+  type Admission,
+  type AdmitInput,
+  type AuditInfo,
+  type FinishInput,
+  type GatewayStore,
+  type RejectionRow,
+  type StoredResponse,
+} from '../../src/store/types.js';
+
+export interface ConformanceHarness {
+  store: GatewayStore;
+  /** Moves these rejection rows `ms` into the past (backend SQL on `at`). */
+  backdateRejections(ids: string[], ms: number): Promise<void>;
+  /** Opens another store on the same database, as another gateway replica would. The suite closes it. */
+  openReplica(): Promise<GatewayStore>;
+  /** Closes whatever the harness opened (the suite closes `store` itself first). */
+  close(): Promise<void>;
+}
+
+export type HarnessFactory = () => Promise<ConformanceHarness>;
+
+// ---------------------------------------------------------------------------
+// Small helpers (portable: no Node APIs)
+
+export const uid = (): string => globalThis.crypto.randomUUID();
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+/** Longer than any lock / retention the suite sets to reach expiry ("a few ms"). */
+const PAST_EXPIRY_MS = 40;
+const SHORT = 3;
+
+export function audit(over: Partial<AuditInfo> = {}): AuditInfo {
+  return { requestId: `req-${uid()}`, caller: null, method: 'POST', path: '/payments/charges?currency=eur', payloadSha256: 'ab'.repeat(32), ...over };
+}
+
+/** An admission input with sane defaults: serial, fenced, keyed, long lock and retention. */
+export function command(over: Partial<AdmitInput> = {}): AdmitInput {
+  return {
+    scope: 'payments',
+    key: `key-${uid()}`,
+    entity: `entity-${uid()}`,
+    fence: 1n,
+    fingerprint: 'fp-1',
+    mode: 'serial',
+    ownerToken: `owner-${uid()}`,
+    lockMs: 30_000,
+    retentionMs: 3_600_000,
+    onUnknown: 'reject',
+    audit: audit(),
+    ...over,
+  };
+}
+
+export function response(over: Partial<StoredResponse> = {}): StoredResponse {
+  return { status: 201, headers: [['content-type', 'application/json'], ['location', '/charges/1']], body: new TextEncoder().encode('{"id":"ch_1"}'), ...over };
+}
+
+type Outcome = FinishInput['outcome'];
+export function finishOf(input: AdmitInput, outcome: Outcome, res: StoredResponse = response()): FinishInput {
+  const base = { scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, audit: input.audit };
+  if (outcome === 'completed') return { ...base, outcome, response: res, retentionMs: input.retentionMs };
+  return { ...base, outcome };
+}
+
+async function rejectionsOf(store: GatewayStore, filter: { entity?: string; reason?: string; caller?: string }): Promise<RejectionRow[]> {
+  const all: RejectionRow[] = [];
+  let cursor: string | undefined;
+  for (;;) {
+    const page = await store.listRejections({ ...filter, limit: 1000, cursor });
+    all.push(...page.items);
+    if (page.nextCursor === null) return all;
+    cursor = page.nextCursor;
+  }
+}
+
+/** Store wrappers that switch one check off, for negative controls. */
+export const broken = {
+  /** Drops the fence: G1 is gone. */
+  withoutFence: (store: GatewayStore): GatewayStore => wrap(store, (i) => ({ ...i, fence: null })),
+  /** Drops the Idempotency-Key: G2 is gone. */
+  withoutKey: (store: GatewayStore): GatewayStore => wrap(store, (i) => ({ ...i, key: null })),
+  /** Forces concurrent mode: G3 is gone. */
+  concurrent: (store: GatewayStore): GatewayStore => wrap(store, (i) => ({ ...i, mode: 'concurrent' })),
+};
+
+function wrap(store: GatewayStore, edit: (input: AdmitInput) => AdmitInput): GatewayStore {
+  return new Proxy(store, {
+    get(target, prop) {
+      if (prop === 'admit') return (input: AdmitInput) => target.admit(edit(input));
+      if (prop === 'finish') return (input: FinishInput) => target.finish(edit(input as unknown as AdmitInput) as unknown as FinishInput);
+      const v = Reflect.get(target, prop, target);
+      return typeof v === 'function' ? v.bind(target) : v;
+    },
+  });
+}
+
+/** A deterministic shuffle (mulberry32), so a failure reproduces. */
+export function shuffled<T>(items: T[], seed = 42): T[] {
+  let a = seed >>> 0;
+  const rnd = () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  const out = [...items];
+  for (let i = out.length - 1; i > 0; i--) {
+    const j = Math.floor(rnd() * (i + 1));
+    [out[i], out[j]] = [out[j]!, out[i]!];
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Safety checks that return violations (used by the suite and its negative controls)
+
+/**
+ * G1, sequentially: after fence 5 completed a key, fence 4 is refused, both
+ * with that key (no replay for a stale owner) and with a fresh one, and
+ * both refusals are in the rejection log.
+ */
+export async function checkStaleFence(store: GatewayStore): Promise<string[]> {
+  const v: string[] = [];
+  const entity = `stale-${uid()}`;
+  const key = `key-${uid()}`;
+  const first = command({ entity, key, fence: 5n });
+  const a = await store.admit(first);
+  if (a.outcome !== 'forward') return [`fence 5 on a fresh entity: expected forward, got ${a.outcome}`];
+  await store.finish(finishOf(first, 'completed'));
+  const sameKey = await store.admit(command({ entity, key, fence: 4n }));
+  if (sameKey.outcome !== 'stale-fence') v.push(`fence 4 after 5, same (completed) key: expected stale-fence, got ${sameKey.outcome}`);
+  else if (sameKey.currentFence !== 5n) v.push(`stale-fence reported current fence ${sameKey.currentFence}, expected 5`);
+  const fresh = await store.admit(command({ entity, fence: 4n }));
+  if (fresh.outcome !== 'stale-fence') v.push(`fence 4 after 5, fresh key: expected stale-fence, got ${fresh.outcome}`);
+  const logged = await rejectionsOf(store, { entity, reason: 'stale-fence' });
+  if (logged.length !== 2) v.push(`expected 2 stale-fence rows in the rejection log, found ${logged.length}`);
+  return v;
+}
+
+export interface FenceRaceResult {
+  violations: string[];
+  admitted: number;
+  refused: number;
+}
+
+/**
+ * G1 under real parallelism: `fences` (shuffled) are admitted by `workers`
+ * concurrent callers on one entity. We cannot see commit order from outside,
+ * but we can see real-time order: an admission that resolved `forward` has
+ * committed, so any admission that STARTED after it resolved and carries a
+ * lower fence must be refused. Also: every refusal names a current fence
+ * above its own that was really admitted, every refusal is in the rejection
+ * log, and the entity ends at the highest fence.
+ */
+export async function checkFenceRace(store: GatewayStore, fences: bigint[], workers = 8, entity = `race-${uid()}`): Promise<FenceRaceResult> {
+  const v: string[] = [];
+  let seq = 0;
+  const results: { fence: bigint; start: number; end: number; admission: Admission }[] = [];
+  const queue = [...fences];
+  await Promise.all(
+    Array.from({ length: workers }, async () => {
+      for (let fence = queue.shift(); fence !== undefined; fence = queue.shift()) {
+        const start = ++seq;
+        const admission = await store.admit(command({ entity, fence, key: null, mode: 'concurrent' }));
+        results.push({ fence, start, end: ++seq, admission });
+      }
+    }),
+  );
+  const admitted = results.filter((r) => r.admission.outcome === 'forward');
+  const refused = results.filter((r) => r.admission.outcome === 'stale-fence');
+  if (admitted.length + refused.length !== results.length) v.push('an admission answered neither forward nor stale-fence');
+  const admittedFences = new Set(admitted.map((r) => r.fence));
+  for (const a of admitted) {
+    for (const b of results) {
+      if (b.start > a.end && b.fence < a.fence && b.admission.outcome === 'forward') {
+        v.push(`fence ${b.fence} was forwarded although fence ${a.fence} had been admitted before it started`);
+      }
+    }
+  }
+  for (const r of refused) {
+    const current = (r.admission as { currentFence: bigint }).currentFence;
+    if (!(current > r.fence)) v.push(`fence ${r.fence} refused with current fence ${current}, which is not higher`);
+    if (!admittedFences.has(current)) v.push(`fence ${r.fence} refused with current fence ${current}, which was never admitted`);
+  }
+  const max = fences.reduce((m, f) => (f > m ? f : m), -1n);
+  const info = await store.getEntity(entity);
+  if (info?.fence !== max.toString()) v.push(`the entity ends at fence ${info?.fence ?? 'none'}, expected ${max}`);
+  const logged = await rejectionsOf(store, { entity, reason: 'stale-fence' });
+  if (logged.length !== refused.length) v.push(`${refused.length} refusals but ${logged.length} stale-fence rows in the log`);
+  for (const row of logged) {
+    if (!(BigInt(row.currentFence ?? '-1') > BigInt(row.presentedFence ?? '-1'))) v.push(`rejection ${row.id}: presented ${row.presentedFence} not below current ${row.currentFence}`);
+  }
+  return { violations: [...new Set(v)], admitted: admitted.length, refused: refused.length };
+}
+
+/** G2 under real parallelism: `n` identical admissions of one key → exactly one forward, the rest in progress. */
+export async function checkSingleForward(
+  store: GatewayStore,
+  n: number,
+  over: Partial<AdmitInput> = {},
+): Promise<{ violations: string[]; outcomes: Record<string, number>; winner: AdmitInput | null }> {
+  const base = command(over);
+  const outcomes: Record<string, number> = {};
+  let winner: AdmitInput | null = null;
+  await Promise.all(
+    Array.from({ length: n }, async () => {
+      const input = { ...base, ownerToken: `owner-${uid()}`, audit: audit() };
+      const a = await store.admit(input);
+      outcomes[a.outcome] = (outcomes[a.outcome] ?? 0) + 1;
+      if (a.outcome === 'forward') winner = input;
+    }),
+  );
+  const v: string[] = [];
+  if (outcomes.forward !== 1) v.push(`${outcomes.forward ?? 0} of ${n} identical admissions were forwarded, expected exactly 1`);
+  if ((outcomes['idempotency-in-progress'] ?? 0) !== n - 1) v.push(`expected ${n - 1} idempotency-in-progress, got ${JSON.stringify(outcomes)}`);
+  return { violations: v, outcomes, winner };
+}
+
+/**
+ * G3 under real parallelism: `workers` callers each push `rounds` requests
+ * (distinct keys) through one serial entity, waiting on `waitForChange` when
+ * busy. A caller counts itself in flight from its `forward` until just
+ * before its finish, so a correct store never shows two at once.
+ */
+export async function checkSerialExclusive(store: GatewayStore, workers = 4, rounds = 5, entity = `serial-${uid()}`): Promise<{ violations: string[]; maxInFlight: number; forwarded: number }> {
+  const v: string[] = [];
+  let inFlight = 0;
+  let maxInFlight = 0;
+  let forwarded = 0;
+  await Promise.all(
+    Array.from({ length: workers }, async () => {
+      for (let round = 0; round < rounds; round++) {
+        const input = command({ entity, fence: null });
+        for (let attempt = 0; ; attempt++) {
+          if (attempt > 500) {
+            v.push('a request never got the serial slot');
+            return;
+          }
+          const a = await store.admit(input);
+          if (a.outcome === 'forward') break;
+          if (a.outcome !== 'entity-busy') {
+            v.push(`unexpected ${a.outcome}`);
+            return;
+          }
+          await store.waitForChange(entityTopic(entity), 1_000);
+        }
+        forwarded++;
+        inFlight++;
+        maxInFlight = Math.max(maxInFlight, inFlight);
+        await sleep(1);
+        inFlight--;
+        await store.finish(finishOf(input, 'completed'));
+      }
+    }),
+  );
+  if (maxInFlight > 1) v.push(`${maxInFlight} requests were in flight upstream at once for one serial entity`);
+  return { violations: v, maxInFlight, forwarded };
+}
+
+// ---------------------------------------------------------------------------
+// The suite
+
+export function describeGatewayStoreConformance(name: string, makeHarness: HarnessFactory): void {
+  describe(`GatewayStore conformance: ${name}`, () => {
+    let h: ConformanceHarness;
+    let store: GatewayStore;
+    beforeAll(async () => {
+      h = await makeHarness();
+      store = h.store;
+    });
+    afterAll(async () => {
+      await store?.close();
+      await store?.close(); // idempotent
+      await h?.close();
+    });
+
+    describe('admission (DESIGN §3.5)', () => {
+      it('b. a new key is forwarded and leaves an in_progress record with its lock and retention', async () => {
+        const input = command({ fence: 7n, lockMs: 30_000, retentionMs: 3_600_000 });
+        expect(await store.admit(input)).toEqual({ outcome: 'forward', takeover: false });
+        const [rec, ...more] = await store.getRecords(input.key!);
+        expect(more).toEqual([]);
+        expect(rec).toMatchObject({ scope: 'payments', key: input.key, state: 'in_progress', fingerprint: 'fp-1', entity: input.entity, fence: '7', status: null });
+        expect(rec!.lockedUntil!.getTime() - rec!.createdAt.getTime()).toBe(30_000);
+        expect(rec!.expiresAt.getTime() - rec!.createdAt.getTime()).toBe(3_600_000);
+        expect(rec).not.toHaveProperty('body');
+      });
+
+      it('a. an admitted fence becomes the entity fence; an equal fence is admitted again', async () => {
+        const entity = `e-${uid()}`;
+        expect((await store.admit(command({ entity, fence: 3n, mode: 'concurrent' }))).outcome).toBe('forward');
+        expect((await store.admit(command({ entity, fence: 3n, mode: 'concurrent' }))).outcome).toBe('forward');
+        expect((await store.admit(command({ entity, fence: 9n, mode: 'concurrent' }))).outcome).toBe('forward');
+        const info = await store.getEntity(entity);
+        expect(info).toMatchObject({ entity, fence: '9', inflight: null });
+        expect(info!.acceptedAt).toBeInstanceOf(Date);
+        expect(Number.isNaN(info!.acceptedAt.getTime())).toBe(false);
+      });
+
+      it('a. a stale fence is refused with the current fence and logged with every audit field', async () => {
+        const entity = `e-${uid()}`;
+        await store.admit(command({ entity, fence: 10n, mode: 'concurrent' }));
+        const stale = command({ entity, fence: 9n, audit: audit({ caller: 'worker-a', method: 'PUT', path: '/payments/x?y=1', payloadSha256: 'cd'.repeat(32) }) });
+        expect(await store.admit(stale)).toEqual({ outcome: 'stale-fence', currentFence: 10n });
+        const [row, ...more] = await rejectionsOf(store, { entity });
+        expect(more).toEqual([]);
+        expect(row).toMatchObject({
+          reason: 'stale-fence',
+          entity,
+          presentedFence: '9',
+          currentFence: '10',
+          idempotencyKey: stale.key,
+          caller: 'worker-a',
+          method: 'PUT',
+          path: '/payments/x?y=1',
+          payloadSha256: 'cd'.repeat(32),
+          requestId: stale.audit.requestId,
+        });
+        expect(row!.at).toBeInstanceOf(Date);
+        expect(typeof row!.id).toBe('string');
+        // A refusal writes no record and takes no slot.
+        expect(await store.getRecords(stale.key!)).toEqual([]);
+        expect((await store.getEntity(entity))!.inflight).toBeNull();
+      });
+
+      it('a. the fence check comes first: a stale fence gets no replay, a newer fence with a completed key does', async () => {
+        expect(await checkStaleFence(store)).toEqual([]);
+        const entity = `e-${uid()}`;
+        const first = command({ entity, fence: 41n });
+        await store.admit(first);
+        await store.finish(finishOf(first, 'completed', response({ body: new TextEncoder().encode('paid') })));
+        const w2 = await store.admit(command({ entity, key: first.key, fence: 42n }));
+        expect(w2.outcome).toBe('replay');
+        expect(new TextDecoder().decode((w2 as { response: StoredResponse }).response.body)).toBe('paid');
+        expect((await store.getEntity(entity))!.fence).toBe('42');
+        expect(await store.admit(command({ entity, key: first.key, fence: 41n }))).toEqual({ outcome: 'stale-fence', currentFence: 42n });
+      });
+
+      it('a. fences span 0 … 2^63−1', async () => {
+        const entity = `e-${uid()}`;
+        const max = 2n ** 63n - 1n;
+        expect((await store.admit(command({ entity, fence: 0n, mode: 'concurrent' }))).outcome).toBe('forward');
+        expect((await store.admit(command({ entity, fence: max, mode: 'concurrent' }))).outcome).toBe('forward');
+        expect((await store.getEntity(entity))!.fence).toBe(max.toString());
+        expect(await store.admit(command({ entity, fence: max - 1n, mode: 'concurrent' }))).toEqual({ outcome: 'stale-fence', currentFence: max });
+        const [row] = await rejectionsOf(store, { entity });
+        expect(row).toMatchObject({ presentedFence: (max - 1n).toString(), currentFence: max.toString() });
+      });
+
+      it('a. the fence is raised in the same transaction even when the request is then refused (busy, reused key)', async () => {
+        const entity = `e-${uid()}`;
+        const holder = command({ entity, fence: 1n });
+        expect((await store.admit(holder)).outcome).toBe('forward');
+        expect((await store.admit(command({ entity, fence: 2n }))).outcome).toBe('entity-busy');
+        expect((await store.getEntity(entity))!.fence).toBe('2');
+        expect((await store.admit(command({ entity, key: holder.key, fingerprint: 'other', fence: 3n }))).outcome).toBe('idempotency-key-reused');
+        expect((await store.getEntity(entity))!.fence).toBe('3');
+        // The holder's own owner is now stale for new commands.
+        expect((await store.admit(command({ entity, fence: 1n }))).outcome).toBe('stale-fence');
+      });
+
+      it('c. a completed key with the same fingerprint replays status, headers and exact bytes', async () => {
+        const every = new Uint8Array(256 * 3);
+        for (let i = 0; i < every.length; i++) every[i] = (i * 7 + 3) % 256;
+        const stored = response({
+          status: 202,
+          headers: [['content-type', 'application/octet-stream'], ['etag', '"v1"'], ['x-multi', 'a, b'], ['location', '/ä/ü']],
+          body: every,
+        });
+        const input = command();
+        await store.admit(input);
+        expect(await store.finish(finishOf(input, 'completed', stored))).toEqual({ recorded: true });
+        for (let i = 0; i < 2; i++) {
+          const replay = await store.admit({ ...input, ownerToken: `owner-${uid()}`, audit: audit() });
+          expect(replay.outcome).toBe('replay');
+          const res = (replay as { response: StoredResponse }).response;
+          expect(res.status).toBe(202);
+          expect(res.headers).toEqual(stored.headers);
+          expect(res.body).toBeInstanceOf(Uint8Array);
+          expect(Array.from(res.body)).toEqual(Array.from(every));
+        }
+        const [rec] = await store.getRecords(input.key!);
+        expect(rec).toMatchObject({ state: 'completed', status: 202, lockedUntil: null });
+      });
+
+      it('c. an empty body and no headers replay as such', async () => {
+        const input = command({ entity: null, fence: null });
+        await store.admit(input);
+        await store.finish(finishOf(input, 'completed', { status: 204, headers: [], body: new Uint8Array(0) }));
+        const replay = await store.admit({ ...input, ownerToken: `owner-${uid()}` });
+        expect(replay).toEqual({ outcome: 'replay', response: { status: 204, headers: [], body: new Uint8Array(0) } });
+      });
+
+      it('d. a known key with another fingerprint is refused and logged; the record is untouched', async () => {
+        const input = command({ fence: 4n });
+        await store.admit(input);
+        const other = command({ entity: input.entity, key: input.key, fence: 4n, fingerprint: 'fp-other' });
+        expect(await store.admit(other)).toEqual({ outcome: 'idempotency-key-reused' });
+        const [row] = await rejectionsOf(store, { entity: input.entity! });
+        expect(row).toMatchObject({ reason: 'idempotency-key-reused', presentedFence: '4', currentFence: null, idempotencyKey: input.key, requestId: other.audit.requestId });
+        const [rec] = await store.getRecords(input.key!);
+        expect(rec).toMatchObject({ state: 'in_progress', fingerprint: 'fp-1' });
+        // Also against a completed record.
+        await store.finish(finishOf(input, 'completed'));
+        expect(await store.admit({ ...other, ownerToken: `owner-${uid()}` })).toEqual({ outcome: 'idempotency-key-reused' });
+      });
+
+      it('e. a key in progress with a live lock answers in-progress with a retry hint within the lock', async () => {
+        const input = command({ lockMs: 20_000 });
+        await store.admit(input);
+        const again = await store.admit({ ...input, ownerToken: `owner-${uid()}`, audit: audit() });
+        expect(again.outcome).toBe('idempotency-in-progress');
+        const { retryAfterMs } = again as { retryAfterMs: number };
+        expect(retryAfterMs).toBeGreaterThan(0);
+        expect(retryAfterMs).toBeLessThanOrEqual(20_000);
+        expect(await rejectionsOf(store, { entity: input.entity! })).toEqual([]);
+        expect((await store.getRecords(input.key!))[0]!.state).toBe('in_progress');
+      });
+
+      it('f. a key in progress whose lock expired becomes outcome_unknown, refused and logged (onUnknown: reject)', async () => {
+        const input = command({ lockMs: SHORT });
+        await store.admit(input);
+        await sleep(PAST_EXPIRY_MS);
+        const retry = command({ entity: input.entity, key: input.key, fence: 1n });
+        expect(await store.admit(retry)).toEqual({ outcome: 'outcome-unknown' });
+        const [rec] = await store.getRecords(input.key!);
+        expect(rec).toMatchObject({ state: 'outcome_unknown', lockedUntil: null });
+        const [row] = await rejectionsOf(store, { entity: input.entity!, reason: 'outcome-unknown' });
+        expect(row).toMatchObject({ idempotencyKey: input.key, presentedFence: '1', requestId: retry.audit.requestId });
+        // And stays refused.
+        expect(await store.admit({ ...retry, ownerToken: `owner-${uid()}` })).toEqual({ outcome: 'outcome-unknown' });
+      });
+
+      it('f+g. with onUnknown: retry an expired lock is taken over by the new owner; the old owner\'s finish is late', async () => {
+        const first = command({ lockMs: SHORT, fence: 1n });
+        await store.admit(first);
+        await sleep(PAST_EXPIRY_MS);
+        const second = command({ entity: first.entity, key: first.key, fence: 2n, onUnknown: 'retry' });
+        expect(await store.admit(second)).toEqual({ outcome: 'forward', takeover: true });
+        const [rec] = await store.getRecords(first.key!);
+        expect(rec).toMatchObject({ state: 'in_progress', fence: '2' });
+        expect(rec!.lockedUntil).not.toBeNull();
+        // The new owner holds the record: a third caller sees it in progress.
+        expect((await store.admit({ ...second, ownerToken: `owner-${uid()}` })).outcome).toBe('idempotency-in-progress');
+        // The old owner wakes up: discarded and logged.
+        expect(await store.finish(finishOf(first, 'completed', response({ body: new TextEncoder().encode('old') })))).toEqual({ recorded: false });
+        const [late] = await rejectionsOf(store, { entity: first.entity!, reason: 'late-finish' });
+        expect(late).toMatchObject({ idempotencyKey: first.key, requestId: first.audit.requestId, presentedFence: null, currentFence: null, method: 'POST' });
+        expect((await store.getRecords(first.key!))[0]!.state).toBe('in_progress');
+        // The new owner's finish lands.
+        expect(await store.finish(finishOf(second, 'completed', response({ body: new TextEncoder().encode('new') })))).toEqual({ recorded: true });
+        const replay = await store.admit({ ...second, ownerToken: `owner-${uid()}` });
+        expect(new TextDecoder().decode((replay as { response: StoredResponse }).response.body)).toBe('new');
+      });
+
+      it('g. outcome_unknown is refused (reject) or taken over (retry) with a new owner token', async () => {
+        const first = command();
+        await store.admit(first);
+        expect(await store.finish(finishOf(first, 'unknown'))).toEqual({ recorded: true });
+        expect((await store.getRecords(first.key!))[0]).toMatchObject({ state: 'outcome_unknown', lockedUntil: null });
+        expect(await store.admit(command({ entity: first.entity, key: first.key }))).toEqual({ outcome: 'outcome-unknown' });
+        const taker = command({ entity: first.entity, key: first.key, onUnknown: 'retry' });
+        expect(await store.admit(taker)).toEqual({ outcome: 'forward', takeover: true });
+        // Only the new token finishes it.
+        expect(await store.finish(finishOf(first, 'released'))).toEqual({ recorded: false });
+        expect(await store.finish(finishOf(taker, 'completed'))).toEqual({ recorded: true });
+        expect((await store.getRecords(first.key!))[0]!.state).toBe('completed');
+      });
+
+      it('g. a takeover that finds the entity busy leaves the record outcome_unknown for a later retry', async () => {
+        const entity = `e-${uid()}`;
+        const first = command({ entity });
+        await store.admit(first);
+        await store.finish(finishOf(first, 'unknown'));
+        const holder = command({ entity });
+        await store.admit(holder);
+        expect((await store.admit(command({ entity, key: first.key, onUnknown: 'retry' }))).outcome).toBe('entity-busy');
+        expect((await store.getRecords(first.key!))[0]!.state).toBe('outcome_unknown');
+        await store.finish(finishOf(holder, 'completed'));
+        expect(await store.admit(command({ entity, key: first.key, onUnknown: 'retry' }))).toEqual({ outcome: 'forward', takeover: true });
+      });
+
+      it('a late finish of a record only marked outcome_unknown (nobody took it over) completes it', async () => {
+        const first = command({ lockMs: SHORT });
+        await store.admit(first);
+        await sleep(PAST_EXPIRY_MS);
+        expect(await store.admit(command({ entity: first.entity, key: first.key }))).toEqual({ outcome: 'outcome-unknown' });
+        expect(await store.finish(finishOf(first, 'completed', response({ body: new TextEncoder().encode('late') })))).toEqual({ recorded: true });
+        const replay = await store.admit(command({ entity: first.entity, key: first.key }));
+        expect(replay.outcome).toBe('replay');
+        expect(new TextDecoder().decode((replay as { response: StoredResponse }).response.body)).toBe('late');
+        expect(await rejectionsOf(store, { entity: first.entity!, reason: 'late-finish' })).toEqual([]);
+      });
+
+      it('a completed record past its retention is treated as absent', async () => {
+        const input = command({ retentionMs: SHORT, entity: null, fence: null });
+        await store.admit(input);
+        await store.finish(finishOf(input, 'completed'));
+        await sleep(PAST_EXPIRY_MS);
+        const reuse = command({ key: input.key, entity: null, fence: null, fingerprint: 'fp-new' });
+        expect(await store.admit(reuse)).toEqual({ outcome: 'forward', takeover: false });
+        const [rec, ...more] = await store.getRecords(input.key!);
+        expect(more).toEqual([]);
+        expect(rec).toMatchObject({ state: 'in_progress', fingerprint: 'fp-new' });
+      });
+
+      it('h. serial mode: a second request for a busy entity is refused before any record is written', async () => {
+        const entity = `e-${uid()}`;
+        const holder = command({ entity, lockMs: 20_000 });
+        expect((await store.admit(holder)).outcome).toBe('forward');
+        const info = await store.getEntity(entity);
+        expect(info!.inflight).not.toBeNull();
+        expect(info!.inflight!.until).toBeInstanceOf(Date);
+        const busy = command({ entity });
+        const a = await store.admit(busy);
+        expect(a.outcome).toBe('entity-busy');
+        expect((a as { retryAfterMs: number }).retryAfterMs).toBeGreaterThan(0);
+        expect((a as { retryAfterMs: number }).retryAfterMs).toBeLessThanOrEqual(20_000);
+        expect(await store.getRecords(busy.key!)).toEqual([]);
+        // Freed by the holder's finish.
+        await store.finish(finishOf(holder, 'completed'));
+        expect((await store.getEntity(entity))!.inflight).toBeNull();
+        expect((await store.admit(busy)).outcome).toBe('forward');
+      });
+
+      it('h. only the holder frees the slot; a dead holder\'s expired slot is taken by the next request', async () => {
+        const entity = `e-${uid()}`;
+        const holder = command({ entity, lockMs: SHORT });
+        await store.admit(holder);
+        const stranger = command({ entity });
+        // A finish by someone who never held the slot changes nothing.
+        expect(await store.finish(finishOf(stranger, 'released'))).toEqual({ recorded: false });
+        await sleep(PAST_EXPIRY_MS);
+        expect((await store.getEntity(entity))!.inflight).toBeNull();
+        const next = command({ entity, lockMs: 20_000 });
+        expect((await store.admit(next)).outcome).toBe('forward');
+        // The dead holder's late finish does not free the new holder's slot.
+        await store.finish(finishOf(holder, 'completed'));
+        expect((await store.admit(command({ entity }))).outcome).toBe('entity-busy');
+      });
+
+      it('h. concurrent mode takes no slot', async () => {
+        const entity = `e-${uid()}`;
+        expect((await store.admit(command({ entity, mode: 'concurrent' }))).outcome).toBe('forward');
+        expect((await store.admit(command({ entity, mode: 'concurrent' }))).outcome).toBe('forward');
+        expect((await store.getEntity(entity))!.inflight).toBeNull();
+      });
+
+      it('without a key: forwarded with no record, still fenced and serialised', async () => {
+        const entity = `e-${uid()}`;
+        const first = command({ entity, key: null, fence: 5n });
+        expect(await store.admit(first)).toEqual({ outcome: 'forward', takeover: false });
+        expect((await store.admit(command({ entity, key: null, fence: 6n }))).outcome).toBe('entity-busy');
+        expect((await store.admit(command({ entity, key: null, fence: 4n }))).outcome).toBe('stale-fence');
+        expect(await store.finish(finishOf(first, 'completed'))).toEqual({ recorded: true });
+        expect((await store.admit(command({ entity, key: null, fence: 6n }))).outcome).toBe('forward');
+      });
+
+      it('without a fence: serial mode keeps a fence-less entity row for the slot; a fence raises it later', async () => {
+        const entity = `e-${uid()}`;
+        const first = command({ entity, fence: null });
+        expect((await store.admit(first)).outcome).toBe('forward');
+        expect(await store.getEntity(entity)).toMatchObject({ entity, fence: null });
+        expect((await store.admit(command({ entity, fence: null }))).outcome).toBe('entity-busy');
+        await store.finish(finishOf(first, 'completed'));
+        expect((await store.admit(command({ entity, fence: 0n }))).outcome).toBe('forward');
+        expect((await store.getEntity(entity))!.fence).toBe('0');
+      });
+
+      it('without an entity: idempotency only, no entity row', async () => {
+        const input = command({ entity: null, fence: null });
+        expect((await store.admit(input)).outcome).toBe('forward');
+        expect((await store.admit({ ...input, ownerToken: `owner-${uid()}` })).outcome).toBe('idempotency-in-progress');
+        expect(await store.finish(finishOf(input, 'completed'))).toEqual({ recorded: true });
+        expect((await store.admit({ ...input, ownerToken: `owner-${uid()}` })).outcome).toBe('replay');
+      });
+
+      it('a refusal on an entity nobody used leaves no entity row behind', async () => {
+        // A record made without an entity, then replayed / refused for an entity in serial mode.
+        const input = command({ entity: null, fence: null });
+        await store.admit(input);
+        const entity = `e-${uid()}`;
+        expect((await store.admit({ ...input, entity, ownerToken: `owner-${uid()}` })).outcome).toBe('idempotency-in-progress');
+        expect((await store.admit({ ...input, entity, fingerprint: 'x', ownerToken: `owner-${uid()}` })).outcome).toBe('idempotency-key-reused');
+        await store.finish(finishOf(input, 'completed'));
+        expect((await store.admit({ ...input, entity, ownerToken: `owner-${uid()}` })).outcome).toBe('replay');
+        expect(await store.getEntity(entity)).toBeNull();
+      });
+
+      it('scopes keep keys apart; any text (U+0000, private use, quotes, non-ASCII) round-trips', async () => {
+        const key = `k\u0000'"\\\uE000\uE0000é😀-${uid()}`;
+        const entity = `ent\u0000\uE000'"\\ü-${uid()}`;
+        const a = command({ key, entity, scope: 'payments\u0000caller-1', audit: audit({ caller: 'caller\u00001', path: '/p?q=\u0000' }) });
+        const b = command({ key, entity: null, fence: null, scope: 'payments\u0000caller-2', fingerprint: 'fp-b' });
+        expect((await store.admit(a)).outcome).toBe('forward');
+        expect((await store.admit(b)).outcome).toBe('forward');
+        const recs = await store.getRecords(key);
+        expect(recs.map((r) => [r.scope, r.key, r.entity, r.fingerprint])).toEqual([
+          ['payments\u0000caller-1', key, entity, 'fp-1'],
+          ['payments\u0000caller-2', key, null, 'fp-b'],
+        ]);
+        expect((await store.getEntity(entity))!.entity).toBe(entity);
+        expect(await store.admit(command({ key, entity, scope: 'payments\u0000caller-1', fence: 0n, audit: audit({ caller: 'caller\u00001' }) }))).toMatchObject({ outcome: 'stale-fence' });
+        const [row] = await rejectionsOf(store, { entity, caller: 'caller\u00001' });
+        expect(row).toMatchObject({ entity, idempotencyKey: key, caller: 'caller\u00001' });
+        await store.finish(finishOf(a, 'completed', response({ headers: [['x-odd', 'v\uE000é']] })));
+        const replay = await store.admit({ ...a, ownerToken: `owner-${uid()}` });
+        expect((replay as { response: StoredResponse }).response.headers).toEqual([['x-odd', 'v\uE000é']]);
+      });
+    });
+
+    describe('finish (DESIGN §3.7)', () => {
+      it('released deletes the record and frees the slot: the same key may be sent again', async () => {
+        const input = command();
+        await store.admit(input);
+        expect(await store.finish(finishOf(input, 'released'))).toEqual({ recorded: true });
+        expect(await store.getRecords(input.key!)).toEqual([]);
+        expect((await store.getEntity(input.entity!))!.inflight).toBeNull();
+        expect((await store.admit({ ...input, ownerToken: `owner-${uid()}` })).outcome).toBe('forward');
+      });
+
+      it('unknown keeps the record as outcome_unknown and frees the slot', async () => {
+        const input = command();
+        await store.admit(input);
+        expect(await store.finish(finishOf(input, 'unknown'))).toEqual({ recorded: true });
+        expect((await store.getRecords(input.key!))[0]).toMatchObject({ state: 'outcome_unknown' });
+        expect((await store.getEntity(input.entity!))!.inflight).toBeNull();
+        expect((await store.admit(command({ entity: input.entity }))).outcome).toBe('forward');
+      });
+
+      it('completed sets the replay retention from the finish', async () => {
+        const input = command({ retentionMs: 1_000 });
+        await store.admit(input);
+        await store.finish({ ...finishOf(input, 'completed'), retentionMs: 7_200_000 } as FinishInput);
+        const [rec] = await store.getRecords(input.key!);
+        expect(rec!.expiresAt.getTime() - rec!.createdAt.getTime()).toBeGreaterThanOrEqual(7_200_000);
+      });
+
+      it('a finish with a token that does not own the record is discarded and logged', async () => {
+        const input = command();
+        await store.admit(input);
+        const impostor = { ...input, ownerToken: `owner-${uid()}`, audit: audit({ caller: 'ghost' }) };
+        expect(await store.finish(finishOf(impostor, 'completed'))).toEqual({ recorded: false });
+        expect(await store.finish(finishOf(impostor, 'released'))).toEqual({ recorded: false });
+        expect(await store.finish(finishOf(impostor, 'unknown'))).toEqual({ recorded: false });
+        const rows = await rejectionsOf(store, { entity: input.entity!, reason: 'late-finish' });
+        expect(rows).toHaveLength(3);
+        expect(rows[0]).toMatchObject({ caller: 'ghost', idempotencyKey: input.key, entity: input.entity });
+        expect((await store.getRecords(input.key!))[0]).toMatchObject({ state: 'in_progress' });
+        expect((await store.getEntity(input.entity!))!.inflight).not.toBeNull();
+        // A finish of a record that no longer exists is late too.
+        await store.finish(finishOf(input, 'released'));
+        expect(await store.finish(finishOf(input, 'completed'))).toEqual({ recorded: false });
+      });
+
+      it('a keyless finish records nothing and is always recorded: true', async () => {
+        const input = command({ key: null });
+        await store.admit(input);
+        expect(await store.finish(finishOf(input, 'unknown'))).toEqual({ recorded: true });
+        expect((await store.getEntity(input.entity!))!.inflight).toBeNull();
+      });
+    });
+
+    describe('rejection log', () => {
+      it('recordRejection keeps every field (refusals decided before admission)', async () => {
+        const entity = `e-${uid()}`;
+        const a = audit({ caller: 'svc', method: 'DELETE', path: '/x/y?z', payloadSha256: 'ef'.repeat(32) });
+        await store.recordRejection({ reason: 'invalid-fence-signature', entity, presentedFence: 2n ** 63n - 1n, currentFence: null, idempotencyKey: 'k-1', audit: a });
+        await store.recordRejection({ reason: 'unauthorized', entity, presentedFence: null, currentFence: 3n, idempotencyKey: null, audit: { ...a, caller: null } });
+        const [second, first] = await rejectionsOf(store, { entity });
+        expect(first).toMatchObject({
+          reason: 'invalid-fence-signature',
+          entity,
+          presentedFence: (2n ** 63n - 1n).toString(),
+          currentFence: null,
+          idempotencyKey: 'k-1',
+          caller: 'svc',
+          method: 'DELETE',
+          path: '/x/y?z',
+          payloadSha256: 'ef'.repeat(32),
+          requestId: a.requestId,
+        });
+        expect(second).toMatchObject({ reason: 'unauthorized', presentedFence: null, currentFence: '3', idempotencyKey: null, caller: null });
+        expect(BigInt(second!.id)).toBeGreaterThan(BigInt(first!.id));
+        expect(second!.at.getTime()).toBeGreaterThanOrEqual(first!.at.getTime());
+      });
+
+      it('pages newest first with a keyset cursor, and filters by entity, reason, caller, since, until', async () => {
+        const entity = `e-${uid()}`;
+        const caller = `c-${uid()}`;
+        const reasons = ['stale-fence', 'fence-expired', 'stale-fence', 'forbidden', 'stale-fence', 'fence-expired', 'unauthorized'] as const;
+        for (const [i, reason] of reasons.entries()) {
+          await store.recordRejection({ reason, entity, presentedFence: BigInt(i), currentFence: null, idempotencyKey: null, audit: audit({ caller: i % 2 === 0 ? caller : null }) });
+          if (i === 3) await sleep(5);
+        }
+        const all = await rejectionsOf(store, { entity });
+        expect(all.map((r) => r.presentedFence)).toEqual(['6', '5', '4', '3', '2', '1', '0']);
+        // Pages of 2: no gaps, no repeats, a null cursor at the end.
+        const seen: string[] = [];
+        let cursor: string | undefined;
+        let pages = 0;
+        do {
+          const page = await store.listRejections({ entity, limit: 2, cursor });
+          expect(page.items.length).toBeLessThanOrEqual(2);
+          seen.push(...page.items.map((r) => r.id));
+          cursor = page.nextCursor ?? undefined;
+          pages++;
+        } while (cursor !== undefined);
+        expect(seen).toEqual(all.map((r) => r.id));
+        expect(pages).toBe(4);
+        // An exact last page has no next cursor.
+        const exact = await store.listRejections({ entity, limit: 7 });
+        expect(exact.items).toHaveLength(7);
+        expect(exact.nextCursor).toBeNull();
+        expect((await store.listRejections({ entity, limit: 1 })).items.map((r) => r.id)).toEqual([all[0]!.id]);
+
+        expect((await rejectionsOf(store, { entity, reason: 'stale-fence' })).map((r) => r.presentedFence)).toEqual(['4', '2', '0']);
+        expect((await rejectionsOf(store, { entity, caller })).map((r) => r.presentedFence)).toEqual(['6', '4', '2', '0']);
+        expect((await rejectionsOf(store, { entity, reason: 'fence-expired', caller })).map((r) => r.presentedFence)).toEqual([]);
+
+        const pivot = all.find((r) => r.presentedFence === '4')!.at;
+        const since = await store.listRejections({ entity, since: pivot, limit: 100 });
+        expect(since.items.map((r) => r.id)).toEqual(all.filter((r) => r.at.getTime() >= pivot.getTime()).map((r) => r.id));
+        expect(since.items.length).toBeGreaterThanOrEqual(3);
+        const until = await store.listRejections({ entity, until: pivot, limit: 100 });
+        expect(until.items.map((r) => r.id)).toEqual(all.filter((r) => r.at.getTime() < pivot.getTime()).map((r) => r.id));
+        expect(until.items.length + since.items.length).toBe(7);
+        const unknown = await store.listRejections({ entity: `e-${uid()}`, limit: 10 });
+        expect(unknown).toEqual({ items: [], nextCursor: null });
+      });
+    });
+
+    describe('getEntity / getRecords', () => {
+      it('unknown entity and key: null and []', async () => {
+        expect(await store.getEntity(`nobody-${uid()}`)).toBeNull();
+        expect(await store.getRecords(`nothing-${uid()}`)).toEqual([]);
+      });
+
+      it('getRecords lists a key across scopes, ordered by scope, without the stored body', async () => {
+        const key = `shared-${uid()}`;
+        for (const scope of ['zeta', 'alpha', 'mid']) {
+          const input = command({ key, scope, entity: null, fence: null, fingerprint: `fp-${scope}` });
+          await store.admit(input);
+          if (scope === 'mid') await store.finish(finishOf(input, 'completed', response({ status: 200 })));
+        }
+        const recs = await store.getRecords(key);
+        expect(recs.map((r) => [r.scope, r.state, r.status, r.fingerprint])).toEqual([
+          ['alpha', 'in_progress', null, 'fp-alpha'],
+          ['mid', 'completed', 200, 'fp-mid'],
+          ['zeta', 'in_progress', null, 'fp-zeta'],
+        ]);
+        for (const r of recs) expect(Object.keys(r).sort()).toEqual(['createdAt', 'entity', 'expiresAt', 'fence', 'fingerprint', 'key', 'lockedUntil', 'scope', 'state', 'status']);
+      });
+    });
+
+    describe('sweep', () => {
+      it('deletes expired completed records, turns dead in_progress locks into outcome_unknown, keeps live ones', async () => {
+        const expired = command({ retentionMs: SHORT, entity: null, fence: null });
+        const kept = command({ entity: null, fence: null });
+        const dead = command({ lockMs: SHORT, entity: null, fence: null });
+        const alive = command({ entity: null, fence: null });
+        for (const c of [expired, kept, dead, alive]) expect((await store.admit(c)).outcome).toBe('forward');
+        await store.finish(finishOf(expired, 'completed'));
+        await store.finish(finishOf(kept, 'completed'));
+        await sleep(PAST_EXPIRY_MS);
+        const r = await store.sweep({ rejectionRetentionMs: 3_600_000 });
+        expect(r.expiredRecords).toBeGreaterThanOrEqual(1);
+        expect(r.unknownRecords).toBeGreaterThanOrEqual(1);
+        expect(await store.getRecords(expired.key!)).toEqual([]);
+        expect((await store.getRecords(kept.key!))[0]!.state).toBe('completed');
+        expect((await store.getRecords(dead.key!))[0]).toMatchObject({ state: 'outcome_unknown', lockedUntil: null });
+        expect((await store.getRecords(alive.key!))[0]!.state).toBe('in_progress');
+        // G4: the dead one now answers outcome-unknown instead of waiting forever.
+        expect(await store.admit({ ...dead, ownerToken: `owner-${uid()}` })).toEqual({ outcome: 'outcome-unknown' });
+        // Nothing left to do.
+        const again = await store.sweep({ rejectionRetentionMs: 3_600_000 });
+        expect(again.expiredRecords + again.unknownRecords).toBe(0);
+      });
+
+      it('deletes rejections older than the retention (rows backdated), in batches', async () => {
+        const entity = `e-${uid()}`;
+        for (let i = 0; i < 5; i++) {
+          await store.recordRejection({ reason: 'fence-expired', entity, presentedFence: BigInt(i), currentFence: null, idempotencyKey: null, audit: audit() });
+        }
+        const rows = await rejectionsOf(store, { entity });
+        const old = rows.filter((r) => Number(r.presentedFence) < 3).map((r) => r.id);
+        await h.backdateRejections(old, 2 * 3_600_000);
+        let deleted = 0;
+        for (let i = 0; i < 20; i++) {
+          const r = await store.sweep({ rejectionRetentionMs: 3_600_000, batch: 1 });
+          expect(r.oldRejections).toBeLessThanOrEqual(1);
+          deleted += r.oldRejections;
+          if (r.oldRejections === 0) break;
+        }
+        expect(deleted).toBeGreaterThanOrEqual(3);
+        expect((await rejectionsOf(store, { entity })).map((r) => r.presentedFence)).toEqual(['4', '3']);
+      });
+
+      it('batches record sweeps too', async () => {
+        const inputs = Array.from({ length: 3 }, () => command({ lockMs: SHORT, entity: null, fence: null }));
+        for (const c of inputs) await store.admit(c);
+        await sleep(PAST_EXPIRY_MS);
+        for (let i = 0; i < 50; i++) {
+          const r = await store.sweep({ rejectionRetentionMs: 3_600_000, batch: 1 });
+          expect(r.unknownRecords).toBeLessThanOrEqual(1);
+          expect(r.expiredRecords).toBeLessThanOrEqual(1);
+          if (r.unknownRecords + r.expiredRecords === 0) break;
+        }
+        for (const c of inputs) expect((await store.getRecords(c.key!))[0]!.state).toBe('outcome_unknown');
+      });
+    });
+
+    describe('waitForChange', () => {
+      it('wakes a waiter on the entity and on the record when the holder finishes; on another replica too', async () => {
+        const replica = await h.openReplica();
+        try {
+          const input = command();
+          await store.admit(input);
+          let woke = 0;
+          const waits = [
+            store.waitForChange(entityTopic(input.entity!), 600_000).then(() => woke++),
+            store.waitForChange(recordTopic(input.scope, input.key!), 600_000).then(() => woke++),
+            replica.waitForChange(entityTopic(input.entity!), 600_000).then(() => woke++),
+            replica.waitForChange(recordTopic(input.scope, input.key!), 600_000).then(() => woke++),
+          ];
+          await sleep(5);
+          await store.finish(finishOf(input, 'completed'));
+          await Promise.all(waits);
+          expect(woke).toBe(4);
+          // The replica sees the result.
+          expect((await replica.admit({ ...input, ownerToken: `owner-${uid()}` })).outcome).toBe('replay');
+        } finally {
+          await replica.close();
+          await replica.close();
+        }
+      });
+
+      it('resolves (never rejects) on timeout, on abort, and after close', async () => {
+        await expect(store.waitForChange(entityTopic(`e-${uid()}`), 5)).resolves.toBeUndefined();
+        await expect(store.waitForChange(entityTopic(`e-${uid()}`), 0)).resolves.toBeUndefined();
+        const ac = new AbortController();
+        const waiting = store.waitForChange(entityTopic(`e-${uid()}`), 600_000, ac.signal);
+        ac.abort();
+        await expect(waiting).resolves.toBeUndefined();
+        await expect(store.waitForChange(entityTopic(`e-${uid()}`), 600_000, ac.signal)).resolves.toBeUndefined();
+        const replica = await h.openReplica();
+        const pending = replica.waitForChange(entityTopic(`e-${uid()}`), 600_000);
+        await replica.close();
+        await expect(pending).resolves.toBeUndefined();
+        await expect(replica.waitForChange(entityTopic(`e-${uid()}`), 600_000)).resolves.toBeUndefined();
+      });
+    });
+
+    describe('concurrency (real parallelism against the real database)', () => {
+      it('G2: 100 parallel admissions of one key (serial, fenced) → exactly one forward; then 100 replays', async () => {
+        const over = { key: `k-${uid()}`, entity: `e-${uid()}`, fence: 3n };
+        const { violations, winner } = await checkSingleForward(store, 100, over);
+        expect(violations).toEqual([]);
+        const [rec] = await store.getRecords(over.key);
+        expect(rec!.state).toBe('in_progress');
+        expect(await store.finish(finishOf(winner!, 'completed', response({ body: new Uint8Array([0, 1, 2, 255]) })))).toEqual({ recorded: true });
+        const replays = await Promise.all(Array.from({ length: 100 }, () => store.admit(command({ ...over }))));
+        for (const r of replays) {
+          expect(r.outcome).toBe('replay');
+          expect(Array.from((r as { response: StoredResponse }).response.body)).toEqual([0, 1, 2, 255]);
+        }
+      });
+
+      it('G2: 100 parallel admissions of one key (serial, no fence, entity already known) → exactly one forward', async () => {
+        const entity = `e-${uid()}`;
+        const warm = command({ entity, fence: null });
+        await store.admit(warm);
+        await store.finish(finishOf(warm, 'completed'));
+        const { violations } = await checkSingleForward(store, 100, { key: `k-${uid()}`, entity, fence: null });
+        expect(violations).toEqual([]);
+      });
+
+      it('G2: 50 parallel retries take over one outcome_unknown record exactly once (onUnknown: retry)', async () => {
+        for (const over of [{ mode: 'concurrent' as const, entity: null, fence: null }, { mode: 'serial' as const }]) {
+          const first = command({ ...over, onUnknown: 'retry' });
+          await store.admit(first);
+          await store.finish(finishOf(first, 'unknown'));
+          const outcomes = await Promise.all(Array.from({ length: 50 }, () => store.admit({ ...first, ownerToken: `owner-${uid()}`, audit: audit() })));
+          expect(outcomes.filter((o) => o.outcome === 'forward')).toEqual([{ outcome: 'forward', takeover: true }]);
+          expect(outcomes.filter((o) => o.outcome === 'idempotency-in-progress')).toHaveLength(49);
+        }
+      });
+
+      it('G2/G4: 50 parallel retries meet one dead lock: exactly one takeover (retry), or all refused and logged (reject)', async () => {
+        const dead = command({ lockMs: SHORT, entity: null, fence: null, mode: 'concurrent', onUnknown: 'retry' });
+        await store.admit(dead);
+        await sleep(PAST_EXPIRY_MS);
+        const taken = await Promise.all(Array.from({ length: 50 }, () => store.admit({ ...dead, lockMs: 30_000, ownerToken: `owner-${uid()}` })));
+        expect(taken.filter((o) => o.outcome === 'forward')).toHaveLength(1);
+        expect(taken.filter((o) => o.outcome === 'idempotency-in-progress')).toHaveLength(49);
+
+        const entity = `e-${uid()}`;
+        const dead2 = command({ lockMs: SHORT, entity, fence: 1n });
+        await store.admit(dead2);
+        await sleep(PAST_EXPIRY_MS);
+        const refused = await Promise.all(Array.from({ length: 50 }, () => store.admit(command({ entity, key: dead2.key, fence: 1n }))));
+        expect(refused.every((o) => o.outcome === 'outcome-unknown')).toBe(true);
+        expect(await rejectionsOf(store, { entity, reason: 'outcome-unknown' })).toHaveLength(50);
+      });
+
+      it('G2: 100 parallel admissions of one key (concurrent mode, no entity) → exactly one forward', async () => {
+        const { violations } = await checkSingleForward(store, 100, { key: `k-${uid()}`, entity: null, fence: null, mode: 'concurrent' });
+        expect(violations).toEqual([]);
+      });
+
+      it('G1: 200 shuffled fences raced by 8 callers on one entity → no lower fence admitted after a higher one', async () => {
+        const fences = shuffled(Array.from({ length: 200 }, (_, i) => BigInt(i + 1)), 7);
+        const result = await checkFenceRace(store, fences, 8);
+        expect(result.violations).toEqual([]);
+        expect(result.admitted).toBeGreaterThan(0);
+        expect(result.refused).toBeGreaterThan(0);
+        expect(result.admitted + result.refused).toBe(200);
+      });
+
+      it('G1 across replicas: the same race sprayed over two stores on one database', async () => {
+        const replica = await h.openReplica();
+        try {
+          const entity = `race-${uid()}`;
+          let i = 0;
+          const sprayed: GatewayStore = new Proxy(store, {
+            get(target, prop) {
+              if (prop === 'admit') return (input: AdmitInput) => (i++ % 2 === 0 ? target : replica).admit(input);
+              const v = Reflect.get(target, prop, target);
+              return typeof v === 'function' ? v.bind(target) : v;
+            },
+          });
+          const result = await checkFenceRace(sprayed, shuffled(Array.from({ length: 120 }, (_, k) => BigInt(k + 1)), 11), 8, entity);
+          expect(result.violations).toEqual([]);
+        } finally {
+          await replica.close();
+        }
+      });
+
+      it('G3: serial slot exclusivity — parallel admits of distinct keys on one entity → one forward, no records for the rest', async () => {
+        const entity = `e-${uid()}`;
+        const inputs = Array.from({ length: 30 }, () => command({ entity, fence: 1n }));
+        const outcomes = await Promise.all(inputs.map((c) => store.admit(c)));
+        expect(outcomes.filter((o) => o.outcome === 'forward')).toHaveLength(1);
+        expect(outcomes.filter((o) => o.outcome === 'entity-busy')).toHaveLength(29);
+        const records = await Promise.all(inputs.map((c) => store.getRecords(c.key!)));
+        expect(records.filter((r) => r.length > 0)).toHaveLength(1);
+      });
+
+      it('G3: callers looping through one serial entity never overlap upstream', async () => {
+        const r = await checkSerialExclusive(store, 4, 5);
+        expect(r.violations).toEqual([]);
+        expect(r.maxInFlight).toBe(1);
+        expect(r.forwarded).toBe(20);
+      });
+
+      it('a finish racing a retry of the same request neither deadlocks nor double-forwards', async () => {
+        const entity = `e-${uid()}`;
+        for (let round = 0; round < 25; round++) {
+          const first = command({ entity, fence: BigInt(round) });
+          expect((await store.admit(first)).outcome).toBe('forward');
+          const [, retry] = await Promise.all([
+            store.finish(finishOf(first, 'completed')),
+            store.admit(command({ entity, key: first.key, fence: BigInt(round) })),
+          ]);
+          expect(['replay', 'idempotency-in-progress']).toContain(retry.outcome);
+        }
+      });
+
+      it('parallel admits of one key on different entities: still exactly one forward', async () => {
+        const key = `k-${uid()}`;
+        const outcomes = await Promise.all(Array.from({ length: 20 }, () => store.admit(command({ key, entity: `e-${uid()}`, fence: 1n }))));
+        expect(outcomes.filter((o) => o.outcome === 'forward')).toHaveLength(1);
+        expect(outcomes.filter((o) => o.outcome === 'idempotency-in-progress')).toHaveLength(19);
+      });
+    });
+
+    describe('negative controls: each check fails when the store check it guards is switched off', () => {
+      it('dropping the fence (fence: null) makes the stale-fence checks report violations', async () => {
+        const bad = broken.withoutFence(store);
+        expect((await checkStaleFence(bad)).length).toBeGreaterThan(0);
+        const race = await checkFenceRace(bad, shuffled(Array.from({ length: 60 }, (_, i) => BigInt(i + 1)), 7), 8);
+        expect(race.violations.some((v) => v.includes('was forwarded although'))).toBe(true);
+      });
+
+      it('dropping the key makes the single-forward check report duplicates', async () => {
+        const r = await checkSingleForward(broken.withoutKey(store), 20, { key: `k-${uid()}`, entity: null, fence: null, mode: 'concurrent' });
+        expect(r.outcomes.forward).toBe(20);
+        expect(r.violations.length).toBeGreaterThan(0);
+      });
+
+      it('forcing concurrent mode makes the serial-exclusivity check see overlap', async () => {
+        const r = await checkSerialExclusive(broken.concurrent(store), 4, 3);
+        expect(r.maxInFlight).toBeGreaterThan(1);
+        expect(r.violations.length).toBeGreaterThan(0);
+      });
+    });
+  });
+}

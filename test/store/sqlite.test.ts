@@ -1,0 +1,26 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { SqliteGatewayStore } from '../../src/store/sqlite/index.js';
+import { describeGatewayStoreConformance } from './conformance.js';
+
+describeGatewayStoreConformance('sqlite (temp file, WAL)', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'fencegate-conformance-'));
+  const path = join(dir, 'gateway.db');
+  const store = new SqliteGatewayStore({ path });
+  return {
+    store,
+    async backdateRejections(ids, ms) {
+      const update = store.db.prepare('UPDATE rejections SET at = at - ? WHERE id = ?');
+      store.db.transaction(() => {
+        for (const id of ids) update.run(ms, BigInt(id));
+      })();
+    },
+    // Another process on the same file would open it the same way.
+    openReplica: async () => new SqliteGatewayStore({ path }),
+    async close() {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+});
