@@ -106,7 +106,13 @@ export interface RejectionInput {
   presentedFence: bigint | null;
   currentFence: bigint | null;
   idempotencyKey: string | null;
+  /**
+   * `payloadSha256` is `''` when the refusal came before the body was read
+   * (auth, step 2); stores write it as NULL.
+   */
   audit: AuditInfo;
+  /** Why, for auditors ("expired", "missing scope fencegate:proxy"); never a token or a body. */
+  detail?: string | null;
 }
 
 export interface RejectionRow {
@@ -122,6 +128,8 @@ export interface RejectionRow {
   path: string | null;
   payloadSha256: string | null;
   requestId: string | null;
+  /** Why, for auditors (see `RejectionInput.detail`); absent on stores that predate it. */
+  detail?: string | null;
 }
 
 export interface RejectionQuery {
@@ -177,7 +185,106 @@ export interface SweepResult {
   oldRejections: number;
 }
 
-export interface GatewayStore {
+/** One accepted rise of an entity's fence (written in the admission transaction). */
+export interface FenceHistoryRow {
+  fence: string;
+  at: Date;
+  caller: string | null;
+  requestId: string | null;
+}
+
+export interface FenceHistoryPage {
+  /** Highest fence first. */
+  items: FenceHistoryRow[];
+  /** The lowest fence of this page, to pass as `before`; null on the last page. */
+  nextCursor: string | null;
+}
+
+export interface RecordQuery {
+  state: RecordState;
+  /** 1…1000. */
+  limit: number;
+  /** Opaque keyset cursor from a previous page. */
+  cursor?: string;
+}
+
+export interface RecordPage {
+  /** Newest first (by created_at, then scope and key). */
+  items: RecordInfo[];
+  nextCursor: string | null;
+}
+
+/** How an operator settles an `outcome_unknown` record. */
+export type Resolution =
+  /** The upstream did perform it: store the response the operator confirmed, replayed to later retries. */
+  | { outcome: 'completed'; response: StoredResponse; retentionMs: number }
+  /** It never happened upstream: delete the record, the next request with the key is forwarded. */
+  | { outcome: 'released' };
+
+export interface ResolveInput {
+  scope: string;
+  key: string;
+  resolution: Resolution;
+  /** The operator's caller id (token `sub`), or null without auth. */
+  operator: string | null;
+  note: string | null;
+  requestId: string;
+}
+
+export interface OperatorAction {
+  id: string;
+  at: Date;
+  action: 'resolve-completed' | 'resolve-released';
+  scope: string;
+  key: string;
+  entity: string | null;
+  fence: string | null;
+  fingerprint: string | null;
+  status: number | null;
+  operator: string | null;
+  note: string | null;
+  requestId: string | null;
+}
+
+/**
+ * One transaction: conditional on the record being `outcome_unknown` (a
+ * record in progress, completed or gone is not the operator's to settle),
+ * plus the operator-action row.
+ */
+export type ResolveResult =
+  | { ok: true; action: OperatorAction }
+  | { ok: false; reason: 'not-found' }
+  | { ok: false; reason: 'not-outcome-unknown'; state: RecordState };
+
+export interface OperatorActionPage {
+  /** Newest first. */
+  items: OperatorAction[];
+  nextCursor: string | null;
+}
+
+/** Gauges for `/metrics`. */
+export interface AuditStats {
+  /** Rows in the rejection log. */
+  rejections: number;
+  /** Records waiting for an operator. */
+  outcomeUnknown: number;
+}
+
+/**
+ * The audit methods (issue 5). Optional in `GatewayStore` until every
+ * backend implements them; the admin API answers 501 `not-supported` for a
+ * store without them.
+ */
+export interface AuditStore {
+  /** An entity's accepted fences, highest first; `cursor`: a previous page's `nextCursor`. */
+  getFenceHistory(entity: string, page: { limit: number; cursor?: string }): Promise<FenceHistoryPage>;
+  listRecords(query: RecordQuery): Promise<RecordPage>;
+  resolveRecord(input: ResolveInput): Promise<ResolveResult>;
+  listOperatorActions(page: { limit: number; cursor?: string }): Promise<OperatorActionPage>;
+  auditStats(): Promise<AuditStats>;
+}
+
+export interface GatewayStore extends Partial<AuditStore> {
   /** Backend name for logs and metrics: `sqlite`, `postgres`, `d1`. */
   readonly kind: string;
   /** DESIGN §3.5 in one transaction. */

@@ -5,6 +5,7 @@ import {
   recordTopic,
   type Admission,
   type AdmitInput,
+  type AuditStore,
   type EntityInfo,
   type FinishInput,
   type FinishResult,
@@ -19,6 +20,7 @@ import {
   type SweepOptions,
   type SweepResult,
 } from '../types.js';
+import { createSqliteAudit } from './audit.js';
 import { migrateSqlite } from './migrate.js';
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
 
@@ -65,6 +67,7 @@ export class SqliteGatewayStore implements GatewayStore {
   private readonly q: ReturnType<typeof prepare>;
   private readonly admitTx: (input: AdmitInput) => Admission;
   private readonly finishTx: (input: FinishInput) => FinishResult;
+  private readonly audit: AuditStore;
 
   constructor(options: SqliteStoreOptions) {
     this.db = openSqlite(options.path, options);
@@ -77,7 +80,15 @@ export class SqliteGatewayStore implements GatewayStore {
     // both read the old fence and then both write (SQLITE_BUSY_SNAPSHOT).
     this.admitTx = (input) => admit.immediate(input);
     this.finishTx = (input) => finish.immediate(input);
+    this.audit = createSqliteAudit(this.db);
   }
+
+  // The audit methods (issue 5) live in ./audit.ts.
+  getFenceHistory: AuditStore['getFenceHistory'] = (entity, page) => this.audit.getFenceHistory(entity, page);
+  listRecords: AuditStore['listRecords'] = (query) => this.audit.listRecords(query);
+  resolveRecord: AuditStore['resolveRecord'] = (input) => this.audit.resolveRecord(input);
+  listOperatorActions: AuditStore['listOperatorActions'] = (page) => this.audit.listOperatorActions(page);
+  auditStats: AuditStore['auditStats'] = () => this.audit.auditStats();
 
   async admit(input: AdmitInput): Promise<Admission> {
     return this.admitTx(input);
@@ -114,6 +125,8 @@ export class SqliteGatewayStore implements GatewayStore {
         this.reject({ reason: 'stale-fence', entity, presentedFence: fence, currentFence: current, idempotencyKey: key, audit: input.audit }, now);
         return { outcome: 'stale-fence', currentFence: current };
       }
+      // The entity's fence history: one row per accepted fence value (a no-op when it stayed equal).
+      q.fenceHistory.run({ entity, fence, now, caller: input.audit.caller, requestId: input.audit.requestId });
     }
 
     // b–g. The idempotency record.
@@ -292,8 +305,10 @@ export class SqliteGatewayStore implements GatewayStore {
       caller: r.audit.caller,
       method: r.audit.method,
       path: r.audit.path,
-      sha: r.audit.payloadSha256,
+      // '' means the body was never read (a refusal before step 4): NULL, not a hash.
+      sha: r.audit.payloadSha256 === '' ? null : r.audit.payloadSha256,
       requestId: r.audit.requestId,
+      detail: r.detail ?? null,
     });
   }
 }
@@ -321,6 +336,7 @@ function toRejection(r: Record<string, unknown>): RejectionRow {
     path: str(r.path),
     payloadSha256: str(r.payload_sha256),
     requestId: str(r.request_id),
+    detail: str(r.detail),
   };
 }
 
@@ -371,8 +387,11 @@ function prepare(db: SqliteDatabase) {
     markUnknownOwned: s(`UPDATE idempotency_records SET state = 'outcome_unknown', locked_until = NULL
       WHERE scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')`),
     insertRejection: s(`INSERT INTO rejections
-      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id)
-      VALUES (@at, @reason, @entity, @presented, @current, @key, @caller, @method, @path, @sha, @requestId)`),
+      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail)
+      VALUES (@at, @reason, @entity, @presented, @current, @key, @caller, @method, @path, @sha, @requestId, @detail)`),
+    // @entity @fence @now @caller @requestId — fences only rise, so (entity, fence) is one rise.
+    fenceHistory: s(`INSERT INTO fence_history (entity, fence, at, caller, request_id) VALUES (@entity, @fence, @now, @caller, @requestId)
+      ON CONFLICT (entity, fence) DO NOTHING`),
     recordsByKey: s(`SELECT scope, key, state, fingerprint, entity, fence, status, locked_until, created_at, expires_at
       FROM idempotency_records WHERE key = ? ORDER BY scope`, true),
     sweepExpired: s(`DELETE FROM idempotency_records WHERE rowid IN (
