@@ -5,6 +5,8 @@ import type { Refusal } from '../protocol/problem.js';
 /** What the headers (and path) of a proxied request say, once parsed (DESIGN §3.3). */
 export interface Command {
   fence: bigint | null;
+  /** With `fence.signed`: the fence header as sent (a JWS to verify once the entity is known); `fence` stays null until then. */
+  signedFence: string | null;
   key: string | null;
   /** From the header or the path; a JSON-pointer entity is read after the body. */
   entity: string | null;
@@ -17,12 +19,16 @@ export type CommandResult = { ok: true; command: Command } | { ok: false; refusa
  * entity (when it comes from a header or the path). Nothing is stored yet,
  * so a refusal here changes no state.
  */
-export function parseCommand(route: RouteConfig, headers: Headers, params: Record<string, string>): CommandResult {
+export function parseCommand(route: RouteConfig, headers: Headers, params: Record<string, string>, options: { signedFences?: boolean } = {}): CommandResult {
   let fence: bigint | null = null;
+  let signedFence: string | null = null;
   if (route.fence !== 'off') {
     const raw = headers.get(route.fenceHeader);
     if (raw === null) {
       if (route.fence === 'required') return refuse('missing-fence', `this route requires the ${route.fenceHeader} header`);
+    } else if (options.signedFences) {
+      // Verified (and logged when refused, a bare integer included) by the proxy.
+      signedFence = raw;
     } else {
       const parsed = parseFence(raw);
       if (!parsed.ok) return refuse('invalid-fence', `${route.fenceHeader}: ${parsed.reason}`);
@@ -52,7 +58,7 @@ export function parseCommand(route: RouteConfig, headers: Headers, params: Recor
       entity = parsed.value;
     }
   }
-  return { ok: true, command: { fence, key, entity } };
+  return { ok: true, command: { fence, signedFence, key, entity } };
 }
 
 /**

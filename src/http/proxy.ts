@@ -11,6 +11,7 @@ import { renderRefusal, toResponse } from './errors.js';
 import { connectionTokens, isHopByHop, type Forwarder, type UpstreamResult } from './forward.js';
 import type { Logger } from './logger.js';
 import { createRouter } from './router.js';
+import type { SignedFenceCheck } from './signed-fence.js';
 
 export interface ProxyDeps {
   config: Config;
@@ -24,6 +25,10 @@ export interface ProxyDeps {
   stripAuthorization: boolean;
   /** Identifies the caller in the rejection log and scopes its keys; null without auth. */
   callerOf?: (c: Context) => string | null;
+  /** With `fence.signed`: verifies the fence JWS (and logs its refusal); the header is then never read as an integer. */
+  checkSignedFence?: SignedFenceCheck;
+  /** Called once per answered request (metrics). */
+  observe?: (o: { route: string | null; decision: string; status: number; totalMs: number; upstreamMs: number | undefined }) => void;
 }
 
 /** Per-decision log line (DESIGN: ids, codes, durations; no bodies). */
@@ -61,7 +66,9 @@ export function createProxyHandler(deps: ProxyDeps) {
     const trace: Trace = { request_id: requestId, route: null, method: req.method, path: url.pathname };
     const done = (res: Response, decision: string): Response => {
       res.headers.set('x-request-id', requestId);
-      logger.info('decision', { ...trace, decision, status: res.status, total_ms: round(performance.now() - started) });
+      const totalMs = round(performance.now() - started);
+      logger.info('decision', { ...trace, decision, status: res.status, total_ms: totalMs });
+      deps.observe?.({ route: trace.route, decision, status: res.status, totalMs, upstreamMs: trace.upstream_ms });
       return res;
     };
     const refuse = (route: RouteConfig | null, refusal: Refusal): Response => {
@@ -76,9 +83,10 @@ export function createProxyHandler(deps: ProxyDeps) {
     trace.route = route.name;
 
     // 3. Headers (2, caller auth, runs as middleware before this handler).
-    const parsed = parseCommand(route, req.headers, matched.params);
+    const parsed = parseCommand(route, req.headers, matched.params, { signedFences: deps.checkSignedFence !== undefined });
     if (!parsed.ok) return refuse(route, parsed.refusal);
     let { fence, key, entity } = parsed.command;
+    const { signedFence } = parsed.command;
 
     // 4. Body, up to the route's limit, and the fingerprint.
     const read = await readBody(req, route.maxBodyBytes);
@@ -89,7 +97,7 @@ export function createProxyHandler(deps: ProxyDeps) {
       if (!fromBody.ok) return refuse(route, fromBody.refusal);
       entity = fromBody.entity;
     }
-    if (entity === null && (fence !== null || route.fence === 'required')) {
+    if (entity === null && (fence !== null || signedFence !== null || route.fence === 'required')) {
       return refuse(route, { code: 'missing-entity', detail: `a fence needs an entity (${describeEntity(route)})` });
     }
     Object.assign(trace, { entity, fence, idempotency_key: key });
@@ -97,6 +105,12 @@ export function createProxyHandler(deps: ProxyDeps) {
     const pathAndQuery = url.pathname + url.search;
     const caller = deps.callerOf?.(c) ?? null;
     const audit: AuditInfo = { requestId, caller, method: req.method, path: pathAndQuery, payloadSha256: sha256Hex(body) };
+    // 3, signed fences (DESIGN §7): checked once the entity is known, refusals logged.
+    if (signedFence !== null && deps.checkSignedFence !== undefined) {
+      const checked = await deps.checkSignedFence(signedFence, entity!, { audit, idempotencyKey: key });
+      if (!checked.ok) return refuse(route, checked.refusal);
+      fence = trace.fence = checked.fence;
+    }
     const input: AdmitInput = {
       scope: caller === null ? route.name : `${route.name}\u0000${caller}`,
       key,
