@@ -1,0 +1,133 @@
+import type { Forwarder, UpstreamRequest, UpstreamResult } from './forward.js';
+
+/** Node-style error codes (Node's fetch puts them in `cause.code`) raised before any byte was sent. */
+const NOT_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', 'UND_ERR_CONNECT_TIMEOUT']);
+
+/**
+ * Cloudflare's own error statuses that say its edge never got an HTTP
+ * request through to the origin: 521 connection refused, 522 TCP handshake
+ * timed out, 523 origin unreachable, 525 TLS handshake failed, 526 invalid
+ * origin certificate. 520 and 524 are NOT here: the request may have been
+ * sent. Trusted only with `server: cloudflare`, so that an upstream's own
+ * odd status is never mistaken for "nothing sent".
+ */
+const EDGE_NOT_SENT = new Set([521, 522, 523, 525, 526]);
+
+const IS_WORKERS = (globalThis as { navigator?: { userAgent?: string } }).navigator?.userAgent === 'Cloudflare-Workers';
+
+export interface FetchForwarderOptions {
+  /**
+   * Content codings the runtime's `fetch` decodes by itself when the body is
+   * read. The forwarder asks the upstream for these only, and drops
+   * `content-encoding` (and `content-length`) from a response it decoded, so
+   * that stored and forwarded responses never claim an encoding their bytes
+   * no longer have. Default: `gzip, br` on Workers (workerd leaves `deflate`
+   * and `x-gzip` encoded), `gzip, x-gzip, deflate, br` elsewhere (undici).
+   */
+  decodedEncodings?: readonly string[];
+  /** The `fetch` to use. Default `globalThis.fetch`. */
+  fetch?: (request: Request) => Promise<Response>;
+}
+
+/**
+ * The forwarder for runtimes with only `fetch` (Cloudflare Workers).
+ *
+ * What `fetch` can and cannot tell (DESIGN §3.7: released vs outcome_unknown):
+ *
+ * - It CAN tell a response (any status, stored as the upstream's answer) and
+ *   a timeout (our `AbortSignal`: `unknown`, `timedOut`).
+ * - On Workers it CANNOT tell "connection refused" from "reset after the
+ *   request was sent": workerd throws the same `Error: Network connection
+ *   lost.` for both (and `internal error` for a failed DNS lookup), with no
+ *   code, and it reads the request body before it connects, so even a
+ *   streamed body does not reveal whether anything left. Every thrown error
+ *   is therefore `unknown` (a 504, the record `outcome_unknown`): never a
+ *   blind re-send, at the price of an operator or an `onUnknown: "retry"`
+ *   route when the upstream was merely down.
+ * - Two cases are known to be "nothing sent", hence `refused` (502, record
+ *   released, retry safe): a Node-style error code of a failed connect
+ *   (Node's own `fetch`), and Cloudflare's edge statuses 521/522/523/525/526
+ *   with `server: cloudflare` (an upstream proxied by Cloudflare whose
+ *   origin never got the request).
+ *
+ * Redirects are passed through, never followed (`redirect: "manual"`): the
+ * caller decides whether to repeat a side effect elsewhere. Cloudflare's
+ * `cf-*` request headers describe the client's hop to the edge and are not
+ * forwarded (a subrequest may not set some of them).
+ */
+export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwarder {
+  const decoded = new Set((options.decodedEncodings ?? (IS_WORKERS ? ['gzip', 'br'] : ['gzip', 'x-gzip', 'deflate', 'br'])).map((e) => e.toLowerCase()));
+  const acceptEncoding = [...decoded].join(', ');
+  const doFetch = options.fetch ?? ((input: Request) => globalThis.fetch(input));
+
+  return {
+    async forward(req: UpstreamRequest): Promise<UpstreamResult> {
+      const signal = AbortSignal.timeout(req.timeoutMs);
+      let request: Request;
+      try {
+        const headers = new Headers();
+        for (const [name, value] of Object.entries(req.headers)) {
+          if (name.toLowerCase().startsWith('cf-')) continue;
+          headers.set(name, value);
+        }
+        // The gateway reads (and stores) the body itself: ask only for codings
+        // the runtime will decode, so the bytes we keep are the plain ones.
+        headers.set('accept-encoding', acceptEncoding);
+        request = new Request(req.url, { method: req.method, headers, body: req.body, redirect: 'manual', signal });
+      } catch (err) {
+        // Refused by the Request constructor (bad URL, bad header): nothing left.
+        return { kind: 'refused', error: `invalid-request: ${(err as Error).message}` };
+      }
+      try {
+        const res = await doFetch(request);
+        const out: [string, string][] = [];
+        res.headers.forEach((value, name) => out.push([name, value]));
+        if (typeof res.headers.getSetCookie === 'function') {
+          // forEach joins repeated Set-Cookie fields in some runtimes; keep them apart.
+          const cookies = res.headers.getSetCookie();
+          if (cookies.length > 0) {
+            const rest = out.filter(([n]) => n.toLowerCase() !== 'set-cookie');
+            out.length = 0;
+            out.push(...rest, ...cookies.map((c): [string, string] => ['set-cookie', c]));
+          }
+        }
+        const body = new Uint8Array(await res.arrayBuffer());
+        if (EDGE_NOT_SENT.has(res.status) && res.headers.get('server')?.toLowerCase() === 'cloudflare') {
+          return { kind: 'refused', error: `cloudflare-${res.status}` };
+        }
+        return { kind: 'response', status: res.status, headers: withoutDecodedEncoding(out, decoded), body };
+      } catch (err) {
+        const code = errorCode(err);
+        if (NOT_CONNECTED.has(code)) return { kind: 'refused', error: code };
+        const timedOut = signal.aborted;
+        return { kind: 'unknown', error: timedOut ? 'timeout' : code, timedOut };
+      }
+    },
+  };
+}
+
+/**
+ * `fetch` hands back the decoded bytes but keeps the upstream's
+ * `content-encoding`; drop it (and the encoded length) when every coding
+ * listed is one the runtime decoded. Any other coding is left as it is,
+ * with its bytes untouched.
+ */
+function withoutDecodedEncoding(headers: [string, string][], decoded: ReadonlySet<string>): [string, string][] {
+  const ce = headers.find(([n]) => n.toLowerCase() === 'content-encoding');
+  if (ce === undefined) return headers;
+  const codings = ce[1].split(',').map((c) => c.trim().toLowerCase()).filter((c) => c !== '' && c !== 'identity');
+  if (!codings.every((c) => decoded.has(c))) return headers;
+  return headers.filter(([n]) => {
+    const lower = n.toLowerCase();
+    return lower !== 'content-encoding' && lower !== 'content-length';
+  });
+}
+
+function errorCode(err: unknown): string {
+  let e: any = err;
+  for (let depth = 0; e && depth < 4; depth++, e = e.cause) {
+    if (typeof e.code === 'string') return e.code;
+  }
+  const message = (err as Error)?.message;
+  return typeof message === 'string' && message !== '' ? message : ((err as Error)?.name ?? 'error');
+}
