@@ -1,0 +1,105 @@
+import type { Context, MiddlewareHandler } from 'hono';
+import { renderProblem, type Refusal } from '../../../protocol/problem.js';
+import { requestIdOf } from '../../request-id.js';
+import { hasScope, SCOPES, type Caller, type Scope, type TokenVerifier } from './verify.js';
+
+/** A refused request, as handed to `onRefused` for the rejection log. Never the token. */
+export interface AuthRefusal {
+  code: 'unauthorized' | 'forbidden';
+  /** Why, safe to log: "expired", "wrong audience", "missing scope fencegate:proxy", … */
+  why: string;
+  /** The verified caller (403 only); a 401's claims are not trusted, so null. */
+  callerId: string | null;
+  /** First 16 hex digits of sha256(token), to correlate repeated attempts; null without a token. */
+  tokenSha256: string | null;
+  requestId: string;
+}
+
+export interface JwtAuthOptions {
+  verify: TokenVerifier;
+  /** The scope every request needs, or a function of the request (e.g. `fencegate:admin` for writes). */
+  scope: Scope | ((c: Context) => Scope);
+  /** Renders a refusal. Default: problem+json with `/_fencegate/problems/` types. */
+  render?: (c: Context, refusal: Refusal) => Response;
+  /** Called once per refusal before it is answered (to write the rejection log); its failure does not change the answer. */
+  onRefused?: (c: Context, refusal: AuthRefusal) => void | Promise<void>;
+  /** When given and false for a request, the middleware lets it through untouched (e.g. no route matched: 404 comes first). */
+  when?: (c: Context) => boolean;
+  /** `realm` of `WWW-Authenticate`. Default `fencegate`. */
+  realm?: string;
+}
+
+const BEARER = /^Bearer +([A-Za-z0-9\-._~+/]+=*) *$/i;
+
+/**
+ * `Authorization: Bearer <JWT>` for Hono (DESIGN §3 step 2). Verifies the
+ * token (see `createTokenVerifier`), checks the scope, and sets
+ * `c.get('caller')`. Refusals: 401 `unauthorized` (no token, bad signature,
+ * `alg: none`, expired, wrong issuer or audience) and 403 `forbidden`
+ * (valid token, missing scope), with `WWW-Authenticate` (RFC 6750).
+ *
+ * @example
+ * app.use('/v1/*', jwtAuth({ verify: createTokenVerifier({ keys, issuer, audience }), scope: 'fencegate:audit' }));
+ */
+export function jwtAuth(options: JwtAuthOptions): MiddlewareHandler {
+  const { verify, when, onRefused } = options;
+  if (typeof options.scope === 'string' && !(SCOPES as readonly string[]).includes(options.scope)) {
+    throw new TypeError(`jwtAuth: unknown scope "${options.scope}" (expected one of ${SCOPES.join(', ')})`);
+  }
+  const scopeOf = typeof options.scope === 'function' ? options.scope : () => options.scope as Scope;
+  const realm = options.realm ?? 'fencegate';
+  const render = options.render ?? ((_c: Context, refusal: Refusal) => {
+    const r = renderProblem(refusal);
+    return new Response(r.body, { status: r.status, headers: r.headers });
+  });
+
+  return async function authenticate(c, next) {
+    if (when !== undefined && !when(c)) return next();
+    const scope = scopeOf(c);
+    const header = c.req.header('authorization');
+    const token = header === undefined ? null : (BEARER.exec(header)?.[1] ?? null);
+    let refusal: Omit<AuthRefusal, 'requestId' | 'tokenSha256'>;
+    let challenge: string;
+    if (token === null) {
+      refusal = { code: 'unauthorized', why: header === undefined ? 'no bearer token' : 'the Authorization header is not "Bearer <token>"', callerId: null };
+      challenge = `Bearer realm="${realm}"`;
+    } else {
+      const check = await verify(token);
+      if (check.ok && hasScope(check.caller, scope)) {
+        c.set('caller', check.caller);
+        return next();
+      }
+      refusal = check.ok
+        ? { code: 'forbidden', why: `missing scope ${scope}`, callerId: check.caller.id }
+        : { code: 'unauthorized', why: check.why, callerId: null };
+      challenge = check.ok
+        ? `Bearer realm="${realm}", error="insufficient_scope", scope="${scope}"`
+        : `Bearer realm="${realm}", error="invalid_token", error_description="${check.why.replace(/["\\]/g, '')}"`;
+    }
+    const requestId = requestIdOf(c.req.raw);
+    const full: AuthRefusal = { ...refusal, requestId, tokenSha256: token === null ? null : await shortHash(token) };
+    if (onRefused !== undefined) {
+      try {
+        await onRefused(c, full);
+      } catch {
+        // The refusal stands whether or not it could be logged.
+      }
+    }
+    const res = render(c, {
+      code: full.code,
+      detail: full.code === 'forbidden' ? `this token lacks the scope ${scope}` : `a valid bearer token is required (${full.why})`,
+      extras: { request_id: requestId },
+    });
+    res.headers.set('www-authenticate', challenge);
+    res.headers.set('x-request-id', requestId);
+    return res;
+  };
+}
+
+/** First 16 hex digits of sha256(token): enough to correlate, useless to replay. */
+export async function shortHash(token: string): Promise<string> {
+  const digest = await crypto.subtle.digest('SHA-256', new TextEncoder().encode(token));
+  return Array.from(new Uint8Array(digest).slice(0, 8), (b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+export type { Caller };

@@ -1,0 +1,97 @@
+import { decodeProtectedHeader, jwtVerify, type JWTPayload } from 'jose';
+import { FENCE_TYP, joseWhy } from '../../../core/fence-token.js';
+import type { VerificationKeys } from '../../../core/keys.js';
+
+/** The scopes fencegate knows. `fencegate:admin` implies `fencegate:audit`. */
+export const SCOPES = ['fencegate:proxy', 'fencegate:audit', 'fencegate:admin'] as const;
+export type Scope = (typeof SCOPES)[number];
+
+/** An authenticated caller: who (`sub`, or the configured claim) and what it may do. */
+export interface Caller {
+  /** Recorded in the rejection log; scopes idempotency keys. */
+  id: string;
+  scopes: ReadonlySet<string>;
+}
+
+export type TokenCheck = { ok: true; caller: Caller } | { ok: false; why: string };
+
+export interface TokenVerifierOptions {
+  keys: VerificationKeys;
+  issuer: string | string[];
+  audience: string | string[];
+  /** Seconds of clock skew accepted on `exp` / `nbf`. Default 5. */
+  clockToleranceSec?: number;
+  /** The claim that names the caller. Default `sub`. */
+  callerClaim?: string;
+}
+
+export type TokenVerifier = (token: string) => Promise<TokenCheck>;
+
+/**
+ * Verifies caller tokens with jose: signature with the configured keys only
+ * (`alg: none` and any algorithm outside the keys' allow-list are refused),
+ * `exp`, `nbf`, `iss`, `aud`. The answer says why a token failed, in words
+ * that are safe to log: never the token itself.
+ *
+ * @example
+ * const verify = createTokenVerifier({ keys, issuer: 'https://id.example', audience: 'fencegate' });
+ * const check = await verify(bearer); // { ok: true, caller: { id: 'billing', scopes } }
+ */
+export function createTokenVerifier(options: TokenVerifierOptions): TokenVerifier {
+  const { keys } = options;
+  const claim = options.callerClaim ?? 'sub';
+  const verifyOptions = {
+    algorithms: keys.algorithms,
+    issuer: options.issuer,
+    audience: options.audience,
+    clockTolerance: options.clockToleranceSec ?? 5,
+    requiredClaims: ['exp'],
+  };
+  return async function verifyToken(token: string): Promise<TokenCheck> {
+    let header: ReturnType<typeof decodeProtectedHeader>;
+    try {
+      header = decodeProtectedHeader(token);
+    } catch {
+      return { ok: false, why: 'malformed token' };
+    }
+    if (typeof header.alg !== 'string' || header.alg.toLowerCase() === 'none') return { ok: false, why: 'unsigned token (alg none)' };
+    if (header.typ === FENCE_TYP) return { ok: false, why: 'a signed fence is not a credential' };
+    let payload: JWTPayload;
+    try {
+      ({ payload } = await jwtVerify(token, keys.getKey, verifyOptions));
+    } catch (err) {
+      return { ok: false, why: claimWhy(err) };
+    }
+    const id = payload[claim];
+    if (typeof id !== 'string' || id === '') return { ok: false, why: `no ${claim} claim` };
+    return { ok: true, caller: { id, scopes: scopesOf(payload) } };
+  };
+}
+
+/** OAuth 2 `scope` (space-separated, RFC 8693 / 9068) or `scp` (string or array). */
+export function scopesOf(payload: JWTPayload): Set<string> {
+  const out = new Set<string>();
+  for (const v of [payload.scope, payload.scp]) {
+    if (typeof v === 'string') v.split(' ').forEach((s) => s && out.add(s));
+    else if (Array.isArray(v)) v.forEach((s) => typeof s === 'string' && out.add(s));
+  }
+  return out;
+}
+
+/** Whether `caller` holds `scope`; admin implies audit. */
+export function hasScope(caller: Caller, scope: Scope): boolean {
+  if (caller.scopes.has(scope)) return true;
+  return scope === 'fencegate:audit' && caller.scopes.has('fencegate:admin');
+}
+
+function claimWhy(err: unknown): string {
+  const e = err as { code?: string; claim?: string; reason?: string };
+  if (e?.code === 'ERR_JWT_CLAIM_VALIDATION_FAILED') {
+    if (e.reason === 'missing') return `no ${e.claim} claim`;
+    if (e.claim === 'aud') return 'wrong audience';
+    if (e.claim === 'iss') return 'wrong issuer';
+    if (e.claim === 'nbf') return 'not valid yet (nbf)';
+    return `invalid ${e.claim} claim`;
+  }
+  return joseWhy(err);
+}
