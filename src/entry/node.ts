@@ -55,18 +55,33 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const admin = isLoopback(config.listen.host);
   if (!admin) logger.warn('admin-api-disabled', { reason: 'listening on a non-loopback address without caller authentication', host: config.listen.host });
 
-  const gateway = createGateway({ config, store, forwarder: options.forwarder ?? createUndiciForwarder(), logger, admin, env: options.env });
+  // A failed start (a missing credential, a port in use) must not leave the
+  // database file and the upstream pool open behind the error.
+  const forwarder = options.forwarder ?? createUndiciForwarder();
+  let gateway: Gateway;
+  try {
+    gateway = createGateway({ config, store, forwarder, logger, admin, env: options.env });
+  } catch (err) {
+    if (options.forwarder === undefined) await forwarder.close?.();
+    if (options.store === undefined) await store.close();
+    throw err;
+  }
   const server = createAdaptorServer({ fetch: gateway.app.fetch }) as Server;
   // Slow-body and slow-header clients are cut off instead of holding sockets.
   server.requestTimeout = 60_000;
   server.headersTimeout = 20_000;
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(config.listen.port, config.listen.host, () => {
-      server.off('error', reject);
-      resolve();
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(config.listen.port, config.listen.host, () => {
+        server.off('error', reject);
+        resolve();
+      });
     });
-  });
+  } catch (err) {
+    await gateway.close(); // as close() would: the forwarder and the store
+    throw err;
+  }
   const { port } = server.address() as AddressInfo;
   const host = config.listen.host.includes(':') && !config.listen.host.startsWith('[') ? `[${config.listen.host}]` : config.listen.host;
   const url = `http://${host}:${port}`;
