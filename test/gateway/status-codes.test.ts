@@ -166,6 +166,22 @@ describe('admission', () => {
     expect(up.effects).toBe(1);
   });
 
+  it('Prefer: wait is bounded by the route\'s maxWaitMs: past it, the answer is still 409 idempotency-in-progress', async () => {
+    const up = await upstream();
+    let spy!: AdmissionSpy;
+    const gw = await gateway([paymentsRoute(up.url, { maxWaitMs: 50 })], (s) => (spy = s));
+    const gate = up.gate();
+    up.behave(() => ({ kind: 'hold', gate: gate.promise }));
+    const first = command(gw.url, '/payments/charges', { fence: 1, entity: 'e', key: 'k' });
+    await up.waitForCalls(1);
+    const res = await command(gw.url, '/payments/charges', { fence: 1, entity: 'e', key: 'k', headers: { prefer: 'wait=600' } });
+    await expectProblem(res, 409, 'idempotency-in-progress');
+    // It did wait (looked more than once) before giving up.
+    expect(spy.admissions.filter((a) => a.admission.outcome === 'idempotency-in-progress').length).toBeGreaterThan(1);
+    gate.open();
+    expect((await first).status).toBe(201);
+  });
+
   it('expired in-progress lock → outcome_unknown → 409 outcome-unknown (logged); the late finish still completes it', async () => {
     const up = await upstream();
     const gw = await gateway([paymentsRoute(up.url)]);
