@@ -1,6 +1,7 @@
 import { createAdaptorServer } from '@hono/node-server';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { inlineKeyFiles } from '../config/key-files.js';
 import type { Config } from '../config/schema.js';
 import { createUndiciForwarder } from '../http/forward-undici.js';
 import type { Forwarder } from '../http/forward.js';
@@ -49,10 +50,12 @@ export function isLoopback(host: string): boolean {
  * close that drains in-flight requests before the store goes away.
  */
 export async function startGateway(options: StartOptions): Promise<RunningGateway> {
-  const { config } = options;
+  // Key files (auth, fence.signed) are read here, before anything is opened.
+  const config = inlineKeyFiles(options.config);
   const logger = options.logger ?? createJsonLogger();
   const store = options.store ?? (await openStore(config.store));
-  const admin = isLoopback(config.listen.host);
+  // With caller auth the admin API answers on any address, behind its scopes; without it, only on loopback.
+  const admin = config.auth !== undefined || isLoopback(config.listen.host);
   if (!admin) logger.warn('admin-api-disabled', { reason: 'listening on a non-loopback address without caller authentication', host: config.listen.host });
 
   // A failed start (a missing credential, a port in use) must not leave the

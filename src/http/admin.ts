@@ -1,14 +1,27 @@
-import { Hono } from 'hono';
+import { Hono, type MiddlewareHandler } from 'hono';
+import type { RouteConfig } from '../config/schema.js';
 import { parseDuration } from '../core/duration.js';
 import { ERROR_CODES, type ErrorCode } from '../protocol/codes.js';
 import { renderProblem, type Refusal } from '../protocol/problem.js';
-import type { GatewayStore, RejectionQuery, RejectionRow } from '../store/types.js';
+import type { GatewayStore, RejectionQuery } from '../store/types.js';
+import { EXPORT_MEDIA_TYPES, exportFormatOf, rejectionExport } from './audit/export.js';
+import { rejectionJson } from './audit/format.js';
+import { latestHistory, registerAuditRoutes } from './audit/routes.js';
+import { consoleResponse } from './console/page.js';
+
+export { rejectionJson };
 
 export interface AdminOptions {
   store: GatewayStore;
   problemBase: string;
   /** When false, only `/health` and the problem descriptions answer. */
   enabled: boolean;
+  /** With caller auth: in front of every `/v1` endpoint (audit scope to read, admin scope to write). */
+  guard?: MiddlewareHandler;
+  /** The configured routes (a resolved record keeps its route's retention and replay headers). */
+  routes?: RouteConfig[];
+  /** `GET /metrics`; behind `guard` (or `enabled`) unless `public`. */
+  metrics?: { render: () => Promise<string>; public: boolean; guard?: MiddlewareHandler };
 }
 
 /**
@@ -33,14 +46,38 @@ export function createAdminApp(options: AdminOptions): Hono {
     return c.json({ code, status: spec.status, title: spec.title, retryable: spec.retryable });
   });
 
+  // The console: a static page, no data in it; its API calls carry the operator's token.
+  app.get('/console', () => consoleResponse());
+
+  const disabled = () => problem({ code: 'admin-disabled', detail: 'the admin API answers only on a loopback listener until caller authentication is configured' });
+  const { metrics } = options;
+  if (metrics !== undefined) {
+    app.get('/metrics', async (c, next) => {
+      if (metrics.public) return next();
+      if (!options.enabled) return disabled();
+      return metrics.guard ? metrics.guard(c, next) : next();
+    }, async (c) => c.body(await metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' }));
+  }
+
   app.use('/v1/*', async (c, next) => {
-    if (!options.enabled) return problem({ code: 'admin-disabled', detail: 'the admin API answers only on a loopback listener until caller authentication is configured' });
+    if (!options.enabled) return disabled();
+    if (options.guard) return options.guard(c, next);
     await next();
   });
 
   app.get('/v1/rejections', async (c) => {
-    const parsed = parseRejectionQuery(new URL(c.req.url).searchParams);
+    const params = new URL(c.req.url).searchParams;
+    const parsed = parseRejectionQuery(params);
     if (typeof parsed === 'string') return problem({ code: 'invalid-request', detail: parsed });
+    // Exports (Accept: application/x-ndjson or text/csv, or ?format=): every
+    // matching row, streamed page by page; `limit`, when given, caps the total.
+    const format = exportFormatOf(c.req.header('accept'), params.get('format'));
+    if (format === null) return problem({ code: 'invalid-request', detail: 'format: expected json, ndjson or csv' });
+    if (format !== 'json') {
+      const { limit, ...filters } = parsed;
+      const stream = rejectionExport(store, filters, format, params.has('limit') ? limit : Infinity);
+      return new Response(stream, { headers: { 'content-type': EXPORT_MEDIA_TYPES[format], 'cache-control': 'no-store' } });
+    }
     const page = await store.listRejections(parsed);
     return c.json({ items: page.items.map(rejectionJson), next_cursor: page.nextCursor });
   });
@@ -53,6 +90,8 @@ export function createAdminApp(options: AdminOptions): Hono {
       fence: info.fence,
       accepted_at: info.acceptedAt.toISOString(),
       inflight: info.inflight === null ? null : { until: info.inflight.until.toISOString() },
+      // Its accepted fences, highest first (more: /v1/entities/:entity/history?cursor=).
+      ...(await latestHistory(store, info.entity)),
     });
   });
 
@@ -76,25 +115,10 @@ export function createAdminApp(options: AdminOptions): Hono {
     });
   });
 
+  registerAuditRoutes(app, { store, problem, routes: options.routes ?? [] });
+
   app.all('*', () => problem({ code: 'not-found', detail: 'no such admin endpoint' }));
   return app;
-}
-
-export function rejectionJson(r: RejectionRow) {
-  return {
-    id: r.id,
-    at: r.at.toISOString(),
-    reason: r.reason,
-    entity: r.entity,
-    presented_fence: r.presentedFence,
-    current_fence: r.currentFence,
-    idempotency_key: r.idempotencyKey,
-    caller: r.caller,
-    method: r.method,
-    path: r.path,
-    payload_sha256: r.payloadSha256,
-    request_id: r.requestId,
-  };
 }
 
 /**

@@ -1,4 +1,4 @@
-import { Hono } from 'hono';
+import { Hono, type MiddlewareHandler } from 'hono';
 import type { Config } from '../config/schema.js';
 import { ConfigError } from '../config/load.js';
 import { renderProblem } from '../protocol/problem.js';
@@ -6,7 +6,9 @@ import type { GatewayStore, SweepResult } from '../store/types.js';
 import { createAdminApp } from './admin.js';
 import type { Forwarder } from './forward.js';
 import { silentLogger, type Logger } from './logger.js';
+import { createMetrics } from './metrics.js';
 import { createProxyHandler, errorText } from './proxy.js';
+import { createSecurity } from './security.js';
 
 export interface GatewayOptions {
   config: Config;
@@ -44,15 +46,46 @@ export function createGateway(options: GatewayOptions): Gateway {
   const { config, store, forwarder } = options;
   const logger = options.logger ?? silentLogger;
   const problemBase = config.problemTypeBase ?? `${config.adminPrefix}/problems/`;
-  const upstreamHeaders = resolveUpstreamHeaders(config, options.env ?? (globalThis as any).process?.env ?? {});
+  const env = options.env ?? (globalThis as any).process?.env ?? {};
+  const upstreamHeaders = resolveUpstreamHeaders(config, env);
+  const metrics = createMetrics();
+  // Caller auth (step 2) and signed fences (step 3), when configured.
+  const { auth, checkSignedFence } = createSecurity({ config, store, logger, problemBase, env, observe: metrics.observe });
 
-  const proxy = createProxyHandler({ config, store, forwarder, logger, problemBase, upstreamHeaders, stripAuthorization: false });
+  const proxy = createProxyHandler({
+    config,
+    store,
+    forwarder,
+    logger,
+    problemBase,
+    upstreamHeaders,
+    // The caller's Authorization authenticates it to the gateway, never to the upstream.
+    stripAuthorization: auth !== null,
+    ...(auth ? { callerOf: auth.callerOf } : {}),
+    ...(checkSignedFence ? { checkSignedFence } : {}),
+    observe: metrics.observe,
+  });
 
   let active = 0;
   let drained: (() => void) | null = null;
   const app = new Hono();
-  app.route(config.adminPrefix, createAdminApp({ store, problemBase, enabled: options.admin ?? true }));
-  app.all('*', async (c) => {
+  const renderMetrics = async () => {
+    const stats = store.auditStats ? await store.auditStats().catch(() => null) : null;
+    return metrics.render({ inflight: active, stats });
+  };
+  app.route(
+    config.adminPrefix,
+    createAdminApp({
+      store,
+      problemBase,
+      enabled: options.admin ?? true,
+      routes: config.routes,
+      ...(auth ? { guard: auth.admin } : {}),
+      ...(config.metrics.enabled ? { metrics: { render: renderMetrics, public: config.metrics.public, ...(auth ? { guard: auth.metrics } : {}) } } : {}),
+    }),
+  );
+  const authenticate: MiddlewareHandler = auth?.proxy ?? (async (_c, next) => next());
+  app.all('*', authenticate, async (c) => {
     active++;
     try {
       return await proxy(c);
