@@ -359,3 +359,81 @@ describe('waiting, audit and sweeping', () => {
     await s.close();
   });
 });
+
+describe('audit (issue 5): fence history, detail, outcome_unknown resolution', () => {
+  it('writes a fence_history row per accepted rise, in the admission batch; none for stale or equal fences', async () => {
+    const entity = uniq('ent');
+    for (const fence of [1n, 1n, 5n, 3n, MAX]) await store.admit(input({ entity, fence, mode: 'concurrent', audit: { ...input().audit, caller: 'w1' } }));
+    const page1 = await store.getFenceHistory!(entity, { limit: 2 });
+    expect(page1.items.map((r) => r.fence)).toEqual([MAX.toString(), '5']);
+    expect(page1.items[0]).toMatchObject({ caller: 'w1' });
+    const page2 = await store.getFenceHistory!(entity, { limit: 2, cursor: page1.nextCursor! });
+    expect(page2).toMatchObject({ items: [{ fence: '1' }], nextCursor: null });
+  });
+
+  it('keeps the rejection detail and turns an empty payload hash into null', async () => {
+    const entity = uniq('ent');
+    await store.recordRejection({ reason: 'unauthorized', entity, presentedFence: null, currentFence: null, idempotencyKey: null, audit: { ...input().audit, payloadSha256: '' }, detail: 'expired' });
+    const [r] = await rejectionsFor(entity);
+    expect(r).toMatchObject({ detail: 'expired', payloadSha256: null });
+  });
+
+  it('resolves an outcome_unknown record once (completed or released), logs the operator action, refuses other states', async () => {
+    const done = input({ mode: 'concurrent', fence: 9n });
+    await store.admit(done);
+    await store.finish(finishOf(done, { outcome: 'unknown' }));
+    const before = await store.auditStats!();
+    expect(before.outcomeUnknown).toBeGreaterThanOrEqual(1);
+    const listed = await store.listRecords!({ state: 'outcome_unknown', limit: 1000 });
+    expect(listed.items.some((r) => r.key === done.key && r.fence === '9')).toBe(true);
+
+    const body = new TextEncoder().encode('{"id":"ch_1"}');
+    const resolved = await store.resolveRecord!({
+      scope: done.scope,
+      key: done.key!,
+      resolution: { outcome: 'completed', response: { status: 201, headers: [['content-type', 'application/json']], body }, retentionMs: 60_000 },
+      operator: 'ops',
+      note: 'checked upstream',
+      requestId: 'r-1',
+    });
+    expect(resolved).toMatchObject({ ok: true, action: { action: 'resolve-completed', key: done.key, fence: '9', status: 201, operator: 'ops', note: 'checked upstream' } });
+    const replay = await store.admit({ ...done, ownerToken: crypto.randomUUID() });
+    expect(replay.outcome).toBe('replay');
+    // Not the operator's any more: completed.
+    const again = await store.resolveRecord!({ scope: done.scope, key: done.key!, resolution: { outcome: 'released' }, operator: 'ops', note: null, requestId: 'r-2' });
+    expect(again).toEqual({ ok: false, reason: 'not-outcome-unknown', state: 'completed' });
+    expect(await store.resolveRecord!({ scope: 'payments', key: uniq('none'), resolution: { outcome: 'released' }, operator: null, note: null, requestId: 'r-3' })).toEqual({ ok: false, reason: 'not-found' });
+
+    const gone = input({ mode: 'concurrent' });
+    await store.admit(gone);
+    await store.finish(finishOf(gone, { outcome: 'unknown' }));
+    expect(await store.resolveRecord!({ scope: gone.scope, key: gone.key!, resolution: { outcome: 'released' }, operator: null, note: null, requestId: 'r-4' })).toMatchObject({ ok: true, action: { action: 'resolve-released' } });
+    expect(await store.getRecords(gone.key!)).toEqual([]);
+
+    const actions = await store.listOperatorActions!({ limit: 1 });
+    expect(actions.items[0]).toMatchObject({ action: 'resolve-released', key: gone.key });
+    const older = await store.listOperatorActions!({ limit: 1, cursor: actions.nextCursor! });
+    expect(older.items[0]).toMatchObject({ action: 'resolve-completed', key: done.key });
+  });
+
+  it('pages outcome_unknown records newest first with an opaque cursor', async () => {
+    const keys: string[] = [];
+    for (let i = 0; i < 3; i++) {
+      const c = input({ mode: 'concurrent', scope: `audit\u0000scope-${uniq('s')}` });
+      await store.admit(c);
+      await store.finish(finishOf(c, { outcome: 'unknown' }));
+      keys.push(c.key!);
+    }
+    const seen: { key: string; at: number }[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = await store.listRecords!({ state: 'outcome_unknown', limit: 2, cursor });
+      seen.push(...page.items.map((r) => ({ key: r.key, at: r.createdAt.getTime() })));
+      cursor = page.nextCursor ?? undefined;
+    } while (cursor !== undefined);
+    // No gaps, no repeats, newest first.
+    expect(new Set(seen.map((r) => r.key)).size).toBe(seen.length);
+    expect(keys.every((k) => seen.some((r) => r.key === k))).toBe(true);
+    expect(seen.every((r, i) => i === 0 || seen[i - 1]!.at >= r.at)).toBe(true);
+  });
+});

@@ -4,12 +4,12 @@ import {
   recordTopic,
   type Admission,
   type AdmitInput,
+  type AuditStore,
   type EntityInfo,
   type FinishInput,
   type FinishResult,
   type GatewayStore,
   type RecordInfo,
-  type RecordState,
   type RejectionInput,
   type RejectionPage,
   type RejectionQuery,
@@ -18,6 +18,7 @@ import {
   type SweepOptions,
   type SweepResult,
 } from '../types.js';
+import { createD1Audit, toRecord } from './audit.js';
 
 /**
  * The part of a D1 binding this store uses, typed structurally so that the
@@ -80,7 +81,7 @@ const LOGGED = "('stale-fence', 'idempotency-key-reused', 'outcome-unknown')";
  * with its own condition, in the same order:
  *
  *  a. fence check first: mark `stale-fence` if the entity's fence is higher,
- *     else raise it (equal is fine);
+ *     else raise it (equal is fine) and append the rise to `fence_history`;
  *  b–g. forget an expired completed record; load the record into the row;
  *     decide reused (fingerprint) / replay / in-progress (lock alive) /
  *     outcome-unknown (onUnknown: reject) or note the owner to take over;
@@ -105,6 +106,9 @@ const LOGGED = "('stale-fence', 'idempotency-key-reused', 'outcome-unknown')";
  * without an entity would need a second object and a two-object protocol;
  * the single D1 transaction keeps one authority and the same tables and
  * migrations as SQLite (DESIGN §4, §8).
+ *
+ * The audit methods (./audit.ts) follow the same rule: `resolveRecord` is one
+ * batch whose every write is conditional on `state = 'outcome_unknown'`.
  *
  * Finish is one batch too: the `late-finish` rejection is inserted under
  * `NOT EXISTS (the owned record)`, then the owner-conditional write runs
@@ -131,12 +135,21 @@ export class D1GatewayStore implements GatewayStore {
   readonly db: D1DatabaseLike;
   private readonly notifier: LocalNotifier;
   private readonly statements = new Map<string, { stmt: D1PreparedStatementLike; names: string[] }>();
+  private readonly audit: AuditStore;
   private closed = false;
 
   constructor(options: D1StoreOptions) {
     this.db = options.db;
     this.notifier = new LocalNotifier(options.pollMs ?? 100);
+    this.audit = createD1Audit(this.db);
   }
+
+  // The audit methods (issue 5) live in ./audit.ts.
+  getFenceHistory: AuditStore['getFenceHistory'] = (entity, page) => this.audit.getFenceHistory(entity, page);
+  listRecords: AuditStore['listRecords'] = (query) => this.audit.listRecords(query);
+  resolveRecord: AuditStore['resolveRecord'] = (input) => this.audit.resolveRecord(input);
+  listOperatorActions: AuditStore['listOperatorActions'] = (page) => this.audit.listOperatorActions(page);
+  auditStats: AuditStore['auditStats'] = () => this.audit.auditStats();
 
   async admit(input: AdmitInput): Promise<Admission> {
     const { scope, key, entity, fence, ownerToken: owner } = input;
@@ -154,7 +167,7 @@ export class D1GatewayStore implements GatewayStore {
       ...auditParams(input.audit),
     };
     const steps: D1PreparedStatementLike[] = [this.st(Q.begin, p)];
-    if (entity !== null && fence !== null) steps.push(this.st(Q.staleFence, p), this.st(Q.raiseFence, p));
+    if (entity !== null && fence !== null) steps.push(this.st(Q.staleFence, p), this.st(Q.raiseFence, p), this.st(Q.fenceHistory, p));
     if (key !== null) steps.push(this.st(Q.forgetExpired, p), this.st(Q.loadRecord, p), this.st(Q.decideRecord, p), this.st(Q.markUnknown, p));
     if (input.mode === 'serial' && entity !== null) {
       if (fence === null) steps.push(this.st(Q.ensureEntity, p));
@@ -217,6 +230,7 @@ export class D1GatewayStore implements GatewayStore {
       current: input.currentFence,
       key: input.idempotencyKey,
       ...auditParams(input.audit),
+      detail: input.detail ?? null,
     }).run();
   }
 
@@ -236,7 +250,7 @@ export class D1GatewayStore implements GatewayStore {
     if (query.cursor !== undefined) add('id < CAST(? AS INTEGER)', query.cursor);
     values.push(query.limit + 1);
     const sql = `SELECT CAST(id AS TEXT) AS id, at, reason, entity, CAST(presented_fence AS TEXT) AS presented_fence,
-      CAST(current_fence AS TEXT) AS current_fence, idempotency_key, caller, method, path, payload_sha256, request_id
+      CAST(current_fence AS TEXT) AS current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail
       FROM rejections ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY id DESC LIMIT CAST(? AS INTEGER)`;
     const rows = (await this.db.prepare(sql).bind(...values).all()).results ?? [];
     const items = rows.slice(0, query.limit).map(toRejection);
@@ -259,18 +273,7 @@ export class D1GatewayStore implements GatewayStore {
 
   async getRecords(key: string): Promise<RecordInfo[]> {
     const rows = (await this.st(Q.recordsByKey, { key }).all()).results ?? [];
-    return rows.map((r: Record<string, any>) => ({
-      scope: r.scope,
-      key: r.key,
-      state: r.state as RecordState,
-      fingerprint: r.fingerprint,
-      entity: r.entity,
-      fence: r.fence,
-      status: r.status === null ? null : Number(r.status),
-      lockedUntil: r.locked_until === null ? null : new Date(r.locked_until),
-      createdAt: new Date(r.created_at),
-      expiresAt: new Date(r.expires_at),
-    }));
+    return rows.map(toRecord);
   }
 
   async sweep(options: SweepOptions): Promise<SweepResult> {
@@ -362,8 +365,10 @@ function toBytes(v: unknown): Uint8Array {
   throw new Error(`d1 store: unexpected BLOB value of type ${typeof v}`);
 }
 
-function auditParams(a: AdmitInput['audit']) {
-  return { caller: a.caller, method: a.method, path: a.path, sha: a.payloadSha256, request_id: a.requestId };
+function auditParams(a: RejectionInput['audit']) {
+  // '' means the body was never read (a refusal before step 4): NULL, not a hash.
+  const sha = a.payloadSha256 === '' ? null : a.payloadSha256;
+  return { caller: a.caller, method: a.method, path: a.path, sha, request_id: a.requestId };
 }
 
 function toRejection(r: Record<string, unknown>): RejectionRow {
@@ -381,6 +386,7 @@ function toRejection(r: Record<string, unknown>): RejectionRow {
     path: str(r.path),
     payloadSha256: str(r.payload_sha256),
     requestId: str(r.request_id),
+    detail: str(r.detail),
   };
 }
 
@@ -409,6 +415,11 @@ const Q = {
     SELECT @entity, ${FENCE}, now FROM admission_scratch WHERE id = @id AND decision IS NULL
     ON CONFLICT (entity) DO UPDATE SET fence = excluded.fence, accepted_at = excluded.accepted_at
       WHERE fence_entities.fence IS NULL OR excluded.fence >= fence_entities.fence`,
+  // a. @id @entity @fence @caller @request_id — the entity's fence history: one row per
+  //    accepted fence value (a no-op when it stayed equal), only when not stale.
+  fenceHistory: `INSERT INTO fence_history (entity, fence, at, caller, request_id)
+    SELECT @entity, ${FENCE}, now, @caller, @request_id FROM admission_scratch WHERE id = @id AND decision IS NULL
+    ON CONFLICT (entity, fence) DO NOTHING`,
   // @id @scope @key — past retention: forgotten, as if the sweeper had already run.
   forgetExpired: `DELETE FROM idempotency_records
     WHERE scope = @scope AND key = @key AND state = 'completed' AND expires_at <= ${NOW} AND ${UNDECIDED}`,
@@ -485,9 +496,9 @@ const Q = {
   // @entity @owner — free the slot only if this owner still holds it.
   freeSlot: 'UPDATE fence_entities SET inflight_owner = NULL, inflight_until = NULL WHERE entity = @entity AND inflight_owner = @owner',
 
-  // @reason @entity @presented @current @key @caller @method @path @sha @request_id
-  insertRejection: `INSERT INTO rejections ${REJECTION_COLUMNS}
-    VALUES (${NOW_MS}, @reason, @entity, CAST(@presented AS INTEGER), CAST(@current AS INTEGER), @key, @caller, @method, @path, @sha, @request_id)`,
+  // @reason @entity @presented @current @key @caller @method @path @sha @request_id @detail
+  insertRejection: `INSERT INTO rejections (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail)
+    VALUES (${NOW_MS}, @reason, @entity, CAST(@presented AS INTEGER), CAST(@current AS INTEGER), @key, @caller, @method, @path, @sha, @request_id, @detail)`,
   // @entity
   entityInfo: `SELECT entity, CAST(fence AS TEXT) AS fence, accepted_at, inflight_until, ${NOW_MS} AS now
     FROM fence_entities WHERE entity = @entity`,
