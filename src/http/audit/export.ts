@@ -1,4 +1,4 @@
-import type { GatewayStore, RejectionQuery } from '../../store/types.js';
+import type { GatewayStore, RejectionQuery, RejectionRow } from '../../store/types.js';
 import { CSV_HEADER, csvLine, ndjsonLine, rejectionJson } from './format.js';
 
 export type ExportFormat = 'ndjson' | 'csv';
@@ -22,35 +22,42 @@ const PAGE = 1000;
  */
 export function rejectionExport(store: GatewayStore, query: Omit<RejectionQuery, 'limit'>, format: ExportFormat, max = Infinity): ReadableStream<Uint8Array> {
   const encoder = new TextEncoder();
-  let cursor = query.cursor;
-  let sent = 0;
-  let started = false;
-  let cancelled = false;
+  const pages = rejectionPages(store, query, max);
+  let header = format === 'csv';
   return new ReadableStream<Uint8Array>(
     {
       async pull(controller) {
-        let text = '';
-        if (!started && format === 'csv') text += CSV_HEADER;
-        started = true;
-        const limit = Math.min(PAGE, max - sent);
-        if (limit > 0 && !cancelled) {
-          const page = await store.listRejections({ ...query, limit, ...(cursor === undefined ? {} : { cursor }) });
-          for (const row of page.items) text += format === 'csv' ? csvLine(rejectionJson(row)) : ndjsonLine(rejectionJson(row));
-          sent += page.items.length;
-          cursor = page.nextCursor ?? undefined;
-          if (text !== '') controller.enqueue(encoder.encode(text));
-          if (page.nextCursor === null || sent >= max) controller.close();
-        } else {
-          if (text !== '') controller.enqueue(encoder.encode(text));
-          controller.close();
-        }
+        let text = header ? CSV_HEADER : '';
+        header = false;
+        const next = await pages.next();
+        if (!next.done) for (const row of next.value) text += format === 'csv' ? csvLine(rejectionJson(row)) : ndjsonLine(rejectionJson(row));
+        if (text !== '') controller.enqueue(encoder.encode(text));
+        if (next.done) controller.close();
       },
-      cancel() {
-        cancelled = true;
+      async cancel() {
+        await pages.return(undefined);
       },
     },
+    // Nothing is fetched ahead of the consumer: one page in memory at a time.
     { highWaterMark: 0 },
   );
+}
+
+/**
+ * The matching rows, page by page (keyset on id, newest first), stopping
+ * after `max` rows. Each page is one store query; nothing is held between
+ * pages but the cursor.
+ */
+export async function* rejectionPages(store: GatewayStore, query: Omit<RejectionQuery, 'limit'>, max = Infinity): AsyncGenerator<RejectionRow[], void, undefined> {
+  let cursor = query.cursor;
+  let sent = 0;
+  while (sent < max) {
+    const page = await store.listRejections({ ...query, limit: Math.min(PAGE, max - sent), ...(cursor === undefined ? {} : { cursor }) });
+    if (page.items.length > 0) yield page.items;
+    sent += page.items.length;
+    if (page.nextCursor === null) return;
+    cursor = page.nextCursor;
+  }
 }
 
 /** `?format=` wins over `Accept`; JSON pages otherwise. */
