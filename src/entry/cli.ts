@@ -5,6 +5,7 @@ import { ConfigError, parseConfigText } from '../config/load.js';
 import type { Config } from '../config/schema.js';
 import { createJsonLogger, type LogLevel } from '../http/logger.js';
 import { migrateSqlite, openSqlite } from '../store/sqlite/index.js';
+import { auditCommand, tokenCommand } from './cli-audit.js';
 import { startGateway } from './node.js';
 
 const HELP = `fencegate — a fencing-aware side-effect gateway
@@ -12,7 +13,10 @@ const HELP = `fencegate — a fencing-aware side-effect gateway
 Usage:
   fencegate serve   --config FILE [--port N] [--db PATH | --database-url URL]
   fencegate migrate (--config FILE | --db PATH | --database-url URL)
-  fencegate --help
+  fencegate audit   (--url URL [--token T] | --db PATH | --config FILE) [--entity E] [--reason R]
+                    [--caller C] [--since 2h] [--until T] [--limit N] [--format table|csv|ndjson]
+  fencegate token   --config FILE --sub NAME [--scope "fencegate:proxy fencegate:audit"] [--ttl 1h]
+  fencegate --help  (fencegate audit --help, fencegate token --help: their options)
 
 Options:
   --config FILE        JSON configuration (see README: Configuration)
@@ -23,9 +27,13 @@ Options:
 
 Environment:
   FENCEGATE_LOG_LEVEL  info (default) | warn | error | silent
+  FENCEGATE_TOKEN      bearer token for fencegate audit --url (keeps it out of ps)
 `;
 
 async function main(argv: string[]): Promise<number> {
+  // Subcommands with options of their own.
+  if (argv[0] === 'audit') return auditCommand(argv.slice(1));
+  if (argv[0] === 'token') return tokenCommand(argv.slice(1));
   const { values, positionals } = parseArgs({
     args: argv,
     allowPositionals: true,
