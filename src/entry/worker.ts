@@ -21,9 +21,10 @@ export interface WorkerEnv {
   /** The JSON config (same schema as the config file), parsed once per isolate. */
   FENCEGATE_CONFIG?: string;
   /**
-   * Who may read the `/v1` admin API: `loopback` (default: only requests to
-   * localhost / 127.0.0.1 / [::1], i.e. `wrangler dev`), `on`, or `off`.
-   * Until caller authentication exists, never `on` on a public hostname.
+   * Who may reach the `/v1` admin API: `loopback` (default: with caller
+   * `auth` configured, any hostname, behind its scopes, as on Node; without
+   * it, only requests to localhost / 127.0.0.1 / [::1], i.e. `wrangler dev`),
+   * `on` (any hostname, even without auth: never on a public hostname), or `off`.
    */
   FENCEGATE_ADMIN?: string;
   /** `info` (default), `warn`, `error` or `silent`. */
@@ -64,6 +65,15 @@ function isolateFor(env: WorkerEnv): Isolate {
   if (!('d1' in config.store)) {
     throw new ConfigError('store: on Workers the store must be { "d1": "<binding name>" }', ['store']);
   }
+  // The Node entry inlines key files before the gateway starts; a Worker has
+  // no file system, so keys must be inline (pem, jwks) or secrets ({ env }).
+  const fileKeys = [
+    ...keyFileFields(config.auth, 'auth'),
+    ...keyFileFields(config.fence.signed, 'fence.signed'),
+  ];
+  if (fileKeys.length > 0) {
+    throw new ConfigError(`invalid configuration:\n  ${fileKeys.map((f) => `${f}: key files cannot be read on Workers; put the key inline (pem, jwks) or in a secret`).join('\n  ')}`, fileKeys);
+  }
   const db = env[config.store.d1] as D1DatabaseLike | undefined;
   if (db === undefined || typeof db !== 'object' || typeof db.batch !== 'function') {
     throw new ConfigError(`store.d1: no D1 binding named ${config.store.d1} (add [[d1_databases]] binding = "${config.store.d1}" to wrangler.toml)`, ['store.d1']);
@@ -82,10 +92,22 @@ function isolateFor(env: WorkerEnv): Isolate {
   return isolate;
 }
 
-function adminAllowed(env: WorkerEnv, url: URL): boolean {
+/** The config fields that name key files (`jwksFile`, `publicKeys[i].file`). */
+function keyFileFields(spec: { jwksFile?: string | undefined; publicKeys?: { file?: string | undefined }[] | undefined } | undefined, field: string): string[] {
+  if (spec === undefined) return [];
+  const out = spec.jwksFile !== undefined ? [`${field}.jwksFile`] : [];
+  spec.publicKeys?.forEach((k, i) => {
+    if (k.file !== undefined) out.push(`${field}.publicKeys[${i}].file`);
+  });
+  return out;
+}
+
+function adminAllowed(env: WorkerEnv, config: Config, url: URL): boolean {
   const mode = env.FENCEGATE_ADMIN ?? 'loopback';
   if (mode === 'on') return true;
   if (mode === 'off') return false;
+  // With caller auth the admin API sits behind its scopes, on any hostname.
+  if (config.auth !== undefined) return true;
   const host = url.hostname;
   return host === 'localhost' || host === '[::1]' || host === '::1' || /^127(\.\d{1,3}){3}$/.test(host);
 }
@@ -105,7 +127,7 @@ export default {
     } catch (err) {
       return configFailure(err);
     }
-    const gateway = adminAllowed(env, new URL(request.url)) ? isolate.withAdmin : isolate.withoutAdmin;
+    const gateway = adminAllowed(env, isolate.config, new URL(request.url)) ? isolate.withAdmin : isolate.withoutAdmin;
     const handled = Promise.resolve(gateway.app.fetch(request, env, ctx as never));
     // DESIGN §3.6: a caller that disconnects must not cancel the upstream
     // call or its finish. Workers cancels a request's work when its client

@@ -140,6 +140,18 @@ describe('the HTTP contract through the Worker', () => {
     expect((await call('/_fencegate/v1/rejections', {}, workerEnv({ FENCEGATE_ADMIN: 'off' }))).status).toBe(404);
     expect((await call('/_fencegate/v1/rejections', {}, workerEnv({ FENCEGATE_ADMIN: 'on' }), 'https://gateway.example')).status).toBe(200);
   });
+
+  it('with caller auth configured, the admin API answers on any hostname, behind its bearer tokens', async () => {
+    const auth = { secret: { env: 'FENCEGATE_AUTH_SECRET' }, issuer: 'https://issuer.example', audience: 'fencegate' };
+    const withAuth = workerEnv({ FENCEGATE_CONFIG: configText({ auth }), FENCEGATE_AUTH_SECRET: 'x'.repeat(40) });
+    const res = await call('/_fencegate/v1/rejections', {}, withAuth, 'https://gateway.example');
+    expect(res.status).toBe(401);
+    expect(res.headers.get('www-authenticate')).toMatch(/^Bearer/);
+    // The proxy wants a token too; nothing reaches the upstream without one.
+    const key = uniq('pay');
+    expect((await call('/payments/charges', pay(uniq('tool-job'), key, '1'), withAuth)).status).toBe(401);
+    expect(await upstreamCalls(key)).toEqual([]);
+  });
 });
 
 describe('fetch forwarding on Workers', () => {
@@ -238,6 +250,7 @@ describe('configuration and the cron sweeper', () => {
       { FENCEGATE_CONFIG: configText({ store: { sqlite: './x.db' } }) },
       { FENCEGATE_CONFIG: configText({ store: { d1: 'NO_SUCH_BINDING' } }) },
       { UPSTREAM_TOKEN: undefined },
+      { FENCEGATE_CONFIG: configText({ auth: { jwksFile: './jwks.json', issuer: 'i', audience: 'a' } }) },
     ]) {
       const res = await call('/payments/charges', pay(uniq('e'), uniq('k'), '1'), workerEnv(over));
       expect(res.status, JSON.stringify(Object.keys(over))).toBe(500);
