@@ -307,3 +307,22 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL gateway store: connections, replicas,
     });
   });
 });
+
+describe.skipIf(!POSTGRES_URL)('PostgreSQL gateway store: audit tables written by the admission', () => {
+  it('every accepted fence is appended to fence_history in the admission transaction (as SQLite and D1 do)', async () => {
+    const schema = await createTestSchema('fg_hist');
+    const store = await createPostgresStore({ connectionString: schema.url });
+    try {
+      const entity = `e-${randomUUID()}`;
+      for (const fence of [3n, 3n, 5n, 4n]) await store.admit(command({ entity, fence, mode: 'concurrent', audit: { ...audit(), caller: 'w1' } }));
+      const { rows } = await schema.pool.query(`SELECT fence::text, caller FROM fence_history WHERE entity = $1 ORDER BY fence`, [entity]);
+      expect(rows).toEqual([
+        { fence: '3', caller: 'w1' },
+        { fence: '5', caller: 'w1' },
+      ]);
+    } finally {
+      await store.close();
+      await schema.drop();
+    }
+  });
+});

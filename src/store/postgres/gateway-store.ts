@@ -254,6 +254,7 @@ export class PostgresGatewayStore implements GatewayStore {
       encodeText(a.path),
       sha(a.payloadSha256),
       encodeText(a.requestId),
+      encodeNullable(r.detail),
     ]);
   }
 
@@ -392,6 +393,7 @@ function toRejection(r: Record<string, unknown>): RejectionRow {
     path: decodeNullable(r.path as string | null),
     payloadSha256: decodeNullable(r.payload_sha256 as string | null),
     requestId: decodeNullable(r.request_id as string | null),
+    detail: decodeNullable(r.detail as string | null),
   };
 }
 
@@ -406,8 +408,10 @@ function statements(prefix: string) {
     // $1 scope $2 key $3 entity $4 owner $5 outcome $6 status $7 headers $8 body $9 retention_ms
     // $10 caller $11 method $12 path $13 payload_sha256 $14 request_id $15 channel $16 entity topic $17 record topic
     finish: `SELECT recorded FROM ${t('fencegate_finish')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
-    // $1 reason $2 entity $3 presented $4 current $5 key $6 caller $7 method $8 path $9 payload_sha256 $10 request_id
-    reject: `SELECT ${t('fencegate_log_rejection')}(now(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+    // $1 reason $2 entity $3 presented $4 current $5 key $6 caller $7 method $8 path $9 payload_sha256 $10 request_id $11 detail
+    reject: `INSERT INTO ${t('rejections')}
+      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail)
+      VALUES (now(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
     // $1 entity
     entityInfo: `SELECT entity, fence, accepted_at, inflight_until, inflight_until > now() AS live
       FROM ${t('fence_entities')} WHERE entity = $1`,
