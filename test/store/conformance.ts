@@ -702,8 +702,24 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
           requestId: a.requestId,
         });
         expect(second).toMatchObject({ reason: 'unauthorized', presentedFence: null, currentFence: '3', idempotencyKey: null, caller: null });
+        expect(first!.detail ?? null).toBeNull();
         expect(BigInt(second!.id)).toBeGreaterThan(BigInt(first!.id));
         expect(second!.at.getTime()).toBeGreaterThanOrEqual(first!.at.getTime());
+      });
+
+      it('recordRejection keeps the detail, and stores an empty payload hash (body never read) as null', async () => {
+        const entity = `e-${uid()}`;
+        await store.recordRejection({
+          reason: 'unauthorized',
+          entity,
+          presentedFence: null,
+          currentFence: null,
+          idempotencyKey: null,
+          audit: audit({ payloadSha256: '' }),
+          detail: 'missing scope fencegate:proxy',
+        });
+        const [row] = await rejectionsOf(store, { entity });
+        expect(row).toMatchObject({ payloadSha256: null, detail: 'missing scope fencegate:proxy' });
       });
 
       it('pages newest first with a keyset cursor, and filters by entity, reason, caller, since, until', async () => {
