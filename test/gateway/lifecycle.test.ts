@@ -1,15 +1,18 @@
 import Database from 'better-sqlite3';
 import { connect } from 'node:net';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
-import { command, effectOf, paymentsRoute, recordRows, startTestGateway, tempDir, until } from '../helpers/gateway.js';
-import { CLI, killChildren, startGatewayChild, writeJson } from '../helpers/child.js';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { SqliteGatewayStore } from '../../src/store/sqlite/gateway-store.js';
+import { command, effectOf, expectProblem, paymentsRoute, recordRows, startTestGateway, tempDir, until } from '../helpers/gateway.js';
+import { CLI, killChildren, startGatewayChild, writeJson, type Child } from '../helpers/child.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
-  await killChildren();
   for (const c of cleanups.splice(0)) await c();
+});
+afterAll(async () => {
+  await killChildren();
 });
 
 async function upstream(): Promise<FakeUpstream> {
@@ -67,6 +70,7 @@ describe('clean shutdown', () => {
     });
     // --port and --db override the file, as an operator would.
     const child = await startGatewayChild([CLI, 'serve', '--config', config, '--port', '0', '--db', db]);
+    cleanups.unshift(() => void child.proc.kill('SIGKILL'));
     expect(child.url).not.toMatch(/:8080$/);
 
     const gate = up.gate();
@@ -93,5 +97,114 @@ describe('clean shutdown', () => {
     } finally {
       conn.close();
     }
+  });
+});
+
+describe('kill -9 while the upstream call hangs', () => {
+  // A gateway process is killed with SIGKILL while its upstream calls hang.
+  // Nothing in it can clean up: only the locks it wrote (upstream timeout +
+  // margin, on the database clock) and the next gateway on the same file
+  // decide what happens to its records (G4).
+
+  let up: FakeUpstream;
+  let tmp: ReturnType<typeof tempDir>;
+  let db: string;
+  let restarted: Child & { url: string };
+
+  // Short locks so that the test waits about a second for the expiry.
+  const lock = { timeoutMs: 1_000, lockMarginMs: 300, maxWaitMs: 30_000 };
+  const config = (sweepInterval: string) => ({
+    listen: { host: '127.0.0.1', port: 0 },
+    store: { sqlite: db, synchronous: 'NORMAL' },
+    sweepInterval,
+    routes: [
+      paymentsRoute('UPSTREAM', { ...lock, onUnknown: 'reject' }),
+      paymentsRoute('UPSTREAM', { ...lock, name: 'idempotent-upstream', match: { path: '/retrying/*' }, onUnknown: 'retry' }),
+    ],
+  });
+  const hanging = [
+    { path: '/payments/charges', entity: 'job-a', key: 'crash-reject' },
+    { path: '/retrying/charges', entity: 'job-b', key: 'crash-retry' },
+    { path: '/payments/charges', entity: 'job-c', key: 'crash-never-retried-1' },
+    { path: '/payments/charges', entity: 'job-d', key: 'crash-never-retried-2' },
+  ];
+
+  function inProgress(): number {
+    const conn = new Database(db, { readonly: true, fileMustExist: true });
+    try {
+      return (conn.prepare("SELECT count(*) AS n FROM idempotency_records WHERE state = 'in_progress'").get() as { n: number }).n;
+    } finally {
+      conn.close();
+    }
+  }
+
+  beforeAll(async () => {
+    tmp = tempDir();
+    db = join(tmp.dir, 'crash.db');
+    up = await startUpstream();
+    const withUpstream = (c: ReturnType<typeof config>) => JSON.parse(JSON.stringify(c).replaceAll('UPSTREAM', up.url));
+    // The first gateway's sweeper must not run (it dies anyway); the second's runs often.
+    const first = await startGatewayChild([CLI, 'serve', '--config', writeJson(join(tmp.dir, 'first.json'), withUpstream(config('1h')))]);
+    up.behave((call) => (call.seq <= hanging.length ? { kind: 'hang' } : undefined));
+    const inFlight = hanging.map((h) => command(first.url, h.path, { fence: 1, entity: h.entity, key: h.key }).then(
+      (res) => res.status,
+      (err: Error) => err,
+    ));
+    await up.waitForCalls(hanging.length);
+    expect(inProgress()).toBe(hanging.length);
+
+    first.proc.kill('SIGKILL');
+    expect((await first.exited).signal).toBe('SIGKILL');
+    // The callers lost their connection: they do not know what happened.
+    for (const r of await Promise.all(inFlight)) expect(r).toBeInstanceOf(Error);
+
+    restarted = await startGatewayChild([CLI, 'serve', '--config', writeJson(join(tmp.dir, 'second.json'), withUpstream(config('100ms')))]);
+  });
+
+  afterAll(async () => {
+    restarted?.proc.kill('SIGKILL');
+    await restarted?.exited;
+    await up?.close();
+    tmp?.cleanup();
+  });
+
+  it('after the lock expires, a retry gets 409 outcome-unknown, and it is logged', async () => {
+    // Prefer: wait lets the retry ride out the dead gateway's lock instead of sleeping here.
+    const res = await command(restarted.url, '/payments/charges', { fence: 1, entity: 'job-a', key: 'crash-reject', headers: { prefer: 'wait=30' } });
+    await expectProblem(res, 409, 'outcome-unknown', { idempotency_key: 'crash-reject' });
+    expect(up.callsFor('crash-reject')).toHaveLength(1);
+    const log: any = await (await fetch(`${restarted.url}/_fencegate/v1/rejections?reason=outcome-unknown&entity=job-a`)).json();
+    expect(log.items).toMatchObject([{ reason: 'outcome-unknown', idempotency_key: 'crash-reject' }]);
+    // The entity itself is not stuck: the dead gateway's serial slot expired too.
+    expect((await command(restarted.url, '/payments/charges', { fence: 2, entity: 'job-a', key: 'after-crash' })).status).toBe(201);
+  });
+
+  it('with onUnknown "retry", the retry is forwarded once more, and then replayed', async () => {
+    const res = await command(restarted.url, '/retrying/charges', { fence: 1, entity: 'job-b', key: 'crash-retry', headers: { prefer: 'wait=30' } });
+    expect(res.status).toBe(201);
+    const first = await effectOf(res);
+    expect(up.callsFor('crash-retry')).toHaveLength(2);
+
+    const again = await command(restarted.url, '/retrying/charges', { fence: 1, entity: 'job-b', key: 'crash-retry' });
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect(await effectOf(again)).toEqual(first);
+    expect(up.callsFor('crash-retry')).toHaveLength(2);
+  });
+
+  it('the sweeper leaves nothing in_progress, including records nobody retried', async () => {
+    await until(() => inProgress() === 0, 'no in_progress record left');
+    for (const key of ['crash-never-retried-1', 'crash-never-retried-2']) {
+      const info: any = await (await fetch(`${restarted.url}/_fencegate/v1/idempotency/${key}`)).json();
+      expect(info.records).toMatchObject([{ state: 'outcome_unknown' }]);
+    }
+    await restarted.waitForLine((l) => l.msg === 'sweep' && l.unknownRecords > 0, 'a sweep that marked records outcome_unknown');
+    // A sweep through the store interface finds nothing more to do.
+    const store = new SqliteGatewayStore({ path: db });
+    try {
+      expect((await store.sweep({ rejectionRetentionMs: 86_400_000 })).unknownRecords).toBe(0);
+    } finally {
+      await store.close();
+    }
+    expect(inProgress()).toBe(0);
   });
 });

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ConfigError } from '../../src/config/load.js';
+import type { GatewayStore } from '../../src/store/types.js';
 import {
   command,
   effectOf,
@@ -12,6 +13,7 @@ import {
   type TestGateway,
 } from '../helpers/gateway.js';
 import { rawRequest } from '../helpers/raw-http.js';
+import { withoutFenceCheck, withoutIdempotency } from '../helpers/store-wrappers.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
 const cleanups: (() => Promise<void>)[] = [];
@@ -235,5 +237,58 @@ describe('routes where the fence or the key is optional or off still proxy', () 
     await expectProblem(await command(gw.url, '/opt/x', { key: '' }), 400, 'invalid-idempotency-key');
     await expectProblem(await command(gw.url, '/opt/x', { fence: 6 }), 400, 'missing-entity');
     expect(up.effects).toBe(4);
+  });
+});
+
+// STYLE habit 7: a test that would pass with the feature removed is not a
+// test. Each scenario runs twice on the same real components: once as
+// shipped (the safety property holds), once with the check switched off by
+// wrapping the store the gateway is given (the violation shows at the
+// upstream). The gateway itself has no switch for this.
+
+async function runControl(wrapStore: ((s: GatewayStore) => GatewayStore) | undefined, scenario: (url: string) => Promise<void>) {
+  const up = await startUpstream();
+  cleanups.push(() => up.close());
+  const gw = await startTestGateway({ routes: [paymentsRoute(up.url)], wrapStore });
+  cleanups.push(() => gw.close());
+  await scenario(gw.url);
+  return { up, gw };
+}
+
+describe('G1 stale fence', () => {
+  // W1 (fence 41) freezes; W2 (fence 42) takes the job over and pays; W1 wakes up and pays too.
+  const scenario = async (url: string) => {
+    await command(url, '/payments/charges', { fence: 42, entity: 'tool-job:1', key: 'w2-pay' });
+    await command(url, '/payments/charges', { fence: 41, entity: 'tool-job:1', key: 'w1-pay' });
+  };
+
+  it('as shipped: the late request of the old owner never reaches the upstream', async () => {
+    const { up, gw } = await runControl(undefined, scenario);
+    expect(up.calls.map((c) => c.fence)).toEqual(['42']);
+    expect(rejectionRows(gw.sqlite, 'stale-fence')).toHaveLength(1);
+  });
+
+  it('control, fence check off: the stale request reaches the upstream (a second payment)', async () => {
+    const { up, gw } = await runControl(withoutFenceCheck, scenario);
+    expect(up.calls.map((c) => c.fence)).toEqual(['42', '41']);
+    expect(rejectionRows(gw.sqlite, 'stale-fence')).toHaveLength(0);
+  });
+});
+
+describe('G2 idempotency', () => {
+  // An SDK retries after a lost response, with the same key.
+  const scenario = async (url: string) => {
+    for (let i = 0; i < 3; i++) await command(url, '/payments/charges', { fence: 1, entity: 'tool-job:2', key: 'tool-job:2:pay' });
+  };
+
+  it('as shipped: one effect, the retries are replays', async () => {
+    const { up } = await runControl(undefined, scenario);
+    expect(up.effects).toBe(1);
+  });
+
+  it('control, idempotency off: every retry is another effect', async () => {
+    const { up } = await runControl(withoutIdempotency, scenario);
+    expect(up.effects).toBe(3);
+    expect(up.calls.every((c) => c.key === 'tool-job:2:pay')).toBe(true);
   });
 });
