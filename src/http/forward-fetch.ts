@@ -4,14 +4,17 @@ import type { Forwarder, UpstreamRequest, UpstreamResult } from './forward.js';
 const NOT_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', 'UND_ERR_CONNECT_TIMEOUT']);
 
 /**
- * Cloudflare's own error statuses that say its edge never got an HTTP
- * request through to the origin: 521 connection refused, 522 TCP handshake
- * timed out, 523 origin unreachable, 525 TLS handshake failed, 526 invalid
- * origin certificate. 520 and 524 are NOT here: the request may have been
- * sent. Trusted only with `server: cloudflare`, so that an upstream's own
- * odd status is never mistaken for "nothing sent".
+ * Cloudflare's own error statuses, for an upstream behind Cloudflare. Its
+ * edge never got an HTTP request through to the origin on 521 (connection
+ * refused), 522 (TCP handshake timed out), 523 (origin unreachable), 525
+ * (TLS handshake failed) and 526 (invalid origin certificate): refused. On
+ * 520 (the origin answered something unusable) and 524 (the origin took the
+ * request and did not answer in time) it may well have acted: unknown, not
+ * an answer to store and replay. Trusted only with `server: cloudflare`, so
+ * that an upstream's own odd status is passed through as its answer.
  */
 const EDGE_NOT_SENT = new Set([521, 522, 523, 525, 526]);
+const EDGE_MAYBE_SENT = new Set([520, 524]);
 
 const IS_WORKERS = (globalThis as { navigator?: { userAgent?: string } }).navigator?.userAgent === 'Cloudflare-Workers';
 
@@ -48,7 +51,7 @@ export interface FetchForwarderOptions {
  *   released, retry safe): a Node-style error code of a failed connect
  *   (Node's own `fetch`), and Cloudflare's edge statuses 521/522/523/525/526
  *   with `server: cloudflare` (an upstream proxied by Cloudflare whose
- *   origin never got the request).
+ *   origin never got the request). Its 520 and 524 are `unknown`.
  *
  * Redirects are passed through, never followed (`redirect: "manual"`): the
  * caller decides whether to repeat a side effect elsewhere. Cloudflare's
@@ -92,8 +95,9 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
           }
         }
         const body = new Uint8Array(await res.arrayBuffer());
-        if (EDGE_NOT_SENT.has(res.status) && res.headers.get('server')?.toLowerCase() === 'cloudflare') {
-          return { kind: 'refused', error: `cloudflare-${res.status}` };
+        if (res.headers.get('server')?.toLowerCase() === 'cloudflare') {
+          if (EDGE_NOT_SENT.has(res.status)) return { kind: 'refused', error: `cloudflare-${res.status}` };
+          if (EDGE_MAYBE_SENT.has(res.status)) return { kind: 'unknown', error: `cloudflare-${res.status}`, timedOut: res.status === 524 };
         }
         return { kind: 'response', status: res.status, headers: withoutDecodedEncoding(out, decoded), body };
       } catch (err) {
