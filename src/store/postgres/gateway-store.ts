@@ -102,8 +102,15 @@ interface AdmitRow {
 /**
  * The PostgreSQL gateway store, for several gateway replicas on one
  * database. Every decision is one statement calling a function of
- * migrations/postgres/0003_gateway_functions.sql, so it is one transaction
- * and one round trip; a dropped connection rolls it back whole.
+ * migrations/postgres/0003_gateway_functions.sql (fencegate_admit as
+ * re-created by 0005), so it is one transaction and one round trip; a
+ * dropped connection rolls it back whole. Semantics are the SQLite store's,
+ * held to it by test/store/conformance.ts.
+ *
+ * Text that PostgreSQL cannot hold (U+0000, e.g. in `route\0caller` scopes)
+ * is escaped on the way in and decoded on the way out (./text.ts), so the
+ * raw columns of such rows, fence_history.caller included, hold the escaped
+ * form.
  *
  * Faults throw (the gateway answers 503 store-unavailable); the pool drops
  * broken connections and opens new ones, so the store recovers by itself
@@ -358,9 +365,16 @@ export class PostgresGatewayStore implements GatewayStore {
   private query<R>(text: string, values: unknown[], prepared = true) {
     if (this.closing !== null) return Promise.reject(new Error('the PostgreSQL gateway store is closed'));
     if (!prepared) return this.pool.query<R>(text, values);
-    const named = { name: `fencegate_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`, text, values };
+    const named = { name: statementName(text), text, values };
     return (this.pool as unknown as { query(q: typeof named): Promise<{ rows: R[] }> }).query(named);
   }
+}
+
+const statementNames = new Map<string, string>();
+function statementName(text: string): string {
+  let name = statementNames.get(text);
+  if (name === undefined) statementNames.set(text, (name = `fencegate_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`));
+  return name;
 }
 
 /** `''`: the refusal came before the body was read (auth); stored as NULL. */
