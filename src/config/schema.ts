@@ -55,7 +55,13 @@ export const RouteSchema = z.strictObject({
       .refine((p) => !p.slice(0, -1).includes('*'), 'may only end with "*"'),
     methods: z.array(z.enum(METHODS)).min(1).default(['POST', 'PUT', 'PATCH', 'DELETE']),
   }),
-  upstream: z.url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' }),
+  /**
+   * Base URL; the request's path and query are appended to it. A query or a
+   * fragment here would swallow them (`http://up?x=1` + `/pay` is `/?x=1/pay`).
+   */
+  upstream: z
+    .url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' })
+    .refine((u) => !/[?#]/.test(u), 'must be a base URL without a query or fragment: the request path and query are appended to it'),
   entity: Entity.default({ header: 'X-Fence-Entity' }),
   fence: z.enum(['required', 'optional', 'off']).default('required'),
   fenceHeader: HeaderName.default('X-Execution-Fence'),
