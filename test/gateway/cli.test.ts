@@ -32,6 +32,8 @@ const badConfigs: { name: string; config: unknown; field: RegExp }[] = [
   { name: 'timeoutMs of zero', config: withRoute({ timeoutMs: 0 }), field: /routes\[0\]\.timeoutMs: / },
   { name: 'maxBodyBytes not an integer', config: withRoute({ maxBodyBytes: 1.5 }), field: /routes\[0\]\.maxBodyBytes: / },
   { name: 'upstream not an http URL', config: withRoute({ upstream: 'ftp://example.com' }), field: /routes\[0\]\.upstream: must be an http/ },
+  { name: 'upstream with a query', config: withRoute({ upstream: 'http://127.0.0.1:9000?token=1' }), field: /routes\[0\]\.upstream: must be a base URL without a query or fragment/ },
+  { name: 'upstream with a fragment', config: withRoute({ upstream: 'http://127.0.0.1:9000/#x' }), field: /routes\[0\]\.upstream: must be a base URL without a query or fragment/ },
   { name: 'fence mode unknown', config: withRoute({ fence: 'maybe' }), field: /routes\[0\]\.fence: / },
   { name: 'mode unknown', config: withRoute({ mode: 'parallel' }), field: /routes\[0\]\.mode: / },
   { name: 'onUnknown unknown', config: withRoute({ onUnknown: 'ignore' }), field: /routes\[0\]\.onUnknown: / },

@@ -175,6 +175,26 @@ describe('forwarding', () => {
     expect(h['x-static']).toBe('literal');
   });
 
+  it('an upstream base path is kept in front of the request path; a valid caller X-Request-Id is passed on', async () => {
+    const { up, gw } = await setup((u) => [paymentsRoute(`${u}/v1/`)]);
+    const res = await command(gw.url, '/payments/charges?expand=a', { fence: 1, entity: 'e', key: 'k', headers: { 'x-request-id': 'req-123' } });
+    expect(res.status).toBe(201);
+    expect(res.headers.get('x-request-id')).toBe('req-123');
+    expect(up.calls[0]!.url).toBe('/v1/payments/charges?expand=a');
+    expect(up.calls[0]!.headers['x-request-id']).toBe('req-123');
+  });
+
+  it('hop-by-hop headers of the upstream answer are not passed back to the caller', async () => {
+    const { up, gw } = await setup((u) => [paymentsRoute(u)]);
+    up.behave(() => ({ kind: 'respond', status: 201, headers: { connection: 'x-up-hop', 'x-up-hop': 'secret', 'keep-alive': 'timeout=5', 'x-kept': 'yes' }, body: 'ok' }));
+    const res = await rawRequest(gw.url, { path: '/payments/charges', headers: [['X-Execution-Fence', '1'], ['X-Fence-Entity', 'e'], ['Idempotency-Key', 'k']], body: '{}' });
+    expect(res.status).toBe(201);
+    expect(res.headers['x-up-hop']).toBeUndefined();
+    expect(res.headers['keep-alive']).toBeUndefined();
+    expect(res.headers['x-kept']).toBe('yes');
+    expect(res.text).toBe('ok');
+  });
+
   it('a missing environment variable for upstreamHeaders stops start-up with a ConfigError naming the field', async () => {
     const up = await startUpstream();
     cleanups.push(() => up.close());
