@@ -21,20 +21,26 @@ export const LeaseStatus = {
 } as const;
 export type LeaseStatus = (typeof LeaseStatus)[keyof typeof LeaseStatus];
 
+/** Why a lease ended in Lost or Stalled. */
+export type LossCause = 'zero_rows' | 'unconfirmed' | 'stalled' | 'stale_fence' | 'thread_exit';
+const CAUSES: readonly LossCause[] = ['zero_rows', 'unconfirmed', 'stalled', 'stale_fence', 'thread_exit'];
+
 /**
  * One lease's shared state: until when (monotonic ms) the database has
- * confirmed it, and its status. A fresh buffer per lease, never reused, so a
+ * confirmed it, its status, and why it was lost. A fresh buffer per lease, never reused, so a
  * late write for an old lease can never land on a new one.
  */
 export class LeaseCell {
   readonly buffer: SharedArrayBuffer;
   readonly #until: BigInt64Array;
   readonly #status: Int32Array;
+  readonly #cause: Int32Array;
 
   constructor(buffer: SharedArrayBuffer = new SharedArrayBuffer(16)) {
     this.buffer = buffer;
     this.#until = new BigInt64Array(buffer, 0, 1);
     this.#status = new Int32Array(buffer, 8, 1);
+    this.#cause = new Int32Array(buffer, 12, 1);
   }
 
   get confirmedUntil(): number {
@@ -54,8 +60,20 @@ export class LeaseCell {
     return Atomics.compareExchange(this.#status, 0, from, to) === from;
   }
 
-  /** Ends the cell (Lost, Stalled or Released) unless it already ended; returns whether it did. */
-  end(to: typeof LeaseStatus.Lost | typeof LeaseStatus.Stalled | typeof LeaseStatus.Released): boolean {
+  /** Why it was lost (set with the Lost or Stalled status), or undefined. */
+  get cause(): LossCause | undefined {
+    return CAUSES[Atomics.load(this.#cause, 0) - 1];
+  }
+
+  /**
+   * Ends the cell unless it already ended; returns whether this call did.
+   * The cause is written first (first writer wins), so whoever sees the
+   * Lost status also sees why.
+   */
+  end(to: typeof LeaseStatus.Released): boolean;
+  end(to: typeof LeaseStatus.Lost | typeof LeaseStatus.Stalled, cause: LossCause): boolean;
+  end(to: LeaseStatus, cause?: LossCause): boolean {
+    if (cause !== undefined) Atomics.compareExchange(this.#cause, 0, 0, CAUSES.indexOf(cause) + 1);
     return this.transition(LeaseStatus.Ok, to) || this.transition(LeaseStatus.Unknown, to);
   }
 }

@@ -67,7 +67,7 @@ async function beat(w: Watched, store: JobStore): Promise<void> {
   if (stalled > w.maxStallMs) {
     // The handler's thread is not making progress: let the lease run out so
     // that another worker can take the job. Never extend on its behalf.
-    if (w.cell.end(LeaseStatus.Stalled)) post({ type: 'stalled', key: w.key, stalledForMs: stalled });
+    if (w.cell.end(LeaseStatus.Stalled, 'stalled')) post({ type: 'stalled', key: w.key, stalledForMs: stalled });
     return drop(w);
   }
 
@@ -91,38 +91,55 @@ async function beat(w: Watched, store: JobStore): Promise<void> {
     return schedule(w, nextHeartbeatDelay(init.heartbeatMs, init.jitterMs, Math.random()));
   }
   if (result && !result.ok) {
-    if (w.cell.end(LeaseStatus.Lost)) post({ type: 'lost', key: w.key, cause: 'zero_rows' });
+    if (w.cell.end(LeaseStatus.Lost, 'zero_rows')) post({ type: 'lost', key: w.key, cause: 'zero_rows' });
     return drop(w);
   }
 
   w.failures += 1;
   post({ type: 'failed', key: w.key, error: error instanceof Error ? error.message : String(error), consecutive: w.failures });
-  const confirmedForMs = w.cell.confirmedUntil - monotonicMs();
-  if (
-    (w.failures >= init.maxMissedHeartbeats || confirmedForMs <= init.heartbeatMs) &&
-    w.cell.transition(LeaseStatus.Ok, LeaseStatus.Unknown)
-  ) {
-    post({ type: 'unknown', key: w.key, confirmedForMs, consecutive: w.failures });
-  }
+  if (w.failures >= init.maxMissedHeartbeats) markUnknown(w);
   // Retry sooner than the normal interval: the deadline is getting closer.
   schedule(w, init.heartbeatMs / 2);
 }
 
-/** The conservative deadline: a lease not confirmed by then may belong to someone else. */
+/** No new external action may start: the lease cannot be confirmed for another interval. */
+function markUnknown(w: Watched): void {
+  if (w.cell.transition(LeaseStatus.Ok, LeaseStatus.Unknown)) {
+    post({ type: 'unknown', key: w.key, confirmedForMs: w.cell.confirmedUntil - monotonicMs(), consecutive: w.failures });
+  }
+}
+
+/**
+ * Runs every few ms, whatever the extends are doing (one may hang on a lock
+ * or a dead connection): ownership becomes unknown when less than one
+ * heartbeat interval is confirmed, and at the conservative deadline the
+ * lease is given up, since it may belong to someone else from then on.
+ */
 function checkDeadlines(): void {
   stalledForMs();
   const now = monotonicMs();
   for (const w of watched.values()) {
-    if (now < w.cell.confirmedUntil) continue;
-    if (w.cell.end(LeaseStatus.Lost)) post({ type: 'lost', key: w.key, cause: 'unconfirmed' });
+    const left = w.cell.confirmedUntil - now;
+    if (left > init.heartbeatMs) continue;
+    if (left > 0) {
+      markUnknown(w);
+      continue;
+    }
+    if (w.cell.end(LeaseStatus.Lost, 'unconfirmed')) post({ type: 'lost', key: w.key, cause: 'unconfirmed' });
     drop(w);
   }
 }
 
+// How long one extend may take before it counts as failed (and is retried).
+// SQLite waits for a busy file inside a synchronous call that blocks this
+// thread (and its watchdog), so keep that short; PostgreSQL is asynchronous,
+// and must leave room to open a fresh connection.
+const statementTimeoutMs =
+  'sqlite' in init.store ? init.heartbeatMs : Math.max(2_000, init.heartbeatMs * init.maxMissedHeartbeats);
+
 let store: JobStore;
 try {
-  // A statement that takes longer than a heartbeat counts as a missed beat.
-  store = await openJobStore(init.store, { migrate: false, statementTimeoutMs: init.heartbeatMs });
+  store = await openJobStore(init.store, { migrate: false, statementTimeoutMs });
 } catch (err) {
   post({ type: 'fatal', error: err instanceof Error ? err.message : String(err) });
   process.exit(1);

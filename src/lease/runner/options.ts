@@ -4,6 +4,7 @@
  */
 import { z } from 'zod';
 import { LeaseConfigError } from '../errors.js';
+import { LeaseEvents } from '../events.js';
 import type { FenceHeaderNames, FenceSigner } from '../fenced-fetch.js';
 import type { JobContext, JobHandler } from './types.js';
 import { checkLeaseTiming, type BackoffPolicy } from '../timing.js';
@@ -54,6 +55,8 @@ export interface RunWorkerOptions {
   threadStore?: StoreDescriptor;
   /** Node flags for the heartbeat thread; default the process's own (e.g. a TypeScript loader in tests). */
   threadExecArgv?: string[];
+  /** An emitter to report to (to subscribe before the worker starts); default a new one. */
+  events?: LeaseEvents;
 }
 
 export interface KindConfig {
@@ -132,6 +135,7 @@ const schema = z
       ])
       .optional(),
     threadExecArgv: z.array(z.string()).optional(),
+    events: z.instanceof(LeaseEvents).optional(),
   })
   .strict();
 

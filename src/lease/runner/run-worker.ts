@@ -12,10 +12,10 @@
  *   `maxRunMs` passed, `stop({ release })`).
  */
 import { JobError, LeaseError, LeaseLostError, OutcomeUnknownError, OwnershipUnknownError } from '../errors.js';
-import { LeaseEvents, type LeaseEvent, type LeaseEventMap } from '../events.js';
+import { LeaseEvents, type LeaseEvent } from '../events.js';
 import { createFencedFetch, createStep, type FenceContext } from '../fenced-fetch.js';
 import { HeartbeatThread } from '../heartbeat/client.js';
-import { LeaseCell, LeaseStatus, Pulse } from '../heartbeat/cell.js';
+import { LeaseCell, LeaseStatus, Pulse, type LossCause } from '../heartbeat/cell.js';
 import { leaseKey, type FromThread } from '../heartbeat/protocol.js';
 import { countEvents, type KindGauges, type LeaseMetrics } from '../metrics.js';
 import { sha256Json } from '../store-common.js';
@@ -37,6 +37,8 @@ interface Attempt {
   stageTimer: NodeJS.Timeout | undefined;
   /** Set once the attempt's outcome is decided; a later handler outcome is ignored. */
   ended: boolean;
+  /** heartbeat_lost was emitted (once per attempt, whoever notices first). */
+  lossReported: boolean;
 }
 
 type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown };
@@ -77,7 +79,7 @@ function classify(error: unknown): { code: string; retryable: boolean; message: 
 export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker> {
   const config = parseWorkerOptions(options);
   const { store, workerId } = config;
-  const events = new LeaseEvents();
+  const events = options.events ?? new LeaseEvents();
   const counters = countEvents(events);
   const active = new Map<string, Attempt>();
   const leaseMsByKind = Object.fromEntries(Object.entries(config.kinds).map(([kind, k]) => [kind, k.leaseMs]));
@@ -143,25 +145,41 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
         });
         break;
       case 'lost':
-        loseLease(a, message.cause, `job ${a.lease.id}: lease lost (${message.cause === 'zero_rows' ? 'a heartbeat matched no row' : 'not confirmed before its end'})`);
-        break;
       case 'stalled':
-        loseLease(a, 'stalled', `job ${a.lease.id}: heartbeats stopped, the handler's thread was blocked for ${message.stalledForMs} ms`);
+        reportLoss(a);
         break;
     }
   }
 
-  /** The cell is already Lost or Stalled (set by whoever noticed): tell the handler. */
-  function loseLease(a: Attempt, cause: LeaseEventMap['heartbeat_lost']['cause'], why: string): void {
+  const LOSS_TEXT: Record<LossCause, string> = {
+    zero_rows: 'a heartbeat matched no row (a newer owner, a cancel, or it expired)',
+    unconfirmed: 'no heartbeat succeeded before the conservative deadline',
+    stalled: "heartbeats stopped: the handler's thread was blocked past maxStallMs",
+    stale_fence: 'the gateway refused the fence: a newer owner holds it',
+    thread_exit: 'the heartbeat thread died',
+  };
+
+  /**
+   * If the cell says the lease is gone (Lost or Stalled, set by whoever
+   * noticed first, in shared memory), emit heartbeat_lost once and abort the
+   * handler. Called on the thread's message and again when the attempt ends,
+   * because that message may still be queued behind a handler that just woke.
+   */
+  function reportLoss(a: Attempt): void {
+    const status = a.cell.status;
+    if (a.lossReported || (status !== LeaseStatus.Lost && status !== LeaseStatus.Stalled)) return;
+    a.lossReported = true;
+    const cause = a.cell.cause ?? 'zero_rows';
     emit({ type: 'heartbeat_lost', ...fields(a), cause });
-    a.controller.abort(new LeaseLostError(why));
+    a.controller.abort(new LeaseLostError(`job ${a.lease.id} (fence ${a.lease.fencingToken}): lease lost, ${LOSS_TEXT[cause]}`));
   }
 
   function onThreadCrash(error: Error): void {
     fatal ??= error;
     // Nobody extends these leases any more: treat them as lost, and stop.
     for (const a of active.values()) {
-      if (a.cell.end(LeaseStatus.Lost)) loseLease(a, 'thread_exit', `job ${a.lease.id}: ${error.message}`);
+      a.cell.end(LeaseStatus.Lost, 'thread_exit');
+      reportLoss(a);
     }
     void stop();
   }
@@ -195,10 +213,9 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
         }
       },
       markLost(cause) {
-        if (a.cell.end(LeaseStatus.Lost)) {
-          thread.unwatch(a.key);
-          loseLease(a, cause, `job ${a.lease.id}: the gateway refused fence ${a.lease.fencingToken}`);
-        }
+        a.cell.end(LeaseStatus.Lost, cause);
+        thread.unwatch(a.key);
+        reportLoss(a);
       },
       emit,
     };
@@ -215,6 +232,7 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
       lastOkAt: monotonicMs(),
       stageTimer: undefined,
       ended: false,
+      lossReported: false,
     };
     // Conservative: the database's now was no earlier than when we sent the claim.
     a.cell.confirmedUntil = claimSentAt + lease.leaseMs;
@@ -286,6 +304,7 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
     a.ended = true;
     clearTimeout(a.stageTimer);
     thread.unwatch(a.key);
+    reportLoss(a);
     const lost = a.cell.status === LeaseStatus.Lost;
     a.cell.end(LeaseStatus.Released);
     return { lost };
@@ -447,7 +466,9 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
       }
     }
   }
-  const loopDone = claimLoop();
+  // Claiming starts on the next turn of the event loop, so that listeners
+  // attached right after `await runWorker(...)` see the first job_claimed.
+  const loopDone = new Promise<void>((resolve) => setImmediate(resolve)).then(claimLoop);
 
   // --- stop -----------------------------------------------------------------
 

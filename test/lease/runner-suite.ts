@@ -1,0 +1,422 @@
+/**
+ * The runner against a real database (both backends): the heartbeat thread
+ * opens its own connection from the store's descriptor, exactly as in
+ * production. Tests wait on the runner's events, not on sleeps; the only
+ * waiting on time is the scenario itself (a slow handler, a blocked thread).
+ */
+import { createHash } from 'node:crypto';
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { z } from 'zod';
+import { JobError, LeaseError, LeaseLostError, OwnershipUnknownError } from '../../src/lease/errors.js';
+import type { LeaseEvent } from '../../src/lease/events.js';
+import { runWorker } from '../../src/lease/runner/run-worker.js';
+import type { RunWorkerOptions } from '../../src/lease/runner/options.js';
+import type { LeaseWorker } from '../../src/lease/runner/types.js';
+import type { JobStore } from '../../src/lease/types.js';
+import { killAllChildren, spawnChild } from './helpers/child.js';
+import { startFakeGateway, type FakeGateway } from './helpers/fake-gateway.js';
+import { TS_EXEC_ARGV } from './helpers/node.js';
+import type { TestDatabase, TestDatabaseFactory } from './helpers/stores.js';
+
+/** Blocks this thread's event loop without burning a core (like a stuck native call). */
+function blockEventLoop(ms: number): void {
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Resolves once `check` returns a value; for database state that only time (the lease) changes. */
+async function eventually<T>(check: () => Promise<T | null | undefined>, timeoutMs = 10_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error('condition not reached in time');
+    await sleep(25);
+  }
+}
+
+function gate() {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => (open = resolve));
+  return { open, opened };
+}
+
+// Short leases keep the suite quick; the invariant still holds:
+// 500 > 3 × 80 + 50.
+const TIMING = { leaseMs: 500, heartbeatMs: 80, maxMissedHeartbeats: 3, jitterMs: 50 } as const;
+
+export function runnerSuite(name: string, factory: TestDatabaseFactory): void {
+  describe(`runWorker on ${name}`, () => {
+    let db: TestDatabase;
+    let store: JobStore;
+    let gateway: FakeGateway;
+    const workers: LeaseWorker[] = [];
+    let n = 0;
+    const unique = (prefix: string) => `${prefix}-${++n}`;
+
+    beforeAll(async () => {
+      db = await factory();
+      store = await db.open();
+      gateway = await startFakeGateway();
+    });
+    afterEach(async () => {
+      await Promise.all(workers.splice(0).map((w) => w.stop({ release: true })));
+    });
+    afterAll(async () => {
+      await killAllChildren();
+      await gateway?.close();
+      await db?.dispose();
+    });
+
+    async function start(options: Partial<RunWorkerOptions> & Pick<RunWorkerOptions, 'handlers'>) {
+      const worker = await runWorker({
+        store,
+        workerId: unique('worker'),
+        ...TIMING,
+        pollIntervalMs: 25,
+        threadExecArgv: TS_EXEC_ARGV,
+        ...options,
+      });
+      workers.push(worker);
+      const events: LeaseEvent[] = [];
+      worker.events.onAny((e) => events.push(e));
+      return { worker, events };
+    }
+
+    test('the heartbeat keeps a slow handler’s lease alive for 10× the lease length', async () => {
+      const kind = unique('slow');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const { worker, events } = await start({
+        handlers: {
+          [kind]: async () => {
+            await sleep(10 * TIMING.leaseMs);
+            return { done: true };
+          },
+        },
+      });
+      await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
+      expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', attempt: 1, fencingToken: 1, result: { done: true } });
+      expect(events.filter((e) => e.type === 'heartbeat_ok').length).toBeGreaterThanOrEqual(10);
+      // A beat may fail on a loaded machine; what matters is that none was lost.
+      expect(events.filter((e) => e.type === 'heartbeat_lost')).toEqual([]);
+    });
+
+    test('a short event-loop block (longer than the lease, shorter than the allowed stall) keeps the lease', async () => {
+      const kind = unique('block');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const { worker } = await start({
+        kinds: { [kind]: { maxStallMs: 4 * TIMING.leaseMs } },
+        handlers: {
+          [kind]: () => {
+            // Two lease lengths with this thread frozen: only the heartbeat
+            // thread can have kept the lease, or the commit below is refused.
+            blockEventLoop(2 * TIMING.leaseMs);
+            return 'survived';
+          },
+        },
+      });
+      await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
+      expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', fencingToken: 1, result: 'survived' });
+    });
+
+    test('a handler stalled past the allowed stall loses its lease, its completion is refused, the next owner gets token+1', async () => {
+      const kind = unique('stall');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const { worker, events } = await start({
+        kinds: { [kind]: { maxStallMs: 200 } },
+        handlers: {
+          [kind]: ({ job: j }) => {
+            // Past the allowed stall (200 ms) plus a whole lease: heartbeats
+            // stopped, and the lease ran out in the database.
+            if (j.attempt === 1) blockEventLoop(200 + 3 * TIMING.leaseMs);
+            return `attempt ${j.attempt}`;
+          },
+        },
+      });
+      const rejected = await worker.events.waitFor('result_rejected', (e) => e.jobId === job.id);
+      expect(rejected).toMatchObject({ reason: 'lease_lost', fencingToken: 1 });
+      expect(events.some((e) => e.type === 'heartbeat_lost' && e.cause === 'stalled' && e.fencingToken === 1)).toBe(true);
+
+      // The job is claimable again (here by the same worker, a new attempt) with token+1.
+      const next = await worker.events.waitFor('job_claimed', (e) => e.jobId === job.id && e.fencingToken === 2);
+      expect(next).toMatchObject({ attempt: 2, previousOwnerId: worker.workerId });
+      await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
+      expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', fencingToken: 2, result: 'attempt 2' });
+    });
+
+    test('a handler past its kind’s maximum run time is aborted with stage_timeout although its heartbeats succeed', async () => {
+      const kind = unique('modal');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {}, maxAttempts: 1 });
+      let abortReason: unknown;
+      const { worker, events } = await start({
+        kinds: { [kind]: { maxRunMs: 3 * TIMING.leaseMs } },
+        handlers: {
+          // A browser waiting forever on a modal: alive, heartbeating, stuck.
+          [kind]: ({ signal }) =>
+            new Promise((_, reject) =>
+              signal.addEventListener('abort', () => {
+                abortReason = signal.reason;
+                reject(signal.reason);
+              }),
+            ),
+        },
+      });
+      const failed = await worker.events.waitFor('job_failed', (e) => e.jobId === job.id);
+      expect(failed).toMatchObject({ errorCode: 'stage_timeout', terminal: true, reason: 'max_attempts' });
+      expect(abortReason).toBeInstanceOf(LeaseError);
+      expect((abortReason as LeaseError).code).toBe('stage_timeout');
+      const before = events.slice(0, events.indexOf(failed));
+      expect(before.filter((e) => e.type === 'heartbeat_ok').length).toBeGreaterThanOrEqual(3);
+      expect(before.filter((e) => e.type === 'heartbeat_lost' || e.type === 'heartbeat_failed')).toEqual([]);
+      expect(await store.get(job.id)).toMatchObject({ state: 'failed', reason: 'max_attempts', error: { code: 'stage_timeout', attempt: 1 } });
+    });
+
+    test('zero rows on a heartbeat (the job was cancelled) aborts the handler and nothing is committed', async () => {
+      const kind = unique('cancel');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      let reason: unknown;
+      const { worker } = await start({
+        handlers: {
+          [kind]: ({ signal }) =>
+            new Promise((resolve) =>
+              signal.addEventListener('abort', () => {
+                reason = signal.reason;
+                resolve('finished anyway'); // even a value returned now must not be stored
+              }),
+            ),
+        },
+      });
+      await worker.events.waitFor('job_claimed', (e) => e.jobId === job.id);
+      expect(await store.cancel(job.id)).toEqual({ ok: true });
+      const lost = await worker.events.waitFor('heartbeat_lost', (e) => e.jobId === job.id);
+      expect(lost.cause).toBe('zero_rows');
+      expect(await worker.events.waitFor('result_rejected', (e) => e.jobId === job.id)).toMatchObject({ reason: 'lease_lost' });
+      expect(reason).toBeInstanceOf(LeaseLostError);
+      expect(await store.get(job.id)).toMatchObject({ state: 'cancelled', result: null });
+    });
+
+    test('database unreachable → ownership unknown: no new request starts; at the conservative deadline the lease is given up', async () => {
+      const kind = unique('unreachable');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { amount: 5 } });
+      const unknown = gate();
+      const lockReleased = gate();
+      let refusal: unknown;
+      let abortReason: unknown;
+      const { worker, events } = await start({
+        handlers: {
+          [kind]: async ({ fencedFetch, signal }) => {
+            await unknown.opened;
+            try {
+              await fencedFetch(`${gateway.url}/payments/charges`, { step: 'charge', method: 'POST', body: '{}' });
+            } catch (err) {
+              refusal = err;
+            }
+            await new Promise((resolve) => signal.addEventListener('abort', resolve));
+            abortReason = signal.reason;
+            await lockReleased.opened;
+            throw signal.reason;
+          },
+        },
+      });
+      await worker.events.waitFor('heartbeat_ok', (e) => e.jobId === job.id);
+      const unlock = await db.lockWrites();
+      try {
+        await worker.events.waitFor('ownership_unknown', (e) => e.jobId === job.id);
+        unknown.open();
+        const lost = await worker.events.waitFor('heartbeat_lost', (e) => e.jobId === job.id);
+        expect(lost.cause).toBe('unconfirmed');
+      } finally {
+        await unlock();
+        lockReleased.open();
+      }
+      expect(await worker.events.waitFor('result_rejected', (e) => e.jobId === job.id)).toMatchObject({ reason: 'lease_lost' });
+      expect(refusal).toBeInstanceOf(OwnershipUnknownError);
+      expect(abortReason).toBeInstanceOf(LeaseLostError);
+      expect(gateway.requests.filter((r) => r.headers['x-fence-entity'] === `tool-job:${job.id}`)).toEqual([]);
+      expect(events.some((e) => e.type === 'tool_request_started')).toBe(false);
+    });
+
+    test('a retryable failure is retried after the backoff with token+1; the result of the retry is committed', async () => {
+      const kind = unique('retry');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const { worker, events } = await start({
+        retry: { baseMs: 50, maxMs: 50 },
+        handlers: {
+          [kind]: ({ job: j }) => {
+            if (j.attempt === 1) throw new Error('upstream said 503');
+            return { attempt: j.attempt, token: j.fencingToken };
+          },
+        },
+      });
+      await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
+      const failed = events.find((e) => e.type === 'job_failed');
+      expect(failed).toMatchObject({ terminal: false, errorCode: 'handler_error', fencingToken: 1 });
+      expect(await store.get(job.id)).toMatchObject({
+        state: 'succeeded',
+        attempt: 2,
+        fencingToken: 2,
+        result: { attempt: 2, token: 2 },
+        error: { code: 'handler_error', attempt: 1 },
+      });
+    });
+
+    test('validation errors are never retried: a schema mismatch or a JobError(retryable: false) ends the job', async () => {
+      const kind = unique('strict');
+      const bad = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { amount: 'twelve' } });
+      const refused = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { amount: -5 } });
+      let calls = 0;
+      const { worker } = await start({
+        handlers: {
+          [kind]: {
+            schema: z.object({ amount: z.number() }),
+            run: ({ job }) => {
+              calls++;
+              if (job.payload.amount < 0) throw new JobError('negative_amount', 'amount must be positive', { retryable: false });
+              return 'ok';
+            },
+          },
+        },
+      });
+      const a = await worker.events.waitFor('job_failed', (e) => e.jobId === bad.job.id);
+      const b = await worker.events.waitFor('job_failed', (e) => e.jobId === refused.job.id);
+      expect(a).toMatchObject({ terminal: true, reason: 'invalid_payload' });
+      expect(b).toMatchObject({ terminal: true, reason: 'negative_amount' });
+      expect(calls).toBe(1);
+      expect(await store.get(bad.job.id)).toMatchObject({ state: 'failed', attempt: 1 });
+    });
+
+    test('fencedFetch sends the fence, the entity and a stable idempotency key; events carry hashes, never the payload', async () => {
+      const kind = unique('pay');
+      const payload = { card: '4111-1111-1111-1111', amount: 1200 };
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload });
+      const { worker, events } = await start({
+        handlers: {
+          [kind]: async ({ job: j, fencedFetch }) => {
+            const res = await fencedFetch(`${gateway.url}/payments/charges?trace=1`, {
+              step: 'charge',
+              method: 'POST',
+              headers: { 'content-type': 'application/json' },
+              body: JSON.stringify({ amount: (j.payload as typeof payload).amount }),
+            });
+            return res.json();
+          },
+        },
+      });
+      await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
+      const sent = gateway.requests.find((r) => r.headers['x-fence-entity'] === `tool-job:${job.id}`)!;
+      expect(sent.headers).toMatchObject({
+        'x-execution-fence': '1',
+        'idempotency-key': `tool-job:${job.id}:charge`,
+      });
+      const started = events.find((e) => e.type === 'tool_request_started');
+      expect(started).toMatchObject({ step: 'charge', method: 'POST', url: `${gateway.url}/payments/charges` });
+      expect(sent.headers['x-request-id']).toBe((started as { requestId: string }).requestId);
+
+      const claimed = events.find((e) => e.type === 'job_claimed')!;
+      const sha = createHash('sha256').update(JSON.stringify(payload)).digest('hex');
+      expect(claimed).toMatchObject({ payloadSha256: sha });
+      expect(JSON.stringify(events)).not.toContain('4111');
+      expect(worker.metrics().counters[kind]).toMatchObject({ claimed: 1, toolRequests: 1, committed: 1 });
+    });
+
+    test('the gateway’s stale-fence answer is lease loss: a late request is refused, the old owner commits nothing, the upstream paid once', async () => {
+      const kind = unique('story');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { amount: 1200 } });
+      // W1's request leaves while its lease is fine, then hangs on the wire
+      // (a slow proxy, a retransmit): nothing can recall it, so it ignores
+      // the abort, and lands after W2 has paid.
+      const onTheWire = gate();
+      const land = gate();
+      const slowWire: typeof fetch = async (input, init) => {
+        onTheWire.open();
+        await land.opened;
+        return fetch(input, { ...init, signal: null });
+      };
+      let w1Error: unknown;
+      const w1 = await start({
+        workerId: 'W1',
+        fetch: slowWire,
+        handlers: {
+          [kind]: async ({ fencedFetch }) => {
+            try {
+              return await fencedFetch(`${gateway.url}/payments/charges`, { step: 'charge', method: 'POST', body: '{"amount":1200}' });
+            } catch (err) {
+              w1Error = err;
+              throw err;
+            }
+          },
+        },
+      });
+      await onTheWire.opened;
+
+      // W1's lease runs out; W2 claims with fence 2 and pays.
+      await db.expireLease(job.id);
+      const w2 = await start({
+        workerId: 'W2',
+        handlers: {
+          [kind]: async ({ fencedFetch }) =>
+            (await fencedFetch(`${gateway.url}/payments/charges`, { step: 'charge', method: 'POST', body: '{"amount":1200}' })).json(),
+        },
+      });
+      await w2.worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
+
+      // W1's request lands: the gateway refuses fence 1, never forwards it.
+      land.open();
+      await w1.worker.events.waitFor('result_rejected', (e) => e.jobId === job.id && e.fencingToken === 1);
+      expect(w1Error).toBeInstanceOf(LeaseLostError);
+      const forEntity = (r: { headers: Record<string, unknown> }) => r.headers['x-fence-entity'] === `tool-job:${job.id}`;
+      expect(gateway.requests.filter(forEntity).map((r) => r.headers['x-execution-fence'])).toEqual(['2', '1']);
+      expect(gateway.upstream.filter((u) => u.entity === `tool-job:${job.id}`)).toEqual([
+        expect.objectContaining({ fence: 2, key: `tool-job:${job.id}:charge` }),
+      ]);
+      expect(w1.events.some((e) => e.type === 'result_committed')).toBe(false);
+      expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', fencingToken: 2, result: { payment: expect.any(String), fence: 2 } });
+    });
+
+    test('stop() waits for running jobs and is idempotent; stop({ release: true }) gives jobs back at once', async () => {
+      const kind = unique('stop');
+      const first = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const finish = gate();
+      const a = await start({ handlers: { [kind]: async () => (await finish.opened, 'finished') } });
+      await a.worker.events.waitFor('job_claimed', (e) => e.jobId === first.job.id);
+      const stopping = a.worker.stop();
+      expect(a.worker.stop()).toBe(stopping);
+      let stopped = false;
+      void stopping.then(() => (stopped = true));
+      await sleep(3 * TIMING.heartbeatMs); // heartbeats go on while it waits
+      expect(stopped).toBe(false);
+      finish.open();
+      await stopping;
+      expect(await a.worker.closed).toBeUndefined();
+      expect(await store.get(first.job.id)).toMatchObject({ state: 'succeeded', result: 'finished' });
+
+      const second = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      let reason: unknown;
+      const b = await start({
+        handlers: { [kind]: ({ signal }) => new Promise((_, reject) => signal.addEventListener('abort', () => reject((reason = signal.reason)))) },
+      });
+      await b.worker.events.waitFor('job_claimed', (e) => e.jobId === second.job.id);
+      await b.worker.stop({ release: true });
+      expect((reason as LeaseError).code).toBe('worker_stopping');
+      expect(await store.get(second.job.id)).toMatchObject({ state: 'queued', attempt: 1, ownerId: null });
+      expect((await store.claim({ workerId: 'next', kinds: [kind] })).lease).toMatchObject({ id: second.job.id, fencingToken: 2 });
+    });
+
+    test('a worker process killed with SIGKILL has its job re-claimed with token+1 after the lease', async () => {
+      const kind = unique('killed');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const child = spawnChild('worker-child.ts', [JSON.stringify(db.descriptor), 'doomed', kind]);
+      const started = await child.next<{ id: number; token: number }>((m) => m.type === 'started');
+      expect(started).toMatchObject({ id: job.id, token: 1 });
+      await child.next((m) => m.type === 'heartbeat_ok'); // its heartbeats were keeping the lease
+      expect(await child.kill('SIGKILL')).toBe('SIGKILL');
+
+      // Nobody can take it while the lease the dead worker last extended lives …
+      expect((await store.claim({ workerId: 'rescuer', kinds: [kind] })).lease).toBeNull();
+      // … and right after it runs out (database time), the next claim gets it with token+1.
+      const lease = await eventually(async () => (await store.claim({ workerId: 'rescuer', kinds: [kind] })).lease);
+      expect(lease).toMatchObject({ id: job.id, fencingToken: 2, attempt: 2, previousOwnerId: 'doomed' });
+    });
+  });
+}

@@ -1,0 +1,7 @@
+import { describe } from 'vitest';
+import { runnerSuite } from './runner-suite.js';
+import { POSTGRES_URL, postgresDatabase } from './helpers/stores.js';
+
+describe.skipIf(!POSTGRES_URL)('PostgreSQL', () => {
+  runnerSuite('PostgreSQL', postgresDatabase);
+});

@@ -1,0 +1,4 @@
+import { runnerSuite } from './runner-suite.js';
+import { sqliteDatabase } from './helpers/stores.js';
+
+runnerSuite('SQLite', sqliteDatabase);
