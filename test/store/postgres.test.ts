@@ -11,8 +11,11 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL gateway store', () => {
   describeGatewayStoreConformance('postgres (fresh schema)', async () => {
     const schema = await createTestSchema('fg_conf');
     const opened: PostgresGatewayStore[] = [];
+    // Our own application name, so that no other test file terminating
+    // "fencegate" sessions can cut this suite's connections.
+    const applicationName = `fg-conformance-${randomUUID().slice(0, 8)}`;
     const open = async () => {
-      const s = await createPostgresStore({ connectionString: schema.url, poolSize: 12 });
+      const s = await createPostgresStore({ connectionString: schema.url, poolSize: 12, applicationName });
       opened.push(s);
       return s;
     };

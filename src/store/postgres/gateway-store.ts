@@ -61,7 +61,7 @@ export interface PostgresStoreOptions {
    * with the pool's settings; with another pool it falls back to polling.
    */
   pool?: PoolLike;
-  /** Connections in the store's own pool. Default 10. */
+  /** Connections in the store's own pool (the LISTEN connection comes on top). Default 10. */
   poolSize?: number;
   /**
    * Schema that holds the tables (created and migrated if missing). Default:
