@@ -53,6 +53,14 @@ export function parseCommand(route: RouteConfig, headers: Headers, params: Recor
     const raw = 'header' in route.entity ? headers.get(route.entity.header) : (params[route.entity.path.slice(1)] ?? null);
     const where = 'header' in route.entity ? route.entity.header : `path parameter ${route.entity.path}`;
     if (raw !== null) {
+      // HTTP joins a repeated header into one value with ", " (RFC 9110
+      // §5.3). Read as one entity, `X-Fence-Entity: job-1` sent twice would be
+      // the unfenced entity "job-1, job-1", while a cooperating upstream reads
+      // job-1: a stale command for job-1 would get through. So a header entity
+      // may not contain ", " (the lease module's fence keys never do).
+      if ('header' in route.entity && raw.includes(', ')) {
+        return refuse('invalid-entity', `${where}: the header was sent more than once, or its value contains ", " (how HTTP joins repeated headers)`);
+      }
       const parsed = parseEntity(raw);
       if (!parsed.ok) return refuse('invalid-entity', `${where}: ${parsed.reason}`);
       entity = parsed.value;
