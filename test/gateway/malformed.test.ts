@@ -124,6 +124,8 @@ const rows: Row[] = [
   { name: 'entity of 513 bytes', entity: big(513), status: 400, code: 'invalid-entity' },
   { name: 'entity with a tab inside', entity: 'job\t1', status: 400, code: 'invalid-entity' },
   { name: 'non-ASCII entity', entity: utf8('jöb-1'), status: 400, code: 'invalid-entity' },
+  { name: 'entity header repeated with the same value', extra: [['X-Fence-Entity', 'job-1']], status: 400, code: 'invalid-entity' },
+  { name: 'entity header repeated with another value', extra: [['X-Fence-Entity', 'job-2']], status: 400, code: 'invalid-entity' },
   { name: 'no entity with a fence', entity: null, status: 400, code: 'missing-entity' },
   { name: 'entity with NUL (refused by the HTTP parser)', entity: 'job\x001', status: 400, code: null },
   // Entity from the path (`/invoices/:invoice/pay`)
