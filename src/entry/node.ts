@@ -1,5 +1,5 @@
 import { createAdaptorServer } from '@hono/node-server';
-import type { Server } from 'node:http';
+import type { Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { inlineKeyFiles } from '../config/key-files.js';
 import type { Config } from '../config/schema.js';
@@ -73,6 +73,12 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   // Slow-body and slow-header clients are cut off instead of holding sockets.
   server.requestTimeout = 60_000;
   server.headersTimeout = 20_000;
+  // Responses not yet fully written, so that a shutdown lets them finish.
+  const responding = new Set<ServerResponse>();
+  server.on('request', (_req, res: ServerResponse) => {
+    responding.add(res);
+    res.once('close', () => responding.delete(res));
+  });
   try {
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
@@ -110,10 +116,35 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();
         await gateway.close();
+        // The handlers are done, but a large answer may still be on its way
+        // to the caller: cutting the connections now would truncate it
+        // (the upstream call happened; the caller must get its answer).
+        await written(responding, SHUTDOWN_WRITE_MS);
         server.closeAllConnections();
         await closed;
       })();
       return closing;
     },
   };
+}
+
+/** How long a shutdown waits for answers still being written (a slow reader must not hold it forever). */
+const SHUTDOWN_WRITE_MS = 30_000;
+
+/** Resolves when every response in `responding` has closed, or after `maxMs`. */
+function written(responding: Set<ServerResponse>, maxMs: number): Promise<void> {
+  if (responding.size === 0) return Promise.resolve();
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, maxMs);
+    timer.unref();
+    let left = responding.size;
+    for (const res of responding) {
+      res.once('close', () => {
+        if (--left === 0) {
+          clearTimeout(timer);
+          resolve();
+        }
+      });
+    }
+  });
 }
