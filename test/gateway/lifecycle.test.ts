@@ -100,6 +100,27 @@ describe('clean shutdown', () => {
   });
 });
 
+describe('clean shutdown of a large answer', () => {
+  it('close() while a 16 MiB answer is in flight: the caller receives all of it', async () => {
+    const up = await upstream();
+    const gw = await startTestGateway({ routes: [paymentsRoute(up.url)] });
+    cleanups.push(() => gw.close());
+    const big = Buffer.alloc(16 * 1024 * 1024, 7);
+    const gate = up.gate();
+    up.behave(() => ({ kind: 'hold', gate: gate.promise, then: { kind: 'respond', status: 200, headers: { 'content-type': 'application/octet-stream' }, body: big } }));
+    const inFlight = command(gw.url, '/payments/charges', { fence: 1, entity: 'e', key: 'k' });
+    await up.waitForCalls(1);
+
+    const closing = gw.running.close();
+    gate.open();
+    const res = await inFlight;
+    expect(res.status).toBe(200);
+    // Larger than the socket buffers: the end is still being written when the handler returns.
+    expect(Buffer.from(await res.arrayBuffer()).equals(big)).toBe(true);
+    await closing;
+  });
+});
+
 describe('kill -9 while the upstream call hangs', () => {
   // A gateway process is killed with SIGKILL while its upstream calls hang.
   // Nothing in it can clean up: only the locks it wrote (upstream timeout +
