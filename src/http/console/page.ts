@@ -314,7 +314,7 @@ const BODY = String.raw`
 
 export const CONSOLE_HTML =
   '<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">' +
-  '<meta name="referrer" content="no-referrer"><title>fencegate console</title>' +
+  '<meta name="referrer" content="no-referrer"><link rel="icon" href="data:,"><title>fencegate console</title>' +
   `<style>${STYLE}</style></head><body>` +
   BODY.replace('__REASONS__', REASONS.map((r) => `<option>${r}</option>`).join('')) +
   `<script>${SCRIPT}</script></body></html>\n`;
