@@ -17,7 +17,7 @@ export interface GatewayOptions {
   /** Where `upstreamHeaders: { env }` secrets are read from. Default `process.env` (on Node). */
   env?: Record<string, string | undefined>;
   logger?: Logger;
-  /** Serve the `/v1` admin API. Default true; the Node entry turns it off on non-loopback listeners. */
+  /** Serve the `/v1` admin API. Default true; the Node entry turns it off on non-loopback listeners unless `auth` is configured. */
   admin?: boolean;
 }
 
