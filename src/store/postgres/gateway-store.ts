@@ -33,19 +33,20 @@ import type { PoolLike } from './types.js';
  * every `pollMs` anyway (a lost notification, a listener reconnecting, a lock
  * that expired because its gateway died: none of these notify).
  *
- * Measured with bench/postgres-wait.mjs (2 cores shared with other work,
- * PostgreSQL 15 on loopback; two stores on one schema = two replicas; the
- * waiter loops admit → entity-busy → waitForChange as the gateway does; 200
- * rounds; time from the holder's finish to the waiter's `forward`):
- *   LISTEN/NOTIFY        p50 1.5 ms, p99 8.4 ms  (load avg ~4; 3.7 / 31 ms at load avg 10)
- *   polling every 50 ms  p50 26 ms,  p99 53 ms   (34 / 98 ms at load avg 10)
- *   polling every 250 ms p50 237 ms, p99 295 ms
+ * Measured with bench/postgres-wait.mjs (2 cores shared with other test
+ * suites, load average 6–11; PostgreSQL 15 on loopback; two stores on one
+ * schema = two replicas; the waiter loops admit → entity-busy →
+ * waitForChange as the gateway does; 200 rounds; time from the holder's
+ * finish to the waiter's `forward`; range over three runs):
+ *   LISTEN/NOTIFY        p50 1.5–4.5 ms, p99 8–37 ms
+ *   polling every 50 ms  p50 26–34 ms,   p99 53–98 ms
+ *   polling every 250 ms p50 231–237 ms, p99 295–324 ms
  * Polling also costs 1000/pollMs admissions (write transactions) per second
  * per waiter: 20/s at 50 ms, so 100 callers queued on a hot entity would run
  * ~2,000 idle transactions per second; LISTEN runs none while waiting.
- * The NOTIFY's own cost on a finish (admit+finish pairs, with vs without,
- * alternated blocks in one run) was lost in the noise of the shared box:
- * ratios 0.85, 0.90, 0.99 and 1.5 over four runs.
+ * The NOTIFY's own cost on a finish (sequential admit+finish pairs with vs
+ * without it) was lost in the noise of the shared box: ratios 1.51, 0.90,
+ * 0.99, 0.85 and 1.18 over five runs.
  * So LISTEN/NOTIFY is on by default, polling is the fallback.
  */
 export const DEFAULT_POLL_MS_LISTENING = 500;
