@@ -26,7 +26,7 @@ async function gateway(routes: RouteInput[], config: Record<string, unknown> = {
 }
 
 const v1 = (gw: TestGateway, path: string, init?: RequestInit) => fetch(`${gw.url}/_fencegate/v1${path}`, init);
-const json = async (res: Response) => {
+const json = async (res: Response): Promise<any> => {
   expect(res.status, await res.clone().text()).toBe(200);
   return res.json();
 };
@@ -234,7 +234,7 @@ describe('GET /metrics', () => {
     const up = await upstream();
     const gw = await gateway([paymentsRoute(up.url)], { auth: hsAuth() });
     const w = bearer(await token({ sub: 'billing' }));
-    const send = (fence: number, key: string, headers = w) => command(gw.url, '/payments/x', { fence, entity: 'e', key, headers });
+    const send = (fence: number, key: string, headers: Record<string, string> = w) => command(gw.url, '/payments/x', { fence, entity: 'e', key, headers });
     expect((await send(2, 'a')).status).toBe(201); // accepted
     expect((await send(2, 'a')).status).toBe(201); // replayed
     expect((await send(1, 'b')).status).toBe(409); // stale

@@ -149,7 +149,7 @@ describe('caller auth on the proxy (HS256)', () => {
     const res = await send(gw, {});
     expect(res.status).toBe(401);
     expect(res.headers.get('stripe-should-retry')).toBe('false');
-    const body = await res.json();
+    const body = (await res.json()) as any;
     expect(body.error).toMatchObject({ type: 'invalid_request_error', code: 'unauthorized' });
   });
 
@@ -241,7 +241,7 @@ describe('the admin API with auth', () => {
     const audit = await token({ sub: 'auditor', scope: 'fencegate:audit' });
     const page = await fetch(`${v1}/rejections`, { headers: bearer(audit) });
     expect(page.status).toBe(200);
-    expect((await page.json()).items.map((r: any) => r.reason)).toEqual(['forbidden', 'unauthorized']);
+    expect(((await page.json()) as any).items.map((r: any) => r.reason)).toEqual(['forbidden', 'unauthorized']);
     await expectProblem(await resolve(bearer(audit)), 403, 'forbidden');
     const admin = await token({ sub: 'operator', scope: 'fencegate:admin' });
     // Admin implies audit; the key is unknown, so the answer is past auth: 404.

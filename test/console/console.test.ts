@@ -12,6 +12,14 @@ import { bearer, hsAuth, token } from '../auth/tokens.js';
 // with a token, filter rejections, an entity's fence history, resolve an
 // outcome_unknown record. A screenshot is kept under test-results/.
 
+// Browser globals, only ever used inside page.evaluate / waitForFunction callbacks.
+declare const document: any;
+declare const window: any;
+declare const sessionStorage: any;
+declare const localStorage: any;
+type HTMLTableRowElement = any;
+type HTMLElement = any;
+
 const CHROMIUM = process.env.FENCEGATE_CHROMIUM ?? '/usr/bin/chromium';
 const FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'];
 const SCREENSHOTS = join(ROOT, 'test-results');
@@ -142,7 +150,7 @@ describe.skipIf(skip !== null)('console in headless Chromium', () => {
     expect(retry.headers.get('idempotent-replayed')).toBe('true');
     expect(await retry.text()).toBe('{"id":"ch_42","status":"succeeded"}');
     expect(up.effects).toBe(5);
-    const actions = await (await fetch(`${gw.url}/_fencegate/v1/operator-actions`, { headers: bearer(await token({ scope: 'fencegate:audit' })) })).json();
+    const actions = (await (await fetch(`${gw.url}/_fencegate/v1/operator-actions`, { headers: bearer(await token({ scope: 'fencegate:audit' })) })).json()) as any;
     expect(actions.items).toMatchObject([{ action: 'resolve-completed', key: 'pay-42', operator: 'ops-alice', note: 'found ch_42 in the provider dashboard', status: 201 }]);
     expect(existsSync(join(SCREENSHOTS, 'console.png'))).toBe(true);
   });
