@@ -24,3 +24,24 @@ describeGatewayStoreConformance('sqlite (temp file, WAL)', async () => {
     },
   };
 });
+
+// The same contract with one transaction per decision (groupCommit: false).
+describeGatewayStoreConformance('sqlite (one transaction per decision)', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'fencegate-conformance-'));
+  const path = join(dir, 'gateway.db');
+  const store = new SqliteGatewayStore({ path, groupCommit: false });
+  return {
+    store,
+    async backdateRejections(ids, ms) {
+      const update = store.db.prepare('UPDATE rejections SET at = at - ? WHERE id = ?');
+      store.db.transaction(() => {
+        for (const id of ids) update.run(ms, BigInt(id));
+      })();
+    },
+    openReplica: async () => new SqliteGatewayStore({ path, groupCommit: false }),
+    async close() {
+      await store.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+});

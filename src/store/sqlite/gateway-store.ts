@@ -21,6 +21,7 @@ import {
   type SweepResult,
 } from '../types.js';
 import { createSqliteAudit } from './audit.js';
+import { GroupCommit } from './group-commit.js';
 import { migrateSqlite } from './migrate.js';
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
 
@@ -35,6 +36,12 @@ export interface SqliteStoreOptions extends OpenSqliteOptions {
   pollMs?: number;
   /** Apply pending migrations on open. Default true. */
   migrate?: boolean;
+  /**
+   * Commit the decisions that arrive together in one transaction, one fsync
+   * for the group, each caller answered after the group is durable (see
+   * ./group-commit.ts). Default true; false gives one transaction per decision.
+   */
+  groupCommit?: boolean;
 }
 
 /** The database clock in integer milliseconds (G6): the only clock used in expiry conditions. */
@@ -65,8 +72,11 @@ export class SqliteGatewayStore implements GatewayStore {
   private readonly notifier: LocalNotifier;
   private closed = false;
   private readonly q: ReturnType<typeof prepare>;
-  private readonly admitTx: (input: AdmitInput) => Admission;
-  private readonly finishTx: (input: FinishInput) => FinishResult;
+  private readonly admitTx: (input: AdmitInput) => Admission | Promise<Admission>;
+  private readonly finishTx: (input: FinishInput) => FinishResult | Promise<FinishResult>;
+  private readonly rejectTx: (input: RejectionInput) => void | Promise<void>;
+  /** The group committer, when `groupCommit` is on. */
+  group: GroupCommit | null = null;
   private readonly audit: AuditStore;
 
   constructor(options: SqliteStoreOptions) {
@@ -74,12 +84,21 @@ export class SqliteGatewayStore implements GatewayStore {
     if (options.migrate !== false) migrateSqlite(this.db);
     this.notifier = new LocalNotifier(options.pollMs ?? 50);
     this.q = prepare(this.db);
-    const admit = this.db.transaction((input: AdmitInput) => this.admitIn(input));
-    const finish = this.db.transaction((input: FinishInput) => this.finishIn(input));
-    // IMMEDIATE: take the write lock at BEGIN, so that two processes never
-    // both read the old fence and then both write (SQLITE_BUSY_SNAPSHOT).
-    this.admitTx = (input) => admit.immediate(input);
-    this.finishTx = (input) => finish.immediate(input);
+    if (options.groupCommit ?? true) {
+      const group = (this.group = new GroupCommit(this.db));
+      this.admitTx = (input) => group.run(() => this.admitIn(input));
+      this.finishTx = (input) => group.run(() => this.finishIn(input));
+      this.rejectTx = (input) => group.run(() => this.reject(input, this.now()));
+    } else {
+      const admit = this.db.transaction((input: AdmitInput) => this.admitIn(input));
+      const finish = this.db.transaction((input: FinishInput) => this.finishIn(input));
+      const reject = this.db.transaction((input: RejectionInput) => this.reject(input, this.now()));
+      // IMMEDIATE: take the write lock at BEGIN, so that two processes never
+      // both read the old fence and then both write (SQLITE_BUSY_SNAPSHOT).
+      this.admitTx = (input) => admit.immediate(input);
+      this.finishTx = (input) => finish.immediate(input);
+      this.rejectTx = (input) => reject.immediate(input);
+    }
     this.audit = createSqliteAudit(this.db);
   }
 
@@ -95,14 +114,15 @@ export class SqliteGatewayStore implements GatewayStore {
   }
 
   async finish(input: FinishInput): Promise<FinishResult> {
-    const result = this.finishTx(input);
+    // Waiters are woken only once the finish is committed.
+    const result = await this.finishTx(input);
     if (input.entity !== null) this.notifier.notify(entityTopic(input.entity));
     if (input.key !== null) this.notifier.notify(recordTopic(input.scope, input.key));
     return result;
   }
 
   async recordRejection(input: RejectionInput): Promise<void> {
-    this.db.transaction(() => this.reject(input, this.now())).immediate();
+    await this.rejectTx(input);
   }
 
   waitForChange(topic: string, timeoutMs: number, signal?: AbortSignal): Promise<void> {
@@ -286,6 +306,7 @@ export class SqliteGatewayStore implements GatewayStore {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    await this.group?.idle();
     this.notifier.close();
     this.db.close();
   }
