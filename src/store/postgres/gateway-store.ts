@@ -6,6 +6,7 @@ import {
   recordTopic,
   type Admission,
   type AdmitInput,
+  type AuditStore,
   type EntityInfo,
   type FinishInput,
   type FinishResult,
@@ -19,6 +20,7 @@ import {
   type SweepOptions,
   type SweepResult,
 } from '../types.js';
+import { createPostgresAudit } from './audit.js';
 import { PgListener } from './listener.js';
 import { decodeNullable, decodeText, encodeNullable, encodeText, quoteIdent } from './text.js';
 import type { PoolLike } from './types.js';
@@ -131,6 +133,7 @@ export class PostgresGatewayStore implements GatewayStore {
   private closing: Promise<void> | null = null;
   /** Topic hashes someone waits on, with how many waiters. */
   private readonly waiting = new Map<string, number>();
+  private readonly audit: AuditStore;
 
   /** Use `createPostgresStore`, which migrates and starts the listener. */
   constructor(init: {
@@ -162,7 +165,15 @@ export class PostgresGatewayStore implements GatewayStore {
           onError: (err) => onError(err, 'listener'),
         })
       : null;
+    this.audit = createPostgresAudit({ query: (text, values) => this.query(text, values), table: this.sql.t });
   }
+
+  // The audit methods (issue 5) live in ./audit.ts.
+  getFenceHistory: AuditStore['getFenceHistory'] = (entity, page) => this.audit.getFenceHistory(entity, page);
+  listRecords: AuditStore['listRecords'] = (query) => this.audit.listRecords(query);
+  resolveRecord: AuditStore['resolveRecord'] = (input) => this.audit.resolveRecord(input);
+  listOperatorActions: AuditStore['listOperatorActions'] = (page) => this.audit.listOperatorActions(page);
+  auditStats: AuditStore['auditStats'] = () => this.audit.auditStats();
 
   /** Starts the listener (resolves even if it could not connect yet: it retries). */
   async start(): Promise<void> {

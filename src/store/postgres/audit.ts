@@ -1,0 +1,255 @@
+import type {
+  AuditStats,
+  AuditStore,
+  FenceHistoryPage,
+  OperatorAction,
+  OperatorActionPage,
+  RecordInfo,
+  RecordPage,
+  RecordQuery,
+  RecordState,
+  ResolveInput,
+  ResolveResult,
+} from '../types.js';
+import { decodeNullable, decodeText, encodeNullable, encodeText } from './text.js';
+
+/** What the audit half needs of the store: its one-statement query and its table names. */
+export interface PostgresAuditContext {
+  query<R>(text: string, values: unknown[]): Promise<{ rows: R[] }>;
+  /** A table name qualified with the store's schema (or bare, for the search_path). */
+  table(name: string): string;
+}
+
+const MAX_FENCE = (1n << 63n) - 1n;
+
+/**
+ * The audit half of the PostgreSQL store (issue 5), the same contract as
+ * src/store/sqlite/audit.ts and src/store/d1/audit.ts: fence history,
+ * records waiting for an operator, the operator's resolution and its log,
+ * gauges. Reads are keyset pages. The one write, `resolveRecord`, is ONE
+ * statement: the conditional update (or delete) of an `outcome_unknown`
+ * record and the operator-action row written from what it returned, so the
+ * resolution and its log commit together or not at all, and a record that a
+ * late finish (or a takeover) changed in between is never overwritten: the
+ * row lock and READ COMMITTED's re-check of `state = 'outcome_unknown'` on
+ * the newest row version decide, not a read in TypeScript.
+ *
+ * Text columns hold the escaped form of ./text.ts (scopes carry U+0000 once
+ * caller auth is on); everything is encoded on the way in and decoded on the
+ * way out, and the record cursor carries the raw (escaped) column values so
+ * that the keyset compares exactly what the index orders.
+ */
+export function createPostgresAudit(ctx: PostgresAuditContext): AuditStore {
+  const t = ctx.table;
+  const records = t('idempotency_records');
+  const Q = {
+    // $1 entity $2 cursor (fence, exclusive, or NULL) $3 limit
+    history: `SELECT fence::text AS fence, at, caller, request_id FROM ${t('fence_history')}
+      WHERE entity = $1 AND ($2::bigint IS NULL OR fence < $2::bigint) ORDER BY fence DESC LIMIT $3`,
+    // $1 state $2 created_at in epoch microseconds (NULL on the first page) $3 scope $4 key $5 limit.
+    // Keyset on (created_at, scope, key), newest first; microseconds so the cursor is exact.
+    records: `SELECT scope, key, state, fingerprint, entity, fence::text AS fence, status, locked_until, created_at, expires_at,
+        ((extract(epoch FROM created_at) * 1000000)::bigint)::text AS created_us
+      FROM ${records}
+      WHERE state = $1 AND ($2::bigint IS NULL
+        OR (created_at, scope, key) < (timestamptz 'epoch' + $2::bigint::double precision * interval '1 microsecond', $3::text, $4::text))
+      ORDER BY created_at DESC, scope DESC, key DESC LIMIT $5`,
+    // $1 scope $2 key $3 status $4 headers $5 body $6 retention_ms $7 operator $8 note $9 request_id.
+    // `seen`: the state in the statement's snapshot, to say why nothing matched.
+    complete: `WITH done AS (
+        UPDATE ${records} r SET state = 'completed', status = $3, headers = $4::jsonb, body = $5, locked_until = NULL,
+          expires_at = now() + $6::double precision * interval '1 millisecond'
+        WHERE r.scope = $1 AND r.key = $2 AND r.state = 'outcome_unknown'
+        RETURNING r.scope, r.key, r.entity, r.fence, r.fingerprint, r.status
+      ), logged AS (
+        INSERT INTO ${t('operator_actions')} (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)
+        SELECT now(), 'resolve-completed', scope, key, entity, fence, fingerprint, status, $7, $8, $9 FROM done
+        RETURNING *
+      )
+      SELECT ${ACTION_COLUMNS}, (SELECT state FROM ${records} WHERE scope = $1 AND key = $2) AS seen
+      FROM (VALUES (1)) AS one LEFT JOIN logged l ON true`,
+    // $1 scope $2 key $3 operator $4 note $5 request_id
+    release: `WITH done AS (
+        DELETE FROM ${records} r
+        WHERE r.scope = $1 AND r.key = $2 AND r.state = 'outcome_unknown'
+        RETURNING r.scope, r.key, r.entity, r.fence, r.fingerprint
+      ), logged AS (
+        INSERT INTO ${t('operator_actions')} (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)
+        SELECT now(), 'resolve-released', scope, key, entity, fence, fingerprint, NULL::integer, $3, $4, $5 FROM done
+        RETURNING *
+      )
+      SELECT ${ACTION_COLUMNS}, (SELECT state FROM ${records} WHERE scope = $1 AND key = $2) AS seen
+      FROM (VALUES (1)) AS one LEFT JOIN logged l ON true`,
+    // $1 scope $2 key — only to explain a refusal whose snapshot still said outcome_unknown.
+    state: `SELECT state FROM ${records} WHERE scope = $1 AND key = $2`,
+    // $1 cursor (id, exclusive, or NULL) $2 limit
+    actions: `SELECT ${ACTION_COLUMNS} FROM ${t('operator_actions')} l
+      WHERE ($1::bigint IS NULL OR l.id < $1::bigint) ORDER BY l.id DESC LIMIT $2`,
+    stats: `SELECT (SELECT count(*) FROM ${t('rejections')})::text AS rejections,
+      (SELECT count(*) FROM ${records} WHERE state = 'outcome_unknown')::text AS unknown`,
+  };
+
+  return {
+    async getFenceHistory(entity, page): Promise<FenceHistoryPage> {
+      const { rows } = await ctx.query<{ fence: string; at: Date; caller: string | null; request_id: string | null }>(Q.history, [
+        encodeText(entity),
+        fenceCursor(page.cursor),
+        page.limit + 1,
+      ]);
+      const items = rows.slice(0, page.limit).map((r) => ({
+        fence: r.fence,
+        at: r.at,
+        caller: decodeNullable(r.caller),
+        requestId: decodeNullable(r.request_id),
+      }));
+      return { items, nextCursor: rows.length > page.limit ? items[items.length - 1]!.fence : null };
+    },
+
+    async listRecords(query: RecordQuery): Promise<RecordPage> {
+      const cur = query.cursor === undefined ? null : decodeRecordCursor(query.cursor);
+      const { rows } = await ctx.query<RecordRow>(Q.records, [query.state, cur?.[0] ?? null, cur?.[1] ?? null, cur?.[2] ?? null, query.limit + 1]);
+      const page = rows.slice(0, query.limit);
+      const last = page[page.length - 1];
+      return {
+        items: page.map(toRecord),
+        nextCursor: rows.length > query.limit && last !== undefined ? encodeRecordCursor([last.created_us, last.scope, last.key]) : null,
+      };
+    },
+
+    async resolveRecord(input: ResolveInput): Promise<ResolveResult> {
+      const r = input.resolution;
+      const scope = encodeText(input.scope);
+      const key = encodeText(input.key);
+      const who = [encodeNullable(input.operator), encodeNullable(input.note), encodeText(input.requestId)];
+      const values =
+        r.outcome === 'completed'
+          ? [
+              scope,
+              key,
+              r.response.status,
+              JSON.stringify(r.response.headers.map(([n, v]) => [encodeText(n), encodeText(v)])),
+              Buffer.from(r.response.body.buffer, r.response.body.byteOffset, r.response.body.byteLength),
+              Math.ceil(r.retentionMs),
+              ...who,
+            ]
+          : [scope, key, ...who];
+      const { rows } = await ctx.query<ActionRow & { seen: RecordState | null }>(r.outcome === 'completed' ? Q.complete : Q.release, values);
+      const row = rows[0]!;
+      if (row.id !== null) return { ok: true, action: toAction(row) };
+      let state = row.seen;
+      if (state === 'outcome_unknown') {
+        // The snapshot still saw it unknown, but a concurrent finish or
+        // takeover committed first and the conditional statement refused: the
+        // decision is made; this read only names the state for the answer.
+        state = (await ctx.query<{ state: RecordState }>(Q.state, [scope, key])).rows[0]?.state ?? null;
+      }
+      if (state === null) return { ok: false, reason: 'not-found' };
+      return { ok: false, reason: 'not-outcome-unknown', state };
+    },
+
+    async listOperatorActions(page): Promise<OperatorActionPage> {
+      const { rows } = await ctx.query<ActionRow>(Q.actions, [idCursor(page.cursor), page.limit + 1]);
+      const items = rows.slice(0, page.limit).map(toAction);
+      return { items, nextCursor: rows.length > page.limit ? items[items.length - 1]!.id : null };
+    },
+
+    async auditStats(): Promise<AuditStats> {
+      const { rows } = await ctx.query<{ rejections: string; unknown: string }>(Q.stats, []);
+      return { rejections: Number(rows[0]?.rejections ?? 0), outcomeUnknown: Number(rows[0]?.unknown ?? 0) };
+    },
+  };
+}
+
+/** The operator_actions columns as the store returns them (bigints as text), from the alias `l`. */
+const ACTION_COLUMNS = `l.id::text AS id, l.at, l.action, l.scope, l.key, l.entity, l.fence::text AS fence, l.fingerprint, l.status,
+  l.operator, l.note, l.request_id`;
+
+interface ActionRow {
+  id: string | null;
+  at: Date;
+  action: OperatorAction['action'];
+  scope: string;
+  key: string;
+  entity: string | null;
+  fence: string | null;
+  fingerprint: string | null;
+  status: number | null;
+  operator: string | null;
+  note: string | null;
+  request_id: string | null;
+}
+
+interface RecordRow {
+  scope: string;
+  key: string;
+  state: RecordState;
+  fingerprint: string;
+  entity: string | null;
+  fence: string | null;
+  status: number | null;
+  locked_until: Date | null;
+  created_at: Date;
+  expires_at: Date;
+  created_us: string;
+}
+
+function toRecord(r: RecordRow): RecordInfo {
+  return {
+    scope: decodeText(r.scope),
+    key: decodeText(r.key),
+    state: r.state,
+    fingerprint: decodeText(r.fingerprint),
+    entity: decodeNullable(r.entity),
+    fence: r.fence,
+    status: r.status,
+    lockedUntil: r.locked_until,
+    createdAt: r.created_at,
+    expiresAt: r.expires_at,
+  };
+}
+
+function toAction(r: ActionRow): OperatorAction {
+  return {
+    id: r.id!,
+    at: r.at,
+    action: r.action,
+    scope: decodeText(r.scope),
+    key: decodeText(r.key),
+    entity: decodeNullable(r.entity),
+    fence: r.fence,
+    fingerprint: decodeNullable(r.fingerprint),
+    status: r.status,
+    operator: decodeNullable(r.operator),
+    note: decodeNullable(r.note),
+    requestId: decodeNullable(r.request_id),
+  };
+}
+
+/**
+ * A fence-history cursor: the lowest fence of the previous page. Above the
+ * largest fence there is nothing to exclude (NULL: from the top).
+ */
+function fenceCursor(cursor: string | undefined): string | null {
+  if (cursor === undefined) return null;
+  if (!/^\d{1,19}$/.test(cursor)) throw new RangeError('not a fence-history cursor');
+  return BigInt(cursor) > MAX_FENCE ? null : cursor;
+}
+
+function idCursor(cursor: string | undefined): string | null {
+  if (cursor === undefined) return null;
+  if (!/^\d{1,19}$/.test(cursor)) throw new RangeError('not an operator-action cursor');
+  return BigInt(cursor) > MAX_FENCE ? null : cursor;
+}
+
+/** The record keyset cursor: base64url of `[created_at µs, scope, key]`, scope and key as stored. */
+function encodeRecordCursor(c: [string, string, string]): string {
+  return Buffer.from(JSON.stringify(c)).toString('base64url');
+}
+
+function decodeRecordCursor(cursor: string): [string, string, string] {
+  const v = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8')) as unknown;
+  if (!Array.isArray(v) || v.length !== 3 || typeof v[0] !== 'string' || !/^\d{1,18}$/.test(v[0]) || typeof v[1] !== 'string' || typeof v[2] !== 'string') {
+    throw new RangeError('not a record cursor');
+  }
+  return [v[0], v[1], v[2]];
+}
