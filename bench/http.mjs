@@ -107,7 +107,7 @@ async function main() {
     await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm` });
     const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50` });
     const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1` });
-    rows.push({ target: name, rps50: t50.rps, p50_50c: t50.p50, p99_50c: t50.p99, p50_1c: l1.p50, p99_1c: l1.p99, errors: t50.errors + l1.errors });
+    rows.push({ target: name, rps50: t50.rps, p50_50c: t50.p50, p99_50c: t50.p99, p50_1c: l1.p50, p99_1c: l1.p99, errors: t50.errors + l1.errors, statuses: t50.statuses });
     await target.stop();
     process.stderr.write(`done: ${name}\n`);
   }
@@ -135,6 +135,7 @@ async function main() {
   console.log('| target | req/s @50 | × control | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of rows) {
+    if (r.errors > 0) process.stderr.write(`${r.target}: statuses ${JSON.stringify(r.statuses)}\n`);
     console.log(`| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_control)} | ${r.p50_50c} | ${r.p99_50c} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`);
   }
   console.log(`\n(written to bench/results/http.json; p50/p99 @50 are autocannon's whole milliseconds, @1 are hrtime-precise)`);

@@ -68,7 +68,8 @@ export async function throughput(url, { connections, seconds, prefix }) {
     requests: [{ setupRequest: (req) => ({ ...req, ...next() }) }],
   });
   const errors = result.errors + result.timeouts + result.non2xx;
-  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors, total: result.requests.total };
+  const statuses = Object.fromEntries(Object.entries(result.statusCodeStats ?? {}).map(([code, v]) => [code, v.count]));
+  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors, statuses, total: result.requests.total };
 }
 
 /** Sequential requests on one keep-alive connection, timed with hrtime: sub-millisecond percentiles. */
