@@ -46,7 +46,16 @@ function gate() {
 // 500 > 3 × 80 + 50.
 const TIMING = { leaseMs: 500, heartbeatMs: 80, maxMissedHeartbeats: 3, jitterMs: 50 } as const;
 
-export function runnerSuite(name: string, factory: TestDatabaseFactory): void {
+/**
+ * `all`: every test. `store-dependent`: only those whose outcome depends on
+ * the backend (the heartbeat thread's own connection, leases, retries through
+ * the store, a killed process); the runner-only behaviour (validation,
+ * headers, the gateway story, stop) is the same on every backend and runs once.
+ */
+export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: 'all' | 'store-dependent' = 'all'): void {
+  // Not registered at all in 'store-dependent' scope (they are not skipped:
+  // they run in the 'all' suite).
+  const runnerOnly = scope === 'all' ? test : ((() => {}) as unknown as typeof test);
   describe(`runWorker on ${name}`, () => {
     let db: TestDatabase;
     let store: JobStore;
@@ -204,6 +213,11 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory): void {
       let refusal: unknown;
       let abortReason: unknown;
       const { worker, events } = await start({
+        // A long lease and a short extend timeout: three missed beats (ownership
+        // unknown) come well before the lease end (lost), whatever the load.
+        leaseMs: 2_000,
+        heartbeatMs: 100,
+        heartbeatTimeoutMs: 150,
         handlers: {
           [kind]: async ({ fencedFetch, signal }) => {
             await unknown.opened;
@@ -222,7 +236,8 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory): void {
       await worker.events.waitFor('heartbeat_ok', (e) => e.jobId === job.id);
       const unlock = await db.lockWrites();
       try {
-        await worker.events.waitFor('ownership_unknown', (e) => e.jobId === job.id);
+        const unknownEvent = await worker.events.waitFor('ownership_unknown', (e) => e.jobId === job.id);
+        expect(unknownEvent.consecutiveFailures).toBeGreaterThanOrEqual(TIMING.maxMissedHeartbeats);
         unknown.open();
         const lost = await worker.events.waitFor('heartbeat_lost', (e) => e.jobId === job.id);
         expect(lost.cause).toBe('unconfirmed');
@@ -233,6 +248,7 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory): void {
       expect(await worker.events.waitFor('result_rejected', (e) => e.jobId === job.id)).toMatchObject({ reason: 'lease_lost' });
       expect(refusal).toBeInstanceOf(OwnershipUnknownError);
       expect(abortReason).toBeInstanceOf(LeaseLostError);
+      expect(events.filter((e) => e.type === 'heartbeat_failed').length).toBeGreaterThanOrEqual(TIMING.maxMissedHeartbeats);
       expect(gateway.requests.filter((r) => r.headers['x-fence-entity'] === `tool-job:${job.id}`)).toEqual([]);
       expect(events.some((e) => e.type === 'tool_request_started')).toBe(false);
     });
@@ -261,7 +277,7 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory): void {
       });
     });
 
-    test('validation errors are never retried: a schema mismatch or a JobError(retryable: false) ends the job', async () => {
+    runnerOnly('validation errors are never retried: a schema mismatch or a JobError(retryable: false) ends the job', async () => {
       const kind = unique('strict');
       const bad = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { amount: 'twelve' } });
       const refused = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { amount: -5 } });
@@ -286,7 +302,7 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory): void {
       expect(await store.get(bad.job.id)).toMatchObject({ state: 'failed', attempt: 1 });
     });
 
-    test('fencedFetch sends the fence, the entity and a stable idempotency key; events carry hashes, never the payload', async () => {
+    runnerOnly('fencedFetch sends the fence, the entity and a stable idempotency key; events carry hashes, never the payload', async () => {
       const kind = unique('pay');
       const payload = { card: '4111-1111-1111-1111', amount: 1200 };
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload });
@@ -320,7 +336,7 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory): void {
       expect(worker.metrics().counters[kind]).toMatchObject({ claimed: 1, toolRequests: 1, committed: 1 });
     });
 
-    test('the gateway’s stale-fence answer is lease loss: a late request is refused, the old owner commits nothing, the upstream paid once', async () => {
+    runnerOnly('the gateway’s stale-fence answer is lease loss: a late request is refused, the old owner commits nothing, the upstream paid once', async () => {
       const kind = unique('story');
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { amount: 1200 } });
       // W1's request leaves while its lease is fine, then hangs on the wire
@@ -374,7 +390,38 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory): void {
       expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', fencingToken: 2, result: { payment: expect.any(String), fence: 2 } });
     });
 
-    test('stop() waits for running jobs and is idempotent; stop({ release: true }) gives jobs back at once', async () => {
+    test('a tool timeout is outcome unknown: the retry reuses the idempotency key and gets the first answer back', async () => {
+      const kind = unique('timeout');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const path = `/payments/${kind}`;
+      gateway.answerLate(path, 1_500); // the payment happens, the answer comes after the client gave up
+      const { worker, events } = await start({
+        retry: { baseMs: 50, maxMs: 50 },
+        handlers: {
+          [kind]: async ({ fencedFetch }) => {
+            const res = await fencedFetch(`${gateway.url}${path}`, { step: 'charge', method: 'POST', body: '{}', timeoutMs: 200 });
+            return { replayed: res.headers.get('idempotent-replayed'), ...((await res.json()) as object) };
+          },
+        },
+      });
+      await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
+      expect(events.find((e) => e.type === 'job_failed')).toMatchObject({ errorCode: 'outcome_unknown', terminal: false, fencingToken: 1 });
+      const sent = gateway.requests.filter((r) => r.path === path);
+      expect(sent.map((r) => [r.headers['idempotency-key'], r.headers['x-execution-fence']])).toEqual([
+        [`tool-job:${job.id}:charge`, '1'],
+        [`tool-job:${job.id}:charge`, '2'],
+      ]);
+      expect(gateway.upstream.filter((u) => u.path === path)).toHaveLength(1); // paid once
+      expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', attempt: 2, result: { replayed: 'true', fence: 1 } });
+    });
+
+    runnerOnly('a heartbeat thread that cannot open its store fails the start with a clear error', async () => {
+      await expect(
+        start({ handlers: { never: () => 'x' }, threadStore: { sqlite: '/nonexistent-dir/for/sure/jobs.db' } }),
+      ).rejects.toMatchObject({ code: 'heartbeat_thread' });
+    });
+
+    runnerOnly('stop() waits for running jobs and is idempotent; stop({ release: true }) gives jobs back at once', async () => {
       const kind = unique('stop');
       const first = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
       const finish = gate();

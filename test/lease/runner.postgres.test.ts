@@ -3,5 +3,6 @@ import { runnerSuite } from './runner-suite.js';
 import { POSTGRES_URL, postgresDatabase } from './helpers/stores.js';
 
 describe.skipIf(!POSTGRES_URL)('PostgreSQL', () => {
-  runnerSuite('PostgreSQL', postgresDatabase);
+  // The runner-only tests run once, on SQLite (runner.sqlite.test.ts).
+  runnerSuite('PostgreSQL', postgresDatabase, 'store-dependent');
 });

@@ -9,6 +9,8 @@ export interface ThreadInit {
   heartbeatMs: number;
   jitterMs: number;
   maxMissedHeartbeats: number;
+  /** How long one extend may take before it counts as a missed beat. */
+  timeoutMs: number;
 }
 
 export type ToThread =

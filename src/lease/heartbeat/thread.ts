@@ -130,16 +130,9 @@ function checkDeadlines(): void {
   }
 }
 
-// How long one extend may take before it counts as failed (and is retried).
-// SQLite waits for a busy file inside a synchronous call that blocks this
-// thread (and its watchdog), so keep that short; PostgreSQL is asynchronous,
-// and must leave room to open a fresh connection.
-const statementTimeoutMs =
-  'sqlite' in init.store ? init.heartbeatMs : Math.max(2_000, init.heartbeatMs * init.maxMissedHeartbeats);
-
 let store: JobStore;
 try {
-  store = await openJobStore(init.store, { migrate: false, statementTimeoutMs });
+  store = await openJobStore(init.store, { migrate: false, statementTimeoutMs: init.timeoutMs });
 } catch (err) {
   post({ type: 'fatal', error: err instanceof Error ? err.message : String(err) });
   process.exit(1);

@@ -33,6 +33,13 @@ export interface RunWorkerOptions {
   maxMissedHeartbeats?: number;
   /** Slack for timer lateness and statement round trips; heartbeats are spread by up to this much. Default 1 000 ms. */
   jitterMs?: number;
+  /**
+   * How long one extend may take before it counts as a missed beat (and is
+   * retried). Default on SQLite `heartbeatMs` (a busy wait blocks the
+   * heartbeat thread, so keep it short); on PostgreSQL
+   * max(2 000, maxMissedHeartbeats × heartbeatMs), room to reconnect.
+   */
+  heartbeatTimeoutMs?: number;
   /** Default for `kinds.*.maxRunMs`. Default 600 000 ms (10 minutes). */
   maxRunMs?: number;
   /** Default for `kinds.*.maxStallMs`. Default: the kind's lease length. */
@@ -72,6 +79,7 @@ export interface WorkerConfig {
   heartbeatMs: number;
   maxMissedHeartbeats: number;
   jitterMs: number;
+  heartbeatTimeoutMs: number;
   leaseMs: number;
   kinds: Record<string, KindConfig>;
   concurrency: number;
@@ -115,6 +123,7 @@ const schema = z
     heartbeatMs: ms.default(5_000),
     maxMissedHeartbeats: z.number().int().min(1).default(3),
     jitterMs: z.number().int().min(0).default(1_000),
+    heartbeatTimeoutMs: ms.optional(),
     maxRunMs: ms.default(600_000),
     maxStallMs: ms.optional(),
     kinds: z.record(z.string(), z.object({ leaseMs: ms, maxRunMs: ms, maxStallMs: ms }).partial().strict()).default({}),
@@ -180,6 +189,10 @@ export function parseWorkerOptions(options: RunWorkerOptions): WorkerConfig {
     handlers[kind] = typeof h === 'function' ? { run: h } : h;
   }
 
+  const heartbeatTimeoutMs =
+    o.heartbeatTimeoutMs ??
+    ('sqlite' in threadStore ? o.heartbeatMs : Math.max(2_000, o.maxMissedHeartbeats * o.heartbeatMs));
+
   return {
     store: o.store,
     workerId: o.workerId,
@@ -187,6 +200,7 @@ export function parseWorkerOptions(options: RunWorkerOptions): WorkerConfig {
     heartbeatMs: o.heartbeatMs,
     maxMissedHeartbeats: o.maxMissedHeartbeats,
     jitterMs: o.jitterMs,
+    heartbeatTimeoutMs,
     leaseMs: o.leaseMs,
     kinds,
     concurrency: o.concurrency,

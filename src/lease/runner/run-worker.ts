@@ -100,6 +100,7 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
         heartbeatMs: config.heartbeatMs,
         jitterMs: config.jitterMs,
         maxMissedHeartbeats: config.maxMissedHeartbeats,
+        timeoutMs: config.heartbeatTimeoutMs,
       },
       {
         ...(config.threadExecArgv ? { execArgv: config.threadExecArgv } : {}),

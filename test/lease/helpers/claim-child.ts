@@ -17,13 +17,23 @@ for await (const line of createInterface({ input: process.stdin })) {
   const [command, arg] = line.split(' ');
   if (command === 'claim') {
     const got: Lease[] = [];
+    let busy = 0;
     for (;;) {
-      const { lease } = await store.claim({ workerId });
+      let lease: Lease | null;
+      try {
+        ({ lease } = await store.claim({ workerId }));
+      } catch (err) {
+        // SQLITE_BUSY past the busy timeout is a fault, not an answer: like
+        // runWorker, try again (nothing was claimed: the transaction never began).
+        if ((err as { code?: string }).code !== 'SQLITE_BUSY') throw err;
+        busy++;
+        continue;
+      }
       if (!lease) break;
       got.push(lease);
     }
     rounds.push(got);
-    reply({ type: 'claimed', claims: got.map((l) => ({ id: l.id, token: l.fencingToken, previousOwnerId: l.previousOwnerId })) });
+    reply({ type: 'claimed', busy, claims: got.map((l) => ({ id: l.id, token: l.fencingToken, previousOwnerId: l.previousOwnerId })) });
   } else if (command === 'extend') {
     const results = await Promise.all((rounds[Number(arg)] ?? []).map((l) => store.extend(l)));
     reply({ type: 'extended', ok: results.filter((r) => r.ok).length, lost: results.filter((r) => !r.ok).length });

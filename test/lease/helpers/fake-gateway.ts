@@ -15,6 +15,8 @@ export interface FakeGateway {
   requests: { method: string; path: string; headers: IncomingHttpHeaders; body: string }[];
   /** Requests that got past the fence and the idempotency check: what the upstream saw. */
   upstream: { path: string; fence: number; entity: string; key: string; body: string }[];
+  /** The next answer on `path` is sent `ms` late (the upstream call itself happens at once). */
+  answerLate(path: string, ms: number): void;
   close(): Promise<void>;
 }
 
@@ -23,6 +25,7 @@ export async function startFakeGateway(): Promise<FakeGateway> {
   const replies = new Map<string, { status: number; body: string }>();
   const requests: FakeGateway['requests'] = [];
   const upstream: FakeGateway['upstream'] = [];
+  const late = new Map<string, number>();
 
   const server = createServer((req, res) => {
     let body = '';
@@ -59,8 +62,13 @@ export async function startFakeGateway(): Promise<FakeGateway> {
       upstream.push({ path, fence, entity, key, body });
       const answer = { status: 201, body: JSON.stringify({ payment: `pay_${upstream.length}`, fence }) };
       replies.set(key, answer);
-      res.writeHead(answer.status, { 'content-type': 'application/json' });
-      res.end(answer.body);
+      const delay = late.get(path) ?? 0;
+      late.delete(path);
+      setTimeout(() => {
+        if (res.destroyed) return; // the caller gave up; the payment happened anyway
+        res.writeHead(answer.status, { 'content-type': 'application/json' });
+        res.end(answer.body);
+      }, delay);
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -69,6 +77,11 @@ export async function startFakeGateway(): Promise<FakeGateway> {
     url: `http://127.0.0.1:${port}`,
     requests,
     upstream,
-    close: () => new Promise((resolve) => server.close(() => resolve())),
+    answerLate: (path, ms) => late.set(path, ms),
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }

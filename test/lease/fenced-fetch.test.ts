@@ -1,0 +1,189 @@
+/**
+ * fencedFetch and step against a plain FenceContext (no database, no
+ * runner) and real local HTTP servers.
+ */
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { LeaseLostError, OutcomeUnknownError, OwnershipUnknownError } from '../../src/lease/errors.js';
+import type { LeaseEvent } from '../../src/lease/events.js';
+import { createFencedFetch, createStep, type FenceContext } from '../../src/lease/fenced-fetch.js';
+
+type Answer = { status: number; type?: string; body: string; delayMs?: number };
+
+let server: Server;
+let base = '';
+const seen: { path: string; headers: IncomingHttpHeaders }[] = [];
+/** What the server answers, by path. */
+const answers = new Map<string, Answer>();
+
+beforeAll(async () => {
+  server = createServer((req, res) => {
+    seen.push({ path: req.url ?? '', headers: req.headers });
+    const answer = answers.get(req.url ?? '') ?? { status: 200, body: '{"ok":true}' };
+    const send = () => {
+      res.writeHead(answer.status, { 'content-type': answer.type ?? 'application/json' });
+      res.end(answer.body);
+    };
+    if (answer.delayMs) setTimeout(send, answer.delayMs);
+    else send();
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+});
+afterAll(async () => {
+  server.closeAllConnections();
+  await new Promise((resolve) => server.close(resolve));
+});
+
+function context(overrides: Partial<FenceContext> = {}) {
+  const events: LeaseEvent[] = [];
+  const lost: string[] = [];
+  const controller = new AbortController();
+  const ctx: FenceContext = {
+    workerId: 'w1',
+    jobId: 42,
+    kind: 'payment',
+    fencingToken: 7,
+    fenceKey: 'tool-job:42',
+    signal: controller.signal,
+    leaseUntil: () => new Date('2030-01-01T00:00:30Z'),
+    assertCanStart: () => {},
+    markLost: (cause) => lost.push(cause),
+    emit: (e) => events.push(e),
+    ...overrides,
+  };
+  return { ctx, events, lost, controller };
+}
+
+describe('fencedFetch', () => {
+  test('adds the fence, the entity, a stable idempotency key and a request id, and reports the start', async () => {
+    const { ctx, events } = context();
+    const fencedFetch = createFencedFetch(ctx);
+    const res = await fencedFetch(`${base}/payments/charges?secret=1`, { step: 'charge', method: 'post', body: '{}' });
+    expect(res.status).toBe(200);
+    const { headers } = seen.at(-1)!;
+    expect(headers).toMatchObject({ 'x-execution-fence': '7', 'x-fence-entity': 'tool-job:42', 'idempotency-key': 'tool-job:42:charge' });
+    expect(events).toEqual([
+      expect.objectContaining({
+        type: 'tool_request_started',
+        jobId: 42,
+        fencingToken: 7,
+        step: 'charge',
+        idempotencyKey: 'tool-job:42:charge',
+        requestId: headers['x-request-id'],
+        method: 'POST',
+        url: `${base}/payments/charges`, // no query string: it may carry secrets
+      }),
+    ]);
+    // The same step on a later call (or a later attempt) has the same key.
+    await fencedFetch(`${base}/payments/charges`, { step: 'charge', method: 'POST', body: '{}' });
+    expect(seen.at(-1)!.headers['idempotency-key']).toBe('tool-job:42:charge');
+  });
+
+  test('refuses to start when the lease cannot be confirmed: nothing is sent', async () => {
+    const before = seen.length;
+    const { ctx, events } = context({
+      assertCanStart: () => {
+        throw new OwnershipUnknownError('confirmed for 10 ms');
+      },
+    });
+    await expect(createFencedFetch(ctx)(`${base}/payments/x`, { step: 'charge' })).rejects.toBeInstanceOf(OwnershipUnknownError);
+    expect(seen.length).toBe(before);
+    expect(events).toEqual([]);
+  });
+
+  test('a 409 problem+json stale-fence (or fence-expired, or the Stripe shape) is lease loss', async () => {
+    answers.set('/stale', {
+      status: 409,
+      type: 'application/problem+json',
+      body: JSON.stringify({ type: '/_fencegate/problems/stale-fence', title: 'Stale execution fence', status: 409 }),
+    });
+    answers.set('/expired', {
+      status: 409,
+      type: 'application/problem+json',
+      body: JSON.stringify({ type: 'https://gw.example/problems/fence-expired', status: 409 }),
+    });
+    answers.set('/stripe', { status: 409, body: JSON.stringify({ error: { type: 'invalid_request_error', code: 'stale_fence' } }) });
+    for (const path of ['/stale', '/expired', '/stripe']) {
+      const { ctx, lost } = context();
+      const err = await createFencedFetch(ctx)(`${base}${path}`, { step: 'charge' }).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(LeaseLostError);
+      expect(lost).toEqual(['stale_fence']);
+    }
+  });
+
+  test('other 409s are answers, not lease loss', async () => {
+    answers.set('/busy', {
+      status: 409,
+      type: 'application/problem+json',
+      body: JSON.stringify({ type: '/_fencegate/problems/idempotency-in-progress', status: 409 }),
+    });
+    const { ctx, lost } = context();
+    expect((await createFencedFetch(ctx)(`${base}/busy`, { step: 'charge' })).status).toBe(409);
+    expect(lost).toEqual([]);
+  });
+
+  test('a timeout is outcome unknown (it may have happened); a refused connection is a plain error (it did not)', async () => {
+    answers.set('/slow', { status: 200, body: '{}', delayMs: 2_000 });
+    const { ctx } = context();
+    await expect(createFencedFetch(ctx)(`${base}/slow`, { step: 'charge', timeoutMs: 50 })).rejects.toBeInstanceOf(OutcomeUnknownError);
+
+    const closed = createServer();
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+    const port = (closed.address() as AddressInfo).port;
+    await new Promise((resolve) => closed.close(resolve));
+    const err = await createFencedFetch(ctx)(`http://127.0.0.1:${port}/x`, { step: 'charge' }).catch((e: unknown) => e);
+    expect(err).not.toBeInstanceOf(OutcomeUnknownError);
+    expect((err as { cause?: { code?: string } }).cause?.code).toBe('ECONNREFUSED');
+  });
+
+  test('losing the lease aborts a request in flight with the lease error', async () => {
+    answers.set('/hang', { status: 200, body: '{}', delayMs: 2_000 });
+    const { ctx, controller } = context();
+    const pending = createFencedFetch(ctx)(`${base}/hang`, { step: 'charge' });
+    controller.abort(new LeaseLostError('gone'));
+    await expect(pending).rejects.toThrow('gone');
+  });
+
+  test('step names are checked (they become part of the Idempotency-Key)', async () => {
+    const { ctx } = context();
+    await expect(createFencedFetch(ctx)(`${base}/x`, { step: 'has space' })).rejects.toThrow(/step must match/);
+    await expect(createFencedFetch(ctx)(`${base}/x`, { step: '' })).rejects.toThrow(/step must match/);
+  });
+
+  test('the signed-fence seam: a fenceSigner turns {ent, fence, sub, exp} into the header value', async () => {
+    const { ctx } = context();
+    const claims: unknown[] = [];
+    const fencedFetch = createFencedFetch(ctx, {
+      fenceSigner: (c) => {
+        claims.push(c);
+        return 'header.payload.signature';
+      },
+    });
+    await fencedFetch(`${base}/signed`, { step: 'charge' });
+    expect(claims).toEqual([{ ent: 'tool-job:42', fence: 7, sub: 'w1', exp: Date.parse('2030-01-01T00:00:30Z') / 1000 }]);
+    expect(seen.at(-1)!.headers['x-execution-fence']).toBe('header.payload.signature');
+  });
+
+  test('header names follow the gateway route’s configuration', async () => {
+    const { ctx } = context();
+    await createFencedFetch(ctx, { headers: { fence: 'Fence', entity: 'Fence-Entity' } })(`${base}/renamed`, { step: 'charge' });
+    expect(seen.at(-1)!.headers).toMatchObject({ fence: '7', 'fence-entity': 'tool-job:42', 'idempotency-key': 'tool-job:42:charge' });
+  });
+});
+
+describe('step', () => {
+  test('gives a non-HTTP action the same check, key and fence, and reports it', async () => {
+    const { ctx, events } = context();
+    const step = createStep(ctx);
+    const got = await step('receipt', (s) => s);
+    expect(got).toMatchObject({ idempotencyKey: 'tool-job:42:receipt', fence: '7', fenceKey: 'tool-job:42' });
+    expect(events).toEqual([expect.objectContaining({ type: 'tool_request_started', step: 'receipt', requestId: got.requestId })]);
+
+    const refused = createStep(context({ assertCanStart: () => { throw new LeaseLostError('gone'); } }).ctx);
+    let ran = false;
+    await expect(refused('receipt', () => (ran = true))).rejects.toBeInstanceOf(LeaseLostError);
+    expect(ran).toBe(false);
+  });
+});
