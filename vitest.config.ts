@@ -9,6 +9,8 @@ export default defineConfig({
     // files run in parallel, tests inside a file run in order.
     fileParallelism: true,
     maxWorkers: 2,
-    reporters: ['default'],
+    // In CI a JSON report too, summed by .ci/summary.mjs into one closing line.
+    reporters: process.env.CI ? ['default', 'json'] : ['default'],
+    outputFile: { json: 'test-results/vitest-node.json' },
   },
 });

@@ -22,6 +22,8 @@ export default defineConfig(async () => {
       testTimeout: 30_000,
       hookTimeout: 30_000,
       maxWorkers: 1,
+      reporters: process.env.CI ? ['default', 'json'] : ['default'],
+      outputFile: { json: 'test-results/vitest-workerd.json' },
     },
   };
 });
