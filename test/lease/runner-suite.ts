@@ -104,7 +104,14 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
           },
         },
       });
+      await worker.events.waitFor('heartbeat_ok', (e) => e.jobId === job.id);
+      const { running, minLeaseLeftMs, maxHeartbeatAgeMs } = worker.metrics().gauges[kind]!;
+      expect(running).toBe(1);
+      expect(minLeaseLeftMs).toBeGreaterThan(0);
+      expect(minLeaseLeftMs).toBeLessThanOrEqual(TIMING.leaseMs);
+      expect(maxHeartbeatAgeMs).toBeLessThan(TIMING.leaseMs);
       await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
+      expect(worker.metrics().gauges[kind]).toBeUndefined(); // nothing running any more
       expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', attempt: 1, fencingToken: 1, result: { done: true } });
       expect(events.filter((e) => e.type === 'heartbeat_ok').length).toBeGreaterThanOrEqual(10);
       // A beat may fail on a loaded machine; what matters is that none was lost.

@@ -215,4 +215,3 @@ export function parseWorkerOptions(options: RunWorkerOptions): WorkerConfig {
   };
 }
 
-export type { JobHandler };

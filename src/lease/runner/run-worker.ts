@@ -21,7 +21,7 @@ import { countEvents, type KindGauges, type LeaseMetrics } from '../metrics.js';
 import { sha256Json } from '../store-common.js';
 import { backoffMs, canStartAction, monotonicMs } from '../timing.js';
 import type { JobErrorInfo, Lease } from '../types.js';
-import { parseWorkerOptions, type RunWorkerOptions, type WorkerConfig } from './options.js';
+import { parseWorkerOptions, type RunWorkerOptions } from './options.js';
 import type { JobContext, LeaseWorker, StopOptions } from './types.js';
 
 /** One claimed attempt. */
@@ -515,4 +515,3 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
   return { workerId, events, metrics, stop, closed };
 }
 
-export type { RunWorkerOptions, WorkerConfig };
