@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROOT } from '../helpers/child.js';
 import { freePort, startUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { contractRoutes, describeHttpContract } from '../replicas/contract.js';
 
 const WRANGLER = join(ROOT, 'node_modules', 'wrangler', 'bin', 'wrangler.js');
 
@@ -102,19 +103,15 @@ describe('wrangler dev --local serves the HTTP contract', () => {
 
     const [port, inspectorPort] = [await freePort(), await freePort()];
     url = `http://127.0.0.1:${port}`;
-    // The route of wrangler.toml, pointed at this test's upstream, with an
-    // upstream credential from a secret (a --var here, `wrangler secret` in production).
+    // The routes of the shared HTTP contract (test/replicas/contract.ts; its
+    // `payments` is the route of wrangler.toml), pointed at this test's
+    // upstream (`refused`: at a port nothing listens on), with an upstream
+    // credential from a secret (a --var here, `wrangler secret` in production).
     const config = {
       store: { d1: 'DB' },
-      routes: [
-        {
-          name: 'payments',
-          match: { path: '/payments/*', methods: ['POST'] },
-          upstream: upstream.url,
-          upstreamHeaders: { authorization: { env: 'UPSTREAM_TOKEN', prefix: 'Bearer ' } },
-          timeoutMs: 10_000,
-        },
-      ],
+      routes: contractRoutes(upstream.url, `http://127.0.0.1:${await freePort()}`, {
+        upstreamHeaders: { authorization: { env: 'UPSTREAM_TOKEN', prefix: 'Bearer ' } },
+      }),
     };
     dev = runWrangler(
       [
@@ -132,6 +129,11 @@ describe('wrangler dev --local serves the HTTP contract', () => {
     await upstream?.close();
     if (dir) rmSync(dir, { recursive: true, force: true });
   }, 30_000);
+
+  // The contract every deployment shape answers. workerd cannot tell a
+  // refused connection from a reset after sending (src/http/forward-fetch.ts):
+  // a refused upstream is outcome_unknown here, never a blind retry.
+  describeHttpContract(() => ({ gatewayUrl: url, upstream, refusedUpstream: 'outcome-unknown' }));
 
   it('forwards a payment once; the retry is replayed with Idempotent-Replayed: true', async () => {
     const entity = uniq('tool-job');
