@@ -1,7 +1,8 @@
 /**
  * A claimer in its own process. argv: <store descriptor JSON> <workerId>.
- * Commands on stdin: `claim` (claim until nothing is left; reply with what it
- * got), `extend <round>` (try to extend every lease of that round), `exit`.
+ * Commands on stdin: `claim [max]` (claim until nothing is left, or until it
+ * holds `max`; reply with what it got), `extend <round>` (try to extend every
+ * lease of that round), `exit`.
  */
 import { createInterface } from 'node:readline';
 import { openJobStore } from '../../../src/lease/open.js';
@@ -17,8 +18,9 @@ for await (const line of createInterface({ input: process.stdin })) {
   const [command, arg] = line.split(' ');
   if (command === 'claim') {
     const got: Lease[] = [];
+    const max = arg === undefined ? Infinity : Number(arg);
     let busy = 0;
-    for (;;) {
+    while (got.length < max) {
       let lease: Lease | null;
       try {
         ({ lease } = await store.claim({ workerId }));
