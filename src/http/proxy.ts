@@ -165,6 +165,8 @@ export function createProxyHandler(deps: ProxyDeps) {
 
     // 6. Forward. The caller's disconnect does not cancel this: the outcome
     //    is stored so that its retry with the same key gets the replay.
+    // The record's lock runs until about lockMs from here (database clock; this is only a retry budget).
+    const lockEnds = Date.now() + input.lockMs;
     const upstreamStarted = performance.now();
     let result: UpstreamResult;
     try {
@@ -186,7 +188,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     // 7. Finish, conditional on the owner token.
     const base = { scope: input.scope, key, entity, ownerToken: input.ownerToken, audit };
     const { finish, response, decision } = settle(result, route, base, deps.problemBase, requestId);
-    const recorded = await finishWithRetries(store, finish, logger, requestId);
+    const recorded = await finishWithRetries(store, finish, logger, requestId, lockEnds);
     if (recorded === false) logger.warn('late-finish-discarded', { request_id: requestId, route: route.name, idempotency_key: key });
     return done(response, admission.takeover ? `${decision}-after-takeover` : decision);
   };
@@ -253,20 +255,30 @@ function settle(
 
 /**
  * The finish must land, or the record would wait for its lock to expire and
- * become outcome_unknown although the gateway knows the answer. A short
- * retry rides out a store blip (a PostgreSQL failover, a busy SQLite file).
+ * become outcome_unknown although the gateway knows the answer. Retries ride
+ * out a store outage (a PostgreSQL restart or failover, a busy SQLite file)
+ * for as long as the record's lock lives (`timeoutMs + lockMarginMs` from the
+ * admission; at least ~1.25 s), the margin the lock keeps for this finish.
+ * A PostgreSQL restart under load (test/replicas/postgres-restart.test.ts)
+ * kept the server away ~1.5 s; with a fixed 1.25 s of retries every request
+ * at the upstream at that moment ended outcome_unknown although it had been
+ * answered. Past the lock a retry is harmless (the finish is conditional on
+ * the owner token) but the caller has waited long enough.
  */
-async function finishWithRetries(store: GatewayStore, finish: FinishInput, logger: Logger, requestId: string): Promise<boolean | null> {
-  const delays = [50, 200, 1000];
+async function finishWithRetries(store: GatewayStore, finish: FinishInput, logger: Logger, requestId: string, lockEnds: number): Promise<boolean | null> {
+  const delays = [50, 200, 500, 1000];
+  const giveUpAt = Math.max(lockEnds, Date.now() + 1_250);
   for (let attempt = 0; ; attempt++) {
     try {
       return (await store.finish(finish)).recorded;
     } catch (err) {
-      if (attempt >= delays.length) {
-        logger.error('store-error', { request_id: requestId, phase: 'finish', outcome: finish.outcome, error: errorText(err) });
+      const left = giveUpAt - Date.now();
+      if (left <= 0) {
+        logger.error('store-error', { request_id: requestId, phase: 'finish', outcome: finish.outcome, attempts: attempt + 1, error: errorText(err) });
         return null;
       }
-      await new Promise((r) => setTimeout(r, delays[attempt]));
+      // The last attempt falls on the deadline itself.
+      await new Promise((r) => setTimeout(r, Math.min(delays[Math.min(attempt, delays.length - 1)]!, left)));
     }
   }
 }
