@@ -11,7 +11,7 @@ import { answerOf, sleep, transportFailure, type Answer } from './support.js';
 // restart and nothing is left in_progress". A PRIVATE server (initdb into a
 // temporary directory, its own port), so the restart never touches the
 // shared server of the other test files. Two gateway processes (the real
-// CLI) on it, four clients sending a steady stream round-robin, each
+// CLI) on it, six clients sending a steady stream round-robin, each
 // retrying its own key on 503 as an SDK would; in the middle the server is
 // stopped (fast: every session terminated), kept down until both gateways
 // have answered 503, and started again.
@@ -69,6 +69,7 @@ describe.skipIf(BIN === null)('a real PostgreSQL restart under load, two gateway
     const finals = new Map<string, Answer>();
     let stopping = false;
     let rr = 0;
+    let atUpstreamCount = 0;
 
     /** One logical request: the same key until an answer that is final (201, outcome-unknown, or anything unexpected). */
     async function logical(key: string, entity: string, fence: number): Promise<Answer> {
@@ -82,21 +83,34 @@ describe.skipIf(BIN === null)('a real PostgreSQL restart under load, two gateway
       }
       throw new Error(`key ${key}: no final answer after 1000 attempts`);
     }
-    const clients = [0, 1, 2, 3].map(async (id) => {
+    // Clients 0–2 meet a slow upstream (their requests are the ones caught
+    // between admission and finish by the stop); 3–5 a fast one, so they keep
+    // probing the gateways while the server is down.
+    const clients = [0, 1, 2, 3, 4, 5].map(async (id) => {
       for (let n = 0; !stopping && n < 5_000; n++) {
         const key = `load-${id}-${n}`;
         finals.set(key, await logical(key, `tool-job:load-${id}`, n + 1));
       }
     });
     const successes = () => [...finals.values()].filter((a) => a.status === 201).length;
+    // Slow answers keep a few requests at the upstream at any moment, so the
+    // stop also catches admitted requests whose finish must reach the database.
+    up.behave((c) => (/^tool-job:load-[012]$/.test(c.entity ?? '') ? { kind: 'delay', ms: 100 } : undefined));
 
     try {
       await until(() => successes() >= 40, 'the load to warm up');
       const tStop = Date.now();
+      const atUpstream = up.calls.filter((c) => !c.finished);
+      atUpstreamCount = atUpstream.length;
       await db!.stop('fast');
       const tDown = Date.now();
-      // Down until both gateways have answered 503 for it (a condition, not a sleep).
-      await until(() => [0, 1].every((g) => attempts.some((a) => a.gw === g && a.sent >= tDown && a.status === 503)), 'both gateways to answer 503 while the server is down');
+      // Down until both gateways have answered 503 for it, and every request
+      // that was at the upstream has its answer (its finish now meets a
+      // stopped server): conditions, not a sleep.
+      await until(
+        () => [0, 1].every((g) => attempts.some((a) => a.gw === g && a.sent >= tDown && a.status === 503)) && atUpstream.every((c) => c.finished),
+        'both gateways to answer 503 while the server is down',
+      );
       const tStart = Date.now();
       await db!.start();
       const tUp = Date.now();
@@ -145,16 +159,19 @@ describe.skipIf(BIN === null)('a real PostgreSQL restart under load, two gateway
       // Cross-replica wake-ups are back too: each gateway LISTENs again.
       await until(async () => (await sql<{ n: number }>(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE query LIKE 'LISTEN fencegate_%'`))[0]!.n === 2, 'both listeners to reconnect');
 
+      const finishErrors = gateways.flatMap((g) => g.lines.filter((l) => l.msg === 'store-error' && l.phase === 'finish')).length;
       console.info(
         `[fencegate] PostgreSQL restart under load: ${finals.size} logical requests, ${attempts.length} attempts; ` +
           `server stop ${tDown - tStop} ms, kept down ${tStart - tDown} ms, start ${tUp - tStart} ms; ` +
           `attempts sent in the window: ${JSON.stringify(counts(window))}; all attempts: ${JSON.stringify(counts(attempts))}; ` +
           `first 201 after the server was back: ${firstOk.map((ms) => `${ms} ms`).join(' / ')}; ` +
+          `at the upstream when the stop began: ${atUpstreamCount}; finishes given up after their retries: ${finishErrors}; ` +
           `forwarded but finish lost (outcome_unknown): ${finishLost}; outcome-unknown finals: ${[...finals.values()].filter((a) => a.status !== 201).length}`,
       );
     } finally {
       stopping = true;
       await Promise.allSettled(clients);
+      up.behave(null);
     }
   }, 120_000);
 });
