@@ -5,7 +5,7 @@ import { fingerprint, sha256Hex } from '../core/fingerprint.js';
 import { parsePreferWait } from '../protocol/headers.js';
 import { retryAfterSeconds, type Refusal } from '../protocol/problem.js';
 import { entityTopic, recordTopic, type Admission, type AdmitInput, type AuditInfo, type FinishInput, type GatewayStore, type StoredResponse } from '../store/types.js';
-import { readBody } from './body.js';
+import { readBody, type IncomingLike } from './body.js';
 import { entityFromJson, parseCommand } from './command.js';
 import { renderRefusal, toResponse } from './errors.js';
 import { connectionTokens, isHopByHop, type Forwarder, type UpstreamResult } from './forward.js';
@@ -89,8 +89,11 @@ export function createProxyHandler(deps: ProxyDeps) {
     const { signedFence } = parsed.command;
 
     // 4. Body, up to the route's limit, and the fingerprint.
-    const read = await readBody(req, route.maxBodyBytes);
-    if (!read.ok) return refuse(route, { code: 'payload-too-large', detail: `the body exceeds this route's limit of ${route.maxBodyBytes} bytes` });
+    const read = await readBody(req, route.maxBodyBytes, nodeIncoming(c));
+    if (!read.ok) {
+      if ('aborted' in read) return refuse(route, { code: 'invalid-request', detail: 'the request body ended before its end (the client went away)' });
+      return refuse(route, { code: 'payload-too-large', detail: `the body exceeds this route's limit of ${route.maxBodyBytes} bytes` });
+    }
     const body = read.body;
     if ('json' in route.entity) {
       const fromBody = entityFromJson(route.entity.json, body);
@@ -314,6 +317,12 @@ function responseFrom(stored: StoredResponse, filter: 'hop-by-hop' | null): Resp
   }
   const noBody = stored.status === 204 || stored.status === 304 || (stored.status >= 100 && stored.status < 200);
   return new Response(noBody ? null : stored.body, { status: stored.status, headers });
+}
+
+/** The Node request stream under @hono/node-server (`c.env.incoming`); undefined elsewhere. */
+function nodeIncoming(c: Context): IncomingLike | undefined {
+  const incoming = (c.env as { incoming?: Partial<IncomingLike> } | undefined)?.incoming;
+  return typeof incoming?.on === 'function' && typeof incoming.pause === 'function' ? (incoming as IncomingLike) : undefined;
 }
 
 /** `http://up:9000/base` + `/payments/x?y=1` → `http://up:9000/base/payments/x?y=1`. */
