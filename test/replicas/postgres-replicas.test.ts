@@ -89,6 +89,10 @@ describe.skipIf(!POSTGRES_URL)('three gateway processes on one PostgreSQL schema
         }
       }
       expect(counts.inProgress + counts.replayed).toBe(99);
+      console.info(`[fencegate] 100 identical requests over 3 replicas: 1 forwarded, ${counts.inProgress} idempotency-in-progress, ${counts.replayed} replayed`);
+      // Afterwards every replica replays the stored answer, byte for byte.
+      for (const r of replicas) expect(await command(r.url, '/payments/charges', { fence: 1, entity, key }).then(answerOf)).toEqual({ ...original[0], replayed: true });
+      expect(up.callsFor(key)).toHaveLength(1);
       const rows = await sql('SELECT state, status FROM idempotency_records WHERE key = $1', [key]);
       expect(rows).toEqual([{ state: 'completed', status: 201 }]);
     } finally {
@@ -128,6 +132,7 @@ describe.skipIf(!POSTGRES_URL)('three gateway processes on one PostgreSQL schema
       expect(await fenceOf(entity)).toBe(String(highest));
     }
     expect(forwarded + refused.length).toBe(500);
+    console.info(`[fencegate] fences 1…500 over 20 entities and 3 replicas: ${forwarded} forwarded in order, ${refused.length} refused stale-fence`);
     expect(refused.length).toBeGreaterThan(0);
 
     // The rejection log, written by all three replicas: one row per refusal, no more, no less.
@@ -220,6 +225,7 @@ describe.skipIf(!POSTGRES_URL)('three gateway processes on one PostgreSQL schema
       { everyMs: 200, timeoutMs: 30_000 },
     );
     expect(retries.slice(0, -1).every((c) => c === 'idempotency-in-progress'), retries.join(',')).toBe(true);
+    console.info(`[fencegate] kill -9: the retry on a survivor was answered idempotency-in-progress ${retries.length - 1} time(s), then outcome-unknown`);
     // The other record nobody retries: a survivor's sweeper settles it.
     await until(async () => (await states())[1] === 'outcome_unknown', 'the sweeper to mark the dead record', { everyMs: 200, timeoutMs: 30_000 });
     expect(await states()).toEqual(['outcome_unknown', 'outcome_unknown']);
