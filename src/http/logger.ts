@@ -16,12 +16,45 @@ const RANK: Record<LogLevel, number> = { info: 0, warn: 1, error: 2, silent: 3 }
  */
 export function createJsonLogger(options: { level?: LogLevel; write?: (line: string) => void } = {}): Logger {
   const min = RANK[options.level ?? 'info'];
-  const write = options.write ?? ((line: string) => process.stdout.write(line + '\n'));
+  const write = options.write ?? stdoutLines();
   const emit = (level: Exclude<LogLevel, 'silent'>) => (msg: string, fields?: Record<string, unknown>) => {
     if (RANK[level] < min) return;
-    write(JSON.stringify({ t: new Date().toISOString(), level, msg, ...fields }, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)));
+    const entry = { t: new Date().toISOString(), level, msg, ...fields };
+    let line: string;
+    try {
+      line = JSON.stringify(entry);
+    } catch {
+      // A bigint (a fence) somewhere in the fields: the slower path.
+      line = JSON.stringify(entry, (_k, v) => (typeof v === 'bigint' ? v.toString() : v));
+    }
+    write(line);
   };
   return { info: emit('info'), warn: emit('warn'), error: emit('error') };
+}
+
+/**
+ * Lines to stdout, one write per event-loop turn instead of one per line:
+ * stdout to a pipe or file is a synchronous write(2) on Linux, one per
+ * decision under load. Whatever is buffered is written on process exit.
+ */
+function stdoutLines(): (line: string) => void {
+  let buffer = '';
+  let scheduled = false;
+  const flush = () => {
+    scheduled = false;
+    if (buffer === '') return;
+    const out = buffer;
+    buffer = '';
+    process.stdout.write(out);
+  };
+  process.once('exit', flush);
+  return (line) => {
+    buffer += line + '\n';
+    if (!scheduled) {
+      scheduled = true;
+      setImmediate(flush);
+    }
+  };
 }
 
 export const silentLogger: Logger = { info() {}, warn() {}, error() {} };

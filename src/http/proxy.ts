@@ -38,7 +38,7 @@ interface Trace {
   method: string;
   path: string;
   entity?: string | null;
-  fence?: bigint | null;
+  fence?: string | null;
   idempotency_key?: string | null;
   decision?: string;
   status?: number;
@@ -103,7 +103,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     if (entity === null && (fence !== null || signedFence !== null || route.fence === 'required')) {
       return refuse(route, { code: 'missing-entity', detail: `a fence needs an entity (${describeEntity(route)})` });
     }
-    Object.assign(trace, { entity, fence, idempotency_key: key });
+    Object.assign(trace, { entity, fence: fence?.toString() ?? null, idempotency_key: key });
 
     const pathAndQuery = url.pathname + url.search;
     const caller = deps.callerOf?.(c) ?? null;
@@ -112,7 +112,8 @@ export function createProxyHandler(deps: ProxyDeps) {
     if (signedFence !== null && deps.checkSignedFence !== undefined) {
       const checked = await deps.checkSignedFence(signedFence, entity!, { audit, idempotencyKey: key });
       if (!checked.ok) return refuse(route, checked.refusal);
-      fence = trace.fence = checked.fence;
+      fence = checked.fence;
+      trace.fence = fence.toString();
     }
     const input: AdmitInput = {
       scope: caller === null ? route.name : `${route.name}\u0000${caller}`,
