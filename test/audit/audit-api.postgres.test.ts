@@ -129,6 +129,31 @@ describe.skipIf(!POSTGRES_URL)('audit API on the PostgreSQL store', () => {
     await expectProblem(await v1(`/idempotency/${fine}/resolve`, { method: 'POST', headers: admin, body: '{"outcome":"released"}' }), 409, 'not-outcome-unknown');
   });
 
+  it('exports: NDJSON and CSV streams page through every matching row, newest (highest id) first', async () => {
+    const entity = `export-${uid()}`;
+    await gw.schema.pool.query(
+      `INSERT INTO rejections (at, reason, entity, presented_fence, idempotency_key, caller, method, path)
+       SELECT now() - i * interval '1 second', 'stale-fence', $1 || '-' || (i % 2), i, 'k-' || i, 'c', 'POST', '/p' FROM generate_series(1, 2500) AS i`,
+      [entity],
+    );
+    const res = await v1(`/rejections?entity=${entity}-1`, { headers: { ...auditor, accept: 'application/x-ndjson' } });
+    expect(res.status).toBe(200);
+    expect(res.headers.get('content-type')).toBe('application/x-ndjson');
+    const lines = (await res.text()).split('\n');
+    expect(lines.pop()).toBe('');
+    const rows = lines.map((l) => JSON.parse(l));
+    expect(rows).toHaveLength(1250);
+    expect(new Set(rows.map((r) => r.id)).size).toBe(1250);
+    expect(rows.every((r, i) => i === 0 || Number(r.id) < Number(rows[i - 1].id))).toBe(true);
+    expect(rows[0]).toMatchObject({ entity: `${entity}-1`, presented_fence: '2499', reason: 'stale-fence' });
+    expect(rows.at(-1)).toMatchObject({ presented_fence: '1' });
+    const csv = await (await v1(`/rejections?entity=${entity}-0&format=csv&limit=3`, { headers: auditor })).text();
+    const csvLines = csv.split('\r\n');
+    expect(csvLines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,detail');
+    expect(csvLines.slice(1, -1)).toHaveLength(3);
+    expect(csvLines[1]).toContain(`,stale-fence,${entity}-0,2500,,k-2500,c,POST,/p,`);
+  });
+
   it('GET /metrics: the rejection-log and outcome_unknown gauges come from the store', async () => {
     const before = await gw.store.auditStats();
     const entity = `tool-job:${uid()}`;
