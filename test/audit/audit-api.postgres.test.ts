@@ -165,6 +165,8 @@ describe.skipIf(!POSTGRES_URL)('audit API on the PostgreSQL store', () => {
     const text = await (await fetch(`${gw.url}/_fencegate/metrics`, { headers: auditor })).text();
     expect(text).toMatch(new RegExp(`^fencegate_rejection_log_rows ${after.rejections}$`, 'm'));
     expect(text).toMatch(new RegExp(`^fencegate_outcome_unknown_records ${after.outcomeUnknown}$`, 'm'));
+    // Before the store had auditStats this gauge read 0 on PostgreSQL whatever the database did.
+    expect(text).toMatch(/^fencegate_store_up 1$/m);
   });
 });
 
