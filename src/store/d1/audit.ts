@@ -2,9 +2,7 @@ import type {
   AuditStats,
   AuditStore,
   FenceHistoryPage,
-  OperatorAction,
   OperatorActionPage,
-  RecordInfo,
   RecordPage,
   RecordQuery,
   RecordState,
@@ -12,9 +10,8 @@ import type {
   ResolveResult,
 } from '../types.js';
 import type { D1DatabaseLike, D1PreparedStatementLike } from './gateway-store.js';
+import { NOW_MS, toAction, toRecord } from '../sqlite-rows.js';
 
-/** The database clock in integer milliseconds (G6). */
-const NOW_MS = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /** The record columns, fences as text (D1 returns integers as doubles). */
 const RECORD = 'scope, key, state, fingerprint, entity, CAST(fence AS TEXT) AS fence, status, locked_until, created_at, expires_at';
@@ -117,38 +114,7 @@ export function createD1Audit(db: D1DatabaseLike): AuditStore {
   };
 }
 
-export function toRecord(r: Record<string, any>): RecordInfo {
-  return {
-    scope: r.scope,
-    key: r.key,
-    state: r.state as RecordState,
-    fingerprint: r.fingerprint,
-    entity: r.entity,
-    fence: r.fence === null ? null : String(r.fence),
-    status: r.status === null ? null : Number(r.status),
-    lockedUntil: r.locked_until === null ? null : new Date(Number(r.locked_until)),
-    createdAt: new Date(Number(r.created_at)),
-    expiresAt: new Date(Number(r.expires_at)),
-  };
-}
 
-function toAction(r: Record<string, unknown>): OperatorAction {
-  const str = (v: unknown) => (v === null || v === undefined ? null : String(v));
-  return {
-    id: String(r.id),
-    at: new Date(Number(r.at)),
-    action: String(r.action) as OperatorAction['action'],
-    scope: String(r.scope),
-    key: String(r.key),
-    entity: str(r.entity),
-    fence: str(r.fence),
-    fingerprint: str(r.fingerprint),
-    status: r.status === null || r.status === undefined ? null : Number(r.status),
-    operator: str(r.operator),
-    note: str(r.note),
-    requestId: str(r.request_id),
-  };
-}
 
 /**
  * The record keyset cursor: base64url of the JSON `[created_at, scope, key]`

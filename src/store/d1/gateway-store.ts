@@ -13,12 +13,12 @@ import {
   type RejectionInput,
   type RejectionPage,
   type RejectionQuery,
-  type RejectionRow,
   type StoredResponse,
   type SweepOptions,
   type SweepResult,
 } from '../types.js';
-import { createD1Audit, toRecord } from './audit.js';
+import { createD1Audit } from './audit.js';
+import { NOW_MS, toRecord, toRejection } from '../sqlite-rows.js';
 
 /**
  * The part of a D1 binding this store uses, typed structurally so that the
@@ -50,8 +50,6 @@ export interface D1StoreOptions {
   pollMs?: number;
 }
 
-/** The database clock in integer milliseconds (G6): the only clock in expiry conditions. */
-const NOW_MS = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /** Admission decisions that go to the rejection log (DESIGN G5). */
 const LOGGED = "('stale-fence', 'idempotency-key-reused', 'outcome-unknown')";
@@ -371,24 +369,6 @@ function auditParams(a: RejectionInput['audit']) {
   return { caller: a.caller, method: a.method, path: a.path, sha, request_id: a.requestId };
 }
 
-function toRejection(r: Record<string, unknown>): RejectionRow {
-  const str = (v: unknown) => (v === null || v === undefined ? null : String(v));
-  return {
-    id: String(r.id),
-    at: new Date(Number(r.at)),
-    reason: String(r.reason),
-    entity: str(r.entity),
-    presentedFence: str(r.presented_fence),
-    currentFence: str(r.current_fence),
-    idempotencyKey: str(r.idempotency_key),
-    caller: str(r.caller),
-    method: str(r.method),
-    path: str(r.path),
-    payloadSha256: str(r.payload_sha256),
-    requestId: str(r.request_id),
-    detail: str(r.detail),
-  };
-}
 
 /** This admission's scratch row, and the guard "no decision taken yet". */
 const NOW = '(SELECT now FROM admission_scratch WHERE id = @id)';

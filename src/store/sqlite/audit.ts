@@ -2,9 +2,7 @@ import type {
   AuditStats,
   AuditStore,
   FenceHistoryPage,
-  OperatorAction,
   OperatorActionPage,
-  RecordInfo,
   RecordPage,
   RecordQuery,
   RecordState,
@@ -12,9 +10,8 @@ import type {
   ResolveResult,
 } from '../types.js';
 import type { SqliteDatabase } from './open.js';
+import { NOW_MS, toAction, toRecord } from '../sqlite-rows.js';
 
-/** The database clock in integer milliseconds (G6). */
-const NOW_MS = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /**
  * The audit half of the SQLite store (issue 5): fence history, records
@@ -112,38 +109,7 @@ export function createSqliteAudit(db: SqliteDatabase): AuditStore {
   };
 }
 
-function toRecord(r: Record<string, any>): RecordInfo {
-  return {
-    scope: r.scope,
-    key: r.key,
-    state: r.state,
-    fingerprint: r.fingerprint,
-    entity: r.entity,
-    fence: r.fence === null ? null : String(r.fence),
-    status: r.status === null ? null : Number(r.status),
-    lockedUntil: r.locked_until === null ? null : new Date(Number(r.locked_until)),
-    createdAt: new Date(Number(r.created_at)),
-    expiresAt: new Date(Number(r.expires_at)),
-  };
-}
 
-function toAction(r: Record<string, unknown>): OperatorAction {
-  const str = (v: unknown) => (v === null || v === undefined ? null : String(v));
-  return {
-    id: String(r.id),
-    at: new Date(Number(r.at)),
-    action: String(r.action) as OperatorAction['action'],
-    scope: String(r.scope),
-    key: String(r.key),
-    entity: str(r.entity),
-    fence: str(r.fence),
-    fingerprint: str(r.fingerprint),
-    status: r.status === null ? null : Number(r.status),
-    operator: str(r.operator),
-    note: str(r.note),
-    requestId: str(r.request_id),
-  };
-}
 
 /** The record keyset cursor: base64url of `[created_at, scope, key]` (scope may hold a NUL). */
 export function encodeRecordCursor(c: [bigint, string, string]): string {

@@ -15,7 +15,6 @@ import {
   type RejectionInput,
   type RejectionPage,
   type RejectionQuery,
-  type RejectionRow,
   type StoredResponse,
   type SweepOptions,
   type SweepResult,
@@ -24,6 +23,7 @@ import { createSqliteAudit } from './audit.js';
 import { GroupCommit } from './group-commit.js';
 import { migrateSqlite } from './migrate.js';
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
+import { NOW_MS, toRecord, toRejection } from '../sqlite-rows.js';
 
 export interface SqliteStoreOptions extends OpenSqliteOptions {
   /** Path of the database file (created if missing), or `:memory:`. */
@@ -44,8 +44,6 @@ export interface SqliteStoreOptions extends OpenSqliteOptions {
   groupCommit?: boolean;
 }
 
-/** The database clock in integer milliseconds (G6): the only clock used in expiry conditions. */
-const NOW_MS = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 interface RecordRow {
   fingerprint: string;
@@ -274,19 +272,7 @@ export class SqliteGatewayStore implements GatewayStore {
   }
 
   async getRecords(key: string): Promise<RecordInfo[]> {
-    const rows = this.q.recordsByKey.all(key) as Record<string, any>[];
-    return rows.map((r) => ({
-      scope: r.scope,
-      key: r.key,
-      state: r.state,
-      fingerprint: r.fingerprint,
-      entity: r.entity,
-      fence: r.fence === null ? null : String(r.fence),
-      status: r.status === null ? null : Number(r.status),
-      lockedUntil: r.locked_until === null ? null : new Date(Number(r.locked_until)),
-      createdAt: new Date(Number(r.created_at)),
-      expiresAt: new Date(Number(r.expires_at)),
-    }));
+    return (this.q.recordsByKey.all(key) as Record<string, unknown>[]).map(toRecord);
   }
 
   async sweep(options: SweepOptions): Promise<SweepResult> {
@@ -342,24 +328,6 @@ function toResponse(rec: RecordRow): StoredResponse {
   };
 }
 
-function toRejection(r: Record<string, unknown>): RejectionRow {
-  const str = (v: unknown) => (v === null || v === undefined ? null : String(v));
-  return {
-    id: String(r.id),
-    at: new Date(Number(r.at)),
-    reason: String(r.reason),
-    entity: str(r.entity),
-    presentedFence: str(r.presented_fence),
-    currentFence: str(r.current_fence),
-    idempotencyKey: str(r.idempotency_key),
-    caller: str(r.caller),
-    method: str(r.method),
-    path: str(r.path),
-    payloadSha256: str(r.payload_sha256),
-    requestId: str(r.request_id),
-    detail: str(r.detail),
-  };
-}
 
 /** Every statement of the hot path, prepared once. Named parameters: see each. */
 function prepare(db: SqliteDatabase) {
