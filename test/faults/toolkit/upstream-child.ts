@@ -2,7 +2,7 @@
  * The fake upstream as a PROCESS, deliberately NOT idempotent: every request
  * that arrives whole is one more effect (a charge, a message), appended to
  * an effects file before it is answered (so a kill loses no record) and kept
- * in memory for `GET /__effects`. It records the fence, entity and key each
+ * in memory for `GET /__effects[?entity=E]`. It records the fence, entity and key each
  * effect came with, so duplicates and out-of-order effects are visible.
  *
  *   node --import <ts loader> upstream-child.ts '{"effectsFile":"/tmp/…/effects.ndjson"}'
@@ -28,9 +28,11 @@ const effects: Effect[] = [];
 const one = (v: string | string[] | undefined) => (v === undefined ? null : Array.isArray(v) ? v.join(', ') : v);
 
 const server = createServer((req, res) => {
-  if (req.method === 'GET' && req.url === '/__effects') {
+  if (req.method === 'GET' && req.url?.startsWith('/__effects')) {
+    // `?entity=E`: only that entity's effects (cheap to poll during a soak).
+    const entity = new URL(req.url, 'http://x').searchParams.get('entity');
     res.writeHead(200, { 'content-type': 'application/json' });
-    res.end(JSON.stringify(effects));
+    res.end(JSON.stringify(entity === null ? effects : effects.filter((e) => e.entity === entity)));
     return;
   }
   req.resume();
