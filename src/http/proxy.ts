@@ -107,7 +107,8 @@ export function createProxyHandler(deps: ProxyDeps) {
 
     const pathAndQuery = url.pathname + url.search;
     const caller = deps.callerOf?.(c) ?? null;
-    const audit: AuditInfo = { requestId, caller, method: req.method, path: pathAndQuery, payloadSha256: sha256Hex(body) };
+    const payloadSha256 = sha256Hex(body);
+    const audit: AuditInfo = { requestId, caller, method: req.method, path: pathAndQuery, payloadSha256 };
     // 3, signed fences (DESIGN §7): checked once the entity is known, refusals logged.
     if (signedFence !== null && deps.checkSignedFence !== undefined) {
       const checked = await deps.checkSignedFence(signedFence, entity!, { audit, idempotencyKey: key });
@@ -120,7 +121,7 @@ export function createProxyHandler(deps: ProxyDeps) {
       key,
       entity,
       fence,
-      fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', body),
+      fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', payloadSha256),
       mode: route.mode,
       ownerToken: randomUUID(),
       lockMs: route.timeoutMs + route.lockMarginMs,
