@@ -63,6 +63,7 @@ describe('sqlite group commit', () => {
 
   it('a decision that throws fails alone; the others of its group are committed', async () => {
     const { store, path } = open();
+    const before = store.group!.stats.fallbacks;
     const good1 = store.admit(admitInput({ key: 'good-1' }));
     // A scope the CHECK-free schema accepts but the record insert cannot: a NULL key
     // violates NOT NULL only inside the transaction, after the fence was raised.
@@ -73,7 +74,9 @@ describe('sqlite group commit', () => {
     await expect(good2).resolves.toMatchObject({ outcome: 'forward' });
     const db = new Database(path, { readonly: true });
     const keys = db.prepare("SELECT key FROM idempotency_records WHERE scope = 'r' ORDER BY key").pluck().all();
-    // The failed decision rolled back to its savepoint: not even its fence raise remains.
+    // The group was rolled back and re-run one decision at a time: the failed
+    // decision left nothing, not even its fence raise.
+    expect(store.group!.stats.fallbacks - before).toBe(1);
     const badFence = db.prepare("SELECT fence FROM fence_entities WHERE entity = 'bad-entity'").get();
     db.close();
     expect(keys).toEqual(['good-1', 'good-2']);

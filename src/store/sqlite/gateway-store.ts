@@ -73,6 +73,8 @@ export class SqliteGatewayStore implements GatewayStore {
   private readonly admitTx: (input: AdmitInput) => Admission | Promise<Admission>;
   private readonly finishTx: (input: FinishInput) => FinishResult | Promise<FinishResult>;
   private readonly rejectTx: (input: RejectionInput) => void | Promise<void>;
+  /** The database clock (ms) read at the start of the current write transaction. */
+  private txNow = 0;
   /** The group committer, when `groupCommit` is on. */
   group: GroupCommit | null = null;
   private readonly audit: AuditStore;
@@ -82,15 +84,21 @@ export class SqliteGatewayStore implements GatewayStore {
     if (options.migrate !== false) migrateSqlite(this.db);
     this.notifier = new LocalNotifier(options.pollMs ?? 50);
     this.q = prepare(this.db);
+    // The database clock is read once per transaction: every decision of a
+    // transaction (of a group) happens at the same database time.
+    const begin = () => {
+      this.txNow = this.now();
+    };
     if (options.groupCommit ?? true) {
-      const group = (this.group = new GroupCommit(this.db));
+      const group = (this.group = new GroupCommit(this.db, begin));
       this.admitTx = (input) => group.run(() => this.admitIn(input));
       this.finishTx = (input) => group.run(() => this.finishIn(input));
-      this.rejectTx = (input) => group.run(() => this.reject(input, this.now()));
+      this.rejectTx = (input) => group.run(() => this.reject(input, this.txNow));
     } else {
-      const admit = this.db.transaction((input: AdmitInput) => this.admitIn(input));
-      const finish = this.db.transaction((input: FinishInput) => this.finishIn(input));
-      const reject = this.db.transaction((input: RejectionInput) => this.reject(input, this.now()));
+      const inTx = <I, O>(fn: (input: I) => O) => this.db.transaction((input: I) => (begin(), fn(input)));
+      const admit = inTx((input: AdmitInput) => this.admitIn(input));
+      const finish = inTx((input: FinishInput) => this.finishIn(input));
+      const reject = inTx((input: RejectionInput) => this.reject(input, this.txNow));
       // IMMEDIATE: take the write lock at BEGIN, so that two processes never
       // both read the old fence and then both write (SQLITE_BUSY_SNAPSHOT).
       this.admitTx = (input) => admit.immediate(input);
@@ -130,7 +138,7 @@ export class SqliteGatewayStore implements GatewayStore {
   /** DESIGN §3.5 a–h, inside the immediate transaction. */
   private admitIn(input: AdmitInput): Admission {
     const { q } = this;
-    const now = this.now();
+    const now = this.txNow;
     const { scope, key, entity, fence } = input;
 
     // a. The fence check comes first, always: a stale fence is refused even
@@ -206,7 +214,7 @@ export class SqliteGatewayStore implements GatewayStore {
   /** DESIGN §3.7, inside the immediate transaction. */
   private finishIn(input: FinishInput): FinishResult {
     const { q } = this;
-    const now = this.now();
+    const now = this.txNow;
     let recorded = true;
     if (input.key !== null) {
       const owned = { scope: input.scope, key: input.key, owner: input.ownerToken };
