@@ -10,6 +10,7 @@ import { entityFromJson, parseCommand } from './command.js';
 import { renderRefusal, toResponse } from './errors.js';
 import { connectionTokens, isHopByHop, type Forwarder, type UpstreamResult } from './forward.js';
 import type { Logger } from './logger.js';
+import { requestShapeProblem } from './request-shape.js';
 import { createRouter } from './router.js';
 import type { SignedFenceCheck } from './signed-fence.js';
 
@@ -83,6 +84,9 @@ export function createProxyHandler(deps: ProxyDeps) {
     trace.route = route.name;
 
     // 3. Headers (2, caller auth, runs as middleware before this handler).
+    //    First what the HTTP parser let through but the upstream would read otherwise.
+    const shape = requestShapeProblem(req.headers, url.pathname);
+    if (shape !== null) return refuse(route, { code: 'invalid-request', detail: shape });
     const parsed = parseCommand(route, req.headers, matched.params, { signedFences: deps.checkSignedFence !== undefined });
     if (!parsed.ok) return refuse(route, parsed.refusal);
     let { fence, key, entity } = parsed.command;
