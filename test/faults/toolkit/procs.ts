@@ -52,6 +52,12 @@ export interface SpawnOptions {
 
 const running = new Set<Proc>();
 
+// A test process that dies on an uncaught error must not leave its children
+// running: 'exit' handlers run synchronously, so SIGKILL them from there.
+process.once('exit', () => {
+  for (const p of running) p.proc.kill('SIGKILL');
+});
+
 /** `node <args>` from the repository root. */
 export function spawnProc(name: string, args: string[], options: SpawnOptions = {}): Proc {
   const proc = spawn(process.execPath, args, {
