@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { migratePostgres } from '../../store/postgres/migrate.js';
 import type { PoolLike } from '../../store/postgres/types.js';
 import { checkWorkerId, kindFilter, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
@@ -79,6 +80,24 @@ function rowToJob(r: JobRow): Job {
   };
 }
 
+/**
+ * A statement's name for the server: a hash of its text, so each connection
+ * parses and plans a hot-path statement once instead of on every call. The
+ * claim's parse and plan cost more server CPU than running it: 1.46 → 0.56 ms
+ * per claim, 0.82 → 0.45 ms per complete, once prepared (docs/bench-lease.md).
+ * Same text, same name: stores on different schemas may share a pool, since
+ * PostgreSQL re-parses a prepared statement when the search_path changes.
+ */
+const statementNames = new Map<string, string>();
+function statementName(text: string): string {
+  let name = statementNames.get(text);
+  if (name === undefined) {
+    name = `fencegate_lease_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`;
+    statementNames.set(text, name);
+  }
+  return name;
+}
+
 /** How many dead jobs one claim call may finalise before it returns (the caller claims again). */
 const MAX_DEAD_PER_CLAIM = 50;
 
@@ -124,6 +143,13 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
 
   const descriptor: StoreDescriptor | undefined =
     options.connectionString === undefined ? undefined : { postgres: options.connectionString };
+  /** A hot-path statement, named (prepared once per connection); `pg` accepts a query config object. */
+  const prepared = <R>(text: string, values: unknown[]) =>
+    (pool as unknown as { query(q: { name: string; text: string; values: unknown[] }): Promise<{ rows: R[] }> }).query({
+      name: statementName(text),
+      text,
+      values,
+    });
   const owned = (lease: LeaseRef) => [lease.id, lease.ownerId, lease.fencingToken];
   const lost = { ok: false, reason: 'lease_lost' } as const;
   let closed = false;
@@ -159,7 +185,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
       const params = [workerId, kinds, lease.defaultMs, JSON.stringify(lease.byKind)];
       const failed: ClaimFailedJob[] = [];
       for (let i = 0; i < MAX_DEAD_PER_CLAIM; i++) {
-        const { rows } = await pool.query<JobRow>(q.CLAIM, params);
+        const { rows } = await prepared<JobRow>(q.CLAIM, params);
         if (!rows[0]) return { lease: null, failed };
         const job = rowToJob(rows[0]);
         if (job.state !== 'running') {
@@ -196,17 +222,17 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
     },
 
     async extend(lease) {
-      const { rows } = await pool.query<{ lease_until: Date }>(q.EXTEND, [...owned(lease), lease.leaseMs]);
+      const { rows } = await prepared<{ lease_until: Date }>(q.EXTEND, [...owned(lease), lease.leaseMs]);
       return rows[0] ? { ok: true, leaseUntil: rows[0].lease_until } : lost;
     },
 
     async complete(lease, result) {
-      const { rows } = await pool.query(q.COMPLETE, [...owned(lease), toJson(result)]);
+      const { rows } = await prepared(q.COMPLETE, [...owned(lease), toJson(result)]);
       return rows.length === 1 ? { ok: true } : lost;
     },
 
     async fail(lease, error, { retryable, backoffMs = 0 }) {
-      const { rows } = await pool.query<{ state: JobState; reason: string | null; run_after: Date }>(q.FAIL, [
+      const { rows } = await prepared<{ state: JobState; reason: string | null; run_after: Date }>(q.FAIL, [
         ...owned(lease),
         JSON.stringify({ code: error.code, message: error.message }),
         retryable,
@@ -221,7 +247,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
     },
 
     async release(lease) {
-      const { rows } = await pool.query(q.RELEASE, owned(lease));
+      const { rows } = await prepared(q.RELEASE, owned(lease));
       return rows.length === 1 ? { ok: true } : lost;
     },
 
