@@ -408,38 +408,61 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
   }
 
   // --- the claim loop -------------------------------------------------------
+  //
+  // Up to `concurrency` claims may be in flight at once (one lane per slot),
+  // so a worker with many slots is not held to one claim round trip at a
+  // time: with 16 slots and one serial claim loop, throughput was capped at
+  // 1 / (claim latency) whatever the database could do (docs/bench-lease.md).
+  // A lane claims only while `active + claiming < concurrency`, so no more
+  // jobs are held than there are slots. When a claim finds nothing (or the
+  // database is down), the worker goes idle: only lane 0 polls, every
+  // `pollIntervalMs`, as the single loop did, and the first job it finds
+  // wakes the other lanes.
 
   let stopping = false;
-  let wakeUp: (() => void) | undefined;
+  let claiming = 0;
+  let idleQueue = false;
+  const wakers = new Set<() => void>();
   function wake(): void {
-    wakeUp?.();
+    for (const done of [...wakers]) done();
   }
-  /** Waits up to `ms`, or until a slot frees up or the worker stops. */
-  function pause(ms: number): Promise<void> {
+  /** Waits up to `ms` (forever if undefined), or until a slot frees up, the queue has work again, or the worker stops. */
+  function pause(ms: number | undefined): Promise<void> {
     return new Promise((resolve) => {
-      const timer = setTimeout(done, ms);
+      const timer = ms === undefined ? undefined : setTimeout(done, ms);
       function done() {
         clearTimeout(timer);
-        wakeUp = undefined;
+        wakers.delete(done);
         resolve();
       }
-      wakeUp = done;
+      wakers.add(done);
     });
   }
 
   const kinds = Object.keys(config.handlers);
-  async function claimLoop(): Promise<void> {
+  async function claimLane(lane: number): Promise<void> {
     while (!stopping) {
-      if (active.size >= config.concurrency) {
+      if (active.size + claiming >= config.concurrency) {
         await pause(config.pollIntervalMs);
+        continue;
+      }
+      if (idleQueue && lane !== 0) {
+        // Lane 0 polls for the idle worker; it wakes us when it finds a job.
+        await pause(undefined);
         continue;
       }
       const sentAt = monotonicMs();
       let result;
+      claiming++;
       try {
         result = await store.claim({ workerId, kinds, leaseMs: config.leaseMs, leaseMsByKind });
       } catch {
+        result = undefined;
+      }
+      claiming--;
+      if (!result) {
         // The database is unreachable: nothing to hand out; try again later.
+        idleQueue = true;
         await pause(config.pollIntervalMs);
         continue;
       }
@@ -462,14 +485,21 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
           break;
         }
         startAttempt(result.lease, sentAt);
+        if (idleQueue) {
+          idleQueue = false;
+          wake();
+        }
       } else if (result.failed.length === 0) {
+        idleQueue = true;
         await pause(config.pollIntervalMs);
       }
     }
   }
   // Claiming starts on the next turn of the event loop, so that listeners
   // attached right after `await runWorker(...)` see the first job_claimed.
-  const loopDone = new Promise<void>((resolve) => setImmediate(resolve)).then(claimLoop);
+  const loopDone = new Promise<void>((resolve) => setImmediate(resolve)).then(() =>
+    Promise.all(Array.from({ length: config.concurrency }, (_, lane) => claimLane(lane))).then(() => undefined),
+  );
 
   // --- stop -----------------------------------------------------------------
 
