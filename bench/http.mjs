@@ -14,7 +14,8 @@
 // the control measured in the same run; absolute numbers depend on the box.
 //
 // Options: --seconds N (default 10) per throughput run, --latency N (default
-// 3000) sequential requests per latency run, --only a,b to pick targets.
+// 3000) sequential requests per latency run, --rounds N (default 3; targets
+// interleaved, median per target), --only a,b to pick targets.
 import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
@@ -32,6 +33,7 @@ const opt = (name, dflt) => {
 };
 const seconds = Number(opt('seconds', 10));
 const latencyRequests = Number(opt('latency', 3000));
+const rounds = Number(opt('rounds', 3));
 const only = opt('only', null)?.split(',');
 const pgUrl = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
 
@@ -77,8 +79,8 @@ async function main() {
   const targets = [
     ['direct', async () => ({ url: upstream.url, stop: async () => {} })],
     ['control', () => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
-    ['fg-full', () => startFencegate('full', { sqlite: join(tmp, 'full.db'), synchronous: 'FULL' }, upstream.url)],
-    ['fg-normal', () => startFencegate('normal', { sqlite: join(tmp, 'normal.db'), synchronous: 'NORMAL' }, upstream.url)],
+    ['fg-full', () => startFencegate('full', { sqlite: join(tmp, `full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url)],
+    ['fg-normal', () => startFencegate('normal', { sqlite: join(tmp, `normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url)],
     ...(pgUrl
       ? [
           [
@@ -99,18 +101,37 @@ async function main() {
     ['peer', () => startNode(join(here, 'servers/idempotency-peer.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
   ].filter(([name]) => !only || only.includes(name));
 
-  const rows = [];
-  for (const [name, start] of targets) {
-    const target = await start();
-    await waitReady(target.url);
-    // Warm-up: JIT, connection pools, SQLite page cache.
-    await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm` });
-    const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50` });
-    const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1` });
-    rows.push({ target: name, rps50: t50.rps, p50_50c: t50.p50, p99_50c: t50.p99, p50_1c: l1.p50, p99_1c: l1.p99, errors: t50.errors + l1.errors, statuses: t50.statuses });
-    await target.stop();
-    process.stderr.write(`done: ${name}\n`);
+  // Rounds interleave the targets, so that a load change on the box hits
+  // every target alike; each target's row is the median of its rounds.
+  const runs = new Map(targets.map(([name]) => [name, []]));
+  for (let round = 1; round <= rounds; round++) {
+    for (const [name, start] of targets) {
+      const target = await start();
+      await waitReady(target.url);
+      // Warm-up: JIT, connection pools, SQLite page cache.
+      await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm-${round}` });
+      const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50-${round}` });
+      const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1-${round}` });
+      runs.get(name).push({ rps50: t50.rps, p50_50c: t50.p50, p99_50c: t50.p99, p50_1c: l1.p50, p99_1c: l1.p99, errors: t50.errors + l1.errors, statuses: t50.statuses });
+      await target.stop();
+      process.stderr.write(`round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, p50@1 ${l1.p50.toFixed(3)} ms\n`);
+    }
   }
+  const median = (xs) => {
+    const v = [...xs].sort((a, b) => a - b);
+    return v.length % 2 ? v[(v.length - 1) / 2] : (v[v.length / 2 - 1] + v[v.length / 2]) / 2;
+  };
+  const rows = [...runs].map(([name, rs]) => ({
+    target: name,
+    rps50: median(rs.map((r) => r.rps50)),
+    p50_50c: median(rs.map((r) => r.p50_50c)),
+    p99_50c: median(rs.map((r) => r.p99_50c)),
+    p50_1c: median(rs.map((r) => r.p50_1c)),
+    p99_1c: median(rs.map((r) => r.p99_1c)),
+    errors: rs.reduce((n, r) => n + r.errors, 0),
+    statuses: rs.map((r) => r.statuses),
+    rounds: rs,
+  }));
   await upstream.stop();
   if (schema) {
     const c = new pg.Client({ connectionString: pgUrl });
@@ -126,12 +147,12 @@ async function main() {
     r.added_p50_1c_ms = direct ? r.p50_1c - direct.p50_1c : null;
   }
   const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned };
-  const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rows };
+  const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rounds, rows };
   mkdirSync(join(here, 'results'), { recursive: true });
   writeFileSync(join(here, 'results', 'http.json'), JSON.stringify(out, null, 2) + '\n');
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
-  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned}, ${seconds}s per run`);
+  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned}, ${seconds}s per run, median of ${rounds} interleaved rounds`);
   console.log('| target | req/s @50 | × control | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of rows) {
