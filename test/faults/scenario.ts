@@ -215,9 +215,11 @@ async function scenario(options: ScenarioOptions, r: Resources, log: (line: stri
     log("W1's database connection restored");
   }
   // W1's runner notices by itself (or already did, on PostgreSQL); the
-  // result it computed is not stored.
-  const w1Lost = await w1.waitFor(event('heartbeat_lost', job.id), 'W1 learns it lost the lease').catch(() => null);
+  // result it computed is not stored. result_rejected always comes; a
+  // heartbeat_lost, when the loss is noticed before the handler settles,
+  // comes before it.
   const w1ResultRejected = await w1.waitFor(event('result_rejected', job.id), "W1's result refused").catch(() => null);
+  const w1Lost = w1.lines.find(event('heartbeat_lost', job.id)) ?? null;
   if (w1Lost) log(`W1: heartbeat_lost (${w1Lost.cause})`);
   if (w1ResultRejected) log(`W1: result_rejected (${w1ResultRejected.reason})`);
   // And W1's own code, retrying by hand on its own connection: refused by the database.
