@@ -96,6 +96,59 @@ FROM pick p
 WHERE j.id = p.id
 RETURNING ${columns('j.')}`;
 
+/**
+ * CLAIM for up to $5 callers at once (the store groups claim() calls that
+ * arrive while one is in flight: docs/bench-lease.md). $1–$4 as in CLAIM.
+ * The same picks, locks and ownership columns, row by row: expired running
+ * jobs first, then the oldest ready ones, each `FOR UPDATE SKIP LOCKED`, and
+ * the second CTE is read only for the rows the first did not supply.
+ *
+ * Tokens: as in CLAIM, plus the job's rank among the picked jobs that share
+ * its custom fence key, so two jobs of one key claimed together get distinct,
+ * rising tokens, as two claims one after the other would.
+ */
+export const CLAIM_MANY = `
+WITH expired AS (
+  SELECT ${PICKED}, fence_key FROM tool_jobs
+   WHERE state = 'running' AND lease_until <= now() AND ${KIND_FILTER}
+   ORDER BY lease_until
+   LIMIT $5
+   FOR UPDATE SKIP LOCKED
+), ready AS (
+  SELECT ${PICKED}, fence_key FROM tool_jobs
+   WHERE state = 'queued' AND run_after <= now() AND ${KIND_FILTER}
+   ORDER BY run_after, id
+   LIMIT $5
+   FOR UPDATE SKIP LOCKED
+), pick AS (
+  SELECT id, owner_id AS previous_owner, kind, dead, fence_key, true AS was_running FROM expired
+  UNION ALL
+  SELECT id, NULL, kind, dead, fence_key, false FROM ready
+  LIMIT $5
+), ranked AS (
+  SELECT pick.*, row_number() OVER (PARTITION BY fence_key ORDER BY id) AS nth FROM pick
+)
+UPDATE tool_jobs j SET
+  state = CASE WHEN p.dead IS NULL THEN 'running' ELSE 'failed' END,
+  reason = p.dead,
+  finished_at = CASE WHEN p.dead IS NULL THEN NULL ELSE now() END,
+  previous_owner_id = CASE WHEN p.was_running THEN p.previous_owner END,
+  owner_id = CASE WHEN p.dead IS NULL THEN $1 ELSE j.owner_id END,
+  fencing_token = CASE WHEN p.dead IS NULL
+    THEN CASE WHEN j.fence_key IS NULL THEN 1 ELSE p.nth END
+       + greatest(j.fencing_token, coalesce((SELECT max(o.fencing_token) FROM tool_jobs o
+                                             WHERE o.fence_key IS NOT NULL AND o.fence_key = j.fence_key), 0))
+    ELSE j.fencing_token END,
+  attempt = CASE WHEN p.dead IS NULL THEN j.attempt + 1 ELSE j.attempt END,
+  lease_until = CASE WHEN p.dead IS NULL
+    THEN now() + coalesce(($4::jsonb ->> p.kind)::bigint, $3::bigint) * interval '1 millisecond'
+    ELSE j.lease_until END,
+  heartbeat_at = CASE WHEN p.dead IS NULL THEN now() ELSE j.heartbeat_at END,
+  first_claimed_at = coalesce(j.first_claimed_at, CASE WHEN p.dead IS NULL THEN now() END)
+FROM ranked p
+WHERE j.id = p.id
+RETURNING ${columns('j.')}`;
+
 /** The ownership condition of every later statement (DESIGN §6): $1 id, $2 owner, $3 token. */
 const OWNED = `id = $1 AND owner_id = $2 AND fencing_token = $3 AND state = 'running' AND lease_until > now()`;
 
@@ -110,6 +163,20 @@ export const COMPLETE = `
 UPDATE tool_jobs SET state = 'succeeded', result = $4::jsonb, finished_at = now(), lease_until = NULL
 WHERE ${OWNED}
 RETURNING id`;
+
+/**
+ * COMPLETE for several leases in one statement (the store groups complete()
+ * calls that arrive while one is in flight). $1 ids, $2 owners, $3 tokens,
+ * $4 results (JSON texts), one element per lease, no id twice. Each row is
+ * written only under the full ownership condition of COMPLETE; the ids
+ * returned are the leases that were still held, the others are lost.
+ */
+export const COMPLETE_MANY = `
+UPDATE tool_jobs j SET state = 'succeeded', result = x.result, finished_at = now(), lease_until = NULL
+FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::jsonb[]) AS x(id, owner_id, fencing_token, result)
+WHERE j.id = x.id AND j.owner_id = x.owner_id AND j.fencing_token = x.fencing_token
+  AND j.state = 'running' AND j.lease_until > now()
+RETURNING j.id`;
 
 /** A failed attempt goes back to the queue: retryable, an attempt left, and the retry starts before the deadline. */
 const RETRY = `($5::boolean AND attempt < max_attempts

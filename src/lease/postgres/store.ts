@@ -2,7 +2,18 @@ import { createHash } from 'node:crypto';
 import { migratePostgres } from '../../store/postgres/migrate.js';
 import type { PoolLike } from '../../store/postgres/types.js';
 import { checkWorkerId, kindFilter, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
-import type { ClaimFailedJob, Job, JobState, JobStore, JobStoreOptions, LeaseRef, StoreDescriptor } from '../types.js';
+import type {
+  ClaimFailedJob,
+  ClaimResult,
+  CompleteResult,
+  Job,
+  JobState,
+  JobStore,
+  JobStoreOptions,
+  LeaseRef,
+  StoreDescriptor,
+} from '../types.js';
+import { StatementGroup } from './group.js';
 import * as q from './queries.js';
 
 export type PostgresJobStoreOptions = JobStoreOptions & {
@@ -101,10 +112,15 @@ function statementName(text: string): string {
 /** How many dead jobs one claim call may finalise before it returns (the caller claims again). */
 const MAX_DEAD_PER_CLAIM = 50;
 
+/** The most calls one grouped statement serves. */
+const MAX_GROUP = 100;
+
 /**
  * The job store on PostgreSQL. Every operation is one statement (its own
  * transaction), so the store needs no client of its own between calls and
- * works through any pool.
+ * works through any pool. Concurrent claim() calls (same owner, kinds and
+ * leases) and concurrent complete() calls share a statement when they arrive
+ * while one is in flight (./group.ts); a lone call goes out at once.
  *
  * @example
  * const store = await createPostgresJobStore({ connectionString: process.env.DATABASE_URL! });
@@ -154,6 +170,89 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
   const lost = { ok: false, reason: 'lease_lost' } as const;
   let closed = false;
 
+  /**
+   * Claims for `callers` concurrent claim() calls with the same parameters:
+   * one CLAIM when alone, else CLAIM_MANY for all of them. Jobs found dead
+   * are reported once (to the first caller); callers left without a lease
+   * because some picked jobs were dead claim again, as a single claim does,
+   * for at most MAX_DEAD_PER_CLAIM rounds.
+   */
+  async function claimFor(
+    workerId: string,
+    params: unknown[],
+    lease: ReturnType<typeof leaseTable>,
+    callers: number,
+  ): Promise<ClaimResult[]> {
+    const results: ClaimResult[] = Array.from({ length: callers }, () => ({ lease: null, failed: [] }));
+    let waiting = results;
+    for (let round = 0; round < MAX_DEAD_PER_CLAIM && waiting.length > 0; round++) {
+      const want = waiting.length;
+      const { rows } = want === 1 ? await prepared<JobRow>(q.CLAIM, params) : await prepared<JobRow>(q.CLAIM_MANY, [...params, want]);
+      let given = 0;
+      for (const row of rows) {
+        const job = rowToJob(row);
+        if (job.state !== 'running') {
+          results[0]!.failed.push({
+            id: job.id,
+            kind: job.kind,
+            fencingToken: job.fencingToken,
+            reason: job.reason as ClaimFailedJob['reason'],
+            previousOwnerId: job.previousOwnerId,
+          });
+          continue;
+        }
+        waiting[given++]!.lease = {
+          id: job.id,
+          kind: job.kind,
+          ownerId: workerId,
+          fencingToken: job.fencingToken,
+          leaseUntil: job.leaseUntil as Date,
+          leaseMs: lease.byKind[job.kind] ?? lease.defaultMs,
+          attempt: job.attempt,
+          maxAttempts: job.maxAttempts,
+          idempotencyKey: job.idempotencyKey,
+          fenceKey: job.fenceKey,
+          payload: job.payload,
+          payloadSha256: job.payloadSha256,
+          deadlineAt: job.deadlineAt,
+          previousOwnerId: job.previousOwnerId,
+        };
+      }
+      // Fewer rows than asked for: nothing else is claimable now.
+      if (rows.length < want) break;
+      waiting = waiting.slice(given);
+    }
+    return results;
+  }
+  const claimGroups = new Map<string, StatementGroup<undefined, ClaimResult>>();
+
+  /**
+   * Completes concurrent complete() calls: one COMPLETE when alone, else
+   * COMPLETE_MANY; each lease is ok only if its own row matched the full
+   * ownership condition. A lease given twice in one group (never by the
+   * runner) goes one statement at a time, so the second sees the first.
+   */
+  async function completeFor(items: { lease: LeaseRef; json: string }[]): Promise<CompleteResult[]> {
+    const one = async ({ lease, json }: { lease: LeaseRef; json: string }): Promise<CompleteResult> => {
+      const { rows } = await prepared(q.COMPLETE, [...owned(lease), json]);
+      return rows.length === 1 ? { ok: true } : lost;
+    };
+    if (items.length === 1 || new Set(items.map((i) => i.lease.id)).size < items.length) {
+      const out: CompleteResult[] = [];
+      for (const item of items) out.push(await one(item));
+      return out;
+    }
+    const { rows } = await prepared<{ id: string }>(q.COMPLETE_MANY, [
+      items.map((i) => i.lease.id),
+      items.map((i) => i.lease.ownerId),
+      items.map((i) => i.lease.fencingToken),
+      items.map((i) => i.json),
+    ]);
+    const done = new Set(rows.map((r) => Number(r.id)));
+    return items.map((i) => (done.has(i.lease.id) ? { ok: true } : lost));
+  }
+  const completeGroup = new StatementGroup(completeFor, MAX_GROUP);
+
   return {
     dialect: 'postgres',
     descriptor,
@@ -183,42 +282,18 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
       const kinds = kindFilter(claim.kinds);
       const lease = leaseTable(options, claim);
       const params = [workerId, kinds, lease.defaultMs, JSON.stringify(lease.byKind)];
-      const failed: ClaimFailedJob[] = [];
-      for (let i = 0; i < MAX_DEAD_PER_CLAIM; i++) {
-        const { rows } = await prepared<JobRow>(q.CLAIM, params);
-        if (!rows[0]) return { lease: null, failed };
-        const job = rowToJob(rows[0]);
-        if (job.state !== 'running') {
-          failed.push({
-            id: job.id,
-            kind: job.kind,
-            fencingToken: job.fencingToken,
-            reason: job.reason as ClaimFailedJob['reason'],
-            previousOwnerId: job.previousOwnerId,
-          });
-          continue;
-        }
-        return {
-          lease: {
-            id: job.id,
-            kind: job.kind,
-            ownerId: workerId,
-            fencingToken: job.fencingToken,
-            leaseUntil: job.leaseUntil as Date,
-            leaseMs: lease.byKind[job.kind] ?? lease.defaultMs,
-            attempt: job.attempt,
-            maxAttempts: job.maxAttempts,
-            idempotencyKey: job.idempotencyKey,
-            fenceKey: job.fenceKey,
-            payload: job.payload,
-            payloadSha256: job.payloadSha256,
-            deadlineAt: job.deadlineAt,
-            previousOwnerId: job.previousOwnerId,
-          },
-          failed,
-        };
+      // Only claims with the same owner, kinds and leases share a statement.
+      const key = JSON.stringify(params);
+      let group = claimGroups.get(key);
+      if (!group) {
+        group = new StatementGroup<undefined, ClaimResult>(
+          (callers) => claimFor(workerId, params, lease, callers.length),
+          MAX_GROUP,
+          () => claimGroups.delete(key),
+        );
+        claimGroups.set(key, group);
       }
-      return { lease: null, failed };
+      return group.submit(undefined);
     },
 
     async extend(lease) {
@@ -227,8 +302,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
     },
 
     async complete(lease, result) {
-      const { rows } = await prepared(q.COMPLETE, [...owned(lease), toJson(result)]);
-      return rows.length === 1 ? { ok: true } : lost;
+      return completeGroup.submit({ lease, json: toJson(result) });
     },
 
     async fail(lease, error, { retryable, backoffMs = 0 }) {

@@ -1,0 +1,159 @@
+/**
+ * Grouped statements on one PostgreSQL store: claim() and complete() calls
+ * that arrive while one of their kind is in flight go out together, as one
+ * CLAIM_MANY or COMPLETE_MANY (src/lease/postgres/group.ts). They must keep
+ * every guarantee of the one-at-a-time statements: each job claimed once per
+ * lease, dead jobs failed and reported once, rising tokens under a shared
+ * fence key, and a result stored only for a lease still held.
+ *
+ * Calls started in the same tick group deterministically: the first goes out
+ * alone, the rest wait for it and share the next statement. Rows written by
+ * one statement share its now(), which is how the tests see that a group
+ * really formed.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import * as q from '../../src/lease/postgres/queries.js';
+import type { JobStore, Lease } from '../../src/lease/types.js';
+import { POSTGRES_URL, postgresDatabase, type TestDatabase } from './helpers/stores.js';
+
+describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL store', () => {
+  let db: TestDatabase;
+  let store: JobStore;
+
+  beforeAll(async () => {
+    db = await postgresDatabase();
+    store = await db.open({ leaseMs: 120_000 });
+  });
+  afterAll(async () => {
+    await db?.dispose();
+  });
+
+  const seed = (kind: string, n: number) =>
+    db.sql(
+      `INSERT INTO tool_jobs (kind, idempotency_key, payload, payload_sha256, max_attempts)
+       SELECT $1, $1 || '-' || i, jsonb_build_object('n', i), '-', 3 FROM generate_series(1, $2::int) i`,
+      [kind, n],
+    );
+
+  /** `loops` concurrent claim loops on the one store, until nothing is left. */
+  const claimAll = async (kind: string, workerId: string, loops: number) =>
+    (
+      await Promise.all(
+        Array.from({ length: loops }, async () => {
+          const got: Lease[] = [];
+          for (;;) {
+            const { lease } = await store.claim({ workerId, kinds: [kind] });
+            if (!lease) return got;
+            got.push(lease);
+          }
+        }),
+      )
+    ).flat();
+
+  test('20 claim loops on one store: every job exactly once; after expiry exactly once more, token+1, previous owner kept', async () => {
+    await seed('g-once', 500);
+    const first = await claimAll('g-once', 'gw1', 20);
+    expect(first).toHaveLength(500);
+    expect(new Set(first.map((l) => l.id)).size).toBe(500);
+    expect(first.every((l) => l.fencingToken === 1 && l.attempt === 1)).toBe(true);
+    // Grouping happened: far fewer claim statements (distinct now()) than jobs.
+    const [once] = await db.sql<{ statements: string }>(
+      "SELECT count(DISTINCT first_claimed_at) AS statements FROM tool_jobs WHERE kind = 'g-once'",
+    );
+    expect(Number(once!.statements)).toBeLessThan(250);
+
+    await db.sql("UPDATE tool_jobs SET lease_until = now() - interval '1 hour' WHERE kind = 'g-once'");
+    const second = await claimAll('g-once', 'gw2', 20);
+    expect(second).toHaveLength(500);
+    expect(new Set(second.map((l) => l.id)).size).toBe(500);
+    expect(second.every((l) => l.fencingToken === 2 && l.previousOwnerId === 'gw1')).toBe(true);
+    // The old leases are gone, grouped or not.
+    const stale = await Promise.all(first.slice(0, 20).map((l) => store.complete(l, 'stale')));
+    expect(stale.every((r) => !r.ok)).toBe(true);
+  });
+
+  test('dead jobs met by a grouped claim are failed and reported exactly once; the callers still get every live job', async () => {
+    // Ids alternate dead (attempts used up) and live.
+    await db.sql(
+      `INSERT INTO tool_jobs (kind, idempotency_key, payload, payload_sha256, max_attempts, attempt)
+       SELECT 'g-dead', 'g-dead-' || i, '{}', '-', CASE WHEN i % 2 = 0 THEN 1 ELSE 3 END, CASE WHEN i % 2 = 0 THEN 1 ELSE 0 END
+         FROM generate_series(1, 20) i`,
+    );
+    const results = await Promise.all(Array.from({ length: 12 }, () => store.claim({ workerId: 'gw3', kinds: ['g-dead'] })));
+    const leases = results.flatMap((r) => (r.lease ? [r.lease] : []));
+    const failed = results.flatMap((r) => r.failed);
+    expect(leases).toHaveLength(10);
+    expect(new Set(leases.map((l) => l.id)).size).toBe(10);
+    expect(failed).toHaveLength(10);
+    expect(new Set(failed.map((f) => f.id)).size).toBe(10);
+    expect(failed.every((f) => f.reason === 'max_attempts')).toBe(true);
+    expect(await store.claim({ workerId: 'gw3', kinds: ['g-dead'] })).toEqual({ lease: null, failed: [] });
+    const rows = await db.sql<{ state: string; n: string }>(
+      "SELECT state, count(*) AS n FROM tool_jobs WHERE kind = 'g-dead' GROUP BY state ORDER BY state",
+    );
+    expect(rows).toEqual([
+      { state: 'failed', n: '10' },
+      { state: 'running', n: '10' },
+    ]);
+  });
+
+  test('jobs sharing a custom fence key and claimed in one group get distinct tokens above the key’s last one', async () => {
+    const earlier = await store.enqueue({ kind: 'g-key', idempotencyKey: 'g-key-0', payload: {}, fenceKey: 'acct-9' });
+    const { lease: e } = await store.claim({ workerId: 'gw4', kinds: ['g-key'] });
+    expect(e?.id).toBe(earlier.job.id);
+    expect(await store.complete(e!, null)).toEqual({ ok: true });
+    for (let i = 1; i <= 6; i++) await store.enqueue({ kind: 'g-key', idempotencyKey: `g-key-${i}`, payload: {}, fenceKey: 'acct-9' });
+
+    const leases = (await Promise.all(Array.from({ length: 6 }, () => store.claim({ workerId: 'gw4', kinds: ['g-key'] })))).map((r) => r.lease!);
+    const tokens = leases.map((l) => l.fencingToken);
+    expect(new Set(tokens).size).toBe(6);
+    expect(Math.min(...tokens)).toBeGreaterThan(e!.fencingToken);
+    const [keyed] = await db.sql<{ statements: string }>(
+      "SELECT count(DISTINCT first_claimed_at) AS statements FROM tool_jobs WHERE kind = 'g-key' AND id <> $1",
+      [earlier.job.id],
+    );
+    expect(Number(keyed!.statements)).toBe(2); // one alone, five together
+
+    // Negative control: the grouped claim without the rank hands equal tokens
+    // to jobs of one key claimed together.
+    for (let i = 1; i <= 3; i++) await store.enqueue({ kind: 'g-key2', idempotencyKey: `g-key2-${i}`, payload: {}, fenceKey: 'acct-10' });
+    const unranked = q.CLAIM_MANY.replace('CASE WHEN j.fence_key IS NULL THEN 1 ELSE p.nth END', '1');
+    expect(unranked).not.toBe(q.CLAIM_MANY);
+    const rows = await db.sql<{ fencing_token: string }>(unranked, ['gw5', ['g-key2'], 1000, '{}', 3]);
+    expect(rows).toHaveLength(3);
+    expect(new Set(rows.map((r) => r.fencing_token)).size).toBe(1);
+  });
+
+  test('a grouped complete stores the results of leases still held and refuses the stale ones in the same group', async () => {
+    await seed('g-done', 6);
+    const mine = (await Promise.all(Array.from({ length: 6 }, () => store.claim({ workerId: 'gw6', kinds: ['g-done'] })))).map((r) => r.lease!);
+    // Two of them expire and go to another owner (token 2).
+    const lostIds = [mine[2]!.id, mine[4]!.id];
+    await db.sql("UPDATE tool_jobs SET lease_until = now() - interval '1 hour' WHERE id = ANY ($1::bigint[])", [lostIds]);
+    const other = await Promise.all(lostIds.map(() => store.claim({ workerId: 'gw7', kinds: ['g-done'] })));
+    expect(other.map((r) => r.lease?.fencingToken)).toEqual([2, 2]);
+
+    const answers = await Promise.all(mine.map((l) => store.complete(l, { by: 'gw6', id: l.id })));
+    expect(answers.map((a) => a.ok)).toEqual([true, true, false, true, false, true]);
+    const rows = await db.sql<{ id: string; state: string; owner_id: string; result: unknown; finished_at: Date | null }>(
+      "SELECT id, state, owner_id, result, finished_at FROM tool_jobs WHERE kind = 'g-done' ORDER BY id",
+    );
+    for (const r of rows) {
+      if (lostIds.includes(Number(r.id))) expect(r).toMatchObject({ state: 'running', owner_id: 'gw7', result: null });
+      else expect(r).toMatchObject({ state: 'succeeded', owner_id: 'gw6', result: { by: 'gw6', id: Number(r.id) } });
+    }
+    // One alone, the other three together.
+    expect(new Set(rows.filter((r) => r.finished_at).map((r) => r.finished_at!.getTime())).size).toBe(2);
+
+    // Negative control: the grouped complete without the ownership columns
+    // lets the stale owner's result overwrite the new owner's job.
+    const unconditional = q.COMPLETE_MANY.replace(
+      "AND j.owner_id = x.owner_id AND j.fencing_token = x.fencing_token\n  AND j.state = 'running' AND j.lease_until > now()",
+      '',
+    );
+    expect(unconditional).not.toBe(q.COMPLETE_MANY);
+    await db.sql(unconditional, [[mine[2]!.id], ['gw6'], [mine[2]!.fencingToken], [JSON.stringify({ by: 'gw6 (stale)' })]]);
+    const [overwritten] = await db.sql<{ result: unknown }>('SELECT result FROM tool_jobs WHERE id = $1', [mine[2]!.id]);
+    expect(overwritten!.result).toEqual({ by: 'gw6 (stale)' });
+  });
+});
