@@ -80,6 +80,7 @@ export interface SoakReport {
   faults: Record<FaultKind, number>;
   late: { delivered: number; refused: number; admitted: number; noAnswer: number };
   workerEvents: { claims: number; takeovers: number; leaseLost: number; resultRejected: number };
+  restartRetries: { gateway: number; workers: number };
   rejections: Record<string, number>;
   violations: string[];
   /** Anything the harness itself got wrong (a process that would not start): the run proves nothing then. */
@@ -122,6 +123,8 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
   const faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>;
   const late = { delivered: 0, refused: 0, admitted: 0, noAnswer: 0 };
   const workerEvents = { claims: 0, takeovers: 0, leaseLost: 0, resultRejected: 0 };
+  /** Starts that failed and were retried (a process restarted while its database was cut). */
+  const restartRetries = { gateway: 0, workers: 0 };
   const slots: Slot[] = [];
   const proxies: FaultProxy[] = [];
   let upstream: Proc | null = null;
@@ -242,6 +245,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
       const t: Promise<void> = p
         .catch((err) => {
           harnessErrors.push(`fault task: ${err instanceof Error ? err.stack : String(err)}`);
+          log(`HARNESS ERROR ${harnessErrors.at(-1)}`);
         })
         .finally(() => running.delete(t));
       running.add(t);
@@ -257,10 +261,13 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
         if (!slot) return null;
         slot.busy = true;
         return (async () => {
-          slot.proc.pause();
-          await sleep(between(r1!, 300, 3_500));
-          slot.proc.resume();
-          slot.busy = false;
+          try {
+            slot.proc.pause();
+            await sleep(between(r1!, 300, 3_500));
+          } finally {
+            slot.proc.resume();
+            slot.busy = false;
+          }
         })();
       },
       kill: ([r0, r1]) => {
@@ -268,12 +275,24 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
         if (!slot) return null;
         slot.busy = true;
         return (async () => {
-          await slot.proc.kill();
-          await sleep(between(r1!, 200, 1_000));
-          slot.generation++;
-          slot.proc = spawnWorker(slot);
-          await slot.proc.waitFor((m) => m.type === 'ready', `${slot.proc.name} ready`, 60_000);
-          slot.busy = false;
+          try {
+            await slot.proc.kill();
+            await sleep(between(r1!, 200, 1_000));
+            // A supervisor's restart: a start that fails (its database unreachable) is retried.
+            const deadline = Date.now() + 60_000;
+            for (;;) {
+              slot.generation++;
+              slot.proc = spawnWorker(slot);
+              const ready = await slot.proc.waitFor((m) => m.type === 'ready', `${slot.proc.name} ready`, 60_000).catch((err: Error) => err);
+              if (!(ready instanceof Error)) break;
+              if (Date.now() > deadline) throw ready;
+              restartRetries.workers++;
+              await slot.proc.kill();
+              await sleep(500);
+            }
+          } finally {
+            slot.busy = false;
+          }
         })();
       },
       dbCut: ([r0, r1]) => {
@@ -281,20 +300,26 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
         if (!slot?.db) return null;
         slot.busy = true;
         return (async () => {
-          slot.db!.cut();
-          await sleep(between(r1!, 500, 4_000));
-          slot.db!.restore();
-          slot.busy = false;
+          try {
+            slot.db!.cut();
+            await sleep(between(r1!, 500, 4_000));
+          } finally {
+            slot.db!.restore();
+            slot.busy = false;
+          }
         })();
       },
       gatewayDbCut: ([, r1]) => {
         if (!gwDb || exclusive.gatewayDbCut) return null;
         exclusive.gatewayDbCut = true;
         return (async () => {
-          gwDb.cut();
-          await sleep(between(r1!, 300, 2_000));
-          gwDb.restore();
-          exclusive.gatewayDbCut = false;
+          try {
+            gwDb.cut();
+            await sleep(between(r1!, 300, 2_000));
+          } finally {
+            gwDb.restore();
+            exclusive.gatewayDbCut = false;
+          }
         })();
       },
       upstreamReset: ([r0]) => {
@@ -305,20 +330,27 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
         if (exclusive.latency) return null;
         exclusive.latency = true;
         return (async () => {
-          upProxy.latency(between(r0!, 50, 400), 200);
-          await sleep(between(r1!, 1_000, 3_000));
-          upProxy.latency(0);
-          exclusive.latency = false;
+          try {
+            upProxy.latency(between(r0!, 50, 400), 200);
+            await sleep(between(r1!, 1_000, 3_000));
+          } finally {
+            upProxy.latency(0);
+            exclusive.latency = false;
+          }
         })();
       },
       gatewayKill: ([, r1]) => {
         if (exclusive.gatewayKill) return null;
         exclusive.gatewayKill = true;
         return (async () => {
-          await gw.kill();
-          await sleep(between(r1!, 200, 1_500));
-          await gw.restart();
-          exclusive.gatewayKill = false;
+          try {
+            await gw.kill();
+            await sleep(between(r1!, 200, 1_500));
+            // Retried like a supervisor would (the gateway exits when its database is cut at start-up).
+            restartRetries.gateway += (await gw.restart()) - 1;
+          } finally {
+            exclusive.gatewayKill = false;
+          }
         })();
       },
       staleOwner: ([r0, r1, r2]) => {
@@ -386,7 +418,17 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
         track(task);
         if (firstPass[0] === kind) firstPass.shift();
       }
-      if (!gw.alive && !exclusive.gatewayKill) harnessErrors.push('the gateway died on its own');
+      if (!gw.alive && !exclusive.gatewayKill) {
+        harnessErrors.push('the gateway died on its own');
+        log(`HARNESS ERROR the gateway died on its own: ${gw.proc.stderr().slice(-2000)}`);
+        exclusive.gatewayKill = true;
+        track(
+          gw.restart().then(
+            () => void (exclusive.gatewayKill = false),
+            (err) => Promise.reject(err),
+          ),
+        );
+      }
       if (Date.now() > nextStatus) {
         nextStatus += options.statusEveryMs ?? 30_000;
         log(`  ${Math.round((Date.now() - faultsFrom) / 1000)} s: ${enqueued} jobs enqueued, ${workerEvents.claims} claims (${workerEvents.takeovers} takeovers), faults ${formatCounts(faults)}`);
@@ -406,7 +448,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
       s.proc.resume();
       if (s.gw.holding) await s.gw.release();
     }
-    if (!gw.alive) await gw.restart();
+    if (!gw.alive) restartRetries.gateway += (await gw.restart()) - 1;
     const drainStarted = Date.now();
     const drainDeadline = drainStarted + (options.drainMs ?? 90_000);
     const finalRead = () => readFinal({ jobs: js, schema, sqliteJobs, sqliteGateway, upstreamUrl });
@@ -452,6 +494,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
       faults,
       late,
       workerEvents,
+      restartRetries,
       rejections,
       violations,
       harnessErrors,
@@ -525,7 +568,7 @@ export function summarize(r: SoakReport): string {
     `effects=${r.effects.total} (charges ${r.effects.charges}, notifies ${r.effects.notifies}) ` +
     `claims=${r.workerEvents.claims} takeovers=${r.workerEvents.takeovers} leaseLost=${r.workerEvents.leaseLost} ` +
     `faults: ${faults}; late requests ${r.late.delivered} (refused stale-fence ${r.late.refused}, admitted ${r.late.admitted}, no answer ${r.late.noAnswer}); ` +
-    `stale-fence refusals ${r.rejections['stale-fence'] ?? 0}; violations=${r.violations.length}${r.harnessErrors.length ? ` HARNESS ERRORS=${r.harnessErrors.length}` : ''}`
+    `stale-fence refusals ${r.rejections['stale-fence'] ?? 0}; restarts retried (database cut at start-up): gateway ${r.restartRetries.gateway}, workers ${r.restartRetries.workers}; violations=${r.violations.length}${r.harnessErrors.length ? ` HARNESS ERRORS=${r.harnessErrors.length}` : ''}`
   );
 }
 

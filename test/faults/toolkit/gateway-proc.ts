@@ -33,8 +33,13 @@ export interface GatewayProc {
   readonly alive: boolean;
   /** SIGKILL: no drain, no finish; what a crash leaves behind stays in the store. */
   kill(): Promise<void>;
-  /** Starts a new process on the same port and store (after a kill). */
-  restart(): Promise<void>;
+  /**
+   * Starts a new process on the same port and store (after a kill), as a
+   * supervisor would: a start that fails (its database unreachable at that
+   * moment) is retried until one is healthy, for up to `withinMs`. Resolves
+   * with the number of starts it took.
+   */
+  restart(withinMs?: number): Promise<number>;
   /** GET an admin path (`/v1/rejections?…`) and parse the JSON. */
   admin(path: string): Promise<any>;
   /** Kills the process. */
@@ -94,9 +99,18 @@ export async function startGatewayProc(options: GatewayProcOptions): Promise<Gat
       return proc.alive;
     },
     kill: () => proc.kill(),
-    async restart() {
+    async restart(withinMs = 60_000) {
       await proc.kill();
-      proc = await spawnOne();
+      const deadline = Date.now() + withinMs;
+      for (let starts = 1; ; starts++) {
+        try {
+          proc = await spawnOne();
+          return starts;
+        } catch (err) {
+          if (Date.now() > deadline) throw err;
+          await new Promise((r) => setTimeout(r, 500));
+        }
+      }
     },
     async admin(path) {
       const res = await fetch(`${url}/_fencegate${path}`, { signal: AbortSignal.timeout(10_000) });
