@@ -23,16 +23,18 @@ const schema = newSchemaName('fg_lease_bench');
 await createSchema(schema);
 const url = withAppName(withSearchPath(PG_URL, schema), schema);
 
+let out;
 try {
   const store = await createPostgresJobStore({ connectionString: url, ...(poolMax ? { poolMax } : {}) });
   const seedMs = await seed(queued, finished);
   const probe = await cpuProbe(schema);
   const result = mode === 'runner' ? await runner(store, probe) : await raw(store, probe);
   await store.close();
-  report({ system: 'fencegate', mode, workers, poolMax: poolMax ?? 4, queued, finished, seedMs, ...result });
+  out = { system: 'fencegate', mode, workers, poolMax: poolMax ?? 4, queued, finished, seedMs, ...result };
 } finally {
   await dropSchema(schema);
 }
+report(out);
 
 async function seed(queuedCount, finishedCount) {
   const t0 = performance.now();

@@ -13,6 +13,7 @@ const schema = newSchemaName('gw_lease_bench');
 const logger = new Logger(() => () => {});
 const options = { connectionString: withAppName(PG_URL, schema), schema, logger, ...(poolMax ? { maxPoolSize: poolMax } : {}) };
 
+let out;
 try {
   await runMigrations(options);
   const t0 = performance.now();
@@ -50,7 +51,7 @@ try {
   const cpu = await probe.stop();
   await runner.stop();
   const seconds = (last - first) / 1000;
-  report({
+  out = {
     system: 'graphile-worker',
     mode: 'runner',
     workers,
@@ -64,7 +65,8 @@ try {
     capped: done < jobs,
     rejected: failed,
     ...cpu,
-  });
+  };
 } finally {
   await dropSchema(schema);
 }
+report(out);

@@ -13,6 +13,7 @@ const QUEUE = 'noop';
 
 const boss = new PgBoss({ connectionString: withAppName(PG_URL, schema), schema, ...(poolMax ? { max: poolMax } : {}) });
 boss.on('error', (err) => process.stderr.write(`pg-boss: ${err.message}\n`));
+let out;
 try {
   await boss.start();
   await boss.createQueue(QUEUE);
@@ -49,7 +50,8 @@ try {
   });
   const cpu = await probe.stop();
   await boss.stop({ graceful: false, wait: true });
-  report({ system: 'pg-boss', mode: 'fetch-complete', workers, poolMax: poolMax ?? 10, queued, finished, seedMs, ...result, ...cpu });
+  out = { system: 'pg-boss', mode: 'fetch-complete', workers, poolMax: poolMax ?? 10, queued, finished, seedMs, ...result, ...cpu };
 } finally {
   await dropSchema(schema);
 }
+report(out);
