@@ -11,6 +11,7 @@
  * one statement share its now(), which is how the tests see that a group
  * really formed.
  */
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import * as q from '../../src/lease/postgres/queries.js';
 import type { JobStore, Lease } from '../../src/lease/types.js';
@@ -155,5 +156,36 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     await db.sql(unconditional, [[mine[2]!.id], ['gw6'], [mine[2]!.fencingToken], [JSON.stringify({ by: 'gw6 (stale)' })]]);
     const [overwritten] = await db.sql<{ result: unknown }>('SELECT result FROM tool_jobs WHERE id = $1', [mine[2]!.id]);
     expect(overwritten!.result).toEqual({ by: 'gw6 (stale)' });
+  });
+
+  test('the grouped claim’s generic plan reads the primary key for the picked ids only, never the whole table', async () => {
+    // Once a prepared statement goes generic, LIMIT $5 is an unknown row
+    // count; without the id array the planner hash-joined the picks against a
+    // sequential scan of tool_jobs at this size.
+    await seed('g-plan', 20_000);
+    await db.sql('ANALYZE tool_jobs');
+    const client = new pg.Client({ connectionString: (db.descriptor as { postgres: string }).postgres });
+    await client.connect();
+    try {
+      await client.query('SET plan_cache_mode = force_generic_plan');
+      const seqScans = async (name: string, text: string) => {
+        await client.query(`PREPARE ${name}(text, text[], bigint, jsonb, int) AS ${text}`);
+        const { rows } = await client.query(`EXPLAIN (FORMAT JSON) EXECUTE ${name}('gw8', '{g-plan}', 1000, '{}', 8)`);
+        const nodes: { 'Node Type': string; 'Relation Name'?: string }[] = [];
+        const walk = (n: { 'Node Type': string; 'Relation Name'?: string; Plans?: unknown[] }) => {
+          nodes.push(n);
+          for (const c of (n.Plans ?? []) as (typeof n)[]) walk(c);
+        };
+        walk(rows[0]['QUERY PLAN'][0].Plan);
+        return nodes.filter((n) => n['Node Type'] === 'Seq Scan' && n['Relation Name'] === 'tool_jobs').length;
+      };
+      expect(await seqScans('claim_many', q.CLAIM_MANY)).toBe(0);
+      // Negative control: the same statement without the id array.
+      const unguarded = q.CLAIM_MANY.replace('\n  AND j.id = ANY (ARRAY(SELECT id FROM pick))', '');
+      expect(unguarded).not.toBe(q.CLAIM_MANY);
+      expect(await seqScans('claim_many_unguarded', unguarded)).toBeGreaterThan(0);
+    } finally {
+      await client.end();
+    }
   });
 });
