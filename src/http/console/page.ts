@@ -205,8 +205,10 @@ const SCRIPT = String.raw`
     }).then(function (res) {
       $('resolve-form').hidden = true;
       state.resolving = null;
-      setStatus('resolved ' + res.action.key + ' as ' + res.action.action.replace('resolve-', '') + ' by ' + (res.action.operator || 'anonymous'), 'ok');
-      return loadUnknown();
+      var message = 'resolved ' + res.action.key + ' as ' + res.action.action.replace('resolve-', '') + ' by ' + (res.action.operator || 'anonymous');
+      // Reload the list first: its success clears the status line, and the
+      // operator must still see what was done.
+      return loadUnknown().then(function () { setStatus(message, 'ok'); });
     }).catch(function (e) { setStatus(e.message, 'error'); });
   }
 

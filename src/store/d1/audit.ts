@@ -10,7 +10,7 @@ import type {
   ResolveResult,
 } from '../types.js';
 import type { D1DatabaseLike, D1PreparedStatementLike } from './gateway-store.js';
-import { NOW_MS, toAction, toRecord } from '../sqlite-rows.js';
+import { NOW_MS, toAction, toRecord } from '../dialect-rows.js';
 
 
 /** The record columns, fences as text (D1 returns integers as doubles). */

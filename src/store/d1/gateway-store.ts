@@ -18,7 +18,7 @@ import {
   type SweepResult,
 } from '../types.js';
 import { createD1Audit } from './audit.js';
-import { NOW_MS, toRecord, toRejection } from '../sqlite-rows.js';
+import { NOW_MS, toRecord, toRejection } from '../dialect-rows.js';
 
 /**
  * The part of a D1 binding this store uses, typed structurally so that the

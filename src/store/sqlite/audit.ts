@@ -10,7 +10,7 @@ import type {
   ResolveResult,
 } from '../types.js';
 import type { SqliteDatabase } from './open.js';
-import { NOW_MS, toAction, toRecord } from '../sqlite-rows.js';
+import { NOW_MS, toAction, toRecord } from '../dialect-rows.js';
 
 
 /**

@@ -23,7 +23,7 @@ import { createSqliteAudit } from './audit.js';
 import { GroupCommit } from './group-commit.js';
 import { migrateSqlite } from './migrate.js';
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
-import { NOW_MS, toRecord, toRejection } from '../sqlite-rows.js';
+import { NOW_MS, toRecord, toRejection } from '../dialect-rows.js';
 
 export interface SqliteStoreOptions extends OpenSqliteOptions {
   /** Path of the database file (created if missing), or `:memory:`. */
