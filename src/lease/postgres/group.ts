@@ -11,8 +11,8 @@
  * One statement in flight per group. Two in flight gave 12–20% more jobs/s
  * at 16 workers while the box ran at load 8, but 10–15% fewer at load 5, and
  * 1.2–1.5× the server CPU per job; four were worse still (same bench). One
- * in flight also means one worker never has two claims running at once, so jobs sharing
- * a custom fence key always see each other's tokens.
+ * in flight also means a worker's claims through one store never run at
+ * once, so its jobs sharing a custom fence key see each other's tokens.
  *
  * A statement that fails rejects every call in its group: each of them
  * would have been that fault on its own.
