@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { LeaseError } from './errors.js';
-import type { ClaimOptions, EnqueueInput, JobStoreOptions } from './types.js';
+import type { ClaimOptions, EnqueueInput, Job, JobStoreOptions, Lease } from './types.js';
 
 /** Defaults shared by both backends. */
 export const DEFAULT_LEASE_MS = 30_000;
@@ -78,4 +78,24 @@ export function kindFilter(kinds: readonly string[] | undefined): string[] | nul
 
 export function defaultFenceKey(id: number): string {
   return `tool-job:${id}`;
+}
+
+/** The lease a claim hands out: the claimed row, its new owner, and the lease length of its kind. */
+export function leaseFromJob(job: Job, workerId: string, lease: ReturnType<typeof leaseTable>): Lease {
+  return {
+    id: job.id,
+    kind: job.kind,
+    ownerId: workerId,
+    fencingToken: job.fencingToken,
+    leaseUntil: job.leaseUntil as Date,
+    leaseMs: lease.byKind[job.kind] ?? lease.defaultMs,
+    attempt: job.attempt,
+    maxAttempts: job.maxAttempts,
+    idempotencyKey: job.idempotencyKey,
+    fenceKey: job.fenceKey,
+    payload: job.payload,
+    payloadSha256: job.payloadSha256,
+    deadlineAt: job.deadlineAt,
+    previousOwnerId: job.previousOwnerId,
+  };
 }

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { migratePostgres } from '../../store/postgres/migrate.js';
 import type { PoolLike } from '../../store/postgres/types.js';
-import { checkWorkerId, kindFilter, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
+import { checkWorkerId, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
 import type {
   ClaimFailedJob,
   ClaimResult,
@@ -201,22 +201,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
           });
           continue;
         }
-        waiting[given++]!.lease = {
-          id: job.id,
-          kind: job.kind,
-          ownerId: workerId,
-          fencingToken: job.fencingToken,
-          leaseUntil: job.leaseUntil as Date,
-          leaseMs: lease.byKind[job.kind] ?? lease.defaultMs,
-          attempt: job.attempt,
-          maxAttempts: job.maxAttempts,
-          idempotencyKey: job.idempotencyKey,
-          fenceKey: job.fenceKey,
-          payload: job.payload,
-          payloadSha256: job.payloadSha256,
-          deadlineAt: job.deadlineAt,
-          previousOwnerId: job.previousOwnerId,
-        };
+        waiting[given++]!.lease = leaseFromJob(job, workerId, lease);
       }
       // Fewer rows than asked for: nothing else is claimable now.
       if (rows.length < want) break;

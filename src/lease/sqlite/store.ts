@@ -1,6 +1,6 @@
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../store/sqlite/open.js';
 import { migrateSqlite } from '../../store/sqlite/migrate.js';
-import { checkWorkerId, kindFilter, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
+import { checkWorkerId, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
 import type {
   ClaimFailedJob,
   Job,
@@ -167,22 +167,7 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
             continue;
           }
           return {
-            lease: {
-              id: job.id,
-              kind: job.kind,
-              ownerId: workerId,
-              fencingToken: job.fencingToken,
-              leaseUntil: job.leaseUntil as Date,
-              leaseMs: lease.byKind[job.kind] ?? lease.defaultMs,
-              attempt: job.attempt,
-              maxAttempts: job.maxAttempts,
-              idempotencyKey: job.idempotencyKey,
-              fenceKey: job.fenceKey,
-              payload: job.payload,
-              payloadSha256: job.payloadSha256,
-              deadlineAt: job.deadlineAt,
-              previousOwnerId: job.previousOwnerId,
-            },
+            lease: leaseFromJob(job, workerId, lease),
             failed,
           };
         }
