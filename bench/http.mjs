@@ -68,7 +68,8 @@ async function startFencegate(name, store, upstream) {
   };
   const file = join(tmp, `${name}.json`);
   writeFileSync(file, JSON.stringify(config));
-  return startNode(join(root, 'dist/entry/cli.js'), { args: ['serve', '--config', file], cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' } });
+  // The decision log (one JSON line per request, as in production) goes to a file.
+  return startNode(join(root, 'dist/entry/cli.js'), { args: ['serve', '--config', file], cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port });
 }
 
 async function main() {

@@ -1,32 +1,50 @@
 // Shared pieces of the benchmarks: child processes pinned to cores, a
 // precise sequential latency loop, and autocannon for throughput.
 import { spawn, spawnSync } from 'node:child_process';
+import { closeSync, openSync } from 'node:fs';
 import { once } from 'node:events';
 import autocannon from 'autocannon';
 import { Pool } from 'undici';
 
 const HAS_TASKSET = spawnSync('taskset', ['-V']).status === 0;
 
-/** Starts `node script` (pinned to `cpus` when taskset exists) and waits for its JSON port line. */
-export async function startNode(script, { env = {}, args = [], cpus } = {}) {
+/**
+ * Starts `node script` (pinned to `cpus` when taskset exists) and waits for
+ * its JSON port line. With `stdoutFile`, the child's stdout goes to that file
+ * instead (a gateway's decision log: the benchmark process, busy generating
+ * load, must not be the reader a logging server waits on) and `port` says
+ * where it listens.
+ */
+export async function startNode(script, { env = {}, args = [], cpus, stdoutFile, port: knownPort } = {}) {
   const argv = [process.execPath, script, ...args];
   const cmd = HAS_TASKSET && cpus !== undefined ? ['taskset', '-c', String(cpus), ...argv] : argv;
-  const child = spawn(cmd[0], cmd.slice(1), { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'inherit'] });
-  let buf = '';
-  const port = await new Promise((resolve, reject) => {
-    child.once('exit', (code) => reject(new Error(`${script} exited with ${code} before listening`)));
-    child.stdout.on('data', (d) => {
-      buf += d;
-      for (const line of buf.split('\n')) {
-        try {
-          const msg = JSON.parse(line);
-          if (typeof msg.port === 'number') return resolve(msg.port);
-          if (typeof msg.url === 'string') return resolve(Number(new URL(msg.url).port));
-        } catch {}
-      }
-    });
-  });
-  child.stdout.resume();
+  const out = stdoutFile === undefined ? 'pipe' : openSync(stdoutFile, 'a');
+  const child = spawn(cmd[0], cmd.slice(1), { env: { ...process.env, ...env }, stdio: ['ignore', out, 'inherit'] });
+  if (typeof out === 'number') closeSync(out);
+  const port =
+    knownPort ??
+    (await new Promise((resolve, reject) => {
+      child.once('exit', (code) => reject(new Error(`${script} exited with ${code} before listening`)));
+      let buf = '';
+      const onData = (d) => {
+        buf += d;
+        const lines = buf.split('\n');
+        buf = lines.pop();
+        for (const line of lines) {
+          try {
+            const msg = JSON.parse(line);
+            const found = typeof msg.port === 'number' ? msg.port : typeof msg.url === 'string' ? Number(new URL(msg.url).port) : null;
+            if (found !== null) {
+              // Parsed once: the rest of the output is drained unread.
+              child.stdout.off('data', onData);
+              child.stdout.resume();
+              return resolve(found);
+            }
+          } catch {}
+        }
+      };
+      child.stdout.on('data', onData);
+    }));
   return {
     url: `http://127.0.0.1:${port}`,
     async stop() {
@@ -39,11 +57,15 @@ export async function startNode(script, { env = {}, args = [], cpus } = {}) {
 
 export const pinned = HAS_TASKSET;
 
+// One counter for the whole process: every run against a target continues
+// the fences of the runs before it (warm-up, throughput, latency share one
+// database), so no request is refused as stale by an earlier phase.
+let sequence = 0;
+
 /** A fresh, unique command for each request: new key, rising fence, 1000 entities. */
 export function commandFactory(prefix) {
-  let n = 0;
   return () => {
-    n++;
+    const n = ++sequence;
     return {
       method: 'POST',
       path: '/payments/charges',
