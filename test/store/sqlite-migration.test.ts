@@ -1,0 +1,83 @@
+/**
+ * Migration 0005 (fewer B-tree pages per decision) rebuilds three tables of a
+ * database that may already hold state. A gateway upgraded in place must keep
+ * every guarantee across the upgrade: the fences it accepted, the responses
+ * it stored, the serial slot in flight, the fence history.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { loadMigrations } from '../../src/store/migrations.js';
+import { SqliteGatewayStore, migrateSqlite, openSqlite } from '../../src/store/sqlite/index.js';
+import { command, finishOf, response } from './conformance.js';
+
+const dirs: string[] = [];
+afterEach(() => {
+  for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+});
+
+/** A database file at the schema before 0005, as a gateway of the previous release left it. */
+function databaseBefore0005(): string {
+  const dir = mkdtempSync(join(tmpdir(), 'fencegate-migration-'));
+  dirs.push(dir);
+  const path = join(dir, 'gateway.db');
+  const db = openSqlite(path);
+  migrateSqlite(db, loadMigrations('sqlite').filter((m) => m.name < '0005'));
+  db.close();
+  return path;
+}
+
+describe('sqlite migration 0005_lean_pages', () => {
+  it('keeps fences, stored responses, the serial slot in flight and the fence history', async () => {
+    const path = databaseBefore0005();
+    const before = new SqliteGatewayStore({ path, migrate: false });
+    const body = new Uint8Array(5000).map((_, i) => i % 251); // larger than a page
+    const done = command({ entity: 'acct:2', fence: 7n, key: 'k-done' });
+    expect((await before.admit(done)).outcome).toBe('forward');
+    await before.finish(finishOf(done, 'completed', response({ body })));
+    const first = command({ entity: 'acct:1', fence: 5n });
+    expect((await before.admit(first)).outcome).toBe('forward');
+    await before.finish(finishOf(first, 'completed'));
+    const rise = command({ entity: 'acct:1', fence: 9n, key: 'k-rise' });
+    expect((await before.admit(rise)).outcome).toBe('forward'); // still in flight: holds acct:1's slot
+    expect((await before.admit(command({ entity: 'acct:1', fence: 3n }))).outcome).toBe('stale-fence');
+    await before.close();
+
+    const after = new SqliteGatewayStore({ path }); // applies 0005
+    try {
+      const tables = after.db.prepare("SELECT name, sql FROM sqlite_master WHERE type IN ('table', 'index') AND name NOT LIKE 'sqlite_%'").all() as { name: string; sql: string | null }[];
+      const sql = new Map(tables.map((t) => [t.name, t.sql ?? '']));
+      expect(sql.get('fence_entities')).toMatch(/WITHOUT ROWID/);
+      expect(sql.get('fence_history')).toMatch(/WITHOUT ROWID/);
+      expect(sql.get('idempotency_records')).toMatch(/PRIMARY KEY \(key, scope\)/);
+      expect(sql.has('idempotency_records_by_key')).toBe(false);
+      expect([...sql.keys()].filter((n) => n.endsWith('_lean'))).toEqual([]);
+
+      // The fence survived: 8 is still stale, and the entity shows 9.
+      expect(await after.admit(command({ entity: 'acct:1', fence: 8n }))).toEqual({ outcome: 'stale-fence', currentFence: 9n });
+      expect((await after.getEntity('acct:1'))?.fence).toBe('9');
+      // The slot of the request in flight survived: a higher fence waits for it.
+      expect((await after.admit(command({ entity: 'acct:1', fence: 10n }))).outcome).toBe('entity-busy');
+      // That request's owner can still finish it.
+      expect(await after.finish(finishOf(rise, 'completed'))).toEqual({ recorded: true });
+      // The stored response replays byte for byte (its fence is still the entity's current one).
+      const replay = await after.admit({ ...done, ownerToken: 'owner-retry' });
+      expect(replay.outcome).toBe('replay');
+      if (replay.outcome === 'replay') expect(Buffer.from(replay.response.body).equals(Buffer.from(body))).toBe(true);
+      // Lookups by key alone now use the primary key.
+      expect((await after.getRecords('k-done')).map((r) => r.state)).toEqual(['completed']);
+      const plan = after.db.prepare("EXPLAIN QUERY PLAN SELECT * FROM idempotency_records WHERE key = 'k-done' ORDER BY scope").all() as { detail: string }[];
+      expect(plan.map((p) => p.detail).join(' ')).toMatch(/INDEX sqlite_autoindex_idempotency_records_1 \(key=\?\)/);
+      // The history of rises, highest first; none for the stale fences. (10
+      // was accepted, then answered entity-busy: the fence check comes first.)
+      const history = await after.getFenceHistory('acct:1', { limit: 10 });
+      expect(history.items.map((h) => h.fence)).toEqual(['10', '9', '5']);
+      // New rises append after the migrated ones.
+      expect((await after.admit(command({ entity: 'acct:1', fence: 11n }))).outcome).toBe('forward');
+      expect((await after.getFenceHistory('acct:1', { limit: 10 })).items.map((h) => h.fence)).toEqual(['11', '10', '9', '5']);
+    } finally {
+      await after.close();
+    }
+  });
+});
