@@ -1,6 +1,7 @@
 // npm run bench: fencegate beside its control and its peer, in one run.
 //
 //   direct      autocannon → upstream                       (the physical floor)
+//   bare        → node:http + undici proxy → upstream       (the floor of a second hop)
 //   control     → stateless Hono + undici proxy → upstream  (same HTTP stack, no decisions)
 //   fg-full     → fencegate, SQLite synchronous=FULL        (the default)
 //   fg-normal   → fencegate, SQLite synchronous=NORMAL
@@ -79,6 +80,7 @@ async function main() {
 
   const targets = [
     ['direct', async () => ({ url: upstream.url, stop: async () => {} })],
+    ['bare', () => startNode(join(here, 'servers/bare-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
     ['control', () => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
     ['fg-full', () => startFencegate('full', { sqlite: join(tmp, `full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url)],
     ['fg-normal', () => startFencegate('normal', { sqlite: join(tmp, `normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url)],

@@ -3,7 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, describe, expect, it } from 'vitest';
-import { SqliteGatewayStore } from '../../src/store/sqlite/index.js';
+import { SqliteGatewayStore, migrateSqlite } from '../../src/store/sqlite/index.js';
+import { GroupCommit, type DurableSync } from '../../src/store/sqlite/group-commit.js';
 import type { AdmitInput } from '../../src/store/types.js';
 
 /**
@@ -109,5 +110,106 @@ describe('sqlite group commit', () => {
     const db = new Database(path, { readonly: true });
     expect(db.prepare("SELECT count(*) FROM idempotency_records WHERE key = 'late'").pluck().get()).toBe(1);
     db.close();
+  });
+});
+
+/**
+ * Background sync (issue 6): the group commits without SQLite's own fsync
+ * and its callers are answered once the WAL sync reports. A sync held open
+ * by the test shows the order; the same check against a sync that answers
+ * before the disk did (the negative control) must see the early answer.
+ */
+describe('sqlite group commit with the WAL synced off the event loop', () => {
+  /** A sync the test releases by hand, standing for a slow disk. */
+  function heldSync() {
+    const held: ((err: Error | null) => void)[] = [];
+    const sync: DurableSync = (done) => void held.push(done);
+    return { sync, release: (err: Error | null = null) => held.splice(0).forEach((done) => done(err)), pending: () => held.length };
+  }
+
+  /** Admits once; reports whether the caller heard back before the sync reported, and whether the row was already committed. */
+  async function answeredBeforeSync(sync: DurableSync & { release?: () => void }, release: () => void) {
+    const dir = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-'));
+    dirs.push(dir);
+    const path = join(dir, 'gateway.db');
+    const db = new Database(path);
+    db.pragma('journal_mode = WAL');
+    migrateSqlite(db);
+    const group = new GroupCommit(db, { sync });
+    const insert = db.prepare("INSERT INTO fence_entities (entity, fence, accepted_at) VALUES ('e', 1, 0)");
+    let answered = false;
+    const done = group.run(() => insert.run()).then(() => (answered = true));
+    await new Promise((r) => setTimeout(r, 20)); // many event-loop turns
+    const early = answered;
+    const committed = new Database(path, { readonly: true });
+    const visible = committed.prepare("SELECT count(*) FROM fence_entities WHERE entity = 'e'").pluck().get();
+    committed.close();
+    release();
+    await done;
+    await group.idle();
+    db.close();
+    return { early, visible };
+  }
+
+  it('answers only after the sync reports, though the group is committed (visible) before', async () => {
+    const held = heldSync();
+    const { early, visible } = await answeredBeforeSync(held.sync, () => held.release());
+    expect(visible).toBe(1);
+    expect(early).toBe(false);
+  });
+
+  it('negative control: a sync that reports before the disk did lets the answer out early, and the check sees it', async () => {
+    const lying: DurableSync = (done) => done(null);
+    const { early } = await answeredBeforeSync(lying, () => {});
+    expect(early).toBe(true);
+  });
+
+  it('groups committed while a sync runs wait for the next sync, which covers them all', async () => {
+    const { store, path } = open();
+    expect(store.syncer).not.toBeNull(); // FULL (the default) syncs in the background
+    const before = store.syncer!.fsyncs;
+    const first = store.admit(admitInput({ key: 'bg-1' }));
+    await new Promise((r) => setImmediate(r)); // group 1 committed, its sync started
+    const rest = Array.from({ length: 20 }, (_, i) => store.admit(admitInput({ key: `bg-${i + 2}` })));
+    await Promise.all([first, ...rest]);
+    const fsyncs = store.syncer!.fsyncs - before;
+    expect(fsyncs).toBeGreaterThanOrEqual(1);
+    expect(fsyncs).toBeLessThanOrEqual(store.group!.stats.groups);
+    const db = new Database(path, { readonly: true });
+    expect(db.prepare("SELECT count(*) FROM idempotency_records WHERE key LIKE 'bg-%'").pluck().get()).toBe(21);
+    db.close();
+  });
+
+  it('a failed sync stops the store: that group and every later call fail', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-'));
+    dirs.push(dir);
+    const db = new Database(join(dir, 'gateway.db'));
+    db.pragma('journal_mode = WAL');
+    const held = heldSync();
+    const group = new GroupCommit(db, { sync: held.sync });
+    const a = group.run(() => 1);
+    await new Promise((r) => setTimeout(r, 5));
+    expect(held.pending()).toBe(1);
+    held.release(Object.assign(new Error('EIO: i/o error, fdatasync'), { code: 'EIO' }));
+    await expect(a).rejects.toThrow(/stopped: syncing its WAL failed \(EIO/);
+    await expect(group.run(() => 2)).rejects.toThrow(/stopped/);
+    db.close();
+  });
+
+  it('keeps the connection at its configured level outside the group transactions', async () => {
+    const { store } = open();
+    await store.admit(admitInput());
+    // 2 = FULL: sweeps and operator actions on this connection still sync inside COMMIT.
+    expect(store.db.pragma('synchronous', { simple: true })).toBe(2);
+  });
+
+  it('is off at NORMAL and in memory: COMMIT behaves as the connection says', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-'));
+    dirs.push(dir);
+    const normal = new SqliteGatewayStore({ path: join(dir, 'n.db'), synchronous: 'NORMAL' });
+    const memory = new SqliteGatewayStore({ path: ':memory:' });
+    stores.push(normal, memory);
+    expect(normal.syncer).toBeNull();
+    expect(memory.syncer).toBeNull();
   });
 });

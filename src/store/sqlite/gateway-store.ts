@@ -20,7 +20,7 @@ import {
   type SweepResult,
 } from '../types.js';
 import { createSqliteAudit } from './audit.js';
-import { GroupCommit } from './group-commit.js';
+import { GroupCommit, walSyncer } from './group-commit.js';
 import { migrateSqlite } from './migrate.js';
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
 import { NOW_MS, toRecord, toRejection } from '../dialect-rows.js';
@@ -42,6 +42,13 @@ export interface SqliteStoreOptions extends OpenSqliteOptions {
    * ./group-commit.ts). Default true; false gives one transaction per decision.
    */
   groupCommit?: boolean;
+  /**
+   * With group commit at `synchronous=FULL`: sync the WAL on libuv's thread
+   * pool after each group's COMMIT instead of inside it, so the event loop
+   * runs while the disk works; callers are still answered only once their
+   * group is on disk (./group-commit.ts). Default true.
+   */
+  backgroundSync?: boolean;
 }
 
 
@@ -77,6 +84,8 @@ export class SqliteGatewayStore implements GatewayStore {
   private txNow = 0;
   /** The group committer, when `groupCommit` is on. */
   group: GroupCommit | null = null;
+  /** The WAL's background sync, when `backgroundSync` is on. */
+  readonly syncer: ReturnType<typeof walSyncer> | null = null;
   private readonly audit: AuditStore;
 
   constructor(options: SqliteStoreOptions) {
@@ -90,7 +99,9 @@ export class SqliteGatewayStore implements GatewayStore {
       this.txNow = this.now();
     };
     if (options.groupCommit ?? true) {
-      const group = (this.group = new GroupCommit(this.db, begin));
+      const durable = (options.synchronous ?? 'FULL') === 'FULL' && options.path !== ':memory:' && (options.backgroundSync ?? true);
+      this.syncer = durable ? walSyncer(`${options.path}-wal`) : null;
+      const group = (this.group = new GroupCommit(this.db, { onBegin: begin, sync: this.syncer ?? undefined }));
       this.admitTx = (input) => group.run(() => this.admitIn(input));
       this.finishTx = (input) => group.run(() => this.finishIn(input));
       this.rejectTx = (input) => group.run(() => this.reject(input, this.txNow));
@@ -301,6 +312,7 @@ export class SqliteGatewayStore implements GatewayStore {
     if (this.closed) return;
     this.closed = true;
     await this.group?.idle();
+    this.syncer?.close();
     this.notifier.close();
     this.db.close();
   }
