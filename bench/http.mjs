@@ -143,11 +143,16 @@ async function main() {
     await c.end();
   }
 
-  const control = rows.find((r) => r.target === 'control');
-  const direct = rows.find((r) => r.target === 'direct');
+  // Ratios are paired by round (each target against the control and the
+  // floor measured minutes apart, in the same round) and then the median is
+  // taken: the box's speed drifts between rounds by more than the effects
+  // measured here, and a ratio of medians would mix rounds.
+  const control = runs.get('control');
+  const direct = runs.get('direct');
   for (const r of rows) {
-    r.vs_control = control ? r.rps50 / control.rps50 : null;
-    r.added_p50_1c_ms = direct ? r.p50_1c - direct.p50_1c : null;
+    const mine = runs.get(r.target);
+    r.vs_control = control ? median(mine.map((m, i) => m.rps50 / control[i].rps50)) : null;
+    r.added_p50_1c_ms = direct ? median(mine.map((m, i) => m.p50_1c - direct[i].p50_1c)) : null;
   }
   const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned };
   const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rounds, rows };
@@ -155,7 +160,7 @@ async function main() {
   writeFileSync(join(here, 'results', 'http.json'), JSON.stringify(out, null, 2) + '\n');
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
-  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned}, ${seconds}s per run, median of ${rounds} interleaved rounds`);
+  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned}, ${seconds}s per run, median of ${rounds} interleaved rounds (× control and added latency: median of the per-round ratios and differences)`);
   console.log('| target | req/s @50 | × control | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of rows) {

@@ -169,7 +169,6 @@ async function main() {
   const out = {
     date: new Date().toISOString(),
     commit,
-    preliminary: true,
     machine: { ...machine, postgres: serverVersion },
     loadavg: { start: load0, end: load1 },
     options: { workers: workersList, jobs, maxSeconds, pool, rounds, history, quick },
