@@ -24,14 +24,11 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { latency, pinned, startNode, throughput } from './lib.mjs';
+import { option } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..');
-const args = process.argv.slice(2);
-const opt = (name, dflt) => {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? args[i + 1] : dflt;
-};
+const opt = option;
 const seconds = Number(opt('seconds', 10));
 const latencyRequests = Number(opt('latency', 3000));
 const rounds = Number(opt('rounds', 3));

@@ -35,14 +35,10 @@ import { cpus, loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { PG_URL, runChild } from './lease/common.mjs';
+import { flag, option } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
-const args = process.argv.slice(2);
-const flag = (name) => args.includes(`--${name}`);
-const opt = (name, dflt) => {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? args[i + 1] : dflt;
-};
+const opt = option;
 const quick = flag('quick');
 const workersList = opt('workers', quick ? '1,16' : '1,4,16,32').split(',').map(Number);
 const jobs = Number(opt('jobs', quick ? 2000 : 20000));

@@ -17,11 +17,11 @@ import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 import { createPostgresStore } from '../dist/store/postgres/index.js';
 import { entityTopic } from '../dist/store/types.js';
+import { option } from './args.mjs';
 
-const args = process.argv.slice(2);
 const opt = (name, dflt) => {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? Number(args[i + 1]) : dflt;
+  const v = option(name);
+  return v === undefined ? dflt : Number(v);
 };
 const rounds = opt('rounds', 200);
 const finishes = opt('finishes', 2000);

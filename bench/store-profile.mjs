@@ -13,12 +13,9 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SqliteGatewayStore } from '../dist/store/sqlite/index.js';
+import { option } from './args.mjs';
 
-const args = process.argv.slice(2);
-const opt = (name, dflt) => {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? args[i + 1] : dflt;
-};
+const opt = option;
 const requests = Number(opt('requests', 20000));
 const groupSize = Number(opt('group', 25));
 const synchronous = opt('synchronous', 'NORMAL');
