@@ -63,6 +63,10 @@ export function parseIdempotencyKey(raw: string): Parsed<string> {
   if (key.length > 255) return { ok: false, reason: 'the key is longer than 255 characters' };
   if (!PRINTABLE.test(key)) return { ok: false, reason: 'the key must be printable ASCII' };
   if (key !== key.trim()) return { ok: false, reason: 'the key has leading or trailing spaces' };
+  // URLs resolve a path segment "." or ".." away (also when written %2E), so
+  // the admin API (GET /v1/idempotency/:key, …/resolve) could never name the
+  // record: an outcome_unknown one could not be settled.
+  if (key === '.' || key === '..') return { ok: false, reason: 'the keys "." and ".." cannot be named in a URL path (the admin API looks records up by key)' };
   return { ok: true, value: key };
 }
 

@@ -180,6 +180,7 @@ function referenceKey(raw: string): string | null {
     key = v;
   }
   if (key.length < 1 || key.length > 255 || !/^[\x20-\x7e]+$/.test(key) || key !== key.trim()) return null;
+  if (key === '.' || key === '..') return null; // not addressable in the admin API's path
   return key;
 }
 
@@ -200,6 +201,8 @@ const keyArb = fc
     fc.string({ unit: fc.constantFrom(...CLASSES.alnum, ...CLASSES.punct, ...CLASSES.quote, ' ', ','), maxLength: 40 }).map((s) => `"${s}"`),
     fc.string({ unit: fc.constantFrom(...CLASSES.alnum, ' ', ','), maxLength: 30 }).map((s) => `"${s.replace(/["\\]/g, '\\$&')}"`),
     fc.string({ unit: 'grapheme', minLength: 1, maxLength: 8 }).map((s) => Buffer.from(s, 'utf8').toString('latin1')),
+    // Dot segments (refused: the admin path cannot name them) and their neighbours (accepted).
+    fc.constantFrom('.', '..', '"."', '".."', '...', './', '.a'),
   )
   .filter(noLineBreaks);
 

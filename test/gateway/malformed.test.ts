@@ -106,6 +106,8 @@ const rows: Row[] = [
   { name: 'key of 256 characters', key: big(256), status: 400, code: 'invalid-idempotency-key' },
   { name: 'quoted key of 256 characters', key: `"${big(256)}"`, status: 400, code: 'invalid-idempotency-key' },
   { name: 'empty quoted key', key: '""', status: 400, code: 'invalid-idempotency-key' },
+  { name: 'key "." (a dot segment in the admin path)', key: '.', status: 400, code: 'invalid-idempotency-key' },
+  { name: 'quoted key ".."', key: '".."', status: 400, code: 'invalid-idempotency-key' },
   { name: 'unterminated quoted key', key: '"abc', status: 400, code: 'invalid-idempotency-key' },
   { name: 'quoted key with an invalid escape', key: '"a\\xb"', status: 400, code: 'invalid-idempotency-key' },
   { name: 'quoted key with a trailing backslash', key: '"ab\\', status: 400, code: 'invalid-idempotency-key' },
