@@ -203,6 +203,27 @@ describe('sqlite group commit with the WAL synced off the event loop', () => {
     expect(store.db.pragma('synchronous', { simple: true })).toBe(2);
   });
 
+  it('syncs the WAL of the file it opened, even after the working directory changes', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-'));
+    const elsewhere = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-cwd-'));
+    dirs.push(dir, elsewhere);
+    const cwd = process.cwd();
+    process.chdir(dir);
+    let store: SqliteGatewayStore;
+    try {
+      store = new SqliteGatewayStore({ path: 'relative.db' });
+      stores.push(store);
+    } finally {
+      process.chdir(elsewhere);
+    }
+    try {
+      await expect(store.admit(admitInput())).resolves.toMatchObject({ outcome: 'forward' });
+      expect(store.syncer!.fsyncs).toBeGreaterThan(0);
+    } finally {
+      process.chdir(cwd);
+    }
+  });
+
   it('is off at NORMAL and in memory: COMMIT behaves as the connection says', () => {
     const dir = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-'));
     dirs.push(dir);

@@ -1,3 +1,4 @@
+import { resolve } from 'node:path';
 import type { Statement } from 'better-sqlite3';
 import { LocalNotifier } from '../notifier.js';
 import {
@@ -99,8 +100,11 @@ export class SqliteGatewayStore implements GatewayStore {
       this.txNow = this.now();
     };
     if (options.groupCommit ?? true) {
-      const durable = (options.synchronous ?? 'FULL') === 'FULL' && options.path !== ':memory:' && (options.backgroundSync ?? true);
-      this.syncer = durable ? walSyncer(`${options.path}-wal`) : null;
+      // A file database only ('' and ':memory:' have no WAL); the path made
+      // absolute now, as SQLite opened it, whatever the working directory later.
+      const file = options.path !== ':memory:' && options.path !== '';
+      const durable = file && (options.synchronous ?? 'FULL') === 'FULL' && (options.backgroundSync ?? true);
+      this.syncer = durable ? walSyncer(`${resolve(options.path)}-wal`) : null;
       const group = (this.group = new GroupCommit(this.db, { onBegin: begin, sync: this.syncer ?? undefined }));
       this.admitTx = (input) => group.run(() => this.admitIn(input));
       this.finishTx = (input) => group.run(() => this.finishIn(input));
