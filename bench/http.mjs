@@ -7,6 +7,7 @@
 //   fg-normal   → fencegate, SQLite synchronous=NORMAL
 //   fg-postgres → fencegate, PostgreSQL                     (when a database URL is set)
 //   peer        → express + express-idempotency (in-memory) → upstream
+//   fg-nostore  → fencegate with fence, idempotency and serial mode off (only with --only)
 //
 // Every request is a new command: a new Idempotency-Key, a rising fence,
 // one of 1000 entities, in serial mode. Targets run one at a time; the
@@ -47,7 +48,7 @@ async function freePort() {
   return port;
 }
 
-async function startFencegate(name, store, upstream) {
+async function startFencegate(name, store, upstream, route = {}) {
   const port = await freePort();
   const config = {
     listen: { host: '127.0.0.1', port },
@@ -61,6 +62,7 @@ async function startFencegate(name, store, upstream) {
         fence: 'required',
         idempotency: 'required',
         mode: 'serial',
+        ...route,
       },
     ],
   };
@@ -98,8 +100,12 @@ async function main() {
           ],
         ]
       : []),
+    // Diagnostic, only with --only fg-nostore: the same gateway with fencing,
+    // idempotency and serial mode off, so that no decision touches a row:
+    // fencegate's HTTP path against the control's.
+    ['fg-nostore', () => startFencegate('nostore', { sqlite: join(tmp, `nostore-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, { fence: 'off', idempotency: 'off', mode: 'concurrent' })],
     ['peer', () => startNode(join(here, 'servers/idempotency-peer.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
-  ].filter(([name]) => !only || only.includes(name));
+  ].filter(([name]) => (only ? only.includes(name) : name !== 'fg-nostore'));
 
   // Rounds interleave the targets, so that a load change on the box hits
   // every target alike; each target's row is the median of its rounds.
@@ -154,7 +160,9 @@ async function main() {
   const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned };
   const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rounds, rows };
   mkdirSync(join(here, 'results'), { recursive: true });
-  writeFileSync(join(here, 'results', 'http.json'), JSON.stringify(out, null, 2) + '\n');
+  // A partial run (--only) never replaces the committed full table.
+  const written = only ? 'http.local.json' : 'http.json';
+  writeFileSync(join(here, 'results', written), JSON.stringify(out, null, 2) + '\n');
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
   console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned}, ${seconds}s per run, median of ${rounds} interleaved rounds (× control and added latency: median of the per-round ratios and differences)`);
@@ -164,7 +172,7 @@ async function main() {
     if (r.errors > 0) process.stderr.write(`${r.target}: statuses ${JSON.stringify(r.statuses)}\n`);
     console.log(`| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_control)} | ${r.p50_50c} | ${r.p99_50c} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`);
   }
-  console.log(`\n(written to bench/results/http.json; p50/p99 @50 are autocannon's whole milliseconds, @1 are hrtime-precise)`);
+  console.log(`\n(written to bench/results/${written}; p50/p99 @50 are autocannon's whole milliseconds, @1 are hrtime-precise)`);
 }
 
 async function waitReady(url) {
