@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { LeaseError } from './errors.js';
-import type { ClaimOptions, EnqueueInput, Job, JobStoreOptions, Lease } from './types.js';
+import type { ClaimFailedJob, ClaimOptions, EnqueueInput, Job, JobStoreOptions, Lease } from './types.js';
 
 /** Defaults shared by both backends. */
 export const DEFAULT_LEASE_MS = 30_000;
@@ -96,6 +96,17 @@ export function leaseFromJob(job: Job, workerId: string, lease: ReturnType<typeo
     payload: job.payload,
     payloadSha256: job.payloadSha256,
     deadlineAt: job.deadlineAt,
+    previousOwnerId: job.previousOwnerId,
+  };
+}
+
+/** A job the claim found past its attempts or deadline and failed instead of handing out. */
+export function failedFromJob(job: Job): ClaimFailedJob {
+  return {
+    id: job.id,
+    kind: job.kind,
+    fencingToken: job.fencingToken,
+    reason: job.reason as ClaimFailedJob['reason'],
     previousOwnerId: job.previousOwnerId,
   };
 }

@@ -1,9 +1,8 @@
 import { createHash } from 'node:crypto';
 import { migratePostgres } from '../../store/postgres/migrate.js';
 import type { PoolLike } from '../../store/postgres/types.js';
-import { checkWorkerId, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
+import { checkWorkerId, failedFromJob, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
 import type {
-  ClaimFailedJob,
   ClaimResult,
   CompleteResult,
   Job,
@@ -192,13 +191,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
       for (const row of rows) {
         const job = rowToJob(row);
         if (job.state !== 'running') {
-          results[0]!.failed.push({
-            id: job.id,
-            kind: job.kind,
-            fencingToken: job.fencingToken,
-            reason: job.reason as ClaimFailedJob['reason'],
-            previousOwnerId: job.previousOwnerId,
-          });
+          results[0]!.failed.push(failedFromJob(job));
           continue;
         }
         waiting[given++]!.lease = leaseFromJob(job, workerId, lease);

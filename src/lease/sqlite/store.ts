@@ -1,6 +1,6 @@
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../store/sqlite/open.js';
 import { migrateSqlite } from '../../store/sqlite/migrate.js';
-import { checkWorkerId, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
+import { checkWorkerId, failedFromJob, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
 import type {
   ClaimFailedJob,
   Job,
@@ -157,13 +157,7 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
           if (!row) return { lease: null, failed };
           const job = rowToJob(row);
           if (job.state !== 'running') {
-            failed.push({
-              id: job.id,
-              kind: job.kind,
-              fencingToken: job.fencingToken,
-              reason: job.reason as ClaimFailedJob['reason'],
-              previousOwnerId: job.previousOwnerId,
-            });
+            failed.push(failedFromJob(job));
             continue;
           }
           return {
