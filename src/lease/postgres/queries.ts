@@ -44,6 +44,32 @@ const PICKED = `id, owner_id, kind,
        WHEN attempt >= max_attempts THEN 'max_attempts' END AS dead`;
 
 /**
+ * The UPDATE of both claim statements, over the picked rows `p`: a live job
+ * becomes `running` under its new owner (`$1`) with the next token and a
+ * fresh lease (`$3`, `$4`), a dead one `failed` with its reason. `step` is
+ * what the token rises by above both this job's token and the highest token
+ * under its custom fence key.
+ */
+const claimUpdate = (step: string) => `UPDATE tool_jobs j SET
+  state = CASE WHEN p.dead IS NULL THEN 'running' ELSE 'failed' END,
+  reason = p.dead,
+  finished_at = CASE WHEN p.dead IS NULL THEN NULL ELSE now() END,
+  previous_owner_id = CASE WHEN p.was_running THEN p.previous_owner END,
+  owner_id = CASE WHEN p.dead IS NULL THEN $1 ELSE j.owner_id END,
+  fencing_token = CASE WHEN p.dead IS NULL
+    THEN ${step}
+       + greatest(j.fencing_token, coalesce((SELECT max(o.fencing_token) FROM tool_jobs o
+                                             WHERE o.fence_key IS NOT NULL AND o.fence_key = j.fence_key), 0))
+    ELSE j.fencing_token END,
+  attempt = CASE WHEN p.dead IS NULL THEN j.attempt + 1 ELSE j.attempt END,
+  lease_until = CASE WHEN p.dead IS NULL
+    THEN now() + coalesce(($4::jsonb ->> p.kind)::bigint, $3::bigint) * interval '1 millisecond'
+    ELSE j.lease_until END,
+  heartbeat_at = CASE WHEN p.dead IS NULL THEN now() ELSE j.heartbeat_at END,
+  first_claimed_at = coalesce(j.first_claimed_at, CASE WHEN p.dead IS NULL THEN now() END)
+`;
+
+/**
  * $1 owner, $2 kinds (text[] or NULL), $3 default lease ms, $4 lease ms by
  * kind (jsonb object). Picks an expired running job first (recovery), else
  * the oldest ready queued one, each through its partial index and with
@@ -76,23 +102,7 @@ WITH expired AS (
   SELECT id, NULL, kind, dead, false FROM ready
   LIMIT 1
 )
-UPDATE tool_jobs j SET
-  state = CASE WHEN p.dead IS NULL THEN 'running' ELSE 'failed' END,
-  reason = p.dead,
-  finished_at = CASE WHEN p.dead IS NULL THEN NULL ELSE now() END,
-  previous_owner_id = CASE WHEN p.was_running THEN p.previous_owner END,
-  owner_id = CASE WHEN p.dead IS NULL THEN $1 ELSE j.owner_id END,
-  fencing_token = CASE WHEN p.dead IS NULL
-    THEN 1 + greatest(j.fencing_token, coalesce((SELECT max(o.fencing_token) FROM tool_jobs o
-                                                 WHERE o.fence_key IS NOT NULL AND o.fence_key = j.fence_key), 0))
-    ELSE j.fencing_token END,
-  attempt = CASE WHEN p.dead IS NULL THEN j.attempt + 1 ELSE j.attempt END,
-  lease_until = CASE WHEN p.dead IS NULL
-    THEN now() + coalesce(($4::jsonb ->> p.kind)::bigint, $3::bigint) * interval '1 millisecond'
-    ELSE j.lease_until END,
-  heartbeat_at = CASE WHEN p.dead IS NULL THEN now() ELSE j.heartbeat_at END,
-  first_claimed_at = coalesce(j.first_claimed_at, CASE WHEN p.dead IS NULL THEN now() END)
-FROM pick p
+${claimUpdate('1')}FROM pick p
 WHERE j.id = p.id
 RETURNING ${columns('j.')}`;
 
@@ -137,24 +147,7 @@ WITH expired AS (
 ), ranked AS (
   SELECT pick.*, row_number() OVER (PARTITION BY fence_key ORDER BY id) AS nth FROM pick
 )
-UPDATE tool_jobs j SET
-  state = CASE WHEN p.dead IS NULL THEN 'running' ELSE 'failed' END,
-  reason = p.dead,
-  finished_at = CASE WHEN p.dead IS NULL THEN NULL ELSE now() END,
-  previous_owner_id = CASE WHEN p.was_running THEN p.previous_owner END,
-  owner_id = CASE WHEN p.dead IS NULL THEN $1 ELSE j.owner_id END,
-  fencing_token = CASE WHEN p.dead IS NULL
-    THEN CASE WHEN j.fence_key IS NULL THEN 1 ELSE p.nth END
-       + greatest(j.fencing_token, coalesce((SELECT max(o.fencing_token) FROM tool_jobs o
-                                             WHERE o.fence_key IS NOT NULL AND o.fence_key = j.fence_key), 0))
-    ELSE j.fencing_token END,
-  attempt = CASE WHEN p.dead IS NULL THEN j.attempt + 1 ELSE j.attempt END,
-  lease_until = CASE WHEN p.dead IS NULL
-    THEN now() + coalesce(($4::jsonb ->> p.kind)::bigint, $3::bigint) * interval '1 millisecond'
-    ELSE j.lease_until END,
-  heartbeat_at = CASE WHEN p.dead IS NULL THEN now() ELSE j.heartbeat_at END,
-  first_claimed_at = coalesce(j.first_claimed_at, CASE WHEN p.dead IS NULL THEN now() END)
-FROM ranked p
+${claimUpdate('CASE WHEN j.fence_key IS NULL THEN 1 ELSE p.nth END')}FROM ranked p
 WHERE j.id = p.id
   AND j.id = ANY (ARRAY(SELECT id FROM pick))
 RETURNING ${columns('j.')}`;
