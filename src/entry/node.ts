@@ -1,5 +1,7 @@
-import { createAdaptorServer } from '@hono/node-server';
+import { getRequestListener } from '@hono/node-server';
+import { createServer } from 'node:http';
 import type { Server, ServerResponse } from 'node:http';
+import { createNodeListener } from './node-listener.js';
 import type { AddressInfo } from 'node:net';
 import { inlineKeyFiles } from '../config/key-files.js';
 import type { Config } from '../config/schema.js';
@@ -69,7 +71,8 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
     if (options.store === undefined) await store.close();
     throw err;
   }
-  const server = createAdaptorServer({ fetch: gateway.app.fetch }) as Server;
+  // Proxied requests skip Hono's Request/Response (./node-listener.ts); the rest is the Hono app.
+  const server = createServer(createNodeListener(gateway, getRequestListener(gateway.app.fetch)));
   // Slow-body and slow-header clients are cut off instead of holding sockets.
   server.requestTimeout = 60_000;
   server.headersTimeout = 20_000;

@@ -1,3 +1,5 @@
+import type { HeaderReader } from './inbound.js';
+
 export type BodyResult = { ok: true; body: Uint8Array } | { ok: false; tooLarge: true } | { ok: false; aborted: true };
 
 /** The parts of a Node `IncomingMessage` the fast path uses (`c.env.incoming` under @hono/node-server). */
@@ -18,7 +20,7 @@ export interface IncomingLike {
  * CPU (profile of `npm run bench`), and nothing else reads the body. Other
  * runtimes (Workers) read `request.body`.
  */
-export async function readBody(request: Request, maxBytes: number, incoming?: IncomingLike): Promise<BodyResult> {
+export async function readBody(request: { headers: HeaderReader; body: ReadableStream<Uint8Array> | null }, maxBytes: number, incoming?: IncomingLike): Promise<BodyResult> {
   const declared = request.headers.get('content-length');
   if (declared !== null && Number(declared) > maxBytes) return { ok: false, tooLarge: true };
   if (incoming !== undefined && !incoming.readableEnded) return readIncoming(incoming, maxBytes);

@@ -1,3 +1,4 @@
+import type { HeaderReader } from './inbound.js';
 import type { RouteConfig } from '../config/schema.js';
 import { parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
 import type { Refusal } from '../protocol/problem.js';
@@ -19,7 +20,7 @@ export type CommandResult = { ok: true; command: Command } | { ok: false; refusa
  * entity (when it comes from a header or the path). Nothing is stored yet,
  * so a refusal here changes no state.
  */
-export function parseCommand(route: RouteConfig, headers: Headers, params: Record<string, string>, options: { signedFences?: boolean } = {}): CommandResult {
+export function parseCommand(route: RouteConfig, headers: HeaderReader, params: Record<string, string>, options: { signedFences?: boolean } = {}): CommandResult {
   let fence: bigint | null = null;
   let signedFence: string | null = null;
   if (route.fence !== 'off') {

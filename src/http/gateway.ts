@@ -5,6 +5,8 @@ import { renderProblem } from '../protocol/problem.js';
 import type { GatewayStore, SweepResult } from '../store/types.js';
 import { createAdminApp } from './admin.js';
 import type { Forwarder } from './forward.js';
+import type { IncomingLike } from './body.js';
+import type { Inbound, Reply } from './inbound.js';
 import { silentLogger, type Logger } from './logger.js';
 import { createMetrics } from './metrics.js';
 import { createProxyHandler, errorText } from './proxy.js';
@@ -25,6 +27,14 @@ export interface Gateway {
   app: Hono;
   store: GatewayStore;
   config: Config;
+  /**
+   * The proxied-request path without Hono's Request/Response, for a server
+   * that parses HTTP itself (the Node entry): the same decisions, counted as
+   * in flight, a throw answered 500 as `app` answers it. null when caller
+   * auth is configured: those requests go through `app` (its middleware).
+   * Paths under `adminPrefix` always belong to `app`.
+   */
+  direct: ((request: Inbound) => Promise<Reply>) | null;
   /** Requests being handled right now. */
   inflight(): number;
   /** Deletes expired records and old rejections; marks dead in_progress records outcome_unknown. */
@@ -61,7 +71,6 @@ export function createGateway(options: GatewayOptions): Gateway {
     upstreamHeaders,
     // The caller's Authorization authenticates it to the gateway, never to the upstream.
     stripAuthorization: auth !== null,
-    ...(auth ? { callerOf: auth.callerOf } : {}),
     ...(checkSignedFence ? { checkSignedFence } : {}),
     observe: metrics.observe,
   });
@@ -84,20 +93,44 @@ export function createGateway(options: GatewayOptions): Gateway {
       ...(config.metrics.enabled ? { metrics: { render: renderMetrics, public: config.metrics.public, ...(auth ? { guard: auth.metrics } : {}) } } : {}),
     }),
   );
-  const handle = async (c: Context) => {
+  const counted = async (request: Inbound): Promise<Reply> => {
     active++;
     try {
-      return await proxy(c);
+      return await proxy(request);
     } finally {
       if (--active === 0) drained?.();
     }
+  };
+  const internalError = (pathname: string, err: unknown): Reply => {
+    logger.error('internal-error', { path: pathname, error: errorText(err) });
+    const r = renderProblem({ code: 'internal-error', detail: 'the gateway failed to handle this request' }, problemBase);
+    return { status: r.status, headers: Object.entries(r.headers), body: r.body };
+  };
+  const handle = async (c: Context) => {
+    const req = c.req.raw;
+    const url = new URL(req.url);
+    const incoming = nodeIncoming(c);
+    const reply = await counted({
+      method: req.method,
+      pathname: url.pathname,
+      search: url.search,
+      headers: req.headers,
+      get body() {
+        return req.body;
+      },
+      ...(incoming ? { incoming } : {}),
+      get signal() {
+        return req.signal;
+      },
+      caller: auth ? auth.callerOf(c) : null,
+    });
+    return new Response(reply.body, { status: reply.status, headers: reply.headers });
   };
   // Without auth, no pass-through middleware: one async hop less per request.
   if (auth) app.all('*', auth.proxy, handle);
   else app.all('*', handle);
   app.onError((err, c) => {
-    logger.error('internal-error', { path: new URL(c.req.url).pathname, error: errorText(err) });
-    const r = renderProblem({ code: 'internal-error', detail: 'the gateway failed to handle this request' }, problemBase);
+    const r = internalError(new URL(c.req.url).pathname, err);
     return new Response(r.body, { status: r.status, headers: r.headers });
   });
 
@@ -106,6 +139,7 @@ export function createGateway(options: GatewayOptions): Gateway {
     app,
     store,
     config,
+    direct: auth ? null : (request) => counted(request).catch((err) => internalError(request.pathname, err)),
     inflight: () => active,
     sweep: () => store.sweep({ rejectionRetentionMs: config.rejectionRetention }),
     close() {
@@ -138,4 +172,10 @@ function resolveUpstreamHeaders(config: Config, env: Record<string, string | und
   });
   if (missing.length > 0) throw new ConfigError(`invalid configuration:\n  ${missing.join('\n  ')}`, missing);
   return out;
+}
+
+/** The Node request stream under @hono/node-server (`c.env.incoming`); undefined elsewhere. */
+function nodeIncoming(c: Context): IncomingLike | undefined {
+  const incoming = (c.env as { incoming?: Partial<IncomingLike> } | undefined)?.incoming;
+  return typeof incoming?.on === 'function' && typeof incoming.pause === 'function' ? (incoming as IncomingLike) : undefined;
 }

@@ -1,13 +1,13 @@
 import { randomUUID } from 'node:crypto';
-import type { Context } from 'hono';
 import type { Config, RouteConfig } from '../config/schema.js';
 import { fingerprint, sha256Hex } from '../core/fingerprint.js';
 import { parsePreferWait } from '../protocol/headers.js';
-import { retryAfterSeconds, type Refusal } from '../protocol/problem.js';
+import { retryAfterSeconds, type Refusal, type RenderedError } from '../protocol/problem.js';
 import { entityTopic, recordTopic, type Admission, type AdmitInput, type AuditInfo, type FinishInput, type GatewayStore, type StoredResponse } from '../store/types.js';
-import { readBody, type IncomingLike } from './body.js';
+import { readBody } from './body.js';
+import type { HeaderReader, Inbound, Reply } from './inbound.js';
 import { entityFromJson, parseCommand } from './command.js';
-import { renderRefusal, toResponse } from './errors.js';
+import { renderRefusal } from './errors.js';
 import { connectionTokens, isHopByHop, type Forwarder, type UpstreamResult } from './forward.js';
 import type { Logger } from './logger.js';
 import { requestShapeProblem } from './request-shape.js';
@@ -24,8 +24,6 @@ export interface ProxyDeps {
   upstreamHeaders: Map<string, Record<string, string>>;
   /** Strip the caller's `Authorization` (it authenticates to the gateway, not the upstream). */
   stripAuthorization: boolean;
-  /** Identifies the caller in the rejection log and scopes its keys; null without auth. */
-  callerOf?: (c: Context) => string | null;
   /** With `fence.signed`: verifies the fence JWS (and logs its refusal); the header is then never read as an integer. */
   checkSignedFence?: SignedFenceCheck;
   /** Called once per answered request (metrics). */
@@ -58,23 +56,23 @@ export function createProxyHandler(deps: ProxyDeps) {
   const router = createRouter(deps.config.routes);
   const { store, logger } = deps;
 
-  return async function proxy(c: Context): Promise<Response> {
+  return async function proxy(req: Inbound): Promise<Reply> {
     const started = performance.now();
-    const req = c.req.raw;
-    const url = new URL(req.url);
+    const url = { pathname: req.pathname, search: req.search };
     const given = req.headers.get('x-request-id');
     const requestId = given !== null && REQUEST_ID.test(given) ? given : randomUUID();
     const trace: Trace = { request_id: requestId, route: null, method: req.method, path: url.pathname };
-    const done = (res: Response, decision: string): Response => {
-      res.headers.set('x-request-id', requestId);
+    const done = (res: Reply, decision: string): Reply => {
+      res.headers = res.headers.filter(([n]) => n !== 'x-request-id');
+      res.headers.push(['x-request-id', requestId]);
       const totalMs = round(performance.now() - started);
       logger.info('decision', { ...trace, decision, status: res.status, total_ms: totalMs });
       deps.observe?.({ route: trace.route, decision, status: res.status, totalMs, upstreamMs: trace.upstream_ms });
       return res;
     };
-    const refuse = (route: RouteConfig | null, refusal: Refusal): Response => {
+    const refuse = (route: RouteConfig | null, refusal: Refusal): Reply => {
       refusal.extras = { ...refusal.extras, request_id: requestId };
-      return done(toResponse(renderRefusal(refusal, route?.errors ?? null, deps.problemBase)), refusal.code);
+      return done(replyOf(renderRefusal(refusal, route?.errors ?? null, deps.problemBase)), refusal.code);
     };
 
     // 1. Route.
@@ -93,7 +91,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     const { signedFence } = parsed.command;
 
     // 4. Body, up to the route's limit, and the fingerprint.
-    const read = await readBody(req, route.maxBodyBytes, nodeIncoming(c));
+    const read = await readBody(req, route.maxBodyBytes, req.incoming);
     if (!read.ok) {
       if ('aborted' in read) return refuse(route, { code: 'invalid-request', detail: 'the request body ended before its end (the client went away)' });
       return refuse(route, { code: 'payload-too-large', detail: `the body exceeds this route's limit of ${route.maxBodyBytes} bytes` });
@@ -110,7 +108,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     Object.assign(trace, { entity, fence: fence?.toString() ?? null, idempotency_key: key });
 
     const pathAndQuery = url.pathname + url.search;
-    const caller = deps.callerOf?.(c) ?? null;
+    const { caller } = req;
     const payloadSha256 = sha256Hex(body);
     const audit: AuditInfo = { requestId, caller, method: req.method, path: pathAndQuery, payloadSha256 };
     // 3, signed fences (DESIGN §7): checked once the entity is known, refusals logged.
@@ -165,7 +163,8 @@ export function createProxyHandler(deps: ProxyDeps) {
       }
       case 'replay': {
         const res = responseFrom(admission.response, null);
-        res.headers.set('idempotent-replayed', 'true');
+        res.headers = res.headers.filter(([n]) => n !== 'idempotent-replayed');
+        res.headers.push(['idempotent-replayed', 'true']);
         return done(res, 'replayed');
       }
       case 'forward':
@@ -203,7 +202,7 @@ export function createProxyHandler(deps: ProxyDeps) {
   };
 }
 
-async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Request): Promise<Admission> {
+async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Inbound): Promise<Admission> {
   const start = Date.now();
   const preferWait = parsePreferWait(req.headers.get('prefer') ?? undefined);
   const keyWaitMs = preferWait === null ? 0 : Math.min(preferWait * 1000, route.maxWaitMs);
@@ -231,8 +230,8 @@ function settle(
   base: Omit<FinishInput, 'outcome'>,
   problemBase: string,
   requestId: string,
-): { finish: FinishInput; response: Response; decision: string } {
-  const problem = (refusal: Refusal) => toResponse(renderRefusal({ ...refusal, extras: { ...refusal.extras, request_id: requestId } }, route.errors, problemBase));
+): { finish: FinishInput; response: Reply; decision: string } {
+  const problem = (refusal: Refusal) => replyOf(renderRefusal({ ...refusal, extras: { ...refusal.extras, request_id: requestId } }, route.errors, problemBase));
   switch (result.kind) {
     case 'response': {
       const passthrough = responseFrom({ status: result.status, headers: result.headers, body: result.body }, 'hop-by-hop');
@@ -293,7 +292,7 @@ async function finishWithRetries(store: GatewayStore, finish: FinishInput, logge
 }
 
 function upstreamHeaders(
-  incoming: Headers,
+  incoming: HeaderReader,
   route: RouteConfig,
   deps: ProxyDeps,
   command: { requestId: string; entity: string | null; fence: bigint | null },
@@ -314,21 +313,19 @@ function upstreamHeaders(
   return out;
 }
 
-function responseFrom(stored: StoredResponse, filter: 'hop-by-hop' | null): Response {
-  const headers = new Headers();
+function responseFrom(stored: StoredResponse, filter: 'hop-by-hop' | null): Reply {
+  const headers: [string, string][] = [];
   const conn = filter ? connectionTokens(stored.headers.find(([n]) => n.toLowerCase() === 'connection')?.[1]) : new Set<string>();
   for (const [name, value] of stored.headers) {
     if (filter && isHopByHop(name, conn)) continue;
-    headers.append(name, value);
+    headers.push([name.toLowerCase(), value]);
   }
   const noBody = stored.status === 204 || stored.status === 304 || (stored.status >= 100 && stored.status < 200);
-  return new Response(noBody ? null : stored.body, { status: stored.status, headers });
+  return { status: stored.status, headers, body: noBody ? null : stored.body };
 }
 
-/** The Node request stream under @hono/node-server (`c.env.incoming`); undefined elsewhere. */
-function nodeIncoming(c: Context): IncomingLike | undefined {
-  const incoming = (c.env as { incoming?: Partial<IncomingLike> } | undefined)?.incoming;
-  return typeof incoming?.on === 'function' && typeof incoming.pause === 'function' ? (incoming as IncomingLike) : undefined;
+function replyOf(rendered: RenderedError): Reply {
+  return { status: rendered.status, headers: Object.entries(rendered.headers), body: rendered.body };
 }
 
 /** `http://up:9000/base` + `/payments/x?y=1` → `http://up:9000/base/payments/x?y=1`. */

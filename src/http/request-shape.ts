@@ -1,3 +1,5 @@
+import type { HeaderReader } from './inbound.js';
+
 /**
  * What Node's HTTP parser leaves to the gateway. The parser already refuses
  * Content-Length with Transfer-Encoding, two lengths, obs-fold, bare LF and
@@ -19,7 +21,7 @@
  *
  * Returns the reason for a 400 `invalid-request`, or null.
  */
-export function requestShapeProblem(headers: Headers, pathname: string): string | null {
+export function requestShapeProblem(headers: HeaderReader, pathname: string): string | null {
   const te = headers.get('transfer-encoding');
   if (te !== null && te.trim().toLowerCase() !== 'chunked') {
     return `Transfer-Encoding "${te}" is not accepted: only chunked (another coding would reach the upstream undecoded and unannounced)`;

@@ -1,0 +1,106 @@
+import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http';
+import type { Gateway } from '../http/gateway.js';
+import type { HeaderReader, Inbound, Reply } from '../http/inbound.js';
+
+/** A request body left unread after the answer (a refusal before the body was needed) is discarded up to this, then the connection closes. */
+const DISCARD_LIMIT_BYTES = 1024 * 1024;
+
+/**
+ * The Node server's request listener: proxied requests go to the gateway's
+ * `direct` path, read from the Node request and written to the Node response;
+ * everything else (the admin API under `adminPrefix`, every request when
+ * caller auth is on, and any request target @hono/node-server would have to
+ * judge: absolute form, a backslash, an odd Host) goes to `fallback`, the
+ * Hono app's listener.
+ *
+ * Why: WHATWG Request/Response objects and the Hono dispatch around them were
+ * most of the difference between the Hono control and a bare node:http proxy
+ * in `npm run bench`; the decisions themselves are the same function either way.
+ */
+export function createNodeListener(gateway: Gateway, fallback: RequestListener): RequestListener {
+  const direct = gateway.direct;
+  const adminPrefix = gateway.config.adminPrefix;
+  return (req, res) => {
+    const target = req.url ?? '';
+    const host = req.headers.host;
+    if (direct === null || target[0] !== '/' || target.includes('\\') || host === undefined) return fallback(req, res);
+    // As @hono/node-server builds it, so that both paths see the same path.
+    let url: URL;
+    try {
+      url = new URL(`http://${host}${target}`);
+    } catch {
+      return fallback(req, res);
+    }
+    if ((url.hostname.length !== host.length && url.hostname !== host.replace(/:\d+$/, '')) || url.pathname.startsWith(adminPrefix)) {
+      return fallback(req, res);
+    }
+    let controller: AbortController | null = null;
+    const inbound: Inbound = {
+      method: req.method ?? 'GET',
+      pathname: url.pathname,
+      search: url.search,
+      headers: rawHeaderReader(req.rawHeaders),
+      body: null,
+      incoming: req,
+      get signal() {
+        if (controller === null) {
+          const c = (controller = new AbortController());
+          if (res.closed) c.abort();
+          else res.once('close', () => res.writableFinished || c.abort());
+        }
+        return controller.signal;
+      },
+      caller: null,
+    };
+    direct(inbound).then((reply) => write(req, res, reply));
+  };
+}
+
+function write(req: IncomingMessage, res: ServerResponse, reply: Reply): void {
+  if (res.destroyed) return;
+  const flat: string[] = [];
+  let hasLength = false;
+  for (const [name, value] of reply.headers) {
+    flat.push(name, value);
+    if (name === 'content-length') hasLength = true;
+  }
+  if (reply.body !== null && !hasLength) flat.push('content-length', String(typeof reply.body === 'string' ? Buffer.byteLength(reply.body) : reply.body.byteLength));
+  try {
+    res.writeHead(reply.status, flat);
+    res.end(reply.body ?? undefined);
+  } catch {
+    // A header Node refuses to write: the caller gets a cut connection, as
+    // @hono/node-server gives it, and the outcome is already recorded.
+    res.destroy();
+    return;
+  }
+  if (!req.readableEnded) discardRest(req);
+}
+
+/** Reads and drops what is left of the request body, so the connection can carry the next request; past the limit, closes it. */
+function discardRest(req: IncomingMessage): void {
+  let left = DISCARD_LIMIT_BYTES;
+  req.on('data', (chunk: Buffer) => {
+    left -= chunk.byteLength;
+    if (left < 0) req.socket.destroySoon();
+  });
+  req.resume();
+}
+
+/**
+ * The raw header block read as `Headers` reads it: names case-insensitive,
+ * a repeated field's values joined with ", " (the parsers of the fence,
+ * entity and Host headers rely on that join to see repeats).
+ */
+export function rawHeaderReader(raw: string[]): HeaderReader {
+  const fields = new Map<string, string>();
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    const prev = fields.get(name);
+    fields.set(name, prev === undefined ? raw[i + 1]! : `${prev}, ${raw[i + 1]}`);
+  }
+  return {
+    get: (name) => fields.get(name.toLowerCase()) ?? null,
+    forEach: (callback) => fields.forEach(callback),
+  };
+}

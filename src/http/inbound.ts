@@ -1,0 +1,37 @@
+import type { IncomingLike } from './body.js';
+
+/** What the proxy reads of a header block: `Headers` has this shape, and so does the Node entry's view of the raw headers. */
+export interface HeaderReader {
+  /** The field's value, repeated fields joined with ", " (as `Headers.get`); null when absent. Case-insensitive. */
+  get(name: string): string | null;
+  forEach(callback: (value: string, name: string) => void): void;
+}
+
+/**
+ * A proxied request, whatever server parsed it: Hono's `Request` on Workers
+ * and for `app.fetch`, the Node request itself in the Node entry
+ * (../entry/node-listener.ts), which skips the WHATWG Request/Response adaptation.
+ */
+export interface Inbound {
+  method: string;
+  /** Path and query as the request target gave them (percent-encoding kept). */
+  pathname: string;
+  search: string;
+  headers: HeaderReader;
+  /** The body as a web stream; read only when `incoming` is absent or already ended. */
+  body: ReadableStream<Uint8Array> | null;
+  /** The Node request stream, read directly when present. */
+  incoming?: IncomingLike;
+  /** Aborted once the caller has gone away (read only while waiting). */
+  readonly signal: AbortSignal;
+  /** The authenticated caller (scopes keys, named in the rejection log); null without auth. */
+  caller: string | null;
+}
+
+/** The answer, before any server writes it. Header names are lower case. */
+export interface Reply {
+  status: number;
+  headers: [string, string][];
+  /** null for 204, 304 and 1xx. */
+  body: Uint8Array | string | null;
+}
