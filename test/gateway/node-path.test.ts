@@ -1,5 +1,6 @@
 import { getRequestListener } from '@hono/node-server';
 import { createServer, type RequestListener, type Server } from 'node:http';
+import { Readable } from 'node:stream';
 import type { AddressInfo } from 'node:net';
 import { Pool } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -187,7 +188,7 @@ describe('an unread request body', () => {
     const chunks = async function* () {
       for (let i = 0; i < 64; i++) yield Buffer.alloc(4096, 120);
     };
-    const tooLarge = await pool.request({ method: 'POST', path: '/payments/charges', headers: Object.fromEntries(cmd(1, 'u3')), body: chunks() });
+    const tooLarge = await pool.request({ method: 'POST', path: '/payments/charges', headers: Object.fromEntries(cmd(1, 'u3')), body: Readable.from(chunks()) });
     expect(tooLarge.statusCode).toBe(413);
     await tooLarge.body.arrayBuffer();
     const next = await pool.request({ method: 'POST', path: '/payments/charges', headers: Object.fromEntries(cmd(1, 'u2')), body: '{}' });
