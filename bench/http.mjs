@@ -2,7 +2,7 @@
 //
 //   direct      autocannon → upstream                       (the physical floor)
 //   bare        → node:http + undici proxy → upstream       (the floor of a second hop)
-//   control     → stateless Hono + undici proxy → upstream  (same HTTP stack, no decisions)
+//   control     → stateless Hono + undici proxy → upstream  (the reference, no decisions)
 //   fg-full     → fencegate, SQLite synchronous=FULL        (the default)
 //   fg-normal   → fencegate, SQLite synchronous=NORMAL
 //   fg-postgres → fencegate, PostgreSQL                     (when a database URL is set)

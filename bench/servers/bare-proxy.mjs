@@ -1,6 +1,7 @@
 // The floor of any Node proxy: node:http + undici, no framework, no
 // decisions, no storage. What a second hop costs on this box, beside the
-// control (the same with Hono, which fencegate is built on).
+// control (the same with Hono). fencegate's Node server answers proxied
+// requests this way too (src/entry/node-listener.ts), around its decisions.
 import { createServer } from 'node:http';
 import { Agent, request } from 'undici';
 

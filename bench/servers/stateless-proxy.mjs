@@ -1,5 +1,7 @@
-// The control: a stateless Hono + undici reverse proxy, the same HTTP stack
-// as fencegate without any of its decisions or storage.
+// The control: a stateless Hono + undici reverse proxy, the issue's
+// reference, without any decisions or storage. (fencegate's Hono app runs on
+// this stack; its Node server answers proxied requests without Hono's
+// Request/Response, src/entry/node-listener.ts.)
 import { createAdaptorServer } from '@hono/node-server';
 import { Hono } from 'hono';
 import { Agent, request } from 'undici';
