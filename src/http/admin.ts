@@ -6,7 +6,7 @@ import { renderProblem, type Refusal } from '../protocol/problem.js';
 import type { GatewayStore, RejectionQuery } from '../store/types.js';
 import { EXPORT_MEDIA_TYPES, exportFormatOf, rejectionExport } from './audit/export.js';
 import { rejectionJson } from './audit/format.js';
-import { latestHistory, registerAuditRoutes } from './audit/routes.js';
+import { latestHistory, recordJson, registerAuditRoutes } from './audit/routes.js';
 import { consoleResponse } from './console/page.js';
 
 export { rejectionJson };
@@ -101,17 +101,11 @@ export function createAdminApp(options: AdminOptions): Hono {
     if (records.length === 0) return problem({ code: 'not-found', detail: 'no record with this idempotency key' });
     return c.json({
       key,
-      records: records.map((r) => ({
-        scope: r.scope,
-        state: r.state,
-        fingerprint: r.fingerprint,
-        entity: r.entity,
-        fence: r.fence,
-        status: r.status,
-        locked_until: r.lockedUntil?.toISOString() ?? null,
-        created_at: r.createdAt.toISOString(),
-        expires_at: r.expiresAt.toISOString(),
-      })),
+      // The audit API's record fields, less the key this answer names once.
+      records: records.map((r) => {
+        const { key: _key, ...fields } = recordJson(r);
+        return fields;
+      }),
     });
   });
 
