@@ -86,6 +86,8 @@ describe('clean shutdown', () => {
     gate.open();
     const res = await inFlight;
     expect(res.status).toBe(201);
+    // The caller is told not to reuse the connection.
+    expect(res.headers.get('connection')).toBe('close');
     expect((await effectOf(res)).effect).toBe(1);
     expect(await child.exited).toEqual({ code: 0, signal: null });
     await child.waitForLine((l) => l.msg === 'stopped', 'stopped');
