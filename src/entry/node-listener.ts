@@ -2,8 +2,9 @@ import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http
 import type { Gateway } from '../http/gateway.js';
 import type { HeaderReader, Inbound, Reply } from '../http/inbound.js';
 
-/** A request body left unread after the answer (a refusal before the body was needed) is discarded up to this, then the connection closes. */
+/** A request body left unread after the answer (a refusal before the body was needed) is discarded up to this size and for this long, then the connection closes. */
 const DISCARD_LIMIT_BYTES = 1024 * 1024;
+const DISCARD_LIMIT_MS = 1_000;
 
 /**
  * The Node server's request listener: proxied requests go to the gateway's
@@ -31,7 +32,9 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
     } catch {
       return fallback(req, res);
     }
-    if ((url.hostname.length !== host.length && url.hostname !== host.replace(/:\d+$/, '')) || url.pathname.startsWith(adminPrefix)) {
+    if (url.hostname.length !== host.length && url.hostname !== host.replace(/:\d+$/, '')) return fallback(req, res);
+    // Hono routes on the percent-decoded path: /%5Ffencegate/health is the admin API there too.
+    if (url.pathname.startsWith(adminPrefix) || (url.pathname.includes('%') && percentDecoded(url.pathname).startsWith(adminPrefix))) {
       return fallback(req, res);
     }
     let controller: AbortController | null = null;
@@ -52,19 +55,36 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
       },
       caller: null,
     };
-    direct(inbound).then((reply) => write(req, res, reply));
+    direct(inbound)
+      .then((reply) => write(req, res, reply))
+      // direct() answers its own faults; this is for a fault in writing.
+      .catch(() => res.destroy());
   };
+}
+
+/** Decodes every well-formed run of %XX (as Hono's router sees a path); malformed runs stay as they are. */
+function percentDecoded(path: string): string {
+  return path.replace(/(?:%[0-9A-Fa-f]{2})+/g, (run) => {
+    try {
+      return decodeURIComponent(run);
+    } catch {
+      return run;
+    }
+  });
 }
 
 function write(req: IncomingMessage, res: ServerResponse, reply: Reply): void {
   if (res.destroyed) return;
+  // A HEAD answer has no body here (the upstream's length was hop-by-hop):
+  // claiming 0 would tell the caller the resource is empty, so say nothing.
+  const head = req.method === 'HEAD';
   const flat: string[] = [];
   let hasLength = false;
   for (const [name, value] of reply.headers) {
     flat.push(name, value);
     if (name === 'content-length') hasLength = true;
   }
-  if (reply.body !== null && !hasLength) flat.push('content-length', String(typeof reply.body === 'string' ? Buffer.byteLength(reply.body) : reply.body.byteLength));
+  if (reply.body !== null && !hasLength && !head) flat.push('content-length', String(typeof reply.body === 'string' ? Buffer.byteLength(reply.body) : reply.body.byteLength));
   try {
     res.writeHead(reply.status, flat);
     res.end(reply.body ?? undefined);
@@ -80,10 +100,15 @@ function write(req: IncomingMessage, res: ServerResponse, reply: Reply): void {
 /** Reads and drops what is left of the request body, so the connection can carry the next request; past the limit, closes it. */
 function discardRest(req: IncomingMessage): void {
   let left = DISCARD_LIMIT_BYTES;
+  const cut = () => req.socket.destroySoon();
+  const timer = setTimeout(cut, DISCARD_LIMIT_MS);
+  timer.unref();
   req.on('data', (chunk: Buffer) => {
     left -= chunk.byteLength;
-    if (left < 0) req.socket.destroySoon();
+    if (left < 0) cut();
   });
+  req.once('end', () => clearTimeout(timer));
+  req.once('close', () => clearTimeout(timer));
   req.resume();
 }
 

@@ -53,7 +53,10 @@ async function side(kind: 'node' | 'hono'): Promise<Side> {
   const config = parseConfig({
     listen: { host: '127.0.0.1', port: 0 },
     store: { sqlite: `${tmp.dir}/g.db`, synchronous: 'NORMAL' },
-    routes: [paymentsRoute(up.url, { maxBodyBytes: 256, replayHeaders: ['content-type', 'location'] })],
+    routes: [
+      paymentsRoute(up.url, { maxBodyBytes: 256, replayHeaders: ['content-type', 'location'] }),
+      paymentsRoute(up.url, { name: 'lookup', match: { path: '/lookup/*', methods: ['GET', 'HEAD'] }, fence: 'off', idempotency: 'off', mode: 'concurrent' }),
+    ],
   });
   const store = new SqliteGatewayStore({ path: `${tmp.dir}/g.db`, synchronous: 'NORMAL' });
   const gateway: Gateway = createGateway({ config, store, forwarder: createUndiciForwarder(), env: {} });
@@ -113,7 +116,10 @@ const script: (RawRequest & { behave?: (up: FakeUpstream) => void })[] = [
   { path: '/payments/refunds', headers: cmd(5, 'k13'), body: '{}' }, // its replay: only the allow-listed headers
   { path: '/payments/void', headers: cmd(6, 'k14'), body: '', behave: (up) => up.behave(() => ({ kind: 'respond', status: 204 })) },
   { path: '/payments/void', headers: cmd(7, 'k15'), body: '{}', behave: (up) => up.behave(() => ({ kind: 'respond', status: 503, body: 'busy' })) }, // released
+  { method: 'HEAD', path: '/lookup/x', headers: [['X-Request-Id', 'req-head-1']], behave: (up) => up.behave(null) }, // no body, and no length claimed
+  { method: 'GET', path: '/lookup/x', headers: [['X-Request-Id', 'req-get-1']] },
   { method: 'GET', path: '/_fencegate/health', headers: [] },
+  { method: 'GET', path: '/%5Ffencegate/health', headers: [] }, // Hono routes on the decoded path
 ];
 
 async function play(s: Side): Promise<{ answers: unknown[]; rows: string; upstream: unknown[] }> {
@@ -157,12 +163,14 @@ describe('the Node listener and the Hono app', () => {
     for (let i = 0; i < script.length; i++) expect(a.answers[i], `step ${i}`).toEqual(b.answers[i]);
     expect(a.rows).toBe(b.rows);
     expect(a.upstream).toEqual(b.upstream);
+    const headAnswer = a.answers[18] as { headers: Record<string, string> };
+    expect(headAnswer.headers['content-length']).toBeUndefined();
     // Not vacuous: the Node side really took its own path for the proxied
-    // requests, and only the admin request went to Hono.
-    expect(node.fellBack).toEqual(['GET /_fencegate/health']);
-    expect(node.direct).toBe(script.length - 1);
+    // requests, and only the admin requests went to Hono.
+    expect(node.fellBack).toEqual(['GET /_fencegate/health', 'GET /%5Ffencegate/health']);
+    expect(node.direct).toBe(script.length - 2);
     // And the script reached every branch it names.
-    expect((a.answers as { status: number }[]).map((x) => x.status)).toEqual([201, 201, 422, 409, 201, 400, 400, 400, 413, 400, 400, 404, 404, 201, 202, 202, 204, 503, 200]);
+    expect((a.answers as { status: number }[]).map((x) => x.status)).toEqual([201, 201, 422, 409, 201, 400, 400, 400, 413, 400, 400, 404, 404, 201, 202, 202, 204, 503, 201, 201, 200, 200]);
   });
 
   it('sends to the Hono app what @hono/node-server must judge: absolute-form targets, backslashes, a bad Host', async () => {
