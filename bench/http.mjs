@@ -8,6 +8,8 @@
 //   fg-postgres → fencegate, PostgreSQL                     (when a database URL is set)
 //   peer        → express + express-idempotency (in-memory) → upstream
 //   fg-nostore  → fencegate with fence, idempotency and serial mode off (only with --only)
+//   fg-hono     → fg-normal served through the Hono app for every request, as
+//                 before the Node listener (only with --only)
 //
 // Every request is a new command: a new Idempotency-Key, a rising fence,
 // one of 1000 entities, in serial mode. Targets run one at a time; the
@@ -48,7 +50,7 @@ async function freePort() {
   return port;
 }
 
-async function startFencegate(name, store, upstream, route = {}) {
+async function startFencegate(name, store, upstream, route = {}, server = join(root, 'dist/entry/cli.js')) {
   const port = await freePort();
   const config = {
     listen: { host: '127.0.0.1', port },
@@ -69,7 +71,8 @@ async function startFencegate(name, store, upstream, route = {}) {
   const file = join(tmp, `${name}.json`);
   writeFileSync(file, JSON.stringify(config));
   // The decision log (one JSON line per request, as in production) goes to a file.
-  return startNode(join(root, 'dist/entry/cli.js'), { args: ['serve', '--config', file], cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port });
+  const args = server.endsWith('cli.js') ? ['serve', '--config', file] : [file];
+  return startNode(server, { args, cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port });
 }
 
 async function main() {
@@ -104,8 +107,9 @@ async function main() {
     // idempotency and serial mode off, so that no decision touches a row:
     // fencegate's HTTP path against the control's.
     ['fg-nostore', () => startFencegate('nostore', { sqlite: join(tmp, `nostore-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, { fence: 'off', idempotency: 'off', mode: 'concurrent' })],
+    ['fg-hono', () => startFencegate('hono', { sqlite: join(tmp, `hono-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(here, 'servers/fencegate-hono.mjs'))],
     ['peer', () => startNode(join(here, 'servers/idempotency-peer.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
-  ].filter(([name]) => (only ? only.includes(name) : name !== 'fg-nostore'));
+  ].filter(([name]) => (only ? only.includes(name) : name !== 'fg-nostore' && name !== 'fg-hono'));
 
   // Rounds interleave the targets, so that a load change on the box hits
   // every target alike; each target's row is the median of its rounds.
