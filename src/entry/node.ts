@@ -1,7 +1,5 @@
 import { getRequestListener } from '@hono/node-server';
-import { createServer } from 'node:http';
-import type { Server, ServerResponse } from 'node:http';
-import { createNodeListener } from './node-listener.js';
+import { createServer, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { inlineKeyFiles } from '../config/key-files.js';
 import type { Config } from '../config/schema.js';
@@ -10,6 +8,7 @@ import type { Forwarder } from '../http/forward.js';
 import { createGateway, type Gateway } from '../http/gateway.js';
 import { createJsonLogger, type Logger } from '../http/logger.js';
 import { createSqliteStore } from '../store/sqlite/index.js';
+import { createNodeListener } from './node-listener.js';
 import type { GatewayStore } from '../store/types.js';
 
 export { createUndiciForwarder };
