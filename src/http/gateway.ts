@@ -47,6 +47,9 @@ export interface Gateway {
  * Builds the gateway: one Hono app whose admin API lives under
  * `adminPrefix` and whose every other path goes through the fenced proxy.
  * Validates what it can at start-up (upstream credentials present).
+ * `app.fetch` serves everything on any runtime; `startGateway` (the Node
+ * entry) also serves proxied requests through `direct`, without Hono's
+ * Request/Response.
  *
  * @example
  * const gateway = createGateway({ config, store: createSqliteStore({ path: 'fg.db' }), forwarder: createUndiciForwarder() });
