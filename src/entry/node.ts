@@ -77,11 +77,11 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   server.headersTimeout = 20_000;
   // Responses not yet fully written, so that a shutdown lets them finish.
   const responding = new Set<ServerResponse>();
-  let closing = false;
+  let shutdown: Promise<void> | null = null;
   server.on('request', (_req, res: ServerResponse) => {
     // Once closing, every answer says Connection: close, so that no caller
     // sends its next request on a connection about to be cut.
-    if (closing) res.shouldKeepAlive = false;
+    if (shutdown !== null) res.shouldKeepAlive = false;
     responding.add(res);
     res.once('close', () => responding.delete(res));
   });
@@ -111,14 +111,12 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   }, config.sweepInterval);
   sweeper.unref();
 
-  let shutdown: Promise<void> | null = null;
   return {
     gateway,
     server,
     url,
     close() {
       shutdown ??= (async () => {
-        closing = true;
         for (const res of responding) if (!res.headersSent) res.shouldKeepAlive = false;
         clearInterval(sweeper);
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));

@@ -1,6 +1,7 @@
 import type { RouteConfig } from '../config/schema.js';
 import { ERROR_CODES, type ErrorCode } from '../protocol/codes.js';
 import { renderProblem, retryAfterHeader, type Refusal, type RenderedError } from '../protocol/problem.js';
+import type { Reply } from './inbound.js';
 
 /** The error shape a route answers refusals in (DESIGN §5 `errors`). */
 export type ErrorShape = RouteConfig['errors'];
@@ -51,6 +52,11 @@ const RENDERERS: Record<ErrorShape, Renderer> = {
 /** Renders a refusal in the route's shape; refusals with no route (404 no-route, admin) use problem+json. */
 export function renderRefusal(refusal: Refusal, shape: ErrorShape | null, problemBase: string): RenderedError {
   return RENDERERS[shape ?? 'problem'](refusal, problemBase);
+}
+
+/** The same, as the proxy's transport-neutral answer. */
+export function toReply(rendered: RenderedError): Reply {
+  return { status: rendered.status, headers: Object.entries(rendered.headers), body: rendered.body };
 }
 
 export function toResponse(rendered: RenderedError, extraHeaders: Record<string, string> = {}): Response {

@@ -4,6 +4,7 @@ import { ConfigError } from '../config/load.js';
 import { renderProblem } from '../protocol/problem.js';
 import type { GatewayStore, SweepResult } from '../store/types.js';
 import { createAdminApp } from './admin.js';
+import { toReply } from './errors.js';
 import type { Forwarder } from './forward.js';
 import type { IncomingLike } from './body.js';
 import type { Inbound, Reply } from './inbound.js';
@@ -106,8 +107,7 @@ export function createGateway(options: GatewayOptions): Gateway {
   };
   const internalError = (pathname: string, err: unknown): Reply => {
     logger.error('internal-error', { path: pathname, error: errorText(err) });
-    const r = renderProblem({ code: 'internal-error', detail: 'the gateway failed to handle this request' }, problemBase);
-    return { status: r.status, headers: Object.entries(r.headers), body: r.body };
+    return toReply(renderProblem({ code: 'internal-error', detail: 'the gateway failed to handle this request' }, problemBase));
   };
   const handle = async (c: Context) => {
     const req = c.req.raw;
@@ -127,15 +127,12 @@ export function createGateway(options: GatewayOptions): Gateway {
       },
       caller: auth ? auth.callerOf(c) : null,
     });
-    return new Response(reply.body, { status: reply.status, headers: reply.headers });
+    return webResponse(reply);
   };
   // Without auth, no pass-through middleware: one async hop less per request.
   if (auth) app.all('*', auth.proxy, handle);
   else app.all('*', handle);
-  app.onError((err, c) => {
-    const r = internalError(new URL(c.req.url).pathname, err);
-    return new Response(r.body, { status: r.status, headers: r.headers });
-  });
+  app.onError((err, c) => webResponse(internalError(new URL(c.req.url).pathname, err)));
 
   let closing: Promise<void> | null = null;
   return {
@@ -181,4 +178,8 @@ function resolveUpstreamHeaders(config: Config, env: Record<string, string | und
 function nodeIncoming(c: Context): IncomingLike | undefined {
   const incoming = (c.env as { incoming?: Partial<IncomingLike> } | undefined)?.incoming;
   return typeof incoming?.on === 'function' && typeof incoming.pause === 'function' ? (incoming as IncomingLike) : undefined;
+}
+
+function webResponse(reply: Reply): Response {
+  return new Response(reply.body, { status: reply.status, headers: reply.headers });
 }

@@ -2,12 +2,12 @@ import { randomUUID } from 'node:crypto';
 import type { Config, RouteConfig } from '../config/schema.js';
 import { fingerprint, sha256Hex } from '../core/fingerprint.js';
 import { parsePreferWait } from '../protocol/headers.js';
-import { retryAfterSeconds, type Refusal, type RenderedError } from '../protocol/problem.js';
+import { retryAfterSeconds, type Refusal } from '../protocol/problem.js';
 import { entityTopic, recordTopic, type Admission, type AdmitInput, type AuditInfo, type FinishInput, type GatewayStore, type StoredResponse } from '../store/types.js';
 import { readBody } from './body.js';
 import type { HeaderReader, Inbound, Reply } from './inbound.js';
 import { entityFromJson, parseCommand } from './command.js';
-import { renderRefusal } from './errors.js';
+import { renderRefusal, toReply } from './errors.js';
 import { connectionTokens, isHopByHop, type Forwarder, type UpstreamResult } from './forward.js';
 import type { Logger } from './logger.js';
 import { requestShapeProblem } from './request-shape.js';
@@ -72,7 +72,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     };
     const refuse = (route: RouteConfig | null, refusal: Refusal): Reply => {
       refusal.extras = { ...refusal.extras, request_id: requestId };
-      return done(replyOf(renderRefusal(refusal, route?.errors ?? null, deps.problemBase)), refusal.code);
+      return done(toReply(renderRefusal(refusal, route?.errors ?? null, deps.problemBase)), refusal.code);
     };
 
     // 1. Route.
@@ -231,7 +231,7 @@ function settle(
   problemBase: string,
   requestId: string,
 ): { finish: FinishInput; response: Reply; decision: string } {
-  const problem = (refusal: Refusal) => replyOf(renderRefusal({ ...refusal, extras: { ...refusal.extras, request_id: requestId } }, route.errors, problemBase));
+  const problem = (refusal: Refusal) => toReply(renderRefusal({ ...refusal, extras: { ...refusal.extras, request_id: requestId } }, route.errors, problemBase));
   switch (result.kind) {
     case 'response': {
       const passthrough = responseFrom({ status: result.status, headers: result.headers, body: result.body }, 'hop-by-hop');
@@ -322,10 +322,6 @@ function responseFrom(stored: StoredResponse, filter: 'hop-by-hop' | null): Repl
   }
   const noBody = stored.status === 204 || stored.status === 304 || (stored.status >= 100 && stored.status < 200);
   return { status: stored.status, headers, body: noBody ? null : stored.body };
-}
-
-function replyOf(rendered: RenderedError): Reply {
-  return { status: rendered.status, headers: Object.entries(rendered.headers), body: rendered.body };
 }
 
 /** `http://up:9000/base` + `/payments/x?y=1` → `http://up:9000/base/payments/x?y=1`. */
