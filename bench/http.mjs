@@ -27,11 +27,10 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { latency, pinned, startNode, throughput } from './lib.mjs';
-import { option } from './args.mjs';
+import { option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..');
-const opt = option;
 const seconds = Number(opt('seconds', 10));
 const latencyRequests = Number(opt('latency', 3000));
 const rounds = Number(opt('rounds', 3));

@@ -35,10 +35,9 @@ import { cpus, loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { PG_URL, runChild } from './lease/common.mjs';
-import { flag, option } from './args.mjs';
+import { flag, option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
-const opt = option;
 const quick = flag('quick');
 const workersList = opt('workers', quick ? '1,16' : '1,4,16,32').split(',').map(Number);
 const jobs = Number(opt('jobs', quick ? 2000 : 20000));

@@ -13,9 +13,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SqliteGatewayStore } from '../dist/store/sqlite/index.js';
-import { option } from './args.mjs';
+import { option as opt } from './args.mjs';
 
-const opt = option;
 const requests = Number(opt('requests', 20000));
 const groupSize = Number(opt('group', 25));
 const synchronous = opt('synchronous', 'NORMAL');
