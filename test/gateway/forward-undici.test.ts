@@ -1,0 +1,170 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { createServer as createNetServer } from 'node:net';
+import type { AddressInfo } from 'node:net';
+import { afterEach, describe, expect, it } from 'vitest';
+import { createUndiciForwarder } from '../../src/http/forward-undici.js';
+import type { Forwarder, UpstreamRequest } from '../../src/http/forward.js';
+
+// The Node forwarder (src/http/forward-undici.ts) drives undici's dispatch
+// with its own handler instead of request(). These are the answers the
+// gateway's outcomes rest on (DESIGN §3.7): what came back, and whether a
+// request that got no answer may have reached the upstream.
+
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+interface Seen {
+  method: string;
+  url: string;
+  headers: IncomingMessage['headers'];
+  body: string;
+}
+
+async function upstream(handle: (req: IncomingMessage, res: ServerResponse, seen: Seen) => void): Promise<{ origin: string; seen: Seen[] }> {
+  const seen: Seen[] = [];
+  const server: Server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const s = { method: req.method!, url: req.url!, headers: req.headers, body: Buffer.concat(chunks).toString() };
+      seen.push(s);
+      handle(req, res, s);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  cleanups.push(() => {
+    server.closeAllConnections();
+    return new Promise<void>((r) => server.close(() => r()));
+  });
+  return { origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen };
+}
+
+function forwarder(connections?: number): Forwarder {
+  const f = createUndiciForwarder({ connections });
+  cleanups.push(() => f.close?.());
+  return f;
+}
+
+const post = (url: string, extra: Partial<UpstreamRequest> = {}): UpstreamRequest => ({
+  url,
+  method: 'POST',
+  headers: { 'content-type': 'application/json', 'x-fence-entity': 'e' },
+  body: new TextEncoder().encode('{"amount":1}'),
+  timeoutMs: 2_000,
+  ...extra,
+});
+
+describe('undici forwarder', () => {
+  it('sends method, path, query, headers and body once; collects a chunked answer and repeated headers', async () => {
+    const up = await upstream((_req, res) => {
+      res.setHeader('set-cookie', ['a=1', 'b=2']);
+      res.setHeader('content-type', 'application/json');
+      res.writeHead(201);
+      res.write('{"id":');
+      setTimeout(() => res.end('"ch_1"}'), 20);
+    });
+    const result = await forwarder().forward(post(`${up.origin}/payments/charges?x=1&y=%20`));
+    expect(up.seen).toHaveLength(1);
+    expect(up.seen[0]).toMatchObject({ method: 'POST', url: '/payments/charges?x=1&y=%20', body: '{"amount":1}' });
+    expect(up.seen[0]!.headers).toMatchObject({ 'content-type': 'application/json', 'x-fence-entity': 'e' });
+    expect(result.kind).toBe('response');
+    if (result.kind !== 'response') return;
+    expect(result.status).toBe(201);
+    expect(new TextDecoder().decode(result.body)).toBe('{"id":"ch_1"}');
+    expect(result.headers.filter(([n]) => n === 'set-cookie')).toEqual([
+      ['set-cookie', 'a=1'],
+      ['set-cookie', 'b=2'],
+    ]);
+    expect(result.headers).toContainEqual(['content-type', 'application/json']);
+  });
+
+  it('an upstream base path is kept', async () => {
+    const up = await upstream((_req, res) => res.end('ok'));
+    const result = await forwarder().forward(post(`${up.origin}/v2/payments/charges`, { method: 'PUT', body: null }));
+    expect(result).toMatchObject({ kind: 'response', status: 200 });
+    expect(up.seen[0]).toMatchObject({ method: 'PUT', url: '/v2/payments/charges', body: '' });
+  });
+
+  it('1xx informational answers are skipped: the final status and headers are the answer', async () => {
+    const up = await upstream((_req, res) => {
+      res.writeEarlyHints({ link: '</a.css>; rel=preload' }, () => {
+        res.writeHead(202, { 'x-final': 'yes' });
+        res.end('accepted');
+      });
+    });
+    const result = await forwarder().forward(post(`${up.origin}/payments/charges`));
+    expect(result).toMatchObject({ kind: 'response', status: 202 });
+    if (result.kind !== 'response') return;
+    expect(result.headers).toContainEqual(['x-final', 'yes']);
+    expect(result.headers.some(([n]) => n === 'link')).toBe(false);
+    expect(new TextDecoder().decode(result.body)).toBe('accepted');
+  });
+
+  it('HEAD and 204 give an empty body', async () => {
+    const up = await upstream((req, res) => {
+      res.writeHead(req.method === 'HEAD' ? 200 : 204, { 'content-length': req.method === 'HEAD' ? '5' : '0' });
+      res.end();
+    });
+    for (const method of ['HEAD', 'DELETE']) {
+      const result = await forwarder().forward(post(`${up.origin}/x`, { method, body: null }));
+      expect(result.kind).toBe('response');
+      if (result.kind === 'response') expect(result.body.byteLength).toBe(0);
+    }
+  });
+
+  it('connection refused: "refused" (nothing was sent)', async () => {
+    const probe = createNetServer();
+    await new Promise<void>((r) => probe.listen(0, '127.0.0.1', r));
+    const port = (probe.address() as AddressInfo).port;
+    await new Promise<void>((r) => probe.close(() => r()));
+    const result = await forwarder().forward(post(`http://127.0.0.1:${port}/x`));
+    expect(result).toEqual({ kind: 'refused', error: 'ECONNREFUSED' });
+  });
+
+  it('a reset after the request was sent: "unknown", not a timeout', async () => {
+    const up = await upstream((req) => req.socket.destroy());
+    const result = await forwarder().forward(post(`${up.origin}/x`));
+    expect(up.seen).toHaveLength(1);
+    expect(result).toMatchObject({ kind: 'unknown', timedOut: false });
+  });
+
+  it('the deadline covers the whole body: a trickle that keeps each chunk inside the body timeout still ends at the deadline', async () => {
+    let stop = false;
+    const up = await upstream((_req, res) => {
+      res.writeHead(200);
+      const tick = () => {
+        if (stop) return res.end();
+        res.write('.');
+        setTimeout(tick, 40);
+      };
+      tick();
+    });
+    cleanups.push(() => void (stop = true));
+    const started = Date.now();
+    const result = await forwarder().forward(post(`${up.origin}/x`, { timeoutMs: 300 }));
+    expect(result).toEqual({ kind: 'unknown', error: 'timeout', timedOut: true });
+    // Well before the 5 s this test allows: the trickle would go on forever.
+    expect(Date.now() - started).toBeLessThan(3_000);
+  });
+
+  it('a request still queued for a connection at its deadline is answered "unknown" and never sent afterwards', async () => {
+    let release: () => void = () => {};
+    const up = await upstream((req, res) => {
+      if (req.url === '/slow') release = () => res.end('slow');
+      else res.end('fast');
+    });
+    const f = forwarder(1);
+    const slow = f.forward(post(`${up.origin}/slow`, { timeoutMs: 5_000 }));
+    await expect.poll(() => up.seen.length).toBe(1);
+    // One connection, busy: this one waits in undici's queue past its deadline.
+    const queued = await f.forward(post(`${up.origin}/queued`, { timeoutMs: 150 }));
+    expect(queued).toEqual({ kind: 'unknown', error: 'timeout', timedOut: true });
+    release();
+    expect(await slow).toMatchObject({ kind: 'response', status: 200 });
+    // The connection is free again; the expired request must not go out on it.
+    expect(await f.forward(post(`${up.origin}/after`))).toMatchObject({ kind: 'response', status: 200 });
+    expect(up.seen.map((s) => s.url)).toEqual(['/slow', '/after']);
+  });
+});
