@@ -84,7 +84,8 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
             size += chunk.length;
           },
           onResponseEnd() {
-            const body = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size);
+            // A copy, always: the chunks are views into the socket's reads.
+            const body = Buffer.concat(chunks, size);
             const list: [string, string][] = [];
             for (const name in headers) {
               const value = headers[name];
