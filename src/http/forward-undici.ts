@@ -1,7 +1,12 @@
 import { Agent, errors, type Dispatcher } from 'undici';
 import type { Forwarder, UpstreamRequest, UpstreamResult } from './forward.js';
 
-/** Errors raised before any byte of the request could have been sent. */
+/**
+ * Errors of a connection that was never made. Trusted only before undici
+ * started writing the request (`onRequestStart`): Linux also reports
+ * EHOSTUNREACH or ENETUNREACH on an open connection whose retransmissions
+ * ran out after an ICMP unreachable, and by then the request may have landed.
+ */
 const NOT_CONNECTED = new Set([
   'ECONNREFUSED',
   'ENOTFOUND',
@@ -15,6 +20,8 @@ const NOT_CONNECTED = new Set([
 export interface UndiciForwarderOptions {
   /** Upper bound on connections per upstream origin. Default 256. */
   connections?: number;
+  /** undici's `connect` option for the pool (TLS options, or a connector of your own). */
+  connect?: Agent.Options['connect'];
 }
 
 /**
@@ -29,12 +36,21 @@ export interface UndiciForwarderOptions {
  * Readable for the body, an AbortController for the deadline and a second
  * URL parse. The dispatch options are the ones `request()` derives from
  * the same arguments (origin, path and query of the parsed URL).
+ *
+ * Whether the request may have reached the upstream is decided by one fact:
+ * undici calls `onRequestStart` just before it writes the first byte, and
+ * writes nothing once that call aborts. Before it, a failed connect or the
+ * deadline is `refused` (nothing was sent, a retry is safe); after it,
+ * every failure is `unknown`.
  */
 export function createUndiciForwarder(options: UndiciForwarderOptions = {}): Forwarder {
-  const agent = new Agent({ connections: options.connections ?? 256, keepAliveTimeout: 4_000 });
+  const agent = new Agent({ connections: options.connections ?? 256, keepAliveTimeout: 4_000, connect: options.connect });
   return {
     forward(req: UpstreamRequest): Promise<UpstreamResult> {
       return new Promise((resolve) => {
+        // The router never lets CONNECT through; dispatch would hand the
+        // socket over and never answer.
+        if (req.method.toUpperCase() === 'CONNECT') return resolve({ kind: 'refused', error: 'CONNECT-not-forwarded' });
         let url: URL;
         try {
           url = new URL(req.url);
@@ -48,6 +64,7 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
         let size = 0;
         let timedOut = false;
         let settled = false;
+        /** Set by onRequestStart: from then on the request may have been sent. */
         let abort: ((reason: Error) => void) | null = null;
         const finish = (result: UpstreamResult) => {
           if (settled) return;
@@ -57,7 +74,10 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
         };
         const fail = (err: unknown) => {
           const code = errorCode(err);
-          if (NOT_CONNECTED.has(code)) return finish({ kind: 'refused', error: code });
+          if (abort === null && NOT_CONNECTED.has(code)) return finish({ kind: 'refused', error: code });
+          // The deadline before the first byte: still connecting, or queued
+          // for a busy pool; onRequestStart aborts it if it ever comes.
+          if (abort === null && timedOut) return finish({ kind: 'refused', error: 'deadline-before-send' });
           const timeout = timedOut || code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
           finish({ kind: 'unknown', error: timeout ? 'timeout' : code, timedOut: timeout });
         };
@@ -74,7 +94,7 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
             else abort = (reason) => controller.abort(reason);
           },
           onResponseStart(_controller, statusCode, responseHeaders) {
-            // The docs allow 1xx answers here (undici 7.30 does not pass them on).
+            // 1xx informational answers come here first; never the answer.
             if (statusCode < 200) return;
             status = statusCode;
             headers = responseHeaders;
@@ -84,8 +104,15 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
             size += chunk.length;
           },
           onResponseEnd() {
-            // A copy, always: the chunks are views into the socket's reads.
-            const body = Buffer.concat(chunks, size);
+            // A copy into a buffer of its own: the chunks are views into the
+            // socket's reads, and Buffer.concat would use Node's shared pool
+            // for small bodies.
+            const body = new Uint8Array(size);
+            let at = 0;
+            for (const chunk of chunks) {
+              body.set(chunk, at);
+              at += chunk.length;
+            }
             const list: [string, string][] = [];
             for (const name in headers) {
               const value = headers[name];
@@ -93,7 +120,7 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
               if (Array.isArray(value)) for (const v of value) list.push([name, v]);
               else list.push([name, value]);
             }
-            finish({ kind: 'response', status, headers: list, body: new Uint8Array(body.buffer, body.byteOffset, body.byteLength) });
+            finish({ kind: 'response', status, headers: list, body });
           },
           onResponseError(_controller, err) {
             fail(err);

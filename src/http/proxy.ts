@@ -246,7 +246,7 @@ function settle(
     case 'refused':
       return {
         finish: { ...base, outcome: 'released' },
-        response: problem({ code: 'upstream-unavailable', detail: `the upstream refused the connection (${result.error}); nothing was sent, retry with the same key is safe` }),
+        response: problem({ code: 'upstream-unavailable', detail: `the request could not be sent to the upstream (${result.error}); nothing was sent, retry with the same key is safe` }),
         decision: 'upstream-unavailable',
       };
     case 'unknown':

@@ -1,6 +1,8 @@
+import { spawn } from 'node:child_process';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { createServer as createNetServer } from 'node:net';
+import { connect, createServer as createNetServer, type Socket } from 'node:net';
 import type { AddressInfo } from 'node:net';
+import { buildConnector } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
 import { createUndiciForwarder } from '../../src/http/forward-undici.js';
 import type { Forwarder, UpstreamRequest } from '../../src/http/forward.js';
@@ -130,6 +132,28 @@ describe('undici forwarder', () => {
     expect(result).toMatchObject({ kind: 'unknown', timedOut: false });
   });
 
+  it('a "not connected" error code after the request was written is "unknown", not "refused"', async () => {
+    // Linux reports EHOSTUNREACH on an open connection whose retransmissions
+    // ran out after an ICMP unreachable. Here the socket is failed that way
+    // once the upstream has the request.
+    const sockets: Socket[] = [];
+    const base = buildConnector({});
+    const f = createUndiciForwarder({
+      connect: (opts, callback) =>
+        base(opts, (err, socket) => {
+          if (socket) sockets.push(socket as Socket);
+          callback(err, socket as never);
+        }),
+    });
+    cleanups.push(() => f.close?.());
+    const up = await upstream(() => {
+      sockets[0]!.destroy(Object.assign(new Error('no route to host'), { code: 'EHOSTUNREACH' }));
+    });
+    const result = await f.forward(post(`${up.origin}/x`));
+    expect(up.seen).toHaveLength(1);
+    expect(result).toEqual({ kind: 'unknown', error: 'EHOSTUNREACH', timedOut: false });
+  });
+
   it('the deadline covers the whole body: a trickle that keeps each chunk inside the body timeout still ends at the deadline', async () => {
     let stop = false;
     const up = await upstream((_req, res) => {
@@ -149,7 +173,7 @@ describe('undici forwarder', () => {
     expect(Date.now() - started).toBeLessThan(3_000);
   });
 
-  it('a request still queued for a connection at its deadline is answered "unknown" and never sent afterwards', async () => {
+  it('a request still queued for a connection at its deadline is "refused" (nothing sent) and never sent afterwards', async () => {
     let release: () => void = () => {};
     const up = await upstream((req, res) => {
       if (req.url === '/slow') release = () => res.end('slow');
@@ -160,11 +184,52 @@ describe('undici forwarder', () => {
     await expect.poll(() => up.seen.length).toBe(1);
     // One connection, busy: this one waits in undici's queue past its deadline.
     const queued = await f.forward(post(`${up.origin}/queued`, { timeoutMs: 150 }));
-    expect(queued).toEqual({ kind: 'unknown', error: 'timeout', timedOut: true });
+    expect(queued).toEqual({ kind: 'refused', error: 'deadline-before-send' });
     release();
     expect(await slow).toMatchObject({ kind: 'response', status: 200 });
     // The connection is free again; the expired request must not go out on it.
     expect(await f.forward(post(`${up.origin}/after`))).toMatchObject({ kind: 'response', status: 200 });
     expect(up.seen.map((s) => s.url)).toEqual(['/slow', '/after']);
   });
+
+  it('a connect that hangs past the deadline is "refused" (nothing sent), and the request is not sent once the connect completes', async () => {
+    // An HTTP server that logs each connection and request line, stopped
+    // (SIGSTOP) with its one-slot accept queue full: a new connect hangs.
+    const child = spawn(
+      process.execPath,
+      [
+        '-e',
+        `const s = require('node:http').createServer((req, res) => { console.log('request ' + req.url); res.end('ok'); });
+         s.on('connection', () => console.log('connection'));
+         s.listen({ port: 0, host: '127.0.0.1', backlog: 1 }, () => console.log('port ' + s.address().port));`,
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    const lines: string[] = [];
+    child.stdout!.setEncoding('utf8');
+    child.stdout!.on('data', (d: string) => lines.push(...d.split('\n').filter(Boolean)));
+    const fillers: Socket[] = [];
+    cleanups.push(() => {
+      for (const s of fillers) s.destroy();
+      child.kill('SIGKILL');
+    });
+    await expect.poll(() => lines.find((l) => l.startsWith('port ')), { timeout: 5_000 }).toBeDefined();
+    const port = Number(lines.find((l) => l.startsWith('port '))!.slice(5));
+    child.kill('SIGSTOP');
+    for (let i = 0; i < 4; i++) {
+      const s = connect(port, '127.0.0.1');
+      s.on('error', () => {});
+      fillers.push(s);
+    }
+    // One connection per origin: the next request queues behind this one.
+    const f = forwarder(1);
+    const result = await f.forward(post(`http://127.0.0.1:${port}/hung`, { timeoutMs: 400 }));
+    expect(result).toEqual({ kind: 'refused', error: 'deadline-before-send' });
+    // Let the server go on. The expired request stays in undici's queue
+    // until a connection is up; the next request on the same pool goes out
+    // after it, so by its answer the expired one has had its chance.
+    child.kill('SIGCONT');
+    expect(await f.forward(post(`http://127.0.0.1:${port}/after`, { timeoutMs: 10_000 }))).toMatchObject({ kind: 'response', status: 200 });
+    expect(lines.filter((l) => l.startsWith('request '))).toEqual(['request /after']);
+  }, 20_000);
 });
