@@ -1,7 +1,13 @@
 import type { Forwarder, UpstreamRequest, UpstreamResult } from './forward.js';
 
-/** Node-style error codes (Node's fetch puts them in `cause.code`) raised before any byte was sent. */
-const NOT_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', 'UND_ERR_CONNECT_TIMEOUT']);
+/**
+ * Node-style error codes (Node's fetch puts them in `cause.code`) that only a
+ * connect raises, so nothing was sent. Not EHOSTUNREACH or ENETUNREACH:
+ * Linux also reports them on an open connection whose retransmissions ran
+ * out, and `fetch` does not say whether the request was written by then
+ * (the undici forwarder can tell, and trusts them before its first byte).
+ */
+const NOT_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL', 'UND_ERR_CONNECT_TIMEOUT']);
 
 /**
  * Cloudflare's own error statuses, for an upstream behind Cloudflare. Its

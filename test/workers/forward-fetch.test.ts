@@ -76,6 +76,18 @@ describe('createFetchForwarder (Node fetch)', () => {
     }
   });
 
+  it('EHOSTUNREACH and ENETUNREACH are "unknown": fetch cannot say whether the request was written first', async () => {
+    for (const code of ['EHOSTUNREACH', 'ENETUNREACH']) {
+      const failing = createFetchForwarder({
+        fetch: async (request) => {
+          await request.arrayBuffer();
+          throw new TypeError('fetch failed', { cause: Object.assign(new Error('no route'), { code }) });
+        },
+      });
+      expect(await failing.forward(req('/x'))).toEqual({ kind: 'unknown', error: code, timedOut: false });
+    }
+  });
+
   it("Cloudflare's edge statuses: 521 refused, 524 unknown, only when the edge says so (server: cloudflare)", async () => {
     upstream.behave(() => ({ kind: 'respond', status: 521, headers: { server: 'cloudflare' }, body: 'origin down' }));
     try {
