@@ -116,6 +116,13 @@ describe('undici forwarder', () => {
     }
   });
 
+  it('CONNECT is refused before anything is sent (dispatch would hand the socket over and never answer)', async () => {
+    const up = await upstream((_req, res) => res.end('ok'));
+    expect(await forwarder().forward(post(`${up.origin}/x`, { method: 'CONNECT', body: null }))).toEqual({ kind: 'refused', error: 'CONNECT-not-forwarded' });
+    await new Promise((r) => setTimeout(r, 50));
+    expect(up.seen).toEqual([]);
+  });
+
   it('connection refused: "refused" (nothing was sent)', async () => {
     const probe = createNetServer();
     await new Promise<void>((r) => probe.listen(0, '127.0.0.1', r));
