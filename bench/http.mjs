@@ -13,9 +13,10 @@
 //
 // Every request is a new command: a new Idempotency-Key, a rising fence,
 // one of 1000 entities, in serial mode. Targets run one at a time; the
-// server under test is pinned to core 0, the upstream and the load
-// generator to core 1 (when taskset exists). Results are ratios against
-// the control measured in the same run; absolute numbers depend on the box.
+// server under test is pinned to core 0 and the upstream to core 1 (when
+// taskset exists); the load generator runs in this process, not pinned.
+// Results are ratios against the control measured in the same run; absolute
+// numbers depend on the box.
 //
 // Options: --seconds N (default 10) per throughput run, --latency N (default
 // 3000) sequential requests per latency run, --rounds N (default 3; targets
