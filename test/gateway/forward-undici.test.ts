@@ -237,6 +237,7 @@ describe('undici forwarder', () => {
     // after it, so by its answer the expired one has had its chance.
     child.kill('SIGCONT');
     expect(await f.forward(post(`http://127.0.0.1:${port}/after`, { timeoutMs: 10_000 }))).toMatchObject({ kind: 'response', status: 200 });
-    expect(lines.filter((l) => l.startsWith('request '))).toEqual(['request /after']);
+    // The child's log line and its answer travel on different pipes: wait for the line.
+    await expect.poll(() => lines.filter((l) => l.startsWith('request ')), { timeout: 5_000 }).toEqual(['request /after']);
   }, 20_000);
 });
