@@ -1,4 +1,4 @@
-import type { Forwarder, UpstreamRequest, UpstreamResult } from './forward.js';
+import { causeCode, type Forwarder, type UpstreamRequest, type UpstreamResult } from './forward.js';
 
 /**
  * Node-style error codes (Node's fetch puts them in `cause.code`) that only a
@@ -134,10 +134,8 @@ function withoutDecodedEncoding(headers: [string, string][], decoded: ReadonlySe
 }
 
 function errorCode(err: unknown): string {
-  let e: any = err;
-  for (let depth = 0; e && depth < 4; depth++, e = e.cause) {
-    if (typeof e.code === 'string') return e.code;
-  }
+  const code = causeCode(err);
+  if (code !== null) return code;
   const message = (err as Error)?.message;
   return typeof message === 'string' && message !== '' ? message : ((err as Error)?.name ?? 'error');
 }

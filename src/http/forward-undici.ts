@@ -1,5 +1,5 @@
 import { Agent, errors, type Dispatcher } from 'undici';
-import type { Forwarder, UpstreamRequest, UpstreamResult } from './forward.js';
+import { causeCode, type Forwarder, type UpstreamRequest, type UpstreamResult } from './forward.js';
 
 /**
  * Errors of a connection that was never made. Trusted only before undici
@@ -16,6 +16,8 @@ const NOT_CONNECTED = new Set([
   'EADDRNOTAVAIL',
   'UND_ERR_CONNECT_TIMEOUT',
 ]);
+
+const deadlinePassed = () => new errors.RequestAbortedError('the upstream deadline passed');
 
 export interface UndiciForwarderOptions {
   /** Upper bound on connections per upstream origin. Default 256. */
@@ -84,13 +86,12 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
         // The deadline covers the whole exchange, response body included.
         const timer = setTimeout(() => {
           timedOut = true;
-          const reason = new errors.RequestAbortedError('the upstream deadline passed');
-          if (abort !== null) abort(reason);
-          else fail(reason);
+          if (abort !== null) abort(deadlinePassed());
+          else fail(deadlinePassed());
         }, req.timeoutMs);
         const handler: Dispatcher.DispatchHandler = {
           onRequestStart(controller) {
-            if (timedOut) controller.abort(new errors.RequestAbortedError('the upstream deadline passed'));
+            if (timedOut) controller.abort(deadlinePassed());
             else abort = (reason) => controller.abort(reason);
           },
           onResponseStart(_controller, statusCode, responseHeaders) {
@@ -153,9 +154,5 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
 }
 
 function errorCode(err: unknown): string {
-  let e: any = err;
-  for (let depth = 0; e && depth < 4; depth++, e = e.cause) {
-    if (typeof e.code === 'string') return e.code;
-  }
-  return (err as Error)?.name ?? 'error';
+  return causeCode(err) ?? (err as Error)?.name ?? 'error';
 }
