@@ -63,8 +63,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     const requestId = given !== null && REQUEST_ID.test(given) ? given : randomUUID();
     const trace: Trace = { request_id: requestId, route: null, method: req.method, path: url.pathname };
     const done = (res: Reply, decision: string): Reply => {
-      res.headers = res.headers.filter(([n]) => n !== 'x-request-id');
-      res.headers.push(['x-request-id', requestId]);
+      setHeader(res, 'x-request-id', requestId);
       const totalMs = round(performance.now() - started);
       logger.info('decision', { ...trace, decision, status: res.status, total_ms: totalMs });
       deps.observe?.({ route: trace.route, decision, status: res.status, totalMs, upstreamMs: trace.upstream_ms });
@@ -163,8 +162,7 @@ export function createProxyHandler(deps: ProxyDeps) {
       }
       case 'replay': {
         const res = responseFrom(admission.response, null);
-        res.headers = res.headers.filter(([n]) => n !== 'idempotent-replayed');
-        res.headers.push(['idempotent-replayed', 'true']);
+        setHeader(res, 'idempotent-replayed', 'true');
         return done(res, 'replayed');
       }
       case 'forward':
@@ -322,6 +320,12 @@ function responseFrom(stored: StoredResponse, filter: 'hop-by-hop' | null): Repl
   }
   const noBody = stored.status === 204 || stored.status === 304 || (stored.status >= 100 && stored.status < 200);
   return { status: stored.status, headers, body: noBody ? null : stored.body };
+}
+
+/** Sets a header of a Reply (names are lower case there), replacing any value it had, as `Headers.set` does. */
+function setHeader(reply: Reply, name: string, value: string): void {
+  reply.headers = reply.headers.filter(([n]) => n !== name);
+  reply.headers.push([name, value]);
 }
 
 /** `http://up:9000/base` + `/payments/x?y=1` → `http://up:9000/base/payments/x?y=1`. */
