@@ -204,7 +204,7 @@ async function main() {
   detail('/payments/* takes an Idempotency-Key; /payouts/* takes none, so only the fence guards it');
 
   const { job } = await jobs.enqueue({ kind: 'payment', idempotencyKey: 'invoice-42', payload: { amount: 1200 } });
-  const entity = `tool-job:${job.id}`;
+  const entity = job.jobKey;
   say(`job ${job.id} enqueued: pay invoice 42 (fence entity ${entity})`);
 
   // --- W1 claims, heartbeats, sends, and is lost ----------------------------

@@ -13,7 +13,8 @@ export type LeaseErrorCode =
   | 'outcome_unknown'
   | 'stage_timeout'
   | 'worker_stopping'
-  | 'heartbeat_thread';
+  | 'heartbeat_thread'
+  | 'store_identity';
 
 export class LeaseError extends Error {
   override name = 'LeaseError';

@@ -12,6 +12,17 @@ interface JobFields {
   fencingToken: number;
 }
 
+/** An external action (`fencedFetch` or `step`) that has started and not yet settled. */
+export interface InFlightRequest {
+  step: string;
+  /** The `Idempotency-Key` it was sent with: what to look up at the gateway or the provider. */
+  idempotencyKey: string;
+  /** The `X-Request-Id` it was sent with (the gateway logs it). */
+  requestId: string;
+  /** Local wall-clock time it started, for logs only. */
+  startedAt: Date;
+}
+
 export interface LeaseEventMap {
   job_claimed: JobFields & {
     attempt: number;
@@ -29,8 +40,22 @@ export interface LeaseEventMap {
    * (the gateway refused our fence) or `thread_exit` (the heartbeat thread died).
    */
   heartbeat_lost: JobFields & { cause: 'zero_rows' | 'unconfirmed' | 'stalled' | 'stale_fence' | 'thread_exit' };
-  /** The lease cannot be confirmed for another heartbeat interval: no new external action may start. */
-  ownership_unknown: JobFields & { confirmedForMs: number; consecutiveFailures: number };
+  /**
+   * The lease cannot be confirmed for another heartbeat interval: no new
+   * external action may start. What an on-call engineer needs to judge it:
+   * until when the database last confirmed the lease (after that, another
+   * worker may hold the job), and which external requests were in flight
+   * (their idempotency keys and request ids), so each can be looked up at
+   * the gateway or the provider.
+   */
+  ownership_unknown: JobFields & {
+    confirmedForMs: number;
+    consecutiveFailures: number;
+    /** The lease end (database time) as of the last successful extend, or of the claim. */
+    lastConfirmedLeaseUntil: Date;
+    /** The attempt's external actions in flight when ownership became unknown; empty if none. */
+    inFlight: InFlightRequest[];
+  };
   tool_request_started: JobFields & {
     step: string;
     idempotencyKey: string;

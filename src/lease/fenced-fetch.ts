@@ -5,7 +5,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
-import type { LeaseEvent } from './events.js';
+import type { InFlightRequest, LeaseEvent } from './events.js';
 
 /** Header names; the gateway's defaults (configurable per route there, so here too). */
 export interface FenceHeaderNames {
@@ -46,6 +46,12 @@ export interface FenceContext {
   jobId: number;
   kind: string;
   fencingToken: number;
+  /**
+   * The job's key (`Lease.jobKey`, `tool-job:<storeId>:<id>`): every step's
+   * `Idempotency-Key` is `<jobKey>:<step>`, so two job stores behind one
+   * gateway never share a key.
+   */
+  jobKey: string;
   fenceKey: string;
   /** Aborts when the lease is lost or the attempt ends. */
   signal: AbortSignal;
@@ -56,6 +62,12 @@ export interface FenceContext {
   /** The gateway refused our fence: the lease is lost. */
   markLost(cause: 'stale_fence'): void;
   emit(event: LeaseEvent): void;
+  /**
+   * An external action has started; the returned function is called when it
+   * settles (an answer, or an error). The runner keeps the list, so that its
+   * `ownership_unknown` event can name the requests in flight.
+   */
+  started?(request: InFlightRequest): () => void;
 }
 
 export interface FenceOptions {
@@ -67,8 +79,8 @@ export interface FenceOptions {
 export interface FencedRequestInit extends RequestInit {
   /**
    * The step's name, stable across attempts: the `Idempotency-Key` is
-   * `tool-job:<id>:<step>`, so a retry of the same step replays instead of
-   * repeating. Letters, digits and `._~:-`, up to 128.
+   * `<jobKey>:<step>` (`tool-job:<storeId>:<id>:<step>`), so a retry of the
+   * same step replays instead of repeating. Letters, digits and `._~:-`, up to 128.
    */
   step: string;
   /** Bounds the call; past it the outcome is unknown (`OutcomeUnknownError`). */
@@ -90,11 +102,19 @@ export type StepFn = <T>(name: string, action: (ctx: StepContext) => Promise<T> 
 
 const STEP_NAME = /^[A-Za-z0-9._~:-]{1,128}$/;
 
-function idempotencyKey(jobId: number, step: string): string {
+/**
+ * `<jobKey>:<step>`. The job key carries the store's identity, so the same
+ * job id in two job databases never yields the same key (docs/lease.md).
+ */
+function idempotencyKey(ctx: FenceContext, step: string): string {
   if (!STEP_NAME.test(step)) {
     throw new LeaseError('invalid_input', `step must match ${STEP_NAME} (it becomes part of the Idempotency-Key), got ${JSON.stringify(step)}`);
   }
-  return `tool-job:${jobId}:${step}`;
+  if (typeof ctx.jobKey !== 'string' || ctx.jobKey.length === 0) {
+    // Never fall back to the job id alone: that key collides across job stores.
+    throw new LeaseError('invalid_input', 'the fence context has no jobKey (use the lease\'s jobKey)');
+  }
+  return `${ctx.jobKey}:${step}`;
 }
 
 async function fenceValue(ctx: FenceContext, signer: FenceSigner | undefined): Promise<string> {
@@ -145,7 +165,7 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
 
   return async function fencedFetch(input, init) {
     const { step, timeoutMs, signal: callerSignal, headers: callerHeaders, ...rest } = init;
-    const key = idempotencyKey(ctx.jobId, step);
+    const key = idempotencyKey(ctx, step);
     ctx.assertCanStart();
     const fence = await fenceValue(ctx, options.fenceSigner);
     // Re-check: a signer may await, and the lease may have changed meanwhile.
@@ -176,10 +196,12 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
       url: url.origin + url.pathname,
     });
 
+    const settled = ctx.started?.({ step, idempotencyKey: key, requestId, startedAt: new Date() });
     let res: Response;
     try {
       res = await doFetch(url, { ...rest, headers, signal: AbortSignal.any(signals) });
     } catch (err) {
+      settled?.();
       if (ctx.signal.aborted) throw ctx.signal.reason instanceof Error ? ctx.signal.reason : new LeaseLostError('the lease ended', { cause: err });
       if (callerSignal?.aborted) throw err;
       if (timeout?.aborted) {
@@ -191,6 +213,7 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
       if (neverSent(err)) throw err;
       throw new OutcomeUnknownError(`step ${step}: the request failed after it may have been sent`, { cause: err });
     }
+    settled?.();
 
     const refusal = await isFenceRefusal(res);
     if (refusal !== undefined) {
@@ -214,7 +237,7 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
  */
 export function createStep(ctx: FenceContext, options: FenceOptions = {}): StepFn {
   return async function step(name, action) {
-    const key = idempotencyKey(ctx.jobId, name);
+    const key = idempotencyKey(ctx, name);
     ctx.assertCanStart();
     const fence = await fenceValue(ctx, options.fenceSigner);
     ctx.assertCanStart();
@@ -230,6 +253,11 @@ export function createStep(ctx: FenceContext, options: FenceOptions = {}): StepF
       idempotencyKey: key,
       requestId,
     });
-    return action({ idempotencyKey: key, fence, fenceKey: ctx.fenceKey, requestId, signal: ctx.signal });
+    const settled = ctx.started?.({ step: name, idempotencyKey: key, requestId, startedAt: new Date() });
+    try {
+      return await action({ idempotencyKey: key, fence, fenceKey: ctx.fenceKey, requestId, signal: ctx.signal });
+    } finally {
+      settled?.();
+    }
   };
 }

@@ -22,6 +22,6 @@ export {
 } from './fenced-fetch.js';
 // Signed fences (DESIGN §7): `fenceSigner: createFenceSigner({ secret }, { graceSeconds: 5 })`.
 export { createFenceSigner, mintFence, type FenceClaimsInput, type FenceSigningKey } from '../core/fence-token.js';
-export { LeaseEvents, type LeaseEvent, type LeaseEventMap, type LeaseEventOf, type LeaseEventType } from './events.js';
+export { LeaseEvents, type InFlightRequest, type LeaseEvent, type LeaseEventMap, type LeaseEventOf, type LeaseEventType } from './events.js';
 export type { KindCounters, KindGauges, LeaseMetrics } from './metrics.js';
 export { backoffMs, canStartAction, checkLeaseTiming, type BackoffPolicy, type LeaseTiming } from './timing.js';

@@ -76,8 +76,16 @@ export function kindFilter(kinds: readonly string[] | undefined): string[] | nul
   return kinds.map((k, i) => text(k, `kinds[${i}]`, 200));
 }
 
-export function defaultFenceKey(id: number): string {
-  return `tool-job:${id}`;
+/** The store's identity as the database holds it (migration 0007); a store cannot work without it. */
+export function checkStoreId(row: { store_id?: unknown } | undefined): string {
+  const id = row?.store_id;
+  if (typeof id !== 'string' || !/^[0-9a-z-]{1,64}$/.test(id)) {
+    throw new LeaseError(
+      'store_identity',
+      'the job store has no identity (table tool_job_store, migration 0007): run the migrations before opening it with migrate: false',
+    );
+  }
+  return id;
 }
 
 /** The lease a claim hands out: the claimed row, its new owner, and the lease length of its kind. */
@@ -92,6 +100,7 @@ export function leaseFromJob(job: Job, workerId: string, lease: ReturnType<typeo
     attempt: job.attempt,
     maxAttempts: job.maxAttempts,
     idempotencyKey: job.idempotencyKey,
+    jobKey: job.jobKey,
     fenceKey: job.fenceKey,
     payload: job.payload,
     payloadSha256: job.payloadSha256,

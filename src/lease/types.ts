@@ -30,7 +30,13 @@ export interface Job {
   attempt: number;
   maxAttempts: number;
   idempotencyKey: string;
-  /** The fence entity: the custom key given at enqueue, else `tool-job:<id>`. */
+  /**
+   * The job's key, unique across job stores: `tool-job:<storeId>:<id>`
+   * (`tool-job:<id>` for a job enqueued before migration 0007). The default
+   * fence entity, and every step's `Idempotency-Key` is `<jobKey>:<step>`.
+   */
+  jobKey: string;
+  /** The fence entity: the custom key given at enqueue, else the `jobKey`. */
   fenceKey: string;
   payload: unknown;
   payloadSha256: string;
@@ -61,6 +67,8 @@ export interface Lease {
   attempt: number;
   maxAttempts: number;
   idempotencyKey: string;
+  /** See `Job.jobKey`: the base of every step's `Idempotency-Key`. */
+  jobKey: string;
   fenceKey: string;
   payload: unknown;
   payloadSha256: string;
@@ -82,7 +90,10 @@ export interface EnqueueInput {
   maxAttempts?: number;
   /** Total deadline, counted from the enqueue by the database clock. */
   deadlineMs?: number;
-  /** The fence entity; default `tool-job:<id>`. See docs/lease.md before using one. */
+  /**
+   * The fence entity; default the job key (`tool-job:<storeId>:<id>`). See
+   * docs/lease.md before using one. The step keys stay per store and job.
+   */
   fenceKey?: string;
 }
 
@@ -158,6 +169,12 @@ export type StoreDescriptor =
 
 export interface JobStore {
   readonly dialect: 'sqlite' | 'postgres';
+  /**
+   * The database's own identity (table `tool_job_store`, created with the
+   * schema by migration 0007): part of every job key enqueued through it, so
+   * two job databases behind one gateway never share a key or an entity.
+   */
+  readonly storeId: string;
   /** How to re-open this store elsewhere; undefined for a pool handed in without a URL. */
   readonly descriptor: StoreDescriptor | undefined;
   enqueue(input: EnqueueInput): Promise<EnqueueResult>;

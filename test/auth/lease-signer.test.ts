@@ -18,6 +18,7 @@ function context(leaseUntil: Date, lost: string[]): FenceContext {
     jobId: 42,
     kind: 'pay',
     fencingToken: 7,
+    jobKey: 'tool-job:42',
     fenceKey: 'tool-job:42',
     signal: new AbortController().signal,
     leaseUntil: () => leaseUntil,

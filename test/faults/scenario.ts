@@ -169,7 +169,7 @@ async function scenario(options: ScenarioOptions, r: Resources, log: (line: stri
   log(`gateway (${backend} store${options.checksOff ? ', FENCE CHECK OFF' : ''}) at ${gateway.url}; upstream at ${r.upstream.url}`);
 
   const { job } = await r.jobs.enqueue({ kind: 'payment', idempotencyKey: 'invoice-42', payload: { amount: 1200 }, maxAttempts: 5 });
-  const entity = `tool-job:${job.id}`;
+  const entity = job.jobKey;
   log(`job ${job.id} enqueued (entity ${entity})`);
 
   // Everything W1 sends to the gateway gets stuck in the network.

@@ -4,7 +4,7 @@
  */
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import { LeaseLostError, OutcomeUnknownError, OwnershipUnknownError } from '../../src/lease/errors.js';
 import type { LeaseEvent } from '../../src/lease/events.js';
 import { createFencedFetch, createStep, type FenceContext } from '../../src/lease/fenced-fetch.js';
@@ -45,7 +45,8 @@ function context(overrides: Partial<FenceContext> = {}) {
     jobId: 42,
     kind: 'payment',
     fencingToken: 7,
-    fenceKey: 'tool-job:42',
+    jobKey: 'tool-job:5f0c9e:42',
+    fenceKey: 'tool-job:5f0c9e:42',
     signal: controller.signal,
     leaseUntil: () => new Date('2030-01-01T00:00:30Z'),
     assertCanStart: () => {},
@@ -63,14 +64,14 @@ describe('fencedFetch', () => {
     const res = await fencedFetch(`${base}/payments/charges?secret=1`, { step: 'charge', method: 'post', body: '{}' });
     expect(res.status).toBe(200);
     const { headers } = seen.at(-1)!;
-    expect(headers).toMatchObject({ 'x-execution-fence': '7', 'x-fence-entity': 'tool-job:42', 'idempotency-key': 'tool-job:42:charge' });
+    expect(headers).toMatchObject({ 'x-execution-fence': '7', 'x-fence-entity': 'tool-job:5f0c9e:42', 'idempotency-key': 'tool-job:5f0c9e:42:charge' });
     expect(events).toEqual([
       expect.objectContaining({
         type: 'tool_request_started',
         jobId: 42,
         fencingToken: 7,
         step: 'charge',
-        idempotencyKey: 'tool-job:42:charge',
+        idempotencyKey: 'tool-job:5f0c9e:42:charge',
         requestId: headers['x-request-id'],
         method: 'POST',
         url: `${base}/payments/charges`, // no query string: it may carry secrets
@@ -78,7 +79,7 @@ describe('fencedFetch', () => {
     ]);
     // The same step on a later call (or a later attempt) has the same key.
     await fencedFetch(`${base}/payments/charges`, { step: 'charge', method: 'POST', body: '{}' });
-    expect(seen.at(-1)!.headers['idempotency-key']).toBe('tool-job:42:charge');
+    expect(seen.at(-1)!.headers['idempotency-key']).toBe('tool-job:5f0c9e:42:charge');
   });
 
   test('refuses to start when the lease cannot be confirmed: nothing is sent', async () => {
@@ -146,6 +147,50 @@ describe('fencedFetch', () => {
     await expect(pending).rejects.toThrow('gone');
   });
 
+  test('the Idempotency-Key is built from the job key, also when a custom fence key names the entity', async () => {
+    const { ctx } = context({ fenceKey: 'invoice:77' });
+    await createFencedFetch(ctx)(`${base}/payments/custom`, { step: 'charge', method: 'POST', body: '{}' });
+    expect(seen.at(-1)!.headers).toMatchObject({ 'x-fence-entity': 'invoice:77', 'idempotency-key': 'tool-job:5f0c9e:42:charge' });
+  });
+
+  test('a context without a job key sends nothing (the job id alone would collide across job stores)', async () => {
+    const before = seen.length;
+    const { ctx, events } = context({ jobKey: undefined as unknown as string });
+    await expect(createFencedFetch(ctx)(`${base}/payments/x`, { step: 'charge' })).rejects.toMatchObject({ code: 'invalid_input' });
+    await expect(createStep(ctx)('receipt', () => 'ran')).rejects.toMatchObject({ code: 'invalid_input' });
+    expect(seen.length).toBe(before);
+    expect(events).toEqual([]);
+  });
+
+  test('reports each request as in flight from its start until it is answered or fails', async () => {
+    answers.set('/held', { status: 200, body: '{}', delayMs: 300 });
+    const inFlight = new Set<unknown>();
+    const { ctx, events } = context({
+      started(request) {
+        inFlight.add(request);
+        return () => inFlight.delete(request);
+      },
+    });
+    const pending = createFencedFetch(ctx)(`${base}/held`, { step: 'charge', method: 'POST', body: '{}' });
+    await vi.waitFor(() => expect(seen.at(-1)?.path).toBe('/held'));
+    const started = events.find((e) => e.type === 'tool_request_started')!;
+    expect([...inFlight]).toEqual([
+      { step: 'charge', idempotencyKey: 'tool-job:5f0c9e:42:charge', requestId: (started as { requestId: string }).requestId, startedAt: expect.any(Date) },
+    ]);
+    await pending;
+    expect(inFlight.size).toBe(0);
+
+    answers.set('/slow-2', { status: 200, body: '{}', delayMs: 2_000 });
+    await expect(createFencedFetch(ctx)(`${base}/slow-2`, { step: 'charge', timeoutMs: 50 })).rejects.toBeInstanceOf(OutcomeUnknownError);
+    expect(inFlight.size).toBe(0);
+
+    const step = createStep(ctx);
+    let during: unknown[] = [];
+    await step('receipt', () => (during = [...inFlight]));
+    expect(during).toEqual([expect.objectContaining({ step: 'receipt', idempotencyKey: 'tool-job:5f0c9e:42:receipt' })]);
+    expect(inFlight.size).toBe(0);
+  });
+
   test('step names are checked (they become part of the Idempotency-Key)', async () => {
     const { ctx } = context();
     await expect(createFencedFetch(ctx)(`${base}/x`, { step: 'has space' })).rejects.toThrow(/step must match/);
@@ -162,14 +207,14 @@ describe('fencedFetch', () => {
       },
     });
     await fencedFetch(`${base}/signed`, { step: 'charge' });
-    expect(claims).toEqual([{ ent: 'tool-job:42', fence: 7, sub: 'w1', exp: Date.parse('2030-01-01T00:00:30Z') / 1000 }]);
+    expect(claims).toEqual([{ ent: 'tool-job:5f0c9e:42', fence: 7, sub: 'w1', exp: Date.parse('2030-01-01T00:00:30Z') / 1000 }]);
     expect(seen.at(-1)!.headers['x-execution-fence']).toBe('header.payload.signature');
   });
 
   test('header names follow the gateway route’s configuration', async () => {
     const { ctx } = context();
     await createFencedFetch(ctx, { headers: { fence: 'Fence', entity: 'Fence-Entity' } })(`${base}/renamed`, { step: 'charge' });
-    expect(seen.at(-1)!.headers).toMatchObject({ fence: '7', 'fence-entity': 'tool-job:42', 'idempotency-key': 'tool-job:42:charge' });
+    expect(seen.at(-1)!.headers).toMatchObject({ fence: '7', 'fence-entity': 'tool-job:5f0c9e:42', 'idempotency-key': 'tool-job:5f0c9e:42:charge' });
   });
 });
 
@@ -178,7 +223,7 @@ describe('step', () => {
     const { ctx, events } = context();
     const step = createStep(ctx);
     const got = await step('receipt', (s) => s);
-    expect(got).toMatchObject({ idempotencyKey: 'tool-job:42:receipt', fence: '7', fenceKey: 'tool-job:42' });
+    expect(got).toMatchObject({ idempotencyKey: 'tool-job:5f0c9e:42:receipt', fence: '7', fenceKey: 'tool-job:5f0c9e:42' });
     expect(events).toEqual([expect.objectContaining({ type: 'tool_request_started', step: 'receipt', requestId: got.requestId })]);
 
     const refused = createStep(context({ assertCanStart: () => { throw new LeaseLostError('gone'); } }).ctx);

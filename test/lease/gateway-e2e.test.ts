@@ -110,9 +110,9 @@ describe('fencegate/lease through the real gateway', () => {
     expect(w1Error).toBeInstanceOf(LeaseLostError);
 
     expect(upstream.effects).toBe(1);
-    expect(upstream.calls[0]).toMatchObject({ fence: '2', entity: `tool-job:${job.id}`, key: `tool-job:${job.id}:charge` });
+    expect(upstream.calls[0]).toMatchObject({ fence: '2', entity: job.jobKey, key: `${job.jobKey}:charge` });
     expect(rejectionRows(gateway.sqlite, 'stale-fence')).toEqual([
-      expect.objectContaining({ entity: `tool-job:${job.id}`, presented_fence: 1, current_fence: 2, idempotency_key: `tool-job:${job.id}:charge` }),
+      expect.objectContaining({ entity: job.jobKey, presented_fence: 1, current_fence: 2, idempotency_key: `${job.jobKey}:charge` }),
     ]);
     expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', fencingToken: 2, result: { effect: 1, fence: '2' } });
   });
@@ -137,7 +137,7 @@ describe('fencegate/lease through the real gateway', () => {
       state: 'succeeded',
       attempt: 2,
       fencingToken: 2,
-      result: { status: 201, replayed: 'true', body: { fence: '1', key: `tool-job:${job.id}:charge` } },
+      result: { status: 201, replayed: 'true', body: { fence: '1', key: `${job.jobKey}:charge` } },
     });
   });
 });

@@ -154,7 +154,7 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     // Negative control: the grouped complete without the ownership columns
     // lets the stale owner's result overwrite the new owner's job.
     const unconditional = q.COMPLETE_MANY.replace(
-      "AND j.owner_id = x.owner_id AND j.fencing_token = x.fencing_token\n  AND j.state = 'running' AND j.lease_until > now()",
+      "AND j.owner_id = x.owner_id AND j.fencing_token = x.fencing_token\n  AND j.state = 'running' AND j.lease_until > clock_timestamp()",
       '',
     );
     expect(unconditional).not.toBe(q.COMPLETE_MANY);

@@ -245,6 +245,7 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       try {
         const unknownEvent = await worker.events.waitFor('ownership_unknown', (e) => e.jobId === job.id);
         expect(unknownEvent.consecutiveFailures).toBeGreaterThanOrEqual(TIMING.maxMissedHeartbeats);
+        expect(unknownEvent.inFlight).toEqual([]); // the handler had not sent anything yet
         unknown.open();
         const lost = await worker.events.waitFor('heartbeat_lost', (e) => e.jobId === job.id);
         expect(lost.cause).toBe('unconfirmed');
@@ -256,8 +257,40 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       expect(refusal).toBeInstanceOf(OwnershipUnknownError);
       expect(abortReason).toBeInstanceOf(LeaseLostError);
       expect(events.filter((e) => e.type === 'heartbeat_failed').length).toBeGreaterThanOrEqual(TIMING.maxMissedHeartbeats);
-      expect(gateway.requests.filter((r) => r.headers['x-fence-entity'] === `tool-job:${job.id}`)).toEqual([]);
+      expect(gateway.requests.filter((r) => r.headers['x-fence-entity'] === job.jobKey)).toEqual([]);
       expect(events.some((e) => e.type === 'tool_request_started')).toBe(false);
+    });
+
+    test('ownership_unknown names the last confirmed lease end and the request in flight (its idempotency key and request id)', async () => {
+      const kind = unique('unknown-fields');
+      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const path = `/payments/${kind}`;
+      gateway.answerLate(path, 5_000); // on the wire while the database goes away
+      const { worker, events } = await start({
+        leaseMs: 2_000,
+        heartbeatMs: 100,
+        heartbeatTimeoutMs: 150,
+        handlers: {
+          [kind]: async ({ fencedFetch }) => (await fencedFetch(`${gateway.url}${path}`, { step: 'charge', method: 'POST', body: '{}' })).status,
+        },
+      });
+      const started = await worker.events.waitFor('tool_request_started', (e) => e.jobId === job.id);
+      await worker.events.waitFor('heartbeat_ok', (e) => e.jobId === job.id);
+      const unlock = await db.lockWrites();
+      try {
+        const unknown = await worker.events.waitFor('ownership_unknown', (e) => e.jobId === job.id);
+        const sent = gateway.requests.find((r) => r.path === path)!;
+        expect(unknown.inFlight).toEqual([
+          { step: 'charge', idempotencyKey: `${job.jobKey}:charge`, requestId: started.requestId, startedAt: expect.any(Date) },
+        ]);
+        expect(sent.headers).toMatchObject({ 'idempotency-key': `${job.jobKey}:charge`, 'x-request-id': started.requestId });
+        // The lease end of the last extend that succeeded, as the database holds it.
+        const lastOk = events.filter((e) => e.type === 'heartbeat_ok' && e.jobId === job.id).at(-1) as { leaseUntil: Date };
+        expect(unknown.lastConfirmedLeaseUntil).toEqual(lastOk.leaseUntil);
+        expect(unknown.lastConfirmedLeaseUntil).toEqual((await store.get(job.id))!.leaseUntil);
+      } finally {
+        await unlock();
+      }
     });
 
     test('a retryable failure is retried after the backoff with token+1; the result of the retry is committed', async () => {
@@ -327,10 +360,10 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
         },
       });
       await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
-      const sent = gateway.requests.find((r) => r.headers['x-fence-entity'] === `tool-job:${job.id}`)!;
+      const sent = gateway.requests.find((r) => r.headers['x-fence-entity'] === job.jobKey)!;
       expect(sent.headers).toMatchObject({
         'x-execution-fence': '1',
-        'idempotency-key': `tool-job:${job.id}:charge`,
+        'idempotency-key': `${job.jobKey}:charge`,
       });
       const started = events.find((e) => e.type === 'tool_request_started');
       expect(started).toMatchObject({ step: 'charge', method: 'POST', url: `${gateway.url}/payments/charges` });
@@ -388,10 +421,10 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       land.open();
       await w1.worker.events.waitFor('result_rejected', (e) => e.jobId === job.id && e.fencingToken === 1);
       expect(w1Error).toBeInstanceOf(LeaseLostError);
-      const forEntity = (r: { headers: Record<string, unknown> }) => r.headers['x-fence-entity'] === `tool-job:${job.id}`;
+      const forEntity = (r: { headers: Record<string, unknown> }) => r.headers['x-fence-entity'] === job.jobKey;
       expect(gateway.requests.filter(forEntity).map((r) => r.headers['x-execution-fence'])).toEqual(['2', '1']);
-      expect(gateway.upstream.filter((u) => u.entity === `tool-job:${job.id}`)).toEqual([
-        expect.objectContaining({ fence: 2, key: `tool-job:${job.id}:charge` }),
+      expect(gateway.upstream.filter((u) => u.entity === job.jobKey)).toEqual([
+        expect.objectContaining({ fence: 2, key: `${job.jobKey}:charge` }),
       ]);
       expect(w1.events.some((e) => e.type === 'result_committed')).toBe(false);
       expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', fencingToken: 2, result: { payment: expect.any(String), fence: 2 } });
@@ -415,8 +448,8 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       expect(events.find((e) => e.type === 'job_failed')).toMatchObject({ errorCode: 'outcome_unknown', terminal: false, fencingToken: 1 });
       const sent = gateway.requests.filter((r) => r.path === path);
       expect(sent.map((r) => [r.headers['idempotency-key'], r.headers['x-execution-fence']])).toEqual([
-        [`tool-job:${job.id}:charge`, '1'],
-        [`tool-job:${job.id}:charge`, '2'],
+        [`${job.jobKey}:charge`, '1'],
+        [`${job.jobKey}:charge`, '2'],
       ]);
       expect(gateway.upstream.filter((u) => u.path === path)).toHaveLength(1); // paid once
       expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', attempt: 2, result: { replayed: 'true', fence: 1 } });

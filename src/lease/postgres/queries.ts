@@ -1,30 +1,69 @@
 /**
  * The `tool_jobs` statements for PostgreSQL, one per operation. Each is a
- * single statement, so it is its own transaction; time is always `now()`.
+ * single statement, so it is its own transaction. Time is the database's.
+ *
+ * Which clock. `now()` is the start of the transaction, here the moment the
+ * statement arrived; a statement that then waited for a lock (a table lock,
+ * a row another transaction was updating) would count its expiries from
+ * before the wait, and judge leases by a time already past. So every expiry
+ * written (`lease_until`, `run_after`, `deadline_at`) and every ownership or
+ * deadline check uses `clock_timestamp()`, read when the row is computed
+ * (and again when PostgreSQL re-checks a row that changed while it waited).
+ * Records of when something happened (`created_at`, `heartbeat_at`,
+ * `first_claimed_at`, `finished_at`) keep `now()`, one value per statement.
+ * The claim's picks (`lease_until <= now()`, `run_after <= now()`) keep
+ * `now()` too: they are index conditions, which a volatile function cannot
+ * be, and an earlier time only makes fewer jobs look expired or ready.
+ *
+ * One case stays: a row locked without being changed (another transaction's
+ * `SELECT … FOR UPDATE`) is waited for after the new row was computed, so
+ * that lease end still counts from before the wait. It is shorter, never
+ * longer, and the worker's own deadline counts from before it sent the
+ * statement, so this costs lease time, not safety (docs/lease.md).
  */
+
+/** The clock of every write and every ownership check (see above). */
+const CLOCK = 'clock_timestamp()';
 
 const COLUMN_NAMES = [
   'id', 'kind', 'state', 'owner_id', 'lease_until', 'fencing_token', 'heartbeat_at', 'attempt',
-  'max_attempts', 'idempotency_key', 'fence_key', 'payload', 'payload_sha256', 'result', 'error',
+  'max_attempts', 'idempotency_key', 'job_key', 'fence_key', 'payload', 'payload_sha256', 'result', 'error',
   'reason', 'previous_owner_id', 'created_at', 'first_claimed_at', 'deadline_at', 'run_after', 'finished_at',
 ];
+
+/**
+ * The job's key: `tool-job:<store_id>:<id>`, the default fence entity and the
+ * base of every step's Idempotency-Key. A job enqueued before migration 0007
+ * has no store_id and keeps the old `tool-job:<id>` (docs/lease.md).
+ */
+const jobKey = (t: string) => `'tool-job:' || coalesce(${t}store_id || ':', '') || ${t}id`;
 
 /** Every column (optionally qualified), shaped for `rowToJob`; NULL fence_key reads as the default entity. */
 const columns = (t: string) =>
   COLUMN_NAMES.map((n) =>
-    n === 'fence_key' ? `coalesce(${t}fence_key, 'tool-job:' || ${t}id) AS fence_key` : `${t}${n}`,
+    n === 'job_key'
+      ? `${jobKey(t)} AS job_key`
+      : n === 'fence_key'
+        ? `coalesce(${t}fence_key, ${jobKey(t)}) AS fence_key`
+        : `${t}${n}`,
   ).join(', ');
 
 export const JOB_COLUMNS = columns('');
 
+/** The store's identity (migration 0007). */
+export const STORE_ID = 'SELECT store_id FROM tool_job_store';
+
 /**
  * $1 kind, $2 idempotency_key, $3 payload (JSON text), $4 payload_sha256,
- * $5 max_attempts, $6 deadline ms (NULL: none), $7 fence_key (NULL: default).
- * A known key inserts nothing and returns nothing; the store then reads it.
+ * $5 max_attempts, $6 deadline ms (NULL: none), $7 fence_key (NULL: the job
+ * key), $8 store_id (the store's identity, fixed in the row for the job's
+ * whole life). A known key inserts nothing and returns nothing; the store
+ * then reads it.
  */
 export const ENQUEUE = `
-INSERT INTO tool_jobs (kind, idempotency_key, payload, payload_sha256, max_attempts, deadline_at, fence_key)
-VALUES ($1, $2, $3::jsonb, $4, $5, now() + $6::bigint * interval '1 millisecond', $7)
+INSERT INTO tool_jobs (kind, idempotency_key, payload, payload_sha256, max_attempts, deadline_at, fence_key, store_id,
+                       created_at, run_after)
+VALUES ($1, $2, $3::jsonb, $4, $5, ${CLOCK} + $6::bigint * interval '1 millisecond', $7, $8, now(), ${CLOCK})
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING ${JOB_COLUMNS}`;
 
@@ -40,7 +79,7 @@ const KIND_FILTER = '($2::text[] IS NULL OR kind = ANY ($2::text[]))';
  * version of the row, so these values are those of the row we locked.
  */
 const PICKED = `id, owner_id, kind,
-  CASE WHEN deadline_at <= now() THEN 'deadline'
+  CASE WHEN deadline_at <= ${CLOCK} THEN 'deadline'
        WHEN attempt >= max_attempts THEN 'max_attempts' END AS dead`;
 
 /**
@@ -63,7 +102,7 @@ const claimUpdate = (step: string) => `UPDATE tool_jobs j SET
     ELSE j.fencing_token END,
   attempt = CASE WHEN p.dead IS NULL THEN j.attempt + 1 ELSE j.attempt END,
   lease_until = CASE WHEN p.dead IS NULL
-    THEN now() + coalesce(($4::jsonb ->> p.kind)::bigint, $3::bigint) * interval '1 millisecond'
+    THEN ${CLOCK} + coalesce(($4::jsonb ->> p.kind)::bigint, $3::bigint) * interval '1 millisecond'
     ELSE j.lease_until END,
   heartbeat_at = CASE WHEN p.dead IS NULL THEN now() ELSE j.heartbeat_at END,
   first_claimed_at = coalesce(j.first_claimed_at, CASE WHEN p.dead IS NULL THEN now() END)
@@ -153,11 +192,11 @@ WHERE j.id = p.id
 RETURNING ${columns('j.')}`;
 
 /** The ownership condition of every later statement (DESIGN §6): $1 id, $2 owner, $3 token. */
-const OWNED = `id = $1 AND owner_id = $2 AND fencing_token = $3 AND state = 'running' AND lease_until > now()`;
+const OWNED = `id = $1 AND owner_id = $2 AND fencing_token = $3 AND state = 'running' AND lease_until > ${CLOCK}`;
 
 /** $1 id, $2 owner, $3 token, $4 lease ms. Zero rows: the lease is lost. */
 export const EXTEND = `
-UPDATE tool_jobs SET lease_until = now() + $4::bigint * interval '1 millisecond', heartbeat_at = now()
+UPDATE tool_jobs SET lease_until = ${CLOCK} + $4::bigint * interval '1 millisecond', heartbeat_at = now()
 WHERE ${OWNED}
 RETURNING lease_until`;
 
@@ -178,12 +217,12 @@ export const COMPLETE_MANY = `
 UPDATE tool_jobs j SET state = 'succeeded', result = x.result, finished_at = now(), lease_until = NULL
 FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::jsonb[]) AS x(id, owner_id, fencing_token, result)
 WHERE j.id = x.id AND j.owner_id = x.owner_id AND j.fencing_token = x.fencing_token
-  AND j.state = 'running' AND j.lease_until > now()
+  AND j.state = 'running' AND j.lease_until > ${CLOCK}
 RETURNING j.id`;
 
 /** A failed attempt goes back to the queue: retryable, an attempt left, and the retry starts before the deadline. */
 const RETRY = `($5::boolean AND attempt < max_attempts
-  AND (deadline_at IS NULL OR now() + $6::bigint * interval '1 millisecond' < deadline_at))`;
+  AND (deadline_at IS NULL OR ${CLOCK} + $6::bigint * interval '1 millisecond' < deadline_at))`;
 
 /**
  * $1 id, $2 owner, $3 token, $4 error (JSON text), $5 retryable, $6 backoff
@@ -200,7 +239,7 @@ UPDATE tool_jobs SET
                 ELSE $7::text END,
   finished_at = CASE WHEN ${RETRY} THEN NULL ELSE now() END,
   error = jsonb_set($4::jsonb, '{attempt}', to_jsonb(attempt)),
-  run_after = now() + $6::bigint * interval '1 millisecond',
+  run_after = ${CLOCK} + $6::bigint * interval '1 millisecond',
   -- A queued job has no owner; a failed one keeps its last owner for the record.
   owner_id = CASE WHEN ${RETRY} THEN NULL ELSE owner_id END,
   lease_until = NULL
@@ -209,7 +248,7 @@ RETURNING state, reason, run_after`;
 
 /** $1 id, $2 owner, $3 token. Back to the queue at once; the attempt still counts. */
 export const RELEASE = `
-UPDATE tool_jobs SET state = 'queued', owner_id = NULL, lease_until = NULL, run_after = now()
+UPDATE tool_jobs SET state = 'queued', owner_id = NULL, lease_until = NULL, run_after = ${CLOCK}
 WHERE ${OWNED}
 RETURNING id`;
 

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { migratePostgres } from '../../store/postgres/migrate.js';
 import type { PoolLike } from '../../store/postgres/types.js';
-import { checkWorkerId, failedFromJob, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
+import { checkStoreId, checkWorkerId, failedFromJob, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
 import type {
   ClaimResult,
   CompleteResult,
@@ -42,6 +42,7 @@ interface JobRow {
   attempt: number;
   max_attempts: number;
   idempotency_key: string;
+  job_key: string;
   fence_key: string;
   payload: unknown;
   payload_sha256: string;
@@ -75,6 +76,7 @@ function rowToJob(r: JobRow): Job {
     attempt: r.attempt,
     maxAttempts: r.max_attempts,
     idempotencyKey: r.idempotency_key,
+    jobKey: r.job_key,
     fenceKey: r.fence_key,
     payload: r.payload,
     payloadSha256: r.payload_sha256,
@@ -106,6 +108,18 @@ function statementName(text: string): string {
     statementNames.set(text, name);
   }
   return name;
+}
+
+/** The database's identity (migration 0007), read once: every job this store enqueues carries it. */
+async function readStoreId(pool: PoolLike): Promise<string> {
+  let row: { store_id: string } | undefined;
+  try {
+    row = (await pool.query<{ store_id: string }>(q.STORE_ID)).rows[0];
+  } catch (err) {
+    // Before migration 0007 the table does not exist (undefined_table): the same fault as no row.
+    if ((err as { code?: unknown }).code !== '42P01') throw err;
+  }
+  return checkStoreId(row);
 }
 
 /** How many dead jobs one claim call may finalise before it returns (the caller claims again). */
@@ -149,8 +163,10 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
     pool = own as unknown as PoolLike;
     ownsPool = true;
   }
+  let storeId: string;
   try {
     if (options.migrate ?? true) await migratePostgres(pool);
+    storeId = await readStoreId(pool);
   } catch (err) {
     if (ownsPool) await pool.end().catch(() => {});
     throw err;
@@ -234,6 +250,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
   return {
     dialect: 'postgres',
     descriptor,
+    storeId,
 
     async enqueue(input) {
       const job = normaliseEnqueue(input);
@@ -245,6 +262,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
         job.maxAttempts,
         job.deadlineMs,
         job.fenceKey,
+        storeId,
       ]);
       const row = inserted.rows[0];
       if (row) return { created: true, job: rowToJob(row) };

@@ -12,7 +12,7 @@
  *   `maxRunMs` passed, `stop({ release })`).
  */
 import { JobError, LeaseError, LeaseLostError, OutcomeUnknownError, OwnershipUnknownError } from '../errors.js';
-import { LeaseEvents, type LeaseEvent } from '../events.js';
+import { LeaseEvents, type InFlightRequest, type LeaseEvent } from '../events.js';
 import { createFencedFetch, createStep, type FenceContext } from '../fenced-fetch.js';
 import { HeartbeatThread } from '../heartbeat/client.js';
 import { LeaseCell, LeaseStatus, Pulse, type LossCause } from '../heartbeat/cell.js';
@@ -39,6 +39,8 @@ interface Attempt {
   ended: boolean;
   /** heartbeat_lost was emitted (once per attempt, whoever notices first). */
   lossReported: boolean;
+  /** External actions started and not yet settled, for ownership_unknown. */
+  inFlight: Set<InFlightRequest>;
 }
 
 type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown };
@@ -143,6 +145,8 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
           ...fields(a),
           confirmedForMs: message.confirmedForMs,
           consecutiveFailures: message.consecutive,
+          lastConfirmedLeaseUntil: a.leaseUntil,
+          inFlight: [...a.inFlight],
         });
         break;
       case 'lost':
@@ -193,6 +197,7 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
       jobId: a.lease.id,
       kind: a.lease.kind,
       fencingToken: a.lease.fencingToken,
+      jobKey: a.lease.jobKey,
       fenceKey: a.lease.fenceKey,
       signal: a.controller.signal,
       leaseUntil: () => a.leaseUntil,
@@ -219,6 +224,10 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
         reportLoss(a);
       },
       emit,
+      started(request) {
+        a.inFlight.add(request);
+        return () => a.inFlight.delete(request);
+      },
     };
   }
 
@@ -234,6 +243,7 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
       stageTimer: undefined,
       ended: false,
       lossReported: false,
+      inFlight: new Set(),
     };
     // Conservative: the database's now was no earlier than when we sent the claim.
     a.cell.confirmedUntil = claimSentAt + lease.leaseMs;
@@ -271,6 +281,7 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
         attempt: a.lease.attempt,
         maxAttempts: a.lease.maxAttempts,
         fencingToken: a.lease.fencingToken,
+        jobKey: a.lease.jobKey,
         fenceKey: a.lease.fenceKey,
         idempotencyKey: a.lease.idempotencyKey,
         payload,

@@ -10,7 +10,9 @@ export interface JobView<P = unknown> {
   attempt: number;
   maxAttempts: number;
   fencingToken: number;
-  /** The fence entity (`X-Fence-Entity`). */
+  /** `tool-job:<storeId>:<id>`: each step's `Idempotency-Key` is `<jobKey>:<step>`. */
+  jobKey: string;
+  /** The fence entity (`X-Fence-Entity`): the custom key given at enqueue, else the `jobKey`. */
   fenceKey: string;
   idempotencyKey: string;
   payload: P;

@@ -10,21 +10,32 @@
 /** Integer milliseconds from the database clock. */
 const NOW = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
+/**
+ * The job's key: `tool-job:<store_id>:<id>`, the default fence entity and the
+ * base of every step's Idempotency-Key. A job enqueued before migration 0007
+ * has no store_id and keeps the old `tool-job:<id>` (docs/lease.md).
+ */
+const JOB_KEY = "'tool-job:' || coalesce(store_id || ':', '') || id";
+
 /** Every column, shaped for `rowToJob`; a NULL fence_key reads as the default entity. */
 export const JOB_COLUMNS = `id, kind, state, owner_id, lease_until, fencing_token, heartbeat_at, attempt,
-  max_attempts, idempotency_key, coalesce(fence_key, 'tool-job:' || id) AS fence_key, payload,
+  max_attempts, idempotency_key, ${JOB_KEY} AS job_key, coalesce(fence_key, ${JOB_KEY}) AS fence_key, payload,
   payload_sha256, result, error, reason, previous_owner_id, created_at, first_claimed_at,
   deadline_at, run_after, finished_at`;
 
+/** The store's identity (migration 0007). */
+export const STORE_ID = 'SELECT store_id FROM tool_job_store';
+
 /**
  * Params: kind, idempotency_key, payload, payload_sha256, max_attempts,
- * deadline_ms (NULL: none), fence_key (NULL: tool-job:<id>).
+ * deadline_ms (NULL: none), fence_key (NULL: the job key), store_id (the
+ * store's identity, fixed in the row for the job's whole life).
  * A known key inserts nothing and returns nothing; the store then reads it.
  */
 export const ENQUEUE = `
 INSERT INTO tool_jobs (kind, idempotency_key, payload, payload_sha256, max_attempts,
-                       deadline_at, fence_key, created_at, run_after)
-VALUES (?, ?, ?, ?, ?, ${NOW} + ?, ?, ${NOW}, ${NOW})
+                       deadline_at, fence_key, store_id, created_at, run_after)
+VALUES (?, ?, ?, ?, ?, ${NOW} + ?, ?, ?, ${NOW}, ${NOW})
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING ${JOB_COLUMNS}`;
 

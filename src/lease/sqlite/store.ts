@@ -1,6 +1,6 @@
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../store/sqlite/open.js';
 import { migrateSqlite } from '../../store/sqlite/migrate.js';
-import { checkWorkerId, failedFromJob, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
+import { checkStoreId, checkWorkerId, failedFromJob, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
 import type {
   ClaimFailedJob,
   Job,
@@ -31,6 +31,7 @@ interface JobRow {
   attempt: number;
   max_attempts: number;
   idempotency_key: string;
+  job_key: string;
   fence_key: string;
   payload: string;
   payload_sha256: string;
@@ -60,6 +61,7 @@ function rowToJob(r: JobRow): Job {
     attempt: r.attempt,
     maxAttempts: r.max_attempts,
     idempotencyKey: r.idempotency_key,
+    jobKey: r.job_key,
     fenceKey: r.fence_key,
     payload: JSON.parse(r.payload),
     payloadSha256: r.payload_sha256,
@@ -73,6 +75,18 @@ function rowToJob(r: JobRow): Job {
     runAfter: new Date(r.run_after),
     finishedAt: date(r.finished_at),
   };
+}
+
+/** The database's identity (migration 0007), read once: every job this store enqueues carries it. */
+function readStoreId(db: SqliteDatabase): string {
+  let row: { store_id: string } | undefined;
+  try {
+    row = db.prepare(q.STORE_ID).get() as { store_id: string } | undefined;
+  } catch (err) {
+    // Before migration 0007 the table does not exist: the same fault as no row.
+    if (!/no such table/.test(err instanceof Error ? err.message : '')) throw err;
+  }
+  return checkStoreId(row);
 }
 
 /** How many dead jobs one claim call may finalise before it returns (the caller claims again). */
@@ -92,6 +106,13 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
   const ownsDb = 'path' in options;
   const db = ownsDb ? openSqlite(options.path, options) : options.db;
   if (options.migrate ?? true) migrateSqlite(db);
+  let storeId: string;
+  try {
+    storeId = readStoreId(db);
+  } catch (err) {
+    if (ownsDb) db.close();
+    throw err;
+  }
 
   const descriptor: StoreDescriptor | undefined = ownsDb
     ? { sqlite: options.path, ...(options.busyTimeoutMs === undefined ? {} : { busyTimeoutMs: options.busyTimeoutMs }) }
@@ -121,6 +142,7 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
   return {
     dialect: 'sqlite',
     descriptor,
+    storeId,
 
     async enqueue(input) {
       const job = normaliseEnqueue(input);
@@ -133,6 +155,7 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
           job.maxAttempts,
           job.deadlineMs,
           job.fenceKey,
+          storeId,
         ) as JobRow | undefined;
         if (inserted) return { created: true as const, job: rowToJob(inserted) };
         const existing = rowToJob(stmt.byKey.get(job.idempotencyKey) as JobRow);

@@ -483,7 +483,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
         succeeded: final.jobs.filter((j) => j.state === 'succeeded').length,
         failed: final.jobs.filter((j) => j.state === 'failed').length,
         failedBy,
-        outcomeUnknown: final.jobs.filter((j) => j.state === 'failed' && unknownKeys.has(`tool-job:${j.id}:charge`)).length,
+        outcomeUnknown: final.jobs.filter((j) => j.state === 'failed' && unknownKeys.has(`${j.jobKey}:charge`)).length,
         stuck: final.jobs.filter((j) => j.state === 'queued' || j.state === 'running').length,
       },
       effects: {
@@ -581,7 +581,8 @@ async function readFinal(where: {
   upstreamUrl: string;
 }): Promise<FinalState> {
   const effects = (await (await fetch(`${where.upstreamUrl}/__effects`)).json()) as Effect[];
-  const jobsSql = 'SELECT id, state, fencing_token, reason, error, result FROM tool_jobs ORDER BY id';
+  // job_key as the lease module builds it (a row from before the store had an id keeps tool-job:<id>).
+  const jobsSql = "SELECT id, 'tool-job:' || coalesce(store_id || ':', '') || id AS job_key, state, fencing_token, reason, error, result FROM tool_jobs ORDER BY id";
   const recordsSql = 'SELECT scope, key, state, entity, fence FROM idempotency_records';
   const rejectionsSql = 'SELECT reason, count(*) AS n FROM rejections GROUP BY reason';
   if (where.schema) {
@@ -589,7 +590,7 @@ async function readFinal(where: {
     const jobs = await q(jobsSql);
     return {
       effects,
-      jobs: jobs.map((j: any) => ({ id: Number(j.id), state: j.state, token: Number(j.fencing_token), reason: j.reason, error: j.error, result: j.result })),
+      jobs: jobs.map((j: any) => ({ id: Number(j.id), jobKey: j.job_key, state: j.state, token: Number(j.fencing_token), reason: j.reason, error: j.error, result: j.result })),
       records: (await q(recordsSql)).map((r: any) => ({ ...r, fence: r.fence === null ? null : String(r.fence) })),
       rejections: (await q(rejectionsSql)).map((r: any) => ({ reason: r.reason, n: Number(r.n) })),
     };
@@ -608,6 +609,7 @@ async function readFinal(where: {
     effects,
     jobs: jobs.map((j) => ({
       id: j.id,
+      jobKey: j.job_key,
       state: j.state,
       token: j.fencing_token,
       reason: j.reason,

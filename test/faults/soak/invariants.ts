@@ -19,6 +19,8 @@ import type { Effect } from '../toolkit/upstream-child.js';
 
 export interface FinalJob {
   id: number;
+  /** The job's entity and the base of its step keys (`tool-job:<store id>:<id>`, see docs/lease.md). */
+  jobKey: string;
   state: string;
   token: number;
   reason: string | null;
@@ -61,7 +63,7 @@ export function checkInvariants(s: FinalState): string[] {
   for (const j of s.jobs) {
     if (j.state === 'queued' || j.state === 'running') i1.push(`job ${j.id} is still ${j.state} (token ${j.token})`);
     else if (j.state === 'failed' && !j.reason) i1.push(`job ${j.id} failed without a reason`);
-    else if (j.state === 'failed' && j.reason === 'outcome_unknown' && !unknown.has(`tool-job:${j.id}:charge`)) {
+    else if (j.state === 'failed' && j.reason === 'outcome_unknown' && !unknown.has(`${j.jobKey}:charge`)) {
       i1.push(`job ${j.id} failed on outcome_unknown but its charge record is not outcome_unknown`);
     } else if (j.state !== 'succeeded' && j.state !== 'failed') i1.push(`job ${j.id} ended ${j.state}`);
   }
@@ -73,7 +75,7 @@ export function checkInvariants(s: FinalState): string[] {
     if (effects.length > 1) i2.push(`charge key ${key} reached the upstream ${effects.length} times (fences ${effects.map((e) => e.fence).join(', ')})`);
   }
   for (const j of s.jobs.filter((x) => x.state === 'succeeded')) {
-    const n = chargesByKey.get(`tool-job:${j.id}:charge`)?.length ?? 0;
+    const n = chargesByKey.get(`${j.jobKey}:charge`)?.length ?? 0;
     if (n !== 1) i2.push(`succeeded job ${j.id} has ${n} charges upstream`);
   }
   section('I2 at most one charge per key', i2);
@@ -106,7 +108,7 @@ export function checkInvariants(s: FinalState): string[] {
       continue;
     }
     const charge = r.charge === null || r.charge === undefined ? undefined : bySeq.get(r.charge);
-    if (charge === undefined || charge.entity !== `tool-job:${j.id}` || charge.key !== `tool-job:${j.id}:charge`) {
+    if (charge === undefined || charge.entity !== j.jobKey || charge.key !== `${j.jobKey}:charge`) {
       i4.push(`job ${j.id}: its result names charge #${r.charge}, which the upstream did not make for this job`);
     } else if (BigInt(charge.fence ?? '0') > BigInt(j.token)) {
       i4.push(`job ${j.id}: its charge carries fence ${charge.fence}, above the job's token ${j.token}`);
