@@ -3,6 +3,8 @@
  * dependency, and the same code runs on Node and Workers. Every label set is
  * bounded: route names come from the config, outcomes from the table below.
  */
+import { SWEEP_BACKLOG_CAP } from '../store/sweep.js';
+import { SWEEP_KINDS, type SweepKind, type SweepResult } from '../store/types.js';
 
 /** The `outcome` label, per proxy decision (the decision codes of the log line). */
 const OUTCOMES: Record<string, string> = {
@@ -16,13 +18,26 @@ const OUTCOMES: Record<string, string> = {
   'outcome-unknown': 'unknown',
   'upstream-unavailable': 'upstream_error',
   'upstream-timeout': 'upstream_error',
+  'upstream-response-too-large': 'upstream_error',
+  'upstream-response-too-large-released': 'upstream_error',
   unauthorized: 'unauthorized',
   forbidden: 'forbidden',
   'invalid-fence-signature': 'invalid_signature',
   'fence-expired': 'fence_expired',
   'store-unavailable': 'store_error',
+  'admission-expired': 'admission_expired',
   'no-route': 'no_route',
   'internal-error': 'internal_error',
+};
+
+/** The sweeper's kinds of row → the `kind` label of its metrics. */
+const SWEEP_LABELS: Record<SweepKind, string> = {
+  expiredRecords: 'expired_records',
+  unknownRecords: 'dead_records',
+  oldRejections: 'rejections',
+  oldEntities: 'fence_entities',
+  oldFenceHistory: 'fence_history',
+  oldOperatorActions: 'operator_actions',
 };
 
 /** Decision code → `outcome` label; 400s and 413 are `invalid`. */
@@ -63,6 +78,10 @@ export interface Gauges {
 
 export interface Metrics {
   observe(o: RequestObservation): void;
+  /** One sweep's result (rows swept, backlog left) and how long it took. */
+  swept(r: SweepResult, durationMs: number): void;
+  /** A sweep that failed (its batches before the fault are committed). */
+  sweepFailed(): void;
   render(gauges: Gauges): string;
 }
 
@@ -76,6 +95,9 @@ export function createMetrics(): Metrics {
   const requests = new Map<string, number>();
   const upstream = new Map<string, Histogram>();
   const overhead = new Map<string, Histogram>();
+  const swept = new Map<SweepKind, number>(SWEEP_KINDS.map((k) => [k, 0]));
+  const sweeps = { ok: 0, failed: 0 };
+  let lastSweep: { backlog: SweepResult['backlog']; seconds: number } | null = null;
   const hist = (m: Map<string, Histogram>, route: string, buckets: number[]) => {
     let h = m.get(route);
     if (h === undefined) m.set(route, (h = new Histogram(buckets)));
@@ -89,6 +111,14 @@ export function createMetrics(): Metrics {
       if (o.upstreamMs !== undefined) hist(upstream, route, LATENCY_BUCKETS).observe(o.upstreamMs / 1000);
       // Overhead: everything but the upstream exchange (parsing, store, waits for the serial slot).
       hist(overhead, route, OVERHEAD_BUCKETS).observe(Math.max(0, o.totalMs - (o.upstreamMs ?? 0)) / 1000);
+    },
+    swept(r, durationMs) {
+      for (const k of SWEEP_KINDS) swept.set(k, swept.get(k)! + r[k]);
+      sweeps.ok++;
+      lastSweep = { backlog: { ...r.backlog }, seconds: durationMs / 1000 };
+    },
+    sweepFailed() {
+      sweeps.failed++;
     },
     render(g) {
       const out: string[] = [];
@@ -108,6 +138,22 @@ export function createMetrics(): Metrics {
           '# TYPE fencegate_outcome_unknown_records gauge',
           `fencegate_outcome_unknown_records ${g.stats.outcomeUnknown}`,
         );
+      }
+      out.push('# HELP fencegate_sweeps_total Sweeps run, by result.', '# TYPE fencegate_sweeps_total counter');
+      out.push(`fencegate_sweeps_total{result="ok"} ${sweeps.ok}`, `fencegate_sweeps_total{result="failed"} ${sweeps.failed}`);
+      out.push(
+        '# HELP fencegate_swept_rows_total Rows the sweeper deleted (dead_records: in-progress records whose lock expired, marked outcome_unknown).',
+        '# TYPE fencegate_swept_rows_total counter',
+      );
+      for (const k of SWEEP_KINDS) out.push(`fencegate_swept_rows_total{kind="${SWEEP_LABELS[k]}"} ${swept.get(k)}`);
+      if (lastSweep !== null) {
+        const last: { backlog: SweepResult['backlog']; seconds: number } = lastSweep;
+        out.push(
+          `# HELP fencegate_sweep_backlog_rows Rows still past their retention when the last sweep stopped (0: it caught up; counted up to ${SWEEP_BACKLOG_CAP}).`,
+          '# TYPE fencegate_sweep_backlog_rows gauge',
+        );
+        for (const k of SWEEP_KINDS) out.push(`fencegate_sweep_backlog_rows{kind="${SWEEP_LABELS[k]}"} ${last.backlog[k]}`);
+        out.push('# HELP fencegate_sweep_duration_seconds How long the last sweep took.', '# TYPE fencegate_sweep_duration_seconds gauge', `fencegate_sweep_duration_seconds ${last.seconds}`);
       }
       return out.join('\n') + '\n';
     },

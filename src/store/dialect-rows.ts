@@ -27,6 +27,7 @@ export function toRejection(r: Record<string, unknown>): RejectionRow {
     path: str(r.path),
     payloadSha256: str(r.payload_sha256),
     requestId: str(r.request_id),
+    clientRequestId: str(r.client_request_id),
     detail: str(r.detail),
   };
 }

@@ -25,7 +25,15 @@ export type RejectionReason =
 
 /** What the rejection log keeps of a request: ids, tokens and hashes, never bodies. */
 export interface AuditInfo {
+  /** The gateway's own id for the request (a fresh UUID): the id every row of it is filed under. */
   requestId: string;
+  /**
+   * The caller's `X-Request-Id`, when it sent a well-formed one; null
+   * otherwise. Kept beside `requestId`, never instead of it: a caller must not
+   * choose the id its refusal is filed under (it could name another
+   * request's id).
+   */
+  clientRequestId: string | null;
   caller: string | null;
   method: string;
   /** Path and query as received. */
@@ -128,6 +136,8 @@ export interface RejectionRow {
   path: string | null;
   payloadSha256: string | null;
   requestId: string | null;
+  /** The caller's `X-Request-Id` (see `AuditInfo.clientRequestId`); null when it sent none. */
+  clientRequestId: string | null;
   /** Why, for auditors (see `RejectionInput.detail`); absent on stores that predate it. */
   detail?: string | null;
 }
@@ -174,15 +184,51 @@ export interface RecordInfo {
 export interface SweepOptions {
   /** Rejections older than this are deleted. */
   rejectionRetentionMs: number;
-  /** At most this many rows per table per sweep, so a sweep never holds the write lock long. */
+  /**
+   * Entity rows whose last accepted fence is older than this, and that hold
+   * no live serial slot, are deleted, and fence-history rows older than this.
+   * Forgetting an entity's fence re-opens it to any holder of an older token:
+   * see README "Retention". Omitted: entities and their history are kept.
+   */
+  entityRetentionMs?: number;
+  /** Operator-action rows older than this are deleted. Omitted: kept. */
+  operatorActionRetentionMs?: number;
+  /** Rows per batch: one short write transaction each. Default 1000 (`SWEEP_BATCH`). */
   batch?: number;
+  /**
+   * Batches per kind of row in one sweep. Default: no limit, the sweep goes
+   * on until a batch comes back short (or `timeBudgetMs` runs out).
+   */
+  maxBatches?: number;
+  /**
+   * Once this much time has passed the sweep starts no new batch (the one
+   * running finishes). Every kind gets at least one batch, so a sweep always
+   * makes progress. Default 10 000 ms (`SWEEP_TIME_BUDGET_MS`).
+   */
+  timeBudgetMs?: number;
 }
+
+/** What a sweep deletes (or, for `deadRecords`, marks outcome_unknown), one kind of row each. */
+export const SWEEP_KINDS = ['expiredRecords', 'unknownRecords', 'oldRejections', 'oldEntities', 'oldFenceHistory', 'oldOperatorActions'] as const;
+export type SweepKind = (typeof SWEEP_KINDS)[number];
 
 export interface SweepResult {
   expiredRecords: number;
   /** in_progress records whose lock expired (their gateway died), now outcome_unknown (G4). */
   unknownRecords: number;
   oldRejections: number;
+  /** Entity rows forgotten (entityRetention). */
+  oldEntities: number;
+  oldFenceHistory: number;
+  oldOperatorActions: number;
+  /**
+   * Rows of each kind still past their retention when the sweep stopped:
+   * 0 for a kind whose last batch came back short; counted (up to
+   * `SWEEP_BACKLOG_CAP`) for a kind the time budget or `maxBatches` cut off.
+   */
+  backlog: Record<SweepKind, number>;
+  /** Write transactions the sweep ran. */
+  batches: number;
 }
 
 /** One accepted rise of an entity's fence (written in the admission transaction). */

@@ -52,18 +52,21 @@ describe.skipIf(!POSTGRES_URL)('audit API on the PostgreSQL store', () => {
   it('GET /v1/entities/:entity shows the fence and every accepted rise, highest first, paged', async () => {
     const e = `tool-job:${uid()}`;
     let k = 0;
+    const ids = new Map<number, string>();
     for (const f of [1, 1, 3, 7]) {
       const res = await command(gw.url, '/payments/x', { fence: f, entity: e, key: `k-${uid()}`, headers: { ...worker, 'x-request-id': `req-${f}-${++k}` } });
       expect(res.status).toBe(201);
+      // The gateway's own id of the request that raised the fence, not the caller's X-Request-Id.
+      if (!ids.has(f)) ids.set(f, res.headers.get('x-request-id')!);
     }
     await expectProblem(await command(gw.url, '/payments/x', { fence: 2, entity: e, key: `late-${uid()}`, headers: worker }), 409, 'stale-fence');
 
     const body = await json(await v1(`/entities/${encodeURIComponent(e)}`, { headers: auditor }));
     expect(body).toMatchObject({ entity: e, fence: '7', inflight: null, history_next_cursor: null });
     expect(body.history.map((h: any) => [h.fence, h.caller, h.request_id])).toEqual([
-      ['7', 'billing', 'req-7-4'],
-      ['3', 'billing', 'req-3-3'],
-      ['1', 'billing', 'req-1-1'],
+      ['7', 'billing', ids.get(7)],
+      ['3', 'billing', ids.get(3)],
+      ['1', 'billing', ids.get(1)],
     ]);
     const p1 = await json(await v1(`/entities/${encodeURIComponent(e)}/history?limit=2`, { headers: auditor }));
     expect(p1.items.map((h: any) => h.fence)).toEqual(['7', '3']);
@@ -149,7 +152,7 @@ describe.skipIf(!POSTGRES_URL)('audit API on the PostgreSQL store', () => {
     expect(rows.at(-1)).toMatchObject({ presented_fence: '1' });
     const csv = await (await v1(`/rejections?entity=${entity}-0&format=csv&limit=3`, { headers: auditor })).text();
     const csvLines = csv.split('\r\n');
-    expect(csvLines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,detail');
+    expect(csvLines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,detail');
     expect(csvLines.slice(1, -1)).toHaveLength(3);
     expect(csvLines[1]).toContain(`,stale-fence,${entity}-0,2500,,k-2500,c,POST,/p,`);
   });
@@ -194,7 +197,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL audit methods (store level)', () => {
     lockMs: 60_000,
     retentionMs: 3_600_000,
     onUnknown: 'reject',
-    audit: { requestId: `r-${uid()}`, caller: null, method: 'POST', path: '/p', payloadSha256: 'ab'.repeat(32) },
+    audit: { requestId: `r-${uid()}`, clientRequestId: null, caller: null, method: 'POST', path: '/p', payloadSha256: 'ab'.repeat(32) },
     ...over,
   });
   const finishOf = (i: AdmitInput, outcome: 'unknown' | 'completed'): FinishInput =>

@@ -38,7 +38,7 @@ function rejection(i: number, o: Partial<{ reason: RejectionReason; entity: stri
     presentedFence: BigInt(i),
     currentFence: BigInt(i + 1),
     idempotencyKey: o.key ?? `key-${i}`,
-    audit: { requestId: `req-${i}`, caller: o.caller === undefined ? `caller-${i % 2}` : o.caller, method: 'POST', path: o.path ?? `/payments/${i}`, payloadSha256: 'ab'.repeat(32) },
+    audit: { requestId: `req-${i}`, clientRequestId: null, caller: o.caller === undefined ? `caller-${i % 2}` : o.caller, method: 'POST', path: o.path ?? `/payments/${i}`, payloadSha256: 'ab'.repeat(32) },
   };
 }
 
@@ -68,7 +68,7 @@ describe('GET /v1/rejections', () => {
     const one = (await json(await v1(gw, '/rejections?reason=idempotency-key-reused'))).items[0];
     expect(one).toEqual({
       id: '13', at: expect.any(String), reason: 'idempotency-key-reused', entity: 'e-0', presented_fence: '100', current_fence: '101',
-      idempotency_key: 'key-100', caller: 'caller-0', method: 'POST', path: '/payments/100', payload_sha256: 'ab'.repeat(32), request_id: 'req-100', detail: null,
+      idempotency_key: 'key-100', caller: 'caller-0', method: 'POST', path: '/payments/100', payload_sha256: 'ab'.repeat(32), request_id: 'req-100', client_request_id: null, detail: null,
     });
 
     for (const bad of ['since=yesterday', 'limit=0', 'limit=1001', 'cursor=abc', 'format=xml']) {
@@ -126,12 +126,53 @@ describe('exports: NDJSON and CSV streams', () => {
     expect(res.headers.get('content-type')).toBe('text/csv; charset=utf-8');
     const text = await res.text();
     const lines = text.split('\r\n');
-    expect(lines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,detail');
+    expect(lines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,detail');
     expect(lines[1]).toContain(`2,`);
     expect(lines[1]).toContain(',"a,""quoted"" entity",2,3,"\'=HYPERLINK(""http://x.invalid"")",caller-0,POST,"/p?a=1,2",');
     expect(lines[2]).toMatch(/^1,[^,]+,stale-fence,plain,1,2,key-1,caller-1,POST,\/payments\/1,/);
     expect(lines[3]).toBe('');
     expect(await (await v1(gw, '/rejections?format=csv')).text()).toBe(text);
+  });
+});
+
+describe('the client\'s X-Request-Id', () => {
+  it('is kept as client_request_id beside the gateway\'s own request_id, in JSON, NDJSON and CSV', async () => {
+    const up = await upstream();
+    const gw = await gateway([paymentsRoute(up.url)]);
+    const e = 'acct:client-id';
+    expect((await command(gw.url, '/payments/x', { fence: 5, entity: e, key: 'k-1' })).status).toBe(201);
+    const stale = await command(gw.url, '/payments/x', { fence: 4, entity: e, key: 'k-2', headers: { 'x-request-id': 'their-trace-42' } });
+    await expectProblem(stale, 409, 'stale-fence');
+    const ours = stale.headers.get('x-request-id')!;
+    expect(ours).toMatch(/^[0-9a-f-]{36}$/);
+    expect(ours).not.toBe('their-trace-42');
+    const { items } = await json(await v1(gw, `/rejections?entity=${encodeURIComponent(e)}`));
+    expect(items).toHaveLength(1);
+    expect(items[0]).toMatchObject({ reason: 'stale-fence', request_id: ours, client_request_id: 'their-trace-42' });
+    const nd = JSON.parse((await (await v1(gw, `/rejections?entity=${encodeURIComponent(e)}&format=ndjson`)).text()).trim());
+    expect(nd).toMatchObject({ request_id: ours, client_request_id: 'their-trace-42' });
+    const csv = (await (await v1(gw, `/rejections?entity=${encodeURIComponent(e)}&format=csv`)).text()).split('\r\n');
+    const cols = csv[0]!.split(',');
+    const cells = csv[1]!.split(',');
+    expect(cells[cols.indexOf('request_id')]).toBe(ours);
+    expect(cells[cols.indexOf('client_request_id')]).toBe('their-trace-42');
+    // A malformed one is not kept at all; the upstream sees the gateway's id.
+    await expectProblem(await command(gw.url, '/payments/x', { fence: 3, entity: e, key: 'k-3', headers: { 'x-request-id': 'not valid!' } }), 409, 'stale-fence');
+    const again = await json(await v1(gw, `/rejections?entity=${encodeURIComponent(e)}&limit=1`));
+    expect(again.items[0]).toMatchObject({ client_request_id: null });
+    expect(up.calls[0]!.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
+  });
+
+  it('an auth refusal keeps it as client_request_id too', async () => {
+    const up = await upstream();
+    const gw = await gateway([paymentsRoute(up.url)], { auth: hsAuth() });
+    const res = await command(gw.url, '/payments/x', { fence: 1, entity: 'e-auth', key: 'k', headers: { 'x-request-id': 'their-trace-7' } });
+    await expectProblem(res, 401, 'unauthorized');
+    const ours = res.headers.get('x-request-id')!;
+    expect(ours).not.toBe('their-trace-7');
+    const audit = bearer(await token({ sub: 'auditor', scope: 'fencegate:audit' }));
+    const { items } = await json(await v1(gw, '/rejections?reason=unauthorized', { headers: audit }));
+    expect(items[0]).toMatchObject({ request_id: ours, client_request_id: 'their-trace-7' });
   });
 });
 
@@ -142,17 +183,24 @@ describe('entities and their fence history', () => {
     const w = bearer(await token({ sub: 'billing' }));
     const e = 'tool-job:7';
     let k = 0;
-    for (const f of [1, 1, 3, 7]) expect((await command(gw.url, '/payments/x', { fence: f, entity: e, key: `k${k++}`, headers: { ...w, 'x-request-id': `req-${f}-${k}` } })).status).toBe(201);
+    const ids = new Map<number, string>();
+    for (const f of [1, 1, 3, 7]) {
+      const res = await command(gw.url, '/payments/x', { fence: f, entity: e, key: `k${k++}`, headers: { ...w, 'x-request-id': `req-${f}-${k}` } });
+      expect(res.status).toBe(201);
+      // The history names the gateway's own id of the request that raised the fence (the caller's X-Request-Id is not it).
+      if (!ids.has(f)) ids.set(f, res.headers.get('x-request-id')!);
+    }
     await expectProblem(await command(gw.url, '/payments/x', { fence: 2, entity: e, key: 'late', headers: w }), 409, 'stale-fence');
 
     const audit = bearer(await token({ sub: 'auditor', scope: 'fencegate:audit' }));
     const body = await json(await v1(gw, `/entities/${encodeURIComponent(e)}`, { headers: audit }));
     expect(body).toMatchObject({ entity: e, fence: '7', inflight: null, history_next_cursor: null });
     expect(body.history.map((h: any) => [h.fence, h.caller, h.request_id])).toEqual([
-      ['7', 'billing', 'req-7-4'],
-      ['3', 'billing', 'req-3-3'],
-      ['1', 'billing', 'req-1-1'],
+      ['7', 'billing', ids.get(7)],
+      ['3', 'billing', ids.get(3)],
+      ['1', 'billing', ids.get(1)],
     ]);
+    for (const id of ids.values()) expect(id).toMatch(/^[0-9a-f-]{36}$/);
     const p1 = await json(await v1(gw, `/entities/${encodeURIComponent(e)}/history?limit=2`, { headers: audit }));
     expect(p1.items.map((h: any) => h.fence)).toEqual(['7', '3']);
     const p2 = await json(await v1(gw, `/entities/${encodeURIComponent(e)}/history?limit=2&cursor=${p1.next_cursor}`, { headers: audit }));

@@ -68,7 +68,7 @@ describe('streaming export of 1,000,000 rejections', () => {
     let chunks = 0;
     for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
       bytes += chunk.byteLength;
-      if (first.length < 400) first += new TextDecoder().decode(chunk.subarray(0, 400));
+      if (first.length < 1000) first += new TextDecoder().decode(chunk.subarray(0, 1000));
       for (let i = 0; i < chunk.length; i++) if (chunk[i] === 10) lines++;
       if (++chunks % 200 === 0) peakSeen = Math.max(peakSeen, vm(child.pid, 'VmRSS'));
     }

@@ -52,7 +52,7 @@ describe.skipIf(skip !== null)('console in headless Chromium', () => {
     expect((await send(4, 'tool-job:2', 'd')).status).toBe(201);
     await expectProblem(await send(1, 'tool-job:2', 'late-3'), 409, 'stale-fence');
     // An entity chosen by a hostile caller: the console must show it as text.
-    await gw.sqlite.recordRejection({ reason: 'stale-fence', entity: XSS, presentedFence: 1n, currentFence: 2n, idempotencyKey: XSS, audit: { requestId: 'r', caller: 'mallory', method: 'POST', path: '/payments/x', payloadSha256: 'ab'.repeat(32) } });
+    await gw.sqlite.recordRejection({ reason: 'stale-fence', entity: XSS, presentedFence: 1n, currentFence: 2n, idempotencyKey: XSS, audit: { requestId: 'r', clientRequestId: null, caller: 'mallory', method: 'POST', path: '/payments/x', payloadSha256: 'ab'.repeat(32) } });
     // An outcome_unknown record: the upstream resets the connection after reading the request.
     up.behave(() => ({ kind: 'reset' }));
     await expectProblem(await send(8, 'tool-job:1', 'pay-42'), 504, 'upstream-timeout');

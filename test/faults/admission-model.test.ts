@@ -172,12 +172,12 @@ function admitInput(r: Req, owner: string): AdmitInput {
     lockMs: LOCK_MS,
     retentionMs: 86_400_000,
     onUnknown: r.onUnknown,
-    audit: { requestId: owner, caller: null, method: 'POST', path: '/x', payloadSha256: 'ab' },
+    audit: { requestId: owner, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: 'ab' },
   };
 }
 
 function finishInput(f: Inflight, outcome: 'completed' | 'released' | 'unknown'): FinishInput {
-  const base = { scope: SCOPE, key: f.key, entity: f.entity, ownerToken: f.owner, audit: { requestId: f.owner, caller: null, method: 'POST', path: '/x', payloadSha256: 'ab' } };
+  const base = { scope: SCOPE, key: f.key, entity: f.entity, ownerToken: f.owner, audit: { requestId: f.owner, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: 'ab' } };
   if (outcome === 'completed') return { ...base, outcome, response: { status: 201, headers: [], body: Buffer.from(f.owner) }, retentionMs: 86_400_000 };
   return { ...base, outcome };
 }

@@ -6,7 +6,7 @@ import { parseConfig } from '../../src/config/load.js';
 import type { Config } from '../../src/config/schema.js';
 import { startGateway, type RunningGateway } from '../../src/entry/node.js';
 import { silentLogger, type Logger } from '../../src/http/logger.js';
-import { SqliteGatewayStore } from '../../src/store/sqlite/gateway-store.js';
+import { SqliteGatewayStore, type SqliteStoreOptions } from '../../src/store/sqlite/gateway-store.js';
 import type { GatewayStore } from '../../src/store/types.js';
 
 /** A fresh temporary directory; removed by `cleanup()`. */
@@ -58,6 +58,8 @@ export interface TestGatewayOptions {
   logger?: Logger;
   /** Reuse a database file (several gateways on one file). */
   dbPath?: string;
+  /** Options of the SQLite store (its lock waits, …) beyond the path and `synchronous: 'NORMAL'`. */
+  sqliteOptions?: Partial<SqliteStoreOptions>;
 }
 
 /**
@@ -74,7 +76,7 @@ export async function startTestGateway(options: TestGatewayOptions): Promise<Tes
     ...options.config,
     routes: options.routes,
   });
-  const sqlite = new SqliteGatewayStore({ path: dbPath, synchronous: 'NORMAL' });
+  const sqlite = new SqliteGatewayStore({ path: dbPath, synchronous: 'NORMAL', ...options.sqliteOptions });
   const store = options.wrapStore ? options.wrapStore(sqlite) : sqlite;
   let running: RunningGateway;
   try {

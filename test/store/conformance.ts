@@ -16,6 +16,7 @@
  * off (negative controls, STYLE habit 7) and see them fail.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CUT_MARKER, REJECTION_TEXT_LIMITS as LIMITS, cutText } from '../../src/store/bounds.js';
 import {
   entityTopic,
   recordTopic,
@@ -32,6 +33,12 @@ export interface ConformanceHarness {
   store: GatewayStore;
   /** Moves these rejection rows `ms` into the past (backend SQL on `at`). */
   backdateRejections(ids: string[], ms: number): Promise<void>;
+  /**
+   * Moves the time `column` of the rows of `table` whose `where.column`
+   * equals `where.value` `ms` into the past (backend SQL), to reach a
+   * retention without waiting for it.
+   */
+  backdate(table: BackdateTable, column: string, ms: number, where: { column: string; value: string }): Promise<void>;
   /** Opens another store on the same database, as another gateway replica would. The suite closes it. */
   openReplica(): Promise<GatewayStore>;
   /** Closes whatever the harness opened (the suite closes `store` itself first). */
@@ -39,6 +46,7 @@ export interface ConformanceHarness {
 }
 
 export type HarnessFactory = () => Promise<ConformanceHarness>;
+export type BackdateTable = 'idempotency_records' | 'fence_entities' | 'fence_history' | 'operator_actions' | 'rejections';
 
 // ---------------------------------------------------------------------------
 // Small helpers (portable: no Node APIs)
@@ -50,7 +58,7 @@ const PAST_EXPIRY_MS = 40;
 const SHORT = 3;
 
 export function audit(over: Partial<AuditInfo> = {}): AuditInfo {
-  return { requestId: `req-${uid()}`, caller: null, method: 'POST', path: '/payments/charges?currency=eur', payloadSha256: 'ab'.repeat(32), ...over };
+  return { requestId: `req-${uid()}`, clientRequestId: null, caller: null, method: 'POST', path: '/payments/charges?currency=eur', payloadSha256: 'ab'.repeat(32), ...over };
 }
 
 /** An admission input with sane defaults: serial, fenced, keyed, long lock and retention. */
@@ -321,7 +329,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       it('a. a stale fence is refused with the current fence and logged with every audit field', async () => {
         const entity = `e-${uid()}`;
         await store.admit(command({ entity, fence: 10n, mode: 'concurrent' }));
-        const stale = command({ entity, fence: 9n, audit: audit({ caller: 'worker-a', method: 'PUT', path: '/payments/x?y=1', payloadSha256: 'cd'.repeat(32) }) });
+        const stale = command({ entity, fence: 9n, audit: audit({ caller: 'worker-a', method: 'PUT', path: '/payments/x?y=1', payloadSha256: 'cd'.repeat(32), clientRequestId: 'client-9' }) });
         expect(await store.admit(stale)).toEqual({ outcome: 'stale-fence', currentFence: 10n });
         const [row, ...more] = await rejectionsOf(store, { entity });
         expect(more).toEqual([]);
@@ -336,6 +344,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
           path: '/payments/x?y=1',
           payloadSha256: 'cd'.repeat(32),
           requestId: stale.audit.requestId,
+          clientRequestId: 'client-9',
         });
         expect(row!.at).toBeInstanceOf(Date);
         expect(typeof row!.id).toBe('string');
@@ -466,7 +475,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         // The old owner wakes up: discarded and logged.
         expect(await store.finish(finishOf(first, 'completed', response({ body: new TextEncoder().encode('old') })))).toEqual({ recorded: false });
         const [late] = await rejectionsOf(store, { entity: first.entity!, reason: 'late-finish' });
-        expect(late).toMatchObject({ idempotencyKey: first.key, requestId: first.audit.requestId, presentedFence: null, currentFence: null, method: 'POST' });
+        expect(late).toMatchObject({ idempotencyKey: first.key, requestId: first.audit.requestId, clientRequestId: null, presentedFence: null, currentFence: null, method: 'POST' });
         expect((await store.getRecords(first.key!))[0]!.state).toBe('in_progress');
         // The new owner's finish lands.
         expect(await store.finish(finishOf(second, 'completed', response({ body: new TextEncoder().encode('new') })))).toEqual({ recorded: true });
@@ -685,7 +694,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
     describe('rejection log', () => {
       it('recordRejection keeps every field (refusals decided before admission)', async () => {
         const entity = `e-${uid()}`;
-        const a = audit({ caller: 'svc', method: 'DELETE', path: '/x/y?z', payloadSha256: 'ef'.repeat(32) });
+        const a = audit({ caller: 'svc', method: 'DELETE', path: '/x/y?z', payloadSha256: 'ef'.repeat(32), clientRequestId: 'their-id-1' });
         await store.recordRejection({ reason: 'invalid-fence-signature', entity, presentedFence: 2n ** 63n - 1n, currentFence: null, idempotencyKey: 'k-1', audit: a });
         await store.recordRejection({ reason: 'unauthorized', entity, presentedFence: null, currentFence: 3n, idempotencyKey: null, audit: { ...a, caller: null } });
         const [second, first] = await rejectionsOf(store, { entity });
@@ -700,6 +709,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
           path: '/x/y?z',
           payloadSha256: 'ef'.repeat(32),
           requestId: a.requestId,
+          clientRequestId: 'their-id-1',
         });
         expect(second).toMatchObject({ reason: 'unauthorized', presentedFence: null, currentFence: '3', idempotencyKey: null, caller: null });
         expect(first!.detail ?? null).toBeNull();
@@ -814,7 +824,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect(again.expiredRecords + again.unknownRecords).toBe(0);
       });
 
-      it('deletes rejections older than the retention (rows backdated), in batches', async () => {
+      it('deletes rejections older than the retention (rows backdated), one batch per call with maxBatches: 1', async () => {
         const entity = `e-${uid()}`;
         for (let i = 0; i < 5; i++) {
           await store.recordRejection({ reason: 'fence-expired', entity, presentedFence: BigInt(i), currentFence: null, idempotencyKey: null, audit: audit() });
@@ -824,7 +834,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         await h.backdateRejections(old, 2 * 3_600_000);
         let deleted = 0;
         for (let i = 0; i < 20; i++) {
-          const r = await store.sweep({ rejectionRetentionMs: 3_600_000, batch: 1 });
+          const r = await store.sweep({ rejectionRetentionMs: 3_600_000, batch: 1, maxBatches: 1 });
           expect(r.oldRejections).toBeLessThanOrEqual(1);
           deleted += r.oldRejections;
           if (r.oldRejections === 0) break;
@@ -833,17 +843,200 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect((await rejectionsOf(store, { entity })).map((r) => r.presentedFence)).toEqual(['4', '3']);
       });
 
-      it('batches record sweeps too', async () => {
+      it('batches record sweeps too (maxBatches: 1)', async () => {
         const inputs = Array.from({ length: 3 }, () => command({ lockMs: SHORT, entity: null, fence: null }));
         for (const c of inputs) await store.admit(c);
         await sleep(PAST_EXPIRY_MS);
         for (let i = 0; i < 50; i++) {
-          const r = await store.sweep({ rejectionRetentionMs: 3_600_000, batch: 1 });
+          const r = await store.sweep({ rejectionRetentionMs: 3_600_000, batch: 1, maxBatches: 1 });
           expect(r.unknownRecords).toBeLessThanOrEqual(1);
           expect(r.expiredRecords).toBeLessThanOrEqual(1);
           if (r.unknownRecords + r.expiredRecords === 0) break;
         }
         for (const c of inputs) expect((await store.getRecords(c.key!))[0]!.state).toBe('outcome_unknown');
+      });
+
+      /** N rows past retention of each record kind and of rejections, on a fresh entity; returns what to look for. */
+      async function pastRetention(n: number) {
+        const entity = `backlog-${uid()}`;
+        const expired = Array.from({ length: n }, () => command({ entity: null, fence: null, retentionMs: SHORT }));
+        const dead = Array.from({ length: n }, () => command({ entity: null, fence: null, lockMs: SHORT }));
+        for (const c of expired) {
+          await store.admit(c);
+          await store.finish(finishOf(c, 'completed'));
+        }
+        for (const c of dead) await store.admit(c);
+        for (let i = 0; i < n; i++) {
+          await store.recordRejection({ reason: 'fence-expired', entity, presentedFence: BigInt(i), currentFence: null, idempotencyKey: null, audit: audit() });
+        }
+        await h.backdateRejections((await rejectionsOf(store, { entity })).map((r) => r.id), 2 * 3_600_000);
+        await sleep(PAST_EXPIRY_MS);
+        return { entity, expired, dead };
+      }
+      const HOUR = 3_600_000;
+
+      it('one sweep works through batch after batch until a batch comes back short; nothing is left behind', async () => {
+        const { entity, expired, dead } = await pastRetention(25);
+        const r = await store.sweep({ rejectionRetentionMs: HOUR, batch: 10 });
+        // 25 rows of each kind in batches of 10: at least 3 batches each, the last one short.
+        expect(r.expiredRecords).toBeGreaterThanOrEqual(25);
+        expect(r.unknownRecords).toBeGreaterThanOrEqual(25);
+        expect(r.oldRejections).toBeGreaterThanOrEqual(25);
+        expect(r.batches).toBeGreaterThanOrEqual(9);
+        expect(r.backlog).toEqual({ expiredRecords: 0, unknownRecords: 0, oldRejections: 0, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0 });
+        for (const c of expired) expect(await store.getRecords(c.key!)).toEqual([]);
+        for (const c of dead) expect((await store.getRecords(c.key!))[0]!.state).toBe('outcome_unknown');
+        expect(await rejectionsOf(store, { entity })).toEqual([]);
+      });
+
+      it('negative control: one batch per kind (the old sweep) leaves rows past retention, and the backlog counts them', async () => {
+        const { entity } = await pastRetention(25);
+        const r = await store.sweep({ rejectionRetentionMs: HOUR, batch: 10, maxBatches: 1 });
+        expect([r.expiredRecords, r.unknownRecords, r.oldRejections]).toEqual([10, 10, 10]);
+        expect(r.backlog.expiredRecords).toBeGreaterThanOrEqual(15);
+        expect(r.backlog.unknownRecords).toBeGreaterThanOrEqual(15);
+        expect(r.backlog.oldRejections).toBeGreaterThanOrEqual(15);
+        expect(await rejectionsOf(store, { entity })).toHaveLength(15);
+        // The next full sweep catches up.
+        const rest = await store.sweep({ rejectionRetentionMs: HOUR, batch: 10 });
+        expect(Object.values(rest.backlog)).toEqual([0, 0, 0, 0, 0, 0]);
+        expect(await rejectionsOf(store, { entity })).toEqual([]);
+      });
+
+      it('a spent time budget stops after one batch per kind and reports the backlog it left', async () => {
+        const { entity } = await pastRetention(25);
+        const r = await store.sweep({ rejectionRetentionMs: HOUR, batch: 10, timeBudgetMs: 0 });
+        expect(r.batches).toBe(3);
+        expect(r.oldRejections).toBe(10);
+        expect(r.backlog.oldRejections).toBeGreaterThanOrEqual(15);
+        expect(r.backlog.expiredRecords).toBeGreaterThanOrEqual(15);
+        expect(r.backlog.unknownRecords).toBeGreaterThanOrEqual(15);
+        expect(await rejectionsOf(store, { entity })).toHaveLength(15);
+        await store.sweep({ rejectionRetentionMs: HOUR });
+      });
+
+      it('entityRetention: forgets an entity and its history once its last accepted fence is older, unless its serial slot is live', async () => {
+        const done = command({ entity: `gone-${uid()}`, fence: 5n });
+        const busy = command({ entity: `busy-${uid()}`, fence: 5n });
+        const dead = command({ entity: `dead-${uid()}`, fence: 5n, lockMs: SHORT });
+        const fresh = command({ entity: `fresh-${uid()}`, fence: 5n });
+        for (const c of [done, busy, dead, fresh]) expect((await store.admit(c)).outcome).toBe('forward');
+        await store.finish(finishOf(done, 'completed'));
+        await store.finish(finishOf(fresh, 'completed'));
+        for (const c of [done, busy, dead]) {
+          await h.backdate('fence_entities', 'accepted_at', 2 * HOUR, { column: 'entity', value: c.entity! });
+          await h.backdate('fence_history', 'at', 2 * HOUR, { column: 'entity', value: c.entity! });
+        }
+        await sleep(PAST_EXPIRY_MS); // dead's slot (its gateway died) has expired
+        // Without entityRetentionMs nothing is forgotten.
+        await store.sweep({ rejectionRetentionMs: HOUR });
+        expect((await store.getEntity(done.entity!))?.fence).toBe('5');
+
+        const r = await store.sweep({ rejectionRetentionMs: HOUR, entityRetentionMs: HOUR, batch: 1 });
+        expect(r.oldEntities).toBeGreaterThanOrEqual(2);
+        expect(r.oldFenceHistory).toBeGreaterThanOrEqual(3);
+        expect(r.backlog.oldEntities).toBe(0);
+        expect(await store.getEntity(done.entity!)).toBeNull();
+        expect(await store.getEntity(dead.entity!)).toBeNull();
+        // A request in flight holds the slot: its entity stays, with its fence.
+        expect(await store.getEntity(busy.entity!)).toMatchObject({ fence: '5', inflight: { until: expect.any(Date) } });
+        expect(await store.admit(command({ entity: busy.entity, fence: 4n }))).toEqual({ outcome: 'stale-fence', currentFence: 5n });
+        expect((await store.getEntity(fresh.entity!))?.fence).toBe('5');
+        if (store.getFenceHistory) {
+          expect((await store.getFenceHistory(done.entity!, { limit: 10 })).items).toEqual([]);
+          expect((await store.getFenceHistory(busy.entity!, { limit: 10 })).items).toEqual([]); // history is kept by age alone
+          expect((await store.getFenceHistory(fresh.entity!, { limit: 10 })).items.map((x) => x.fence)).toEqual(['5']);
+        }
+        // What forgetting means (README, entityRetention): the entity is open
+        // again to any fence, an older one included.
+        expect((await store.admit(command({ entity: done.entity, fence: 1n, mode: 'concurrent' }))).outcome).toBe('forward');
+      });
+
+      it('operatorActionRetention: deletes operator actions older than it, and only with the option', async () => {
+        if (!store.resolveRecord || !store.listOperatorActions) return;
+        const input = command({ entity: null, fence: null });
+        await store.admit(input);
+        await store.finish(finishOf(input, 'unknown'));
+        const resolved = await store.resolveRecord({ scope: input.scope, key: input.key!, resolution: { outcome: 'released' }, operator: 'ops', note: null, requestId: `req-${uid()}` });
+        expect(resolved.ok).toBe(true);
+        const mine = async () => (await store.listOperatorActions!({ limit: 1000 })).items.filter((a) => a.key === input.key);
+        expect(await mine()).toHaveLength(1);
+        await h.backdate('operator_actions', 'at', 2 * HOUR, { column: 'key', value: input.key! });
+        await store.sweep({ rejectionRetentionMs: HOUR });
+        expect(await mine()).toHaveLength(1);
+        const r = await store.sweep({ rejectionRetentionMs: HOUR, operatorActionRetentionMs: HOUR });
+        expect(r.oldOperatorActions).toBeGreaterThanOrEqual(1);
+        expect(await mine()).toEqual([]);
+      });
+    });
+
+    describe('bounded rejection rows (src/store/bounds.ts)', () => {
+      const long = (c: string, n: number) => c.repeat(n);
+      const expectCut = (value: string | null | undefined, whole: string, max: number) => {
+        expect(whole.length).toBeGreaterThan(max); // the input was over the limit, so an unbounded store fails below
+        expect(value).toBe(cutText(whole, max));
+        expect(value!.length).toBeLessThanOrEqual(max);
+        expect(value!.endsWith(CUT_MARKER)).toBe(true);
+      };
+
+      it('recordRejection cuts every text field at its limit, with a visible marker', async () => {
+        const entity = long('e', 600);
+        const a = audit({ path: `/payments/${long('p', 20_000)}`, caller: long('c', 1000), method: long('M', 100), requestId: long('r', 300), clientRequestId: long('x', 300) });
+        await store.recordRejection({ reason: 'unauthorized', entity, presentedFence: null, currentFence: null, idempotencyKey: long('k', 400), audit: a, detail: long('d', 5000) });
+        const [row] = await rejectionsOf(store, { entity: cutText(entity, LIMITS.entity) });
+        expectCut(row!.path, a.path, LIMITS.path);
+        expectCut(row!.caller, a.caller!, LIMITS.caller);
+        expectCut(row!.method, a.method, LIMITS.method);
+        expectCut(row!.requestId, a.requestId, LIMITS.requestId);
+        expectCut(row!.clientRequestId, a.clientRequestId!, LIMITS.clientRequestId);
+        expectCut(row!.idempotencyKey, long('k', 400), LIMITS.idempotencyKey);
+        expectCut(row!.entity, entity, LIMITS.entity);
+        expectCut(row!.detail, long('d', 5000), LIMITS.detail);
+      });
+
+      it('values within the limits are kept whole', async () => {
+        const entity = `e-${uid()}`.padEnd(LIMITS.entity, 'e');
+        const a = audit({ path: '/p'.padEnd(LIMITS.path, 'p'), caller: 'c'.repeat(LIMITS.caller), clientRequestId: 'x'.repeat(LIMITS.clientRequestId) });
+        await store.recordRejection({ reason: 'forbidden', entity, presentedFence: null, currentFence: null, idempotencyKey: 'k'.repeat(LIMITS.idempotencyKey), audit: a, detail: 'd'.repeat(LIMITS.detail) });
+        const [row] = await rejectionsOf(store, { entity });
+        expect(row).toMatchObject({ entity, path: a.path, caller: a.caller, clientRequestId: a.clientRequestId, idempotencyKey: 'k'.repeat(LIMITS.idempotencyKey), detail: 'd'.repeat(LIMITS.detail) });
+      });
+
+      it('admission and finish rows are cut the same way; the decision uses the whole entity and key', async () => {
+        const entity = `${uid()}-${long('e', 600)}`;
+        const key = `${uid()}-${long('k', 300)}`;
+        const logged = cutText(entity, LIMITS.entity);
+        const a = audit({ path: `/payments/${long('p', 9000)}`, caller: long('c', 500), clientRequestId: long('x', 200) });
+        expect((await store.admit(command({ entity, key, fence: 5n, mode: 'concurrent', audit: a }))).outcome).toBe('forward');
+        // stale-fence, written inside the admission
+        expect(await store.admit(command({ entity, fence: 4n, audit: a }))).toEqual({ outcome: 'stale-fence', currentFence: 5n });
+        // idempotency-key-reused, also inside the admission
+        expect((await store.admit(command({ entity, key, fence: 5n, fingerprint: 'other', mode: 'concurrent', audit: a }))).outcome).toBe('idempotency-key-reused');
+        const rows = await rejectionsOf(store, { entity: logged });
+        expect(rows.map((r) => r.reason).sort()).toEqual(['idempotency-key-reused', 'stale-fence']);
+        for (const row of rows) {
+          expectCut(row.entity, entity, LIMITS.entity);
+          expectCut(row.path, a.path, LIMITS.path);
+          expectCut(row.caller, a.caller!, LIMITS.caller);
+          expectCut(row.clientRequestId, a.clientRequestId!, LIMITS.clientRequestId);
+        }
+        expectCut(rows.find((r) => r.reason === 'idempotency-key-reused')!.idempotencyKey, key, LIMITS.idempotencyKey);
+        // The fence and the record belong to the whole values.
+        expect((await store.getEntity(entity))?.fence).toBe('5');
+        expect(await store.getEntity(logged)).toBeNull();
+        expect((await store.getRecords(key)).map((r) => r.state)).toEqual(['in_progress']);
+
+        // late-finish, written by the finish
+        const first = command({ entity, key: `${uid()}-${long('q', 300)}`, fence: 5n, lockMs: SHORT, mode: 'concurrent', audit: a });
+        await store.admit(first);
+        await sleep(PAST_EXPIRY_MS);
+        expect((await store.admit({ ...first, ownerToken: `owner-${uid()}`, onUnknown: 'retry' })).outcome).toBe('forward');
+        expect(await store.finish(finishOf(first, 'completed'))).toEqual({ recorded: false });
+        const [late] = await rejectionsOf(store, { entity: logged, reason: 'late-finish' });
+        expectCut(late!.path, a.path, LIMITS.path);
+        expectCut(late!.idempotencyKey, first.key!, LIMITS.idempotencyKey);
+        expectCut(late!.entity, entity, LIMITS.entity);
+        expectCut(late!.clientRequestId, a.clientRequestId!, LIMITS.clientRequestId);
       });
     });
 

@@ -41,7 +41,7 @@ function admitInput(over: Partial<AdmitInput> = {}): AdmitInput {
     lockMs: 10_000,
     retentionMs: 60_000,
     onUnknown: 'reject',
-    audit: { requestId: `r-${n}`, caller: null, method: 'POST', path: '/x', payloadSha256: '0' },
+    audit: { requestId: `r-${n}`, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: '0' },
     ...over,
   };
 }

@@ -25,6 +25,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL gateway store', () => {
       async backdateRejections(ids, ms) {
         await schema.pool.query(`UPDATE rejections SET at = at - $1 * interval '1 millisecond' WHERE id = ANY($2::bigint[])`, [ms, ids]);
       },
+      async backdate(table, column, ms, where) {
+        await schema.pool.query(`UPDATE ${table} SET ${column} = ${column} - $1 * interval '1 millisecond' WHERE ${where.column} = $2`, [ms, where.value]);
+      },
       openReplica: open,
       async close() {
         for (const s of opened) await s.close();
@@ -51,7 +54,7 @@ async function eventually<T>(fn: () => Promise<T>, attempts = 100, pauseMs = 50)
   }
 }
 
-const audit = () => ({ requestId: randomUUID(), caller: null, method: 'POST', path: '/p', payloadSha256: 'ab'.repeat(32) });
+const audit = () => ({ requestId: randomUUID(), clientRequestId: null, caller: null, method: 'POST', path: '/p', payloadSha256: 'ab'.repeat(32) });
 const command = (over: Partial<AdmitInput> = {}): AdmitInput => ({
   scope: 'pg',
   key: `k-${randomUUID()}`,

@@ -17,34 +17,54 @@ afterEach(() => {
   for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
 });
 
-/** A database file at the schema before 0005, as a gateway of the previous release left it. */
-function databaseBefore0005(): string {
+/**
+ * A database file at the schema before migration `next`, holding the state
+ * `write` leaves through the store, as a gateway of an earlier release left it.
+ *
+ * The store is today's, and it writes `rejections.client_request_id` (0006),
+ * a column an earlier release's file does not have: the column exists while
+ * `write` runs and is dropped again, so that the file is the earlier schema,
+ * rows included, when the migrations under test run.
+ */
+async function databaseBefore(next: string, write: (store: SqliteGatewayStore) => Promise<void>): Promise<string> {
   const dir = mkdtempSync(join(tmpdir(), 'fencegate-migration-'));
   dirs.push(dir);
   const path = join(dir, 'gateway.db');
   const db = openSqlite(path);
-  migrateSqlite(db, loadMigrations('sqlite').filter((m) => m.name < '0005'));
+  migrateSqlite(db, loadMigrations('sqlite').filter((m) => m.name < next));
+  const shim = next <= '0006';
+  if (shim) db.exec('ALTER TABLE rejections ADD COLUMN client_request_id TEXT');
   db.close();
+  const store = new SqliteGatewayStore({ path, migrate: false });
+  try {
+    await write(store);
+  } finally {
+    await store.close();
+  }
+  if (shim) {
+    const after = openSqlite(path);
+    after.exec('ALTER TABLE rejections DROP COLUMN client_request_id');
+    after.close();
+  }
   return path;
 }
 
 describe('sqlite migration 0005_lean_pages', () => {
   it('keeps fences, stored responses, the serial slot in flight and the fence history', async () => {
-    const path = databaseBefore0005();
-    const before = new SqliteGatewayStore({ path, migrate: false });
     const body = new Uint8Array(5000).map((_, i) => i % 251); // larger than a page
     const done = command({ entity: 'acct:2', fence: 7n, key: 'k-done' });
-    expect((await before.admit(done)).outcome).toBe('forward');
-    await before.finish(finishOf(done, 'completed', response({ body })));
-    const first = command({ entity: 'acct:1', fence: 5n });
-    expect((await before.admit(first)).outcome).toBe('forward');
-    await before.finish(finishOf(first, 'completed'));
     const rise = command({ entity: 'acct:1', fence: 9n, key: 'k-rise' });
-    expect((await before.admit(rise)).outcome).toBe('forward'); // still in flight: holds acct:1's slot
-    expect((await before.admit(command({ entity: 'acct:1', fence: 3n }))).outcome).toBe('stale-fence');
-    await before.close();
+    const path = await databaseBefore('0005', async (before) => {
+      expect((await before.admit(done)).outcome).toBe('forward');
+      await before.finish(finishOf(done, 'completed', response({ body })));
+      const first = command({ entity: 'acct:1', fence: 5n });
+      expect((await before.admit(first)).outcome).toBe('forward');
+      await before.finish(finishOf(first, 'completed'));
+      expect((await before.admit(rise)).outcome).toBe('forward'); // still in flight: holds acct:1's slot
+      expect((await before.admit(command({ entity: 'acct:1', fence: 3n }))).outcome).toBe('stale-fence');
+    });
 
-    const after = new SqliteGatewayStore({ path }); // applies 0005
+    const after = new SqliteGatewayStore({ path }); // applies 0005 and what follows
     try {
       const tables = after.db.prepare("SELECT name, sql FROM sqlite_master WHERE type IN ('table', 'index') AND name NOT LIKE 'sqlite_%'").all() as { name: string; sql: string | null }[];
       const sql = new Map(tables.map((t) => [t.name, t.sql ?? '']));
@@ -76,6 +96,52 @@ describe('sqlite migration 0005_lean_pages', () => {
       // New rises append after the migrated ones.
       expect((await after.admit(command({ entity: 'acct:1', fence: 11n }))).outcome).toBe('forward');
       expect((await after.getFenceHistory('acct:1', { limit: 10 })).items.map((h) => h.fence)).toEqual(['11', '10', '9', '5']);
+    } finally {
+      await after.close();
+    }
+  });
+});
+
+describe('sqlite migration 0006_client_request_id_retention', () => {
+  it('upgrades in place: old rejections read with client_request_id null, fences and slots intact, the sweeps use their indexes', async () => {
+    const rise = command({ entity: 'acct:1', fence: 9n, key: 'k-rise' });
+    const path = await databaseBefore('0006', async (before) => {
+      const first = command({ entity: 'acct:1', fence: 5n });
+      expect((await before.admit(first)).outcome).toBe('forward');
+      await before.finish(finishOf(first, 'completed'));
+      expect((await before.admit(rise)).outcome).toBe('forward'); // in flight: holds acct:1's slot
+      expect((await before.admit(command({ entity: 'acct:1', fence: 3n }))).outcome).toBe('stale-fence');
+    });
+    const cols = (p: string) => {
+      const db = openSqlite(p);
+      try {
+        return (db.prepare('PRAGMA table_info(rejections)').all() as { name: string }[]).map((c) => c.name);
+      } finally {
+        db.close();
+      }
+    };
+    expect(cols(path)).not.toContain('client_request_id');
+
+    const after = new SqliteGatewayStore({ path }); // applies 0006
+    try {
+      expect(cols(path)).toContain('client_request_id');
+      const [old] = (await after.listRejections({ entity: 'acct:1', limit: 10 })).items;
+      expect(old).toMatchObject({ reason: 'stale-fence', presentedFence: '3', currentFence: '9', clientRequestId: null });
+      expect(await after.admit(command({ entity: 'acct:1', fence: 8n }))).toEqual({ outcome: 'stale-fence', currentFence: 9n });
+      expect((await after.admit(command({ entity: 'acct:1', fence: 10n }))).outcome).toBe('entity-busy');
+      expect(await after.finish(finishOf(rise, 'completed'))).toEqual({ recorded: true });
+      // A new row keeps the client's id.
+      await after.recordRejection({ reason: 'unauthorized', entity: 'acct:1', presentedFence: null, currentFence: null, idempotencyKey: null, audit: { ...rise.audit, clientRequestId: 'theirs' } });
+      expect((await after.listRejections({ entity: 'acct:1', limit: 1 })).items[0]).toMatchObject({ reason: 'unauthorized', clientRequestId: 'theirs' });
+      const plan = (sql: string) => (after.db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all() as { detail: string }[]).map((p) => p.detail).join(' ');
+      expect(plan('SELECT entity FROM fence_entities WHERE accepted_at < 1 LIMIT 10')).toMatch(/fence_entities_accepted/);
+      expect(plan('SELECT entity, fence FROM fence_history WHERE at < 1 LIMIT 10')).toMatch(/fence_history_at/);
+      expect(plan('SELECT id FROM operator_actions WHERE at < 1 LIMIT 10')).toMatch(/operator_actions_at/);
+      // The upgraded file sweeps its forgotten entities (all of acct:1's, once they are old enough).
+      after.db.prepare('UPDATE fence_entities SET accepted_at = accepted_at - 7200000').run();
+      const r = await after.sweep({ rejectionRetentionMs: 3_600_000, entityRetentionMs: 3_600_000 });
+      expect(r.oldEntities).toBe(1);
+      expect(await after.getEntity('acct:1')).toBeNull();
     } finally {
       await after.close();
     }

@@ -16,6 +16,9 @@ describeGatewayStoreConformance('sqlite (temp file, WAL)', async () => {
         for (const id of ids) update.run(ms, BigInt(id));
       })();
     },
+    async backdate(table, column, ms, where) {
+      store.db.prepare(`UPDATE ${table} SET ${column} = ${column} - ? WHERE ${where.column} = ?`).run(ms, where.value);
+    },
     // Another process on the same file would open it the same way.
     openReplica: async () => new SqliteGatewayStore({ path }),
     async close() {
@@ -37,6 +40,9 @@ describeGatewayStoreConformance('sqlite (one transaction per decision)', async (
       store.db.transaction(() => {
         for (const id of ids) update.run(ms, BigInt(id));
       })();
+    },
+    async backdate(table, column, ms, where) {
+      store.db.prepare(`UPDATE ${table} SET ${column} = ${column} - ? WHERE ${where.column} = ?`).run(ms, where.value);
     },
     openReplica: async () => new SqliteGatewayStore({ path, groupCommit: false }),
     async close() {

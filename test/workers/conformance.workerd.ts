@@ -24,6 +24,9 @@ describeGatewayStoreConformance('d1 (workerd, local D1)', async () => {
       const stmt = env.DB.prepare('UPDATE rejections SET at = at - ?1 WHERE id = CAST(?2 AS INTEGER)');
       await env.DB.batch(ids.map((id) => stmt.bind(ms, id)));
     },
+    async backdate(table, column, ms, where) {
+      await env.DB.prepare(`UPDATE ${table} SET ${column} = ${column} - ?1 WHERE ${where.column} = ?2`).bind(ms, where.value).run();
+    },
     async openReplica() {
       const replica = createD1Store({ db: env.DB });
       stores.push(replica);

@@ -29,7 +29,7 @@ function input(over: Partial<AdmitInput> = {}): AdmitInput {
     lockMs: 10_000,
     retentionMs: 86_400_000,
     onUnknown: 'reject',
-    audit: { requestId: uniq('req'), caller: null, method: 'POST', path: '/payments/x', payloadSha256: 'ab'.repeat(32) },
+    audit: { requestId: uniq('req'), clientRequestId: null, caller: null, method: 'POST', path: '/payments/x', payloadSha256: 'ab'.repeat(32) },
     ...over,
   };
 }

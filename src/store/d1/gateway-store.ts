@@ -19,6 +19,8 @@ import {
 } from '../types.js';
 import { createD1Audit } from './audit.js';
 import { NOW_MS, toRecord, toRejection } from '../dialect-rows.js';
+import { boundRejectionText } from '../bounds.js';
+import { sweepInBatches, type SweepStep } from '../sweep.js';
 
 /**
  * The part of a D1 binding this store uses, typed structurally so that the
@@ -162,7 +164,7 @@ export class D1GatewayStore implements GatewayStore {
       lock_ms: input.lockMs,
       retention_ms: input.retentionMs,
       on_unknown: input.onUnknown,
-      ...auditParams(input.audit),
+      ...auditParams(input),
     };
     const steps: D1PreparedStatementLike[] = [this.st(Q.begin, p)];
     if (entity !== null && fence !== null) steps.push(this.st(Q.staleFence, p), this.st(Q.raiseFence, p), this.st(Q.fenceHistory, p));
@@ -188,7 +190,7 @@ export class D1GatewayStore implements GatewayStore {
       key: input.key,
       entity: input.entity,
       owner: input.ownerToken,
-      ...auditParams(input.audit),
+      ...auditParams(input),
     };
     const steps: D1PreparedStatementLike[] = [];
     if (input.key !== null) {
@@ -223,12 +225,9 @@ export class D1GatewayStore implements GatewayStore {
   async recordRejection(input: RejectionInput): Promise<void> {
     await this.st(Q.insertRejection, {
       reason: input.reason,
-      entity: input.entity,
       presented: input.presentedFence,
       current: input.currentFence,
-      key: input.idempotencyKey,
-      ...auditParams(input.audit),
-      detail: input.detail ?? null,
+      ...auditParams(input),
     }).run();
   }
 
@@ -248,7 +247,7 @@ export class D1GatewayStore implements GatewayStore {
     if (query.cursor !== undefined) add('id < CAST(? AS INTEGER)', query.cursor);
     values.push(query.limit + 1);
     const sql = `SELECT CAST(id AS TEXT) AS id, at, reason, entity, CAST(presented_fence AS TEXT) AS presented_fence,
-      CAST(current_fence AS TEXT) AS current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail
+      CAST(current_fence AS TEXT) AS current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id, detail
       FROM rejections ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY id DESC LIMIT CAST(? AS INTEGER)`;
     const rows = (await this.db.prepare(sql).bind(...values).all()).results ?? [];
     const items = rows.slice(0, query.limit).map(toRejection);
@@ -274,14 +273,31 @@ export class D1GatewayStore implements GatewayStore {
     return rows.map(toRecord);
   }
 
+  /**
+   * Batches (../sweep.ts): each one statement, so one D1 transaction that
+   * holds the database only for its `batch` rows; other queries run between
+   * them. The retention is applied with the database clock, in SQL.
+   */
   async sweep(options: SweepOptions): Promise<SweepResult> {
-    const p = { batch: options.batch ?? 1000, retention_ms: options.rejectionRetentionMs };
-    const [expired, locked, old] = await this.db.batch([this.st(Q.sweepExpired, p), this.st(Q.sweepLocked, p), this.st(Q.sweepRejections, p)]);
-    return {
-      expiredRecords: expired?.meta?.changes ?? 0,
-      unknownRecords: locked?.meta?.changes ?? 0,
-      oldRejections: old?.meta?.changes ?? 0,
+    const retention = (ms: number) => Math.max(0, Math.floor(ms));
+    const step = (run: string, count: string, params: Record<string, unknown>): SweepStep => ({
+      run: async (batch) => (await this.st(run, { ...params, batch }).run()).meta?.changes ?? 0,
+      count: async (cap) => Number(((await this.st(count, { ...params, cap }).all<{ n: number }>()).results ?? [])[0]?.n ?? 0),
+    });
+    const steps: Partial<Record<keyof SweepResult['backlog'], SweepStep>> = {
+      expiredRecords: step(Q.sweepExpired, Q.countExpired, {}),
+      unknownRecords: step(Q.sweepLocked, Q.countLocked, {}),
+      oldRejections: step(Q.sweepRejections, Q.countRejections, { retention_ms: retention(options.rejectionRetentionMs) }),
     };
+    if (options.entityRetentionMs !== undefined) {
+      const p = { retention_ms: retention(options.entityRetentionMs) };
+      steps.oldEntities = step(Q.sweepEntities, Q.countEntities, p);
+      steps.oldFenceHistory = step(Q.sweepHistory, Q.countHistory, p);
+    }
+    if (options.operatorActionRetentionMs !== undefined) {
+      steps.oldOperatorActions = step(Q.sweepActions, Q.countActions, { retention_ms: retention(options.operatorActionRetentionMs) });
+    }
+    return sweepInBatches(steps, options, { stopped: () => this.closed });
   }
 
   async close(): Promise<void> {
@@ -363,10 +379,25 @@ function toBytes(v: unknown): Uint8Array {
   throw new Error(`d1 store: unexpected BLOB value of type ${typeof v}`);
 }
 
-function auditParams(a: RejectionInput['audit']) {
-  // '' means the body was never read (a refusal before step 4): NULL, not a hash.
-  const sha = a.payloadSha256 === '' ? null : a.payloadSha256;
-  return { caller: a.caller, method: a.method, path: a.path, sha, request_id: a.requestId };
+/**
+ * The bounded text of the rejection row a statement may write (../bounds.ts),
+ * as bound parameters: `@log_entity` and `@log_key` for the row, while the
+ * decision itself uses the whole `@entity` and `@key`. The fence history
+ * takes the same bounded caller and request id.
+ */
+function auditParams(r: { entity: string | null; key?: string | null; idempotencyKey?: string | null; audit: RejectionInput['audit']; detail?: string | null }) {
+  const text = boundRejectionText({ entity: r.entity, idempotencyKey: r.idempotencyKey ?? r.key ?? null, audit: r.audit, detail: r.detail ?? null });
+  return {
+    log_entity: text.entity,
+    log_key: text.idempotencyKey,
+    caller: text.caller,
+    method: text.method,
+    path: text.path,
+    sha: text.payloadSha256,
+    request_id: text.requestId,
+    client_request_id: text.clientRequestId,
+    detail: text.detail,
+  };
 }
 
 
@@ -377,7 +408,7 @@ const FENCE = 'CAST(@fence AS INTEGER)';
 const LOCK_UNTIL = `${NOW} + CAST(@lock_ms AS INTEGER)`;
 /** A record still owned by @owner: the condition of every finish (DESIGN §3.7). */
 const OWNED = "scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')";
-const REJECTION_COLUMNS = '(at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id)';
+const REJECTION_COLUMNS = '(at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id)';
 
 /**
  * Every statement, one constant each, with its named parameters. `@name`
@@ -450,9 +481,10 @@ const Q = {
     SELECT @scope, @key, @fingerprint, @entity, ${FENCE}, 'in_progress', @owner, ${LOCK_UNTIL}, now,
       now + CAST(@retention_ms AS INTEGER)
     FROM admission_scratch WHERE id = @id AND decision IS NULL AND takeover_from IS NULL`,
-  // G5. @id @entity @fence @key @caller @method @path @sha @request_id — in the decision's transaction.
+  // G5. @id @log_entity @fence @log_key @caller @method @path @sha @request_id @client_request_id
+  // — in the decision's transaction; the text bounded by auditParams.
   logRefusal: `INSERT INTO rejections ${REJECTION_COLUMNS}
-    SELECT now, decision, @entity, ${FENCE}, current_fence, @key, @caller, @method, @path, @sha, @request_id
+    SELECT now, decision, @log_entity, ${FENCE}, current_fence, @log_key, @caller, @method, @path, @sha, @request_id, @client_request_id
     FROM admission_scratch WHERE id = @id AND decision IN ${LOGGED}`,
   // @id @scope @key — the answer; the stored response only for a replay.
   decision: `SELECT s.decision, CAST(s.current_fence AS TEXT) AS current_fence, s.busy_until - s.now AS wait_ms,
@@ -462,9 +494,9 @@ const Q = {
     WHERE s.id = @id`,
   end: 'DELETE FROM admission_scratch WHERE id = @id',
 
-  // Finish. @scope @key @owner @entity @caller @method @path @sha @request_id
+  // Finish. @scope @key @owner @log_entity @log_key @caller @method @path @sha @request_id @client_request_id
   logLateFinish: `INSERT INTO rejections ${REJECTION_COLUMNS}
-    SELECT ${NOW_MS}, 'late-finish', @entity, NULL, NULL, @key, @caller, @method, @path, @sha, @request_id
+    SELECT ${NOW_MS}, 'late-finish', @log_entity, NULL, NULL, @log_key, @caller, @method, @path, @sha, @request_id, @client_request_id
     WHERE NOT EXISTS (SELECT 1 FROM idempotency_records WHERE ${OWNED})`,
   // @scope @key @owner @status @headers @body @retention_ms — a record only
   // marked outcome_unknown (nobody took it over) still belongs to its owner.
@@ -476,9 +508,9 @@ const Q = {
   // @entity @owner — free the slot only if this owner still holds it.
   freeSlot: 'UPDATE fence_entities SET inflight_owner = NULL, inflight_until = NULL WHERE entity = @entity AND inflight_owner = @owner',
 
-  // @reason @entity @presented @current @key @caller @method @path @sha @request_id @detail
-  insertRejection: `INSERT INTO rejections (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail)
-    VALUES (${NOW_MS}, @reason, @entity, CAST(@presented AS INTEGER), CAST(@current AS INTEGER), @key, @caller, @method, @path, @sha, @request_id, @detail)`,
+  // @reason @log_entity @presented @current @log_key @caller @method @path @sha @request_id @client_request_id @detail
+  insertRejection: `INSERT INTO rejections (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id, detail)
+    VALUES (${NOW_MS}, @reason, @log_entity, CAST(@presented AS INTEGER), CAST(@current AS INTEGER), @log_key, @caller, @method, @path, @sha, @request_id, @client_request_id, @detail)`,
   // @entity
   entityInfo: `SELECT entity, CAST(fence AS TEXT) AS fence, accepted_at, inflight_until, ${NOW_MS} AS now
     FROM fence_entities WHERE entity = @entity`,
@@ -492,5 +524,26 @@ const Q = {
     SELECT rowid FROM idempotency_records WHERE state = 'in_progress' AND locked_until <= ${NOW_MS} LIMIT CAST(@batch AS INTEGER))`,
   // @batch @retention_ms
   sweepRejections: `DELETE FROM rejections WHERE id IN (
-    SELECT id FROM rejections WHERE at < ${NOW_MS} - CAST(@retention_ms AS INTEGER) ORDER BY id LIMIT CAST(@batch AS INTEGER))`,
+    SELECT id FROM rejections WHERE at < ${NOW_MS} - CAST(@retention_ms AS INTEGER) LIMIT CAST(@batch AS INTEGER))`,
+  // @batch @retention_ms — entityRetention, never an entity whose serial slot is live (see the SQLite store).
+  sweepEntities: `DELETE FROM fence_entities WHERE entity IN (
+    SELECT entity FROM fence_entities WHERE accepted_at < ${NOW_MS} - CAST(@retention_ms AS INTEGER)
+      AND (inflight_owner IS NULL OR inflight_until <= ${NOW_MS}) LIMIT CAST(@batch AS INTEGER))`,
+  sweepHistory: `DELETE FROM fence_history WHERE (entity, fence) IN (
+    SELECT entity, fence FROM fence_history WHERE at < ${NOW_MS} - CAST(@retention_ms AS INTEGER) LIMIT CAST(@batch AS INTEGER))`,
+  sweepActions: `DELETE FROM operator_actions WHERE id IN (
+    SELECT id FROM operator_actions WHERE at < ${NOW_MS} - CAST(@retention_ms AS INTEGER) LIMIT CAST(@batch AS INTEGER))`,
+  // The backlog, counted up to @cap.
+  countExpired: `SELECT count(*) AS n FROM (SELECT 1 FROM idempotency_records
+    WHERE state = 'completed' AND expires_at <= ${NOW_MS} LIMIT CAST(@cap AS INTEGER))`,
+  countLocked: `SELECT count(*) AS n FROM (SELECT 1 FROM idempotency_records
+    WHERE state = 'in_progress' AND locked_until <= ${NOW_MS} LIMIT CAST(@cap AS INTEGER))`,
+  countRejections: `SELECT count(*) AS n FROM (SELECT 1 FROM rejections
+    WHERE at < ${NOW_MS} - CAST(@retention_ms AS INTEGER) LIMIT CAST(@cap AS INTEGER))`,
+  countEntities: `SELECT count(*) AS n FROM (SELECT 1 FROM fence_entities WHERE accepted_at < ${NOW_MS} - CAST(@retention_ms AS INTEGER)
+    AND (inflight_owner IS NULL OR inflight_until <= ${NOW_MS}) LIMIT CAST(@cap AS INTEGER))`,
+  countHistory: `SELECT count(*) AS n FROM (SELECT 1 FROM fence_history
+    WHERE at < ${NOW_MS} - CAST(@retention_ms AS INTEGER) LIMIT CAST(@cap AS INTEGER))`,
+  countActions: `SELECT count(*) AS n FROM (SELECT 1 FROM operator_actions
+    WHERE at < ${NOW_MS} - CAST(@retention_ms AS INTEGER) LIMIT CAST(@cap AS INTEGER))`,
 } as const;

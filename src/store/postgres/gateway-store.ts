@@ -20,6 +20,8 @@ import {
   type SweepOptions,
   type SweepResult,
 } from '../types.js';
+import { boundRejectionText, type RejectionText } from '../bounds.js';
+import { sweepInBatches, type SweepStep } from '../sweep.js';
 import { createPostgresAudit } from './audit.js';
 import { PgListener } from './listener.js';
 import { decodeNullable, decodeText, encodeNullable, encodeText, quoteIdent } from './text.js';
@@ -105,8 +107,8 @@ interface AdmitRow {
 /**
  * The PostgreSQL gateway store, for several gateway replicas on one
  * database. Every decision is one statement calling a function of
- * migrations/postgres/0003_gateway_functions.sql (fencegate_admit as
- * re-created by 0005), so it is one transaction and one round trip; a
+ * migrations/postgres/0003_gateway_functions.sql (fencegate_admit and
+ * fencegate_finish as re-created by 0006), so it is one transaction and one round trip; a
  * dropped connection rolls it back whole. Semantics are the SQLite store's,
  * held to it by test/store/conformance.ts.
  *
@@ -186,7 +188,7 @@ export class PostgresGatewayStore implements GatewayStore {
   }
 
   async admit(input: AdmitInput): Promise<Admission> {
-    const a = input.audit;
+    const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
     const { rows } = await this.query<AdmitRow>(this.sql.admit, [
       encodeText(input.scope),
       encodeNullable(input.key),
@@ -198,11 +200,14 @@ export class PostgresGatewayStore implements GatewayStore {
       Math.ceil(input.lockMs),
       Math.ceil(input.retentionMs),
       input.onUnknown === 'retry',
-      encodeNullable(a.caller),
-      encodeText(a.method),
-      encodeText(a.path),
-      sha(a.payloadSha256),
-      encodeText(a.requestId),
+      a.caller,
+      a.method,
+      a.path,
+      a.payloadSha256,
+      a.requestId,
+      a.clientRequestId,
+      a.entity,
+      a.idempotencyKey,
     ]);
     const row = rows[0]!;
     switch (row.outcome) {
@@ -231,7 +236,7 @@ export class PostgresGatewayStore implements GatewayStore {
   }
 
   async finish(input: FinishInput): Promise<FinishResult> {
-    const a = input.audit;
+    const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
     const eTopic = input.entity === null ? null : topicHash(entityTopic(input.entity));
     const kTopic = input.key === null ? null : topicHash(recordTopic(input.scope, input.key));
     const completed = input.outcome === 'completed' ? input : null;
@@ -245,14 +250,17 @@ export class PostgresGatewayStore implements GatewayStore {
       completed === null ? null : JSON.stringify(completed.response.headers.map(([n, v]) => [encodeText(n), encodeText(v)])),
       completed === null ? null : completed.response.body,
       completed === null ? null : Math.ceil(completed.retentionMs),
-      encodeNullable(a.caller),
-      encodeText(a.method),
-      encodeText(a.path),
-      sha(a.payloadSha256),
-      encodeText(a.requestId),
+      a.caller,
+      a.method,
+      a.path,
+      a.payloadSha256,
+      a.requestId,
       this.listener === null ? null : this.channel,
       eTopic,
       kTopic,
+      a.clientRequestId,
+      a.entity,
+      a.idempotencyKey,
     ]);
     // Local waiters need not wait for the NOTIFY round trip.
     if (eTopic !== null) this.notifier.notify(eTopic);
@@ -261,19 +269,20 @@ export class PostgresGatewayStore implements GatewayStore {
   }
 
   async recordRejection(r: RejectionInput): Promise<void> {
-    const a = r.audit;
+    const a = logText(r);
     await this.query(this.sql.reject, [
       r.reason,
-      encodeNullable(r.entity),
+      a.entity,
       r.presentedFence?.toString() ?? null,
       r.currentFence?.toString() ?? null,
-      encodeNullable(r.idempotencyKey),
-      encodeNullable(a.caller),
-      encodeText(a.method),
-      encodeText(a.path),
-      sha(a.payloadSha256),
-      encodeText(a.requestId),
-      encodeNullable(r.detail),
+      a.idempotencyKey,
+      a.caller,
+      a.method,
+      a.path,
+      a.payloadSha256,
+      a.requestId,
+      a.detail,
+      a.clientRequestId,
     ]);
   }
 
@@ -345,13 +354,34 @@ export class PostgresGatewayStore implements GatewayStore {
       .sort((x, y) => (x.scope < y.scope ? -1 : x.scope > y.scope ? 1 : 0));
   }
 
+  /**
+   * Batches (../sweep.ts), each ONE statement (its own transaction) over at
+   * most `batch` rows taken `FOR UPDATE SKIP LOCKED`: a row an admission or
+   * a finish holds is left for the next batch, and two replicas sweeping at
+   * once neither wait for nor deadlock with each other. The retention is
+   * applied with the database clock, in SQL.
+   */
   async sweep(options: SweepOptions): Promise<SweepResult> {
-    const { rows } = await this.query<{ expired: string; unknown: string; old: string }>(this.sql.sweep, [
-      options.batch ?? 1000,
-      Math.max(0, Math.floor(options.rejectionRetentionMs)),
-    ]);
-    const r = rows[0]!;
-    return { expiredRecords: Number(r.expired), unknownRecords: Number(r.unknown), oldRejections: Number(r.old) };
+    const retention = (ms: number) => Math.max(0, Math.floor(ms));
+    const step = (run: string, count: string, params: unknown[]): SweepStep => ({
+      run: async (batch) => Number((await this.query<{ n: string }>(run, [batch, ...params])).rows[0]!.n),
+      count: async (cap) => Number((await this.query<{ n: string }>(count, [cap, ...params])).rows[0]!.n),
+    });
+    const S = this.sql.sweep;
+    const steps: Partial<Record<keyof SweepResult['backlog'], SweepStep>> = {
+      expiredRecords: step(S.expired, S.countExpired, []),
+      unknownRecords: step(S.dead, S.countDead, []),
+      oldRejections: step(S.rejections, S.countRejections, [retention(options.rejectionRetentionMs)]),
+    };
+    if (options.entityRetentionMs !== undefined) {
+      const p = [retention(options.entityRetentionMs)];
+      steps.oldEntities = step(S.entities, S.countEntities, p);
+      steps.oldFenceHistory = step(S.history, S.countHistory, p);
+    }
+    if (options.operatorActionRetentionMs !== undefined) {
+      steps.oldOperatorActions = step(S.actions, S.countActions, [retention(options.operatorActionRetentionMs)]);
+    }
+    return sweepInBatches(steps, options, { stopped: () => this.closing !== null });
   }
 
   /** Idempotent: wakes every waiter, stops the listener, ends the pool if the store opened it. */
@@ -389,9 +419,25 @@ function statementName(text: string): string {
   return name;
 }
 
-/** `''`: the refusal came before the body was read (auth); stored as NULL. */
-function sha(payloadSha256: string): string | null {
-  return payloadSha256 === '' ? null : encodeText(payloadSha256);
+/**
+ * The rejection row's text, bounded (../bounds.ts) BEFORE it is escaped and
+ * passed in: the functions of migration 0006 write these values as they are
+ * (`p_log_entity` and `p_log_key` beside the whole `p_entity` and `p_key`
+ * the decision uses), so the bound is the same in every store.
+ */
+function logText(r: Parameters<typeof boundRejectionText>[0]): RejectionText {
+  const t = boundRejectionText(r);
+  return {
+    entity: encodeNullable(t.entity),
+    idempotencyKey: encodeNullable(t.idempotencyKey),
+    caller: encodeNullable(t.caller),
+    method: encodeText(t.method),
+    path: encodeText(t.path),
+    payloadSha256: encodeNullable(t.payloadSha256),
+    requestId: encodeText(t.requestId),
+    clientRequestId: encodeNullable(t.clientRequestId),
+    detail: encodeNullable(t.detail),
+  };
 }
 
 /** A topic as a NOTIFY payload and a local waiter key: topics may hold U+0000 and any length. */
@@ -419,6 +465,7 @@ function toRejection(r: Record<string, unknown>): RejectionRow {
     path: decodeNullable(r.path as string | null),
     payloadSha256: decodeNullable(r.payload_sha256 as string | null),
     requestId: decodeNullable(r.request_id as string | null),
+    clientRequestId: decodeNullable(r.client_request_id as string | null),
     detail: decodeNullable(r.detail as string | null),
   };
 }
@@ -430,42 +477,84 @@ function statements(prefix: string) {
     t,
     // $1 scope $2 key $3 entity $4 fence $5 fingerprint $6 serial $7 owner $8 lock_ms
     // $9 retention_ms $10 retry_unknown $11 caller $12 method $13 path $14 payload_sha256 $15 request_id
-    admit: `SELECT * FROM ${t('fencegate_admit')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`,
+    // $16 client_request_id $17 log_entity $18 log_key ($11–$18: the bounded rejection text)
+    admit: `SELECT * FROM ${t('fencegate_admit')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`,
     // $1 scope $2 key $3 entity $4 owner $5 outcome $6 status $7 headers $8 body $9 retention_ms
     // $10 caller $11 method $12 path $13 payload_sha256 $14 request_id $15 channel $16 entity topic $17 record topic
-    finish: `SELECT recorded FROM ${t('fencegate_finish')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`,
-    // $1 reason $2 entity $3 presented $4 current $5 key $6 caller $7 method $8 path $9 payload_sha256 $10 request_id $11 detail
+    // $18 client_request_id $19 log_entity $20 log_key
+    finish: `SELECT recorded FROM ${t('fencegate_finish')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)`,
+    // $1 reason $2 entity $3 presented $4 current $5 key $6 caller $7 method $8 path $9 payload_sha256 $10 request_id
+    // $11 detail $12 client_request_id
     reject: `INSERT INTO ${t('rejections')}
-      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail)
-      VALUES (now(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail, client_request_id)
+      VALUES (now(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
     // $1 entity
     entityInfo: `SELECT entity, fence, accepted_at, inflight_until, inflight_until > now() AS live
       FROM ${t('fence_entities')} WHERE entity = $1`,
     // $1 key
     recordsByKey: `SELECT scope, key, state, fingerprint, entity, fence, status, locked_until, created_at, expires_at
       FROM ${t('idempotency_records')} WHERE key = $1`,
-    // $1 batch $2 rejection retention ms. One statement, three disjoint row
-    // sets. SKIP LOCKED: a record an admission holds is not swept from under
-    // it, and two replicas sweeping at once neither wait nor deadlock.
-    sweep: `WITH expired AS (
-        DELETE FROM ${t('idempotency_records')} r
-        WHERE (r.scope, r.key) IN (
-          SELECT scope, key FROM ${t('idempotency_records')}
-          WHERE state = 'completed' AND expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED)
-        RETURNING 1
-      ), dead AS (
-        UPDATE ${t('idempotency_records')} r SET state = 'outcome_unknown', locked_until = NULL
-        WHERE (r.scope, r.key) IN (
-          SELECT scope, key FROM ${t('idempotency_records')}
-          WHERE state = 'in_progress' AND locked_until <= now() LIMIT $1 FOR UPDATE SKIP LOCKED)
-        RETURNING 1
-      ), old AS (
-        DELETE FROM ${t('rejections')}
-        WHERE id IN (
-          SELECT id FROM ${t('rejections')}
-          WHERE at < now() - $2 * interval '1 millisecond' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-        RETURNING 1
-      )
-      SELECT (SELECT count(*) FROM expired) AS expired, (SELECT count(*) FROM dead) AS unknown, (SELECT count(*) FROM old) AS old`,
+    // The sweeper's batches: $1 batch, $2 retention ms where one applies.
+    // Counts: $1 cap, $2 retention ms. See sweep() for SKIP LOCKED.
+    sweep: {
+      expired: `WITH d AS (
+          DELETE FROM ${t('idempotency_records')} r
+          WHERE (r.scope, r.key) IN (
+            SELECT scope, key FROM ${t('idempotency_records')}
+            WHERE state = 'completed' AND expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED)
+          RETURNING 1)
+        SELECT count(*) AS n FROM d`,
+      dead: `WITH d AS (
+          UPDATE ${t('idempotency_records')} r SET state = 'outcome_unknown', locked_until = NULL
+          WHERE (r.scope, r.key) IN (
+            SELECT scope, key FROM ${t('idempotency_records')}
+            WHERE state = 'in_progress' AND locked_until <= now() LIMIT $1 FOR UPDATE SKIP LOCKED)
+          RETURNING 1)
+        SELECT count(*) AS n FROM d`,
+      rejections: `WITH d AS (
+          DELETE FROM ${t('rejections')}
+          WHERE id IN (
+            SELECT id FROM ${t('rejections')}
+            WHERE at < now() - $2 * interval '1 millisecond' LIMIT $1 FOR UPDATE SKIP LOCKED)
+          RETURNING 1)
+        SELECT count(*) AS n FROM d`,
+      // entityRetention, never an entity whose serial slot is live (README:
+      // the safety condition). Index fence_entities_accepted (0006).
+      entities: `WITH d AS (
+          DELETE FROM ${t('fence_entities')}
+          WHERE entity IN (
+            SELECT entity FROM ${t('fence_entities')}
+            WHERE accepted_at < now() - $2 * interval '1 millisecond'
+              AND (inflight_owner IS NULL OR inflight_until <= now())
+            LIMIT $1 FOR UPDATE SKIP LOCKED)
+          RETURNING 1)
+        SELECT count(*) AS n FROM d`,
+      history: `WITH d AS (
+          DELETE FROM ${t('fence_history')}
+          WHERE id IN (
+            SELECT id FROM ${t('fence_history')}
+            WHERE at < now() - $2 * interval '1 millisecond' LIMIT $1 FOR UPDATE SKIP LOCKED)
+          RETURNING 1)
+        SELECT count(*) AS n FROM d`,
+      actions: `WITH d AS (
+          DELETE FROM ${t('operator_actions')}
+          WHERE id IN (
+            SELECT id FROM ${t('operator_actions')}
+            WHERE at < now() - $2 * interval '1 millisecond' LIMIT $1 FOR UPDATE SKIP LOCKED)
+          RETURNING 1)
+        SELECT count(*) AS n FROM d`,
+      countExpired: `SELECT count(*) AS n FROM (SELECT 1 FROM ${t('idempotency_records')}
+        WHERE state = 'completed' AND expires_at <= now() LIMIT $1) x`,
+      countDead: `SELECT count(*) AS n FROM (SELECT 1 FROM ${t('idempotency_records')}
+        WHERE state = 'in_progress' AND locked_until <= now() LIMIT $1) x`,
+      countRejections: `SELECT count(*) AS n FROM (SELECT 1 FROM ${t('rejections')}
+        WHERE at < now() - $2 * interval '1 millisecond' LIMIT $1) x`,
+      countEntities: `SELECT count(*) AS n FROM (SELECT 1 FROM ${t('fence_entities')}
+        WHERE accepted_at < now() - $2 * interval '1 millisecond' AND (inflight_owner IS NULL OR inflight_until <= now()) LIMIT $1) x`,
+      countHistory: `SELECT count(*) AS n FROM (SELECT 1 FROM ${t('fence_history')}
+        WHERE at < now() - $2 * interval '1 millisecond' LIMIT $1) x`,
+      countActions: `SELECT count(*) AS n FROM (SELECT 1 FROM ${t('operator_actions')}
+        WHERE at < now() - $2 * interval '1 millisecond' LIMIT $1) x`,
+    },
   };
 }

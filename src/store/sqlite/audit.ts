@@ -10,6 +10,7 @@ import type {
   ResolveResult,
 } from '../types.js';
 import type { SqliteDatabase } from './open.js';
+import { WriteLock } from './write-lock.js';
 import { NOW_MS, toAction, toRecord } from '../dialect-rows.js';
 
 
@@ -19,7 +20,7 @@ import { NOW_MS, toAction, toRecord } from '../dialect-rows.js';
  * Reads are plain keyset pages; the one write (`resolveRecord`) is one
  * `BEGIN IMMEDIATE` transaction.
  */
-export function createSqliteAudit(db: SqliteDatabase): AuditStore {
+export function createSqliteAudit(db: SqliteDatabase, lock: WriteLock = new WriteLock(db)): AuditStore {
   const s = (sql: string) => db.prepare(sql).safeIntegers(true);
   const q = {
     // @entity @cursor @limit
@@ -93,7 +94,8 @@ export function createSqliteAudit(db: SqliteDatabase): AuditStore {
     },
 
     async resolveRecord(input) {
-      return resolveTx.immediate(input);
+      // Waits for another process's lock with the event loop free (./write-lock.ts).
+      return lock.transaction(() => resolveTx(input));
     },
 
     async listOperatorActions(page): Promise<OperatorActionPage> {

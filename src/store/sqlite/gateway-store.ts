@@ -22,9 +22,12 @@ import {
 } from '../types.js';
 import { createSqliteAudit } from './audit.js';
 import { GroupCommit, walSyncer } from './group-commit.js';
+import { WriteLock } from './write-lock.js';
 import { migrateSqlite } from './migrate.js';
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
 import { NOW_MS, toRecord, toRejection } from '../dialect-rows.js';
+import { boundRejectionText } from '../bounds.js';
+import { sweepInBatches, type SweepStep } from '../sweep.js';
 
 export interface SqliteStoreOptions extends OpenSqliteOptions {
   /** Path of the database file (created if missing), or `:memory:`. */
@@ -50,6 +53,13 @@ export interface SqliteStoreOptions extends OpenSqliteOptions {
    * group is on disk (./group-commit.ts). Default true.
    */
   backgroundSync?: boolean;
+  /**
+   * How much of the wait for another process's write lock (`busyTimeoutMs`
+   * in all) SQLite may spend inside one call, sleeping the thread and so the
+   * event loop; the rest is waited between attempts with the loop free
+   * (./write-lock.ts). Default 5 ms.
+   */
+  blockingWaitMs?: number;
 }
 
 
@@ -88,10 +98,15 @@ export class SqliteGatewayStore implements GatewayStore {
   /** The WAL's background sync, when `backgroundSync` is on. */
   readonly syncer: ReturnType<typeof walSyncer> | null = null;
   private readonly audit: AuditStore;
+  /** Every write transaction begins here: waits for another process's lock leave the event loop free. */
+  readonly lock: WriteLock;
 
   constructor(options: SqliteStoreOptions) {
     this.db = openSqlite(options.path, options);
     if (options.migrate !== false) migrateSqlite(this.db);
+    // The migrations may wait the whole busy_timeout (nothing is served yet);
+    // from here on SQLite waits only blockingWaitMs inside a call.
+    this.lock = new WriteLock(this.db, { timeoutMs: options.busyTimeoutMs, blockingMs: options.blockingWaitMs ?? 5 });
     this.notifier = new LocalNotifier(options.pollMs ?? 50);
     this.q = prepare(this.db);
     // The database clock is read once per transaction: every decision of a
@@ -105,22 +120,18 @@ export class SqliteGatewayStore implements GatewayStore {
       const file = options.path !== ':memory:' && options.path !== '';
       const durable = file && (options.synchronous ?? 'FULL') === 'FULL' && (options.backgroundSync ?? true);
       this.syncer = durable ? walSyncer(`${resolve(options.path)}-wal`) : null;
-      const group = (this.group = new GroupCommit(this.db, { onBegin: begin, sync: this.syncer ?? undefined }));
+      const group = (this.group = new GroupCommit(this.db, { onBegin: begin, sync: this.syncer ?? undefined, lock: this.lock }));
       this.admitTx = (input) => group.run(() => this.admitIn(input));
       this.finishTx = (input) => group.run(() => this.finishIn(input));
       this.rejectTx = (input) => group.run(() => this.reject(input, this.txNow));
     } else {
-      const inTx = <I, O>(fn: (input: I) => O) => this.db.transaction((input: I) => (begin(), fn(input)));
-      const admit = inTx((input: AdmitInput) => this.admitIn(input));
-      const finish = inTx((input: FinishInput) => this.finishIn(input));
-      const reject = inTx((input: RejectionInput) => this.reject(input, this.txNow));
-      // IMMEDIATE: take the write lock at BEGIN, so that two processes never
-      // both read the old fence and then both write (SQLITE_BUSY_SNAPSHOT).
-      this.admitTx = (input) => admit.immediate(input);
-      this.finishTx = (input) => finish.immediate(input);
-      this.rejectTx = (input) => reject.immediate(input);
+      // One BEGIN IMMEDIATE transaction each (./write-lock.ts).
+      const inTx = <I, O>(fn: (input: I) => O) => (input: I) => this.lock.transaction(() => (begin(), fn(input)));
+      this.admitTx = inTx((input: AdmitInput) => this.admitIn(input));
+      this.finishTx = inTx((input: FinishInput) => this.finishIn(input));
+      this.rejectTx = inTx((input: RejectionInput) => this.reject(input, this.txNow));
     }
-    this.audit = createSqliteAudit(this.db);
+    this.audit = createSqliteAudit(this.db, this.lock);
   }
 
   // The audit methods (issue 5) live in ./audit.ts.
@@ -166,8 +177,11 @@ export class SqliteGatewayStore implements GatewayStore {
         this.reject({ reason: 'stale-fence', entity, presentedFence: fence, currentFence: current, idempotencyKey: key, audit: input.audit }, now);
         return { outcome: 'stale-fence', currentFence: current };
       }
-      // The entity's fence history: one row per accepted fence value (a no-op when it stayed equal).
-      q.fenceHistory.run({ entity, fence, now, caller: input.audit.caller, requestId: input.audit.requestId });
+      // The entity's fence history: one row per accepted fence value (a no-op
+      // when it stayed equal), with the caller and request id bounded as in
+      // the rejection log (../bounds.ts), as the other stores write them.
+      const text = boundRejectionText({ entity, idempotencyKey: key, audit: input.audit });
+      q.fenceHistory.run({ entity, fence, now, caller: text.caller, requestId: text.requestId });
     }
 
     // b–g. The idempotency record.
@@ -298,18 +312,43 @@ export class SqliteGatewayStore implements GatewayStore {
     return (this.q.recordsByKey.all(key) as Record<string, unknown>[]).map(toRecord);
   }
 
+  /**
+   * Batches (../sweep.ts), each one short write transaction: through the
+   * group committer when it is on (a batch is one more decision of the next
+   * group: no fsync on the event loop, and it waits for the lock the way
+   * decisions do), else one `BEGIN IMMEDIATE` of its own. better-sqlite3 is
+   * synchronous, so a batch blocks the event loop while it runs: each one
+   * is kept short (`batch` rows) and the loop gets a turn between them.
+   */
   async sweep(options: SweepOptions): Promise<SweepResult> {
-    const batch = options.batch ?? 1000;
-    return this.db
-      .transaction(() => {
-        const now = this.now();
-        return {
-          expiredRecords: this.q.sweepExpired.run({ now, batch }).changes,
-          unknownRecords: this.q.sweepLocked.run({ now, batch }).changes,
-          oldRejections: this.q.sweepRejections.run({ before: now - options.rejectionRetentionMs, batch }).changes,
-        };
-      })
-      .immediate();
+    const { q } = this;
+    const write = (fn: (now: number) => number): Promise<number> =>
+      this.group !== null ? this.group.run(() => fn(this.txNow)) : this.lock.transaction(() => fn(this.now()));
+    const count = (st: Statement, params: (now: number) => Record<string, number>) => async (cap: number) =>
+      Number((st.get({ ...params(this.now()), cap }) as { n: number | bigint }).n);
+    const step = (run: Statement, counter: Statement, params: (now: number) => Record<string, number>): SweepStep => ({
+      run: (batch) => write((now) => run.run({ ...params(now), batch }).changes),
+      count: count(counter, params),
+    });
+    const retention = (ms: number) => Math.max(0, Math.floor(ms));
+    const steps: Partial<Record<keyof SweepResult['backlog'], SweepStep>> = {
+      expiredRecords: step(q.sweepExpired, q.countExpired, (now) => ({ now })),
+      unknownRecords: step(q.sweepLocked, q.countLocked, (now) => ({ now })),
+      oldRejections: step(q.sweepRejections, q.countRejections, (now) => ({ before: now - retention(options.rejectionRetentionMs) })),
+    };
+    if (options.entityRetentionMs !== undefined) {
+      const before = (now: number) => now - retention(options.entityRetentionMs!);
+      steps.oldEntities = step(q.sweepEntities, q.countEntities, (now) => ({ now, before: before(now) }));
+      steps.oldFenceHistory = step(q.sweepHistory, q.countHistory, (now) => ({ before: before(now) }));
+    }
+    if (options.operatorActionRetentionMs !== undefined) {
+      const ms = retention(options.operatorActionRetentionMs);
+      steps.oldOperatorActions = step(q.sweepActions, q.countActions, (now) => ({ before: now - ms }));
+    }
+    return sweepInBatches(steps, options, {
+      yieldTurn: () => new Promise((resolve) => setImmediate(resolve)),
+      stopped: () => this.closed,
+    });
   }
 
   async close(): Promise<void> {
@@ -325,21 +364,23 @@ export class SqliteGatewayStore implements GatewayStore {
     return (this.q.now.get() as { now: number }).now;
   }
 
+  /** Every rejection row of this store is written here, its text bounded (../bounds.ts). */
   private reject(r: RejectionInput, now: number): void {
+    const text = boundRejectionText(r);
     this.q.insertRejection.run({
       at: now,
       reason: r.reason,
-      entity: r.entity,
+      entity: text.entity,
       presented: r.presentedFence,
       current: r.currentFence,
-      key: r.idempotencyKey,
-      caller: r.audit.caller,
-      method: r.audit.method,
-      path: r.audit.path,
-      // '' means the body was never read (a refusal before step 4): NULL, not a hash.
-      sha: r.audit.payloadSha256 === '' ? null : r.audit.payloadSha256,
-      requestId: r.audit.requestId,
-      detail: r.detail ?? null,
+      key: text.idempotencyKey,
+      caller: text.caller,
+      method: text.method,
+      path: text.path,
+      sha: text.payloadSha256,
+      requestId: text.requestId,
+      clientRequestId: text.clientRequestId,
+      detail: text.detail,
     });
   }
 }
@@ -400,8 +441,8 @@ function prepare(db: SqliteDatabase) {
     markUnknownOwned: s(`UPDATE idempotency_records SET state = 'outcome_unknown', locked_until = NULL
       WHERE scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')`),
     insertRejection: s(`INSERT INTO rejections
-      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail)
-      VALUES (@at, @reason, @entity, @presented, @current, @key, @caller, @method, @path, @sha, @requestId, @detail)`),
+      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id, detail)
+      VALUES (@at, @reason, @entity, @presented, @current, @key, @caller, @method, @path, @sha, @requestId, @clientRequestId, @detail)`),
     // @entity @fence @now @caller @requestId — fences only rise, so (entity, fence) is one rise.
     fenceHistory: s(`INSERT INTO fence_history (entity, fence, at, caller, request_id) VALUES (@entity, @fence, @now, @caller, @requestId)
       ON CONFLICT (entity, fence) DO NOTHING`),
@@ -411,7 +452,31 @@ function prepare(db: SqliteDatabase) {
       SELECT rowid FROM idempotency_records WHERE state = 'completed' AND expires_at <= @now LIMIT @batch)`),
     sweepLocked: s(`UPDATE idempotency_records SET state = 'outcome_unknown', locked_until = NULL WHERE rowid IN (
       SELECT rowid FROM idempotency_records WHERE state = 'in_progress' AND locked_until <= @now LIMIT @batch)`),
+    // The sweeps name no ORDER BY: which rows past retention go first does
+    // not matter, and with `ORDER BY id` SQLite walks the table by id, so the
+    // last (short) batch of every sweep read every row; without it each batch
+    // reads the index range of the rows it deletes (EXPLAIN QUERY PLAN).
     sweepRejections: s(`DELETE FROM rejections WHERE id IN (
-      SELECT id FROM rejections WHERE at < @before ORDER BY id LIMIT @batch)`),
+      SELECT id FROM rejections WHERE at < @before LIMIT @batch)`),
+    // @now @before @batch — entities whose last accepted fence is older than
+    // entityRetention, unless a request holds their serial slot (README: the
+    // safety condition of entityRetention). Index fence_entities_accepted (0006).
+    sweepEntities: s(`DELETE FROM fence_entities WHERE entity IN (
+      SELECT entity FROM fence_entities WHERE accepted_at < @before
+        AND (inflight_owner IS NULL OR inflight_until <= @now) LIMIT @batch)`),
+    // @before @batch — index fence_history_at (0006).
+    sweepHistory: s(`DELETE FROM fence_history WHERE (entity, fence) IN (
+      SELECT entity, fence FROM fence_history WHERE at < @before LIMIT @batch)`),
+    // @before @batch — index operator_actions_at (0006).
+    sweepActions: s(`DELETE FROM operator_actions WHERE id IN (
+      SELECT id FROM operator_actions WHERE at < @before LIMIT @batch)`),
+    // The backlog: what the statements above would still find, counted up to @cap.
+    countExpired: s(`SELECT count(*) AS n FROM (SELECT 1 FROM idempotency_records WHERE state = 'completed' AND expires_at <= @now LIMIT @cap)`),
+    countLocked: s(`SELECT count(*) AS n FROM (SELECT 1 FROM idempotency_records WHERE state = 'in_progress' AND locked_until <= @now LIMIT @cap)`),
+    countRejections: s('SELECT count(*) AS n FROM (SELECT 1 FROM rejections WHERE at < @before LIMIT @cap)'),
+    countEntities: s(`SELECT count(*) AS n FROM (SELECT 1 FROM fence_entities WHERE accepted_at < @before
+      AND (inflight_owner IS NULL OR inflight_until <= @now) LIMIT @cap)`),
+    countHistory: s('SELECT count(*) AS n FROM (SELECT 1 FROM fence_history WHERE at < @before LIMIT @cap)'),
+    countActions: s('SELECT count(*) AS n FROM (SELECT 1 FROM operator_actions WHERE at < @before LIMIT @cap)'),
   };
 }

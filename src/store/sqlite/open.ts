@@ -9,7 +9,13 @@ export interface OpenSqliteOptions {
    * (never on a process crash) and is faster.
    */
   synchronous?: 'FULL' | 'NORMAL';
-  /** How long a writer waits for another process's lock. Default 5000 ms. */
+  /**
+   * How long a writer waits for another process's lock. Default 5000 ms.
+   * `openSqlite` makes it SQLite's `busy_timeout`, which waits by sleeping
+   * the thread, and so the event loop. The gateway store keeps that for its
+   * migrations only, then waits between attempts with the loop free
+   * (./write-lock.ts).
+   */
   busyTimeoutMs?: number;
 }
 
