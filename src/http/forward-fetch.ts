@@ -1,4 +1,4 @@
-import { causeCode, type Forwarder, type UpstreamRequest, type UpstreamResult } from './forward.js';
+import { BodyBuffer, causeCode, declaredLength, START_DEADLINE_PASSED, type Forwarder, type UpstreamRequest, type UpstreamResult } from './forward.js';
 
 /**
  * Node-style error codes (Node's fetch puts them in `cause.code`) that only a
@@ -59,6 +59,10 @@ export interface FetchForwarderOptions {
  *   with `server: cloudflare` (an upstream proxied by Cloudflare whose
  *   origin never got the request). Its 520 and 524 are `unknown`.
  *
+ * The body is read chunk by chunk and counted (decoded bytes, the ones
+ * stored): past `maxResponseBytes` the stream is cancelled and the answer is
+ * `too-large`. A passed `startBy` is checked just before `fetch` is called.
+ *
  * Redirects are passed through, never followed (`redirect: "manual"`): the
  * caller decides whether to repeat a side effect elsewhere. Cloudflare's
  * `cf-*` request headers describe the client's hop to the edge and are not
@@ -87,6 +91,8 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
         // Refused by the Request constructor (bad URL, bad header): nothing left.
         return { kind: 'refused', error: `invalid-request: ${(err as Error).message}` };
       }
+      // The last moment the gateway can still hold the request back.
+      if (req.startBy !== undefined && performance.now() > req.startBy) return { kind: 'refused', error: START_DEADLINE_PASSED };
       try {
         const res = await doFetch(request);
         const out: [string, string][] = [];
@@ -100,12 +106,18 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
             out.push(...rest, ...cookies.map((c): [string, string] => ['set-cookie', c]));
           }
         }
-        const body = new Uint8Array(await res.arrayBuffer());
         if (res.headers.get('server')?.toLowerCase() === 'cloudflare') {
-          if (EDGE_NOT_SENT.has(res.status)) return { kind: 'refused', error: `cloudflare-${res.status}` };
-          if (EDGE_MAYBE_SENT.has(res.status)) return { kind: 'unknown', error: `cloudflare-${res.status}`, timedOut: res.status === 524 };
+          const edge = EDGE_NOT_SENT.has(res.status) ? 'refused' : EDGE_MAYBE_SENT.has(res.status) ? 'unknown' : null;
+          if (edge !== null) {
+            void res.body?.cancel().catch(() => {});
+            if (edge === 'refused') return { kind: 'refused', error: `cloudflare-${res.status}` };
+            return { kind: 'unknown', error: `cloudflare-${res.status}`, timedOut: res.status === 524 };
+          }
         }
-        return { kind: 'response', status: res.status, headers: withoutDecodedEncoding(out, decoded), body };
+        const headers = withoutDecodedEncoding(out, decoded);
+        const body = await readLimited(res, req.maxResponseBytes, headers);
+        if (body === null) return { kind: 'too-large', status: res.status, limit: req.maxResponseBytes };
+        return { kind: 'response', status: res.status, headers, body };
       } catch (err) {
         const code = errorCode(err);
         if (NOT_CONNECTED.has(code)) return { kind: 'refused', error: code };
@@ -114,6 +126,34 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
       }
     },
   };
+}
+
+/**
+ * The body, or null once it would pass `limit` (the stream is then
+ * cancelled: no more is read). A `content-length` over the limit refuses it
+ * before any read, but only with no content coding left on the answer: the
+ * runtime may decode a coding without saying so, and the limit counts the
+ * bytes read here (the ones stored), which only reading tells then.
+ */
+async function readLimited(res: Response, limit: number, headers: [string, string][]): Promise<Uint8Array | null> {
+  if (res.body === null) return new Uint8Array(0);
+  const encoded = headers.some(([n]) => n.toLowerCase() === 'content-encoding');
+  const declared = encoded ? null : declaredLength(headers.find(([n]) => n.toLowerCase() === 'content-length')?.[1]);
+  if (declared !== null && declared > limit) {
+    void res.body.cancel().catch(() => {});
+    return null;
+  }
+  const body = new BodyBuffer(limit, declared);
+  const reader = res.body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return body.take();
+    if (!body.add(value)) {
+      // Not awaited: a stalled upstream must not hold the answer back.
+      void reader.cancel().catch(() => {});
+      return null;
+    }
+  }
 }
 
 /**

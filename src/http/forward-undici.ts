@@ -1,5 +1,5 @@
 import { Agent, errors, type Dispatcher } from 'undici';
-import { causeCode, type Forwarder, type UpstreamRequest, type UpstreamResult } from './forward.js';
+import { BodyBuffer, causeCode, declaredLength, START_DEADLINE_PASSED, type Forwarder, type UpstreamRequest, type UpstreamResult } from './forward.js';
 
 /**
  * Errors of a connection that was never made. Trusted only before undici
@@ -18,12 +18,32 @@ const NOT_CONNECTED = new Set([
 ]);
 
 const deadlinePassed = () => new errors.RequestAbortedError('the upstream deadline passed');
+const tooLargeAbort = () => new errors.RequestAbortedError('the answer exceeds maxResponseBytes');
+const startDeadlineAbort = () => new errors.RequestAbortedError('the start deadline passed');
+
+/**
+ * Event-loop turns the deadline waits, once due, before it aborts a request
+ * already sent. A process that was paused (SIGSTOP, a long GC or VM pause)
+ * past the deadline wakes with the timer due, and libuv runs due timers at
+ * the start of a loop turn, before that turn reads the sockets: an answer
+ * that arrived during the pause sits unread in the socket, and aborting
+ * right away would make it an outcome_unknown although the gateway has it.
+ * Each turn polls the sockets once (without waiting), so two turns read what
+ * had already arrived; the deadline is late by two turns at most.
+ */
+const DEADLINE_GRACE_TURNS = 2;
 
 export interface UndiciForwarderOptions {
   /** Upper bound on connections per upstream origin. Default 256. */
   connections?: number;
   /** undici's `connect` option for the pool (TLS options, or a connector of your own). */
   connect?: Agent.Options['connect'];
+  /**
+   * Test only (a negative control): loop turns the due deadline waits for
+   * an answer already in the socket. Default 2; 0 aborts at once.
+   * @internal
+   */
+  deadlineGraceTurns?: number;
 }
 
 /**
@@ -41,12 +61,17 @@ export interface UndiciForwarderOptions {
  *
  * Whether the request may have reached the upstream is decided by one fact:
  * undici calls `onRequestStart` just before it writes the first byte, and
- * writes nothing once that call aborts. Before it, a failed connect or the
- * deadline is `refused` (nothing was sent, a retry is safe); after it,
- * every failure is `unknown`.
+ * writes nothing once that call aborts. Before it, a failed connect, the
+ * deadline or a passed `startBy` is `refused` (nothing was sent, a retry is
+ * safe); after it, every failure is `unknown`.
+ *
+ * The body is read up to `maxResponseBytes`: a larger `content-length`, or
+ * the chunk that would cross the limit, aborts the dispatch (undici then
+ * destroys the connection and reads no more) and the answer is `too-large`.
  */
 export function createUndiciForwarder(options: UndiciForwarderOptions = {}): Forwarder {
   const agent = new Agent({ connections: options.connections ?? 256, keepAliveTimeout: 4_000, connect: options.connect });
+  const graceTurns = options.deadlineGraceTurns ?? DEADLINE_GRACE_TURNS;
   return {
     forward(req: UpstreamRequest): Promise<UpstreamResult> {
       return new Promise((resolve) => {
@@ -62,8 +87,7 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
         }
         let status = 0;
         let headers: Record<string, string | string[] | undefined> = {};
-        const chunks: Buffer[] = [];
-        let size = 0;
+        let body: BodyBuffer | null = null;
         let timedOut = false;
         let settled = false;
         /** Set by onRequestStart: from then on the request may have been sent. */
@@ -83,37 +107,52 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
           const timeout = timedOut || code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
           finish({ kind: 'unknown', error: timeout ? 'timeout' : code, timedOut: timeout });
         };
+        // The upstream answered and so acted, but its body is over the limit:
+        // stop reading (the abort destroys the connection) and drop it.
+        const tooLarge = (controller: Dispatcher.DispatchController) => {
+          body = null;
+          finish({ kind: 'too-large', status, limit: req.maxResponseBytes });
+          controller.abort(tooLargeAbort());
+        };
         // The deadline covers the whole exchange, response body included.
+        // It is the only one (undici's own headers and body timeouts are
+        // off), so that nothing else cuts the answer short during the grace.
         const timer = setTimeout(() => {
           timedOut = true;
-          if (abort !== null) abort(deadlinePassed());
-          else fail(deadlinePassed());
+          // Not sent yet: nothing can be waiting in a socket.
+          if (abort === null) return fail(deadlinePassed());
+          afterTurns(graceTurns, () => {
+            if (!settled) abort!(deadlinePassed());
+          });
         }, req.timeoutMs);
         const handler: Dispatcher.DispatchHandler = {
           onRequestStart(controller) {
-            if (timedOut) controller.abort(deadlinePassed());
-            else abort = (reason) => controller.abort(reason);
+            if (timedOut) return controller.abort(deadlinePassed());
+            // The caller's own budget (e.g. what is left of the record's
+            // lock) ran out before the first byte: nothing is written.
+            if (req.startBy !== undefined && performance.now() > req.startBy) {
+              finish({ kind: 'refused', error: START_DEADLINE_PASSED });
+              return controller.abort(startDeadlineAbort());
+            }
+            abort = (reason) => controller.abort(reason);
           },
-          onResponseStart(_controller, statusCode, responseHeaders) {
+          onResponseStart(controller, statusCode, responseHeaders) {
             // 1xx informational answers come here first; never the answer.
             if (statusCode < 200) return;
             status = statusCode;
             headers = responseHeaders;
+            // The length of a HEAD, 204 or 304 answer describes bytes it does not carry.
+            const bodyless = req.method.toUpperCase() === 'HEAD' || statusCode === 204 || statusCode === 304;
+            const declared = bodyless ? null : declaredLength(responseHeaders['content-length']);
+            if (declared !== null && declared > req.maxResponseBytes) return tooLarge(controller);
+            body = new BodyBuffer(req.maxResponseBytes, declared);
           },
-          onResponseData(_controller, chunk) {
-            chunks.push(chunk);
-            size += chunk.length;
+          onResponseData(controller, chunk) {
+            if (settled || body === null) return;
+            if (!body.add(chunk)) tooLarge(controller);
           },
           onResponseEnd() {
-            // A copy into a buffer of its own: the chunks are views into the
-            // socket's reads, and Buffer.concat would use Node's shared pool
-            // for small bodies.
-            const body = new Uint8Array(size);
-            let at = 0;
-            for (const chunk of chunks) {
-              body.set(chunk, at);
-              at += chunk.length;
-            }
+            if (settled) return;
             const list: [string, string][] = [];
             for (const name in headers) {
               const value = headers[name];
@@ -121,7 +160,7 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
               if (Array.isArray(value)) for (const v of value) list.push([name, v]);
               else list.push([name, value]);
             }
-            finish({ kind: 'response', status, headers: list, body });
+            finish({ kind: 'response', status, headers: list, body: body?.take() ?? new Uint8Array(0) });
           },
           onResponseError(_controller, err) {
             fail(err);
@@ -135,8 +174,8 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
               method: req.method,
               headers: req.headers,
               body: req.body,
-              headersTimeout: req.timeoutMs,
-              bodyTimeout: req.timeoutMs,
+              headersTimeout: 0,
+              bodyTimeout: 0,
             },
             handler,
           );
@@ -151,6 +190,12 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
       await agent.close();
     },
   };
+}
+
+/** Runs `fn` after `turns` turns of the event loop (each one polls the sockets), or now for 0. */
+function afterTurns(turns: number, fn: () => void): void {
+  if (turns <= 0) fn();
+  else setImmediate(() => afterTurns(turns - 1, fn));
 }
 
 function errorCode(err: unknown): string {

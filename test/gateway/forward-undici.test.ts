@@ -4,7 +4,7 @@ import { connect, createServer as createNetServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net';
 import { buildConnector } from 'undici';
 import { afterEach, describe, expect, it } from 'vitest';
-import { createUndiciForwarder } from '../../src/http/forward-undici.js';
+import { createUndiciForwarder, type UndiciForwarderOptions } from '../../src/http/forward-undici.js';
 import type { Forwarder, UpstreamRequest } from '../../src/http/forward.js';
 
 // The Node forwarder (src/http/forward-undici.ts) drives undici's dispatch
@@ -43,8 +43,8 @@ async function upstream(handle: (req: IncomingMessage, res: ServerResponse, seen
   return { origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, seen };
 }
 
-function forwarder(connections?: number): Forwarder {
-  const f = createUndiciForwarder({ connections });
+function forwarder(connections?: number, options: UndiciForwarderOptions = {}): Forwarder {
+  const f = createUndiciForwarder({ connections, ...options });
   cleanups.push(() => f.close?.());
   return f;
 }
@@ -55,6 +55,7 @@ const post = (url: string, extra: Partial<UpstreamRequest> = {}): UpstreamReques
   headers: { 'content-type': 'application/json', 'x-fence-entity': 'e' },
   body: new TextEncoder().encode('{"amount":1}'),
   timeoutMs: 2_000,
+  maxResponseBytes: 1_048_576,
   ...extra,
 });
 
@@ -240,4 +241,155 @@ describe('undici forwarder', () => {
     // The child's log line and its answer travel on different pipes: wait for the line.
     await expect.poll(() => lines.filter((l) => l.startsWith('request ')), { timeout: 5_000 }).toEqual(['request /after']);
   }, 20_000);
+});
+
+/** Writes `chunk` to `res` until the connection closes, honouring backpressure; resolves with the bytes written once `res` closes. */
+function writeForever(res: ServerResponse, chunk: Buffer): Promise<number> {
+  let written = 0;
+  return new Promise((resolve) => {
+    res.once('close', () => resolve(written));
+    const pump = () => {
+      while (!res.destroyed) {
+        written += chunk.length;
+        if (!res.write(chunk)) return void res.once('drain', pump);
+      }
+    };
+    pump();
+  });
+}
+
+describe('undici forwarder: maxResponseBytes', () => {
+  const LIMIT = 64 * 1024;
+
+  it('a content-length over the limit: "too-large" with the status, without waiting for the body', async () => {
+    const up = await upstream((_req, res) => {
+      // 512 MiB announced, and none of it sent: only the header can end this before the test's timeout.
+      res.writeHead(201, { 'content-length': String(512 * 1024 * 1024) });
+      res.flushHeaders();
+    });
+    const result = await forwarder().forward(post(`${up.origin}/x`, { maxResponseBytes: LIMIT, timeoutMs: 600_000 }));
+    expect(result).toEqual({ kind: 'too-large', status: 201, limit: LIMIT });
+    expect(up.seen).toHaveLength(1);
+  });
+
+  it('a chunked answer that crosses the limit: "too-large"', async () => {
+    const up = await upstream((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      for (let i = 0; i < 10; i++) res.write(Buffer.alloc(16 * 1024, 0x62));
+      res.end();
+    });
+    expect(await forwarder().forward(post(`${up.origin}/x`, { maxResponseBytes: LIMIT, timeoutMs: 60_000 }))).toEqual({ kind: 'too-large', status: 200, limit: LIMIT });
+  });
+
+  it('an endless chunked answer: "too-large" at the limit, not at the deadline, and the connection is closed', async () => {
+    let closed!: Promise<number>;
+    const up = await upstream((_req, res) => {
+      res.writeHead(200);
+      closed = writeForever(res, Buffer.alloc(1024, 0x63));
+    });
+    // The deadline is far past this test's own timeout: only the limit can end it in time.
+    const result = await forwarder().forward(post(`${up.origin}/x`, { maxResponseBytes: LIMIT, timeoutMs: 600_000 }));
+    expect(result).toEqual({ kind: 'too-large', status: 200, limit: LIMIT });
+    // The upstream's writes end because the gateway hung up, not because it stopped.
+    expect(await closed).toBeGreaterThan(LIMIT);
+  });
+
+  it('exactly at the limit is an answer, one byte over is not (content-length and chunked)', async () => {
+    const up = await upstream((req, res) => {
+      const n = Number(new URL(req.url!, 'http://x').searchParams.get('n'));
+      const body = Buffer.alloc(n, 0x64);
+      if (req.url!.startsWith('/length')) {
+        res.writeHead(200, { 'content-length': String(n) });
+        res.end(body);
+      } else {
+        res.writeHead(200);
+        // Two chunks, so that the limit is met across a chunk boundary.
+        res.write(body.subarray(0, 1000));
+        res.end(body.subarray(1000));
+      }
+    });
+    const f = forwarder();
+    for (const framing of ['length', 'chunked']) {
+      const at = await f.forward(post(`${up.origin}/${framing}?n=${LIMIT}`, { maxResponseBytes: LIMIT }));
+      expect(at.kind, framing).toBe('response');
+      if (at.kind === 'response') expect(Buffer.from(at.body).equals(Buffer.alloc(LIMIT, 0x64)), framing).toBe(true);
+      expect(await f.forward(post(`${up.origin}/${framing}?n=${LIMIT + 1}`, { maxResponseBytes: LIMIT })), framing).toEqual({ kind: 'too-large', status: 200, limit: LIMIT });
+    }
+    // A limit of 0 takes empty answers only.
+    expect(await f.forward(post(`${up.origin}/length?n=0`, { maxResponseBytes: 0 }))).toMatchObject({ kind: 'response', status: 200 });
+    expect(await f.forward(post(`${up.origin}/chunked?n=1001`, { maxResponseBytes: 0 }))).toEqual({ kind: 'too-large', status: 200, limit: 0 });
+  });
+
+  it("a HEAD answer's content-length describes no bytes: not too large", async () => {
+    const up = await upstream((_req, res) => {
+      res.writeHead(200, { 'content-length': String(10 * LIMIT) });
+      res.end();
+    });
+    const result = await forwarder().forward(post(`${up.origin}/x`, { method: 'HEAD', body: null, maxResponseBytes: LIMIT }));
+    expect(result).toMatchObject({ kind: 'response', status: 200 });
+    if (result.kind === 'response') expect(result.body.byteLength).toBe(0);
+  });
+});
+
+describe('undici forwarder: startBy', () => {
+  it('startBy already past: "refused" (start-deadline-passed) and nothing is sent', async () => {
+    const up = await upstream((_req, res) => res.end('ok'));
+    const f = forwarder(1);
+    expect(await f.forward(post(`${up.origin}/late`, { startBy: performance.now() - 1 }))).toEqual({ kind: 'refused', error: 'start-deadline-passed' });
+    // The next request on the same one-connection pool goes out after it had its chance.
+    expect(await f.forward(post(`${up.origin}/after`, { startBy: performance.now() + 60_000 }))).toMatchObject({ kind: 'response', status: 200 });
+    expect(up.seen.map((s) => s.url)).toEqual(['/after']);
+  });
+
+  it('checked when the request would start: one queued past its startBy is refused, not sent', async () => {
+    let release: () => void = () => {};
+    const up = await upstream((req, res) => {
+      if (req.url === '/slow') release = () => res.end('slow');
+      else res.end('fast');
+    });
+    const f = forwarder(1);
+    const slow = f.forward(post(`${up.origin}/slow`, { timeoutMs: 5_000 }));
+    await expect.poll(() => up.seen.length).toBe(1);
+    // Queued behind /slow on the one connection, with a start bound that passes while it waits.
+    const queued = f.forward(post(`${up.origin}/queued`, { timeoutMs: 5_000, startBy: performance.now() + 100 }));
+    await new Promise((r) => setTimeout(r, 200));
+    release();
+    expect(await queued).toEqual({ kind: 'refused', error: 'start-deadline-passed' });
+    expect(await slow).toMatchObject({ kind: 'response', status: 200 });
+    expect(await f.forward(post(`${up.origin}/after`))).toMatchObject({ kind: 'response', status: 200 });
+    expect(up.seen.map((s) => s.url)).toEqual(['/slow', '/after']);
+  });
+});
+
+describe('undici forwarder: an answer already in the socket when the deadline comes due', () => {
+  /** Blocks this process's event loop, as a GC or VM pause would (a stopped process, in one file). */
+  const block = (ms: number) => {
+    const until = performance.now() + ms;
+    while (performance.now() < until);
+  };
+
+  // The upstream writes its answer, then the loop is blocked past the
+  // deadline before this process reads it. When the loop runs again, the due
+  // deadline timer comes first (libuv runs timers before it polls sockets).
+  async function answeredDuringPause(options: UndiciForwarderOptions) {
+    const up = await upstream((_req, res) => {
+      res.writeHead(201, { 'content-type': 'application/json' });
+      res.end('{"id":"ch_1"}');
+      // After the answer's bytes were written (res.end uncorks on the next tick).
+      setImmediate(() => block(400));
+    });
+    return { up, result: await forwarder(undefined, options).forward(post(`${up.origin}/x`, { timeoutMs: 150 })) };
+  }
+
+  it('is read and returned, not turned into a timeout', async () => {
+    const { up, result } = await answeredDuringPause({});
+    expect(up.seen).toHaveLength(1);
+    expect(result).toMatchObject({ kind: 'response', status: 201 });
+    if (result.kind === 'response') expect(new TextDecoder().decode(result.body)).toBe('{"id":"ch_1"}');
+  });
+
+  it('negative control: without the grace turns the same answer is lost as "unknown" (timeout)', async () => {
+    const { result } = await answeredDuringPause({ deadlineGraceTurns: 0 });
+    expect(result).toEqual({ kind: 'unknown', error: 'timeout', timedOut: true });
+  });
 });

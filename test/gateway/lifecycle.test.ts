@@ -105,7 +105,8 @@ describe('clean shutdown', () => {
 describe('clean shutdown of a large answer', () => {
   it('close() while a 16 MiB answer is in flight: the caller receives all of it', async () => {
     const up = await upstream();
-    const gw = await startTestGateway({ routes: [paymentsRoute(up.url)] });
+    // Over the 1 MiB default of maxResponseBytes: this route allows it.
+    const gw = await startTestGateway({ routes: [paymentsRoute(up.url, { maxResponseBytes: 32 * 1024 * 1024 })] });
     cleanups.push(() => gw.close());
     const big = Buffer.alloc(16 * 1024 * 1024, 7);
     const gate = up.gate();

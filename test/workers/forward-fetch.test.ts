@@ -3,6 +3,8 @@
  * content-encoding rule, under Node's own fetch (undici). Under workerd the
  * same forwarder is exercised end to end by worker.workerd.ts.
  */
+import { createServer, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createFetchForwarder } from '../../src/http/forward-fetch.js';
@@ -18,6 +20,7 @@ describe('createFetchForwarder (Node fetch)', () => {
     headers: { 'content-type': 'application/json', 'idempotency-key': 'k-1', 'cf-connecting-ip': '192.0.2.1' },
     body: new TextEncoder().encode('{"amount":1}'),
     timeoutMs: 2_000,
+    maxResponseBytes: 1_048_576,
     ...over,
   });
 
@@ -108,5 +111,105 @@ describe('createFetchForwarder (Node fetch)', () => {
     } finally {
       upstream.behave(null);
     }
+  });
+});
+
+describe('createFetchForwarder (Node fetch): maxResponseBytes and startBy', () => {
+  const LIMIT = 64 * 1024;
+  const forwarder = createFetchForwarder();
+  let origin: string;
+  let seen: string[] = [];
+  /** Per path: what the upstream does. `closed` resolves with the bytes written once the gateway hung up. */
+  let closed: Promise<number> = Promise.resolve(0);
+  let server: ReturnType<typeof createServer>;
+
+  const writeForever = (res: ServerResponse, chunk: Buffer): Promise<number> => {
+    let written = 0;
+    return new Promise((resolve) => {
+      res.once('close', () => resolve(written));
+      const pump = () => {
+        while (!res.destroyed) {
+          written += chunk.length;
+          if (!res.write(chunk)) return void res.once('drain', pump);
+        }
+      };
+      pump();
+    });
+  };
+
+  beforeAll(async () => {
+    server = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        const url = new URL(req.url!, 'http://x');
+        seen.push(url.pathname);
+        const n = Number(url.searchParams.get('n') ?? 0);
+        switch (url.pathname) {
+          case '/announced':
+            res.writeHead(201, { 'content-length': String(512 * 1024 * 1024) });
+            res.flushHeaders();
+            return;
+          case '/endless':
+            res.writeHead(200);
+            closed = writeForever(res, Buffer.alloc(1024, 0x63));
+            return;
+          case '/length':
+            res.writeHead(200, { 'content-length': String(n) });
+            return res.end(Buffer.alloc(n, 0x64));
+          case '/chunked':
+            res.writeHead(200);
+            res.write(Buffer.alloc(Math.min(n, 1000), 0x64));
+            return res.end(Buffer.alloc(Math.max(0, n - 1000), 0x64));
+          case '/gzip':
+            // A few hundred bytes on the wire, n once decoded.
+            res.writeHead(200, { 'content-encoding': 'gzip' });
+            return res.end(gzipSync(Buffer.alloc(n, 0x65)));
+          default:
+            return res.end('ok');
+        }
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  afterAll(async () => {
+    server.closeAllConnections();
+    await new Promise<void>((r) => server.close(() => r()));
+  });
+
+  const at = (path: string, over: Partial<UpstreamRequest> = {}): UpstreamRequest => ({
+    url: `${origin}${path}`,
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: new TextEncoder().encode('{}'),
+    timeoutMs: 600_000,
+    maxResponseBytes: LIMIT,
+    ...over,
+  });
+
+  it('a content-length over the limit: "too-large" without waiting for the body', async () => {
+    // Only the header can end this before the test's timeout: the body never comes.
+    expect(await forwarder.forward(at('/announced'))).toEqual({ kind: 'too-large', status: 201, limit: LIMIT });
+  });
+
+  it('an endless chunked answer: "too-large" at the limit, and the stream is cancelled', async () => {
+    expect(await forwarder.forward(at('/endless'))).toEqual({ kind: 'too-large', status: 200, limit: LIMIT });
+    expect(await closed).toBeGreaterThan(LIMIT);
+  });
+
+  it('exactly at the limit is an answer, one byte over is not; decoded bytes are what counts', async () => {
+    for (const framing of ['/length', '/chunked', '/gzip']) {
+      const r = await forwarder.forward(at(`${framing}?n=${LIMIT}`));
+      expect(r.kind, framing).toBe('response');
+      if (r.kind === 'response') expect(r.body.byteLength, framing).toBe(LIMIT);
+      expect(await forwarder.forward(at(`${framing}?n=${LIMIT + 1}`)), framing).toEqual({ kind: 'too-large', status: 200, limit: LIMIT });
+    }
+  });
+
+  it('startBy already past: "refused" (start-deadline-passed), nothing sent', async () => {
+    seen = [];
+    expect(await forwarder.forward(at('/late', { startBy: performance.now() - 1 }))).toEqual({ kind: 'refused', error: 'start-deadline-passed' });
+    expect(await forwarder.forward(at('/after', { startBy: performance.now() + 60_000 }))).toMatchObject({ kind: 'response', status: 200 });
+    expect(seen).toEqual(['/after']);
   });
 });
