@@ -1,6 +1,9 @@
 import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http';
-import type { Gateway } from '../http/gateway.js';
+import { toReply } from '../http/errors.js';
+import { problemBaseOf, type Gateway } from '../http/gateway.js';
 import type { HeaderReader, Inbound, Reply } from '../http/inbound.js';
+import { normalizePath } from '../http/path.js';
+import { renderProblem } from '../protocol/problem.js';
 
 /** A request body left unread after the answer (a refusal before the body was needed) is discarded up to this size and for this long, then the connection closes. */
 const DISCARD_LIMIT_BYTES = 1024 * 1024;
@@ -23,9 +26,25 @@ const DISCARD_LIMIT_MS = 1_000;
 export function createNodeListener(gateway: Gateway, fallback: RequestListener): RequestListener {
   const direct = gateway.direct;
   const adminPrefix = gateway.config.adminPrefix;
+  const backslash = toReply(
+    renderProblem(
+      {
+        code: 'invalid-request',
+        detail: 'the path contains a raw "\\": URL parsing reads it as "/", an upstream may keep it a character, and the two can be routed differently; send "/" or "%5C"',
+      },
+      problemBaseOf(gateway.config),
+    ),
+  );
   return (req, res) => {
     const target = req.url ?? '';
     const host = req.headers.host;
+    // A raw backslash in the path has two readings (a separator to URL
+    // parsing, a character to many upstreams) and @hono/node-server refuses
+    // it with a bare 400: refused here first, as problem+json, on both ways
+    // in (caller auth or not), before anything is read or stored.
+    const query = target.indexOf('?');
+    const slash = target.indexOf('\\');
+    if (slash !== -1 && (query === -1 || slash < query)) return write(req, res, backslash);
     if (direct === null || target[0] !== '/' || target.includes('\\') || host === undefined) return fallback(req, res);
     // As @hono/node-server builds it, so that both paths see the same path.
     let url: URL;
@@ -35,8 +54,12 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
       return fallback(req, res);
     }
     if (url.hostname.length !== host.length && url.hostname !== host.replace(/:\d+$/, '')) return fallback(req, res);
-    // Hono routes on the percent-decoded path: /%5Ffencegate/health is the admin API there too.
-    if (url.pathname.startsWith(adminPrefix) || (url.pathname.includes('%') && percentDecoded(url.pathname).startsWith(adminPrefix))) {
+    // The admin API's paths go to Hono, which routes on the percent-decoded
+    // path (/%5Ffencegate/health is the admin API there too); the proxy
+    // routes on the normal form (../http/path.ts), which decodes less. Either
+    // reading under the prefix goes to Hono, so no path is the admin API's
+    // on one way in and proxied on the other.
+    if (normalizePath(url.pathname).startsWith(adminPrefix) || (url.pathname.includes('%') && percentDecoded(url.pathname).startsWith(adminPrefix))) {
       return fallback(req, res);
     }
     let controller: AbortController | null = null;

@@ -1,5 +1,6 @@
 import type { HeaderReader } from './inbound.js';
 import type { RouteConfig } from '../config/schema.js';
+import { duplicateOnPointerPath } from '../core/json-duplicates.js';
 import { parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
 import type { Refusal } from '../protocol/problem.js';
 
@@ -72,16 +73,31 @@ export function parseCommand(route: RouteConfig, headers: HeaderReader, params: 
 
 /**
  * A JSON-pointer entity (RFC 6901) from the request body: a string, or an
- * integer written as its decimal text.
+ * integer written as its decimal text. An object on the pointer's path with
+ * a repeated member name is refused (400 `invalid-entity`): JSON.parse keeps
+ * the last copy, an upstream may keep the first and act on another entity
+ * than the one fenced (../core/json-duplicates.ts).
  */
 export function entityFromJson(pointer: string, body: Uint8Array): { ok: true; entity: string | null } | { ok: false; refusal: Refusal } {
   let doc: unknown;
+  let text: string;
   try {
-    doc = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
+    text = new TextDecoder('utf-8', { fatal: true }).decode(body);
+    doc = JSON.parse(text);
   } catch {
     return { ok: true, entity: null };
   }
   const tokens = pointer === '' ? [] : pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+  const repeated = duplicateOnPointerPath(text, tokens);
+  if (repeated !== null) {
+    return {
+      ok: false,
+      refusal: {
+        code: 'invalid-entity',
+        detail: `body ${pointer}: the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the entity`,
+      },
+    };
+  }
   let node: unknown = doc;
   for (const t of tokens) {
     if (node === null || typeof node !== 'object' || !Object.prototype.hasOwnProperty.call(node, t)) return { ok: true, entity: null };

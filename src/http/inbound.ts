@@ -14,7 +14,7 @@ export interface HeaderReader {
  */
 export interface Inbound {
   method: string;
-  /** Path and query as the request target gave them (percent-encoding kept). */
+  /** Path and query as URL parsing left them (percent-encoding kept); the proxy brings the path to normal form (./path.ts). */
   pathname: string;
   search: string;
   headers: HeaderReader;

@@ -1,4 +1,5 @@
 import type { RouteConfig } from '../config/schema.js';
+import { normalizePath } from './path.js';
 
 export interface RouteMatch {
   route: RouteConfig;
@@ -8,14 +9,18 @@ export interface RouteMatch {
 
 type Matcher = (segments: string[]) => Record<string, string> | null;
 
+export type Router = (method: string, pathname: string) => RouteMatch | null;
+
 /**
  * Compiles `match.path` patterns: literal segments match exactly, `:name`
  * matches one non-empty segment, a final `*` matches one or more characters
  * of the rest (`/payments/*` matches `/payments/x` and `/payments/x/y`, not
  * `/payments`). Routes are tried in configuration order; the first wins.
+ * `pathname` must be in normal form (./path.ts `normalizePath`); so are the
+ * patterns, once compiled, so `/%70ayments/*` in a config is `/payments/*`.
  */
-export function createRouter(routes: RouteConfig[]): (method: string, pathname: string) => RouteMatch | null {
-  const compiled = routes.map((route) => ({ route, methods: new Set<string>(route.match.methods), match: compile(route.match.path) }));
+export function createRouter(routes: RouteConfig[]): Router {
+  const compiled = routes.map((route) => ({ route, methods: new Set<string>(route.match.methods), match: compile(normalizePath(route.match.path)) }));
   return (method, pathname) => {
     const segments = pathname.split('/');
     for (const c of compiled) {
@@ -25,6 +30,30 @@ export function createRouter(routes: RouteConfig[]): (method: string, pathname: 
     }
     return null;
   };
+}
+
+/**
+ * The first of `readings` (./path.ts `alternativeReadings`) that `router`
+ * sends to another route than `matched`, or to the same route with other
+ * parameters: an upstream reading the path that way would act under another
+ * route's policy (a broader one, with no fence) or on another entity. A
+ * reading that matches no route is not one: the gateway forwards only what
+ * the matched route allows, and an encoded slash inside a parameter
+ * (`/invoices/inv%2F10/pay`) stays usable while no route takes the decoded
+ * path. null when every reading agrees.
+ */
+export function divergentReading(router: Router, method: string, matched: RouteMatch, readings: string[]): string | null {
+  for (const reading of readings) {
+    const other = router(method, reading);
+    if (other === null) continue;
+    if (other.route !== matched.route || !sameParams(other.params, matched.params)) return reading;
+  }
+  return null;
+}
+
+function sameParams(a: Record<string, string>, b: Record<string, string>): boolean {
+  const keys = Object.keys(a);
+  return keys.length === Object.keys(b).length && keys.every((k) => a[k] === b[k]);
 }
 
 function compile(pattern: string): Matcher {

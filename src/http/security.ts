@@ -7,6 +7,8 @@ import { renderRefusal, toResponse } from './errors.js';
 import type { Logger } from './logger.js';
 import { createTokenVerifier, jwtAuth, type AuthRefusal } from './middleware/auth/index.js';
 import type { RequestObservation } from './metrics.js';
+import { normalizePath } from './path.js';
+import { clientRequestIdOf } from './request-id.js';
 import { createRouter } from './router.js';
 import { createSignedFenceCheck, type SignedFenceCheck } from './signed-fence.js';
 
@@ -60,7 +62,8 @@ export function createSecurity(options: SecurityOptions): Security {
     // Refusals are logged for auditors: who (if the token was valid), what, why; never the token.
     // Proxy refusals also count in fencegate_requests_total (admin ones do not: they are not proxied requests).
     const onRefused = (proxyRoute: (() => string | null) | null) => async (c: Context, r: AuthRefusal) => {
-      const url = new URL(c.req.url);
+      // The path only, in the form the proxy routes: a query can carry a token (`?access_token=`).
+      const path = normalizePath(new URL(c.req.url).pathname);
       if (proxyRoute) options.observe?.({ route: proxyRoute(), decision: r.code, status: r.code === 'forbidden' ? 403 : 401, totalMs: 0, upstreamMs: undefined });
       await store.recordRejection({
         reason: r.code,
@@ -68,13 +71,14 @@ export function createSecurity(options: SecurityOptions): Security {
         presentedFence: null,
         currentFence: null,
         idempotencyKey: null,
-        audit: { requestId: r.requestId, caller: r.callerId, method: c.req.method, path: url.pathname + url.search, payloadSha256: '' },
+        audit: { requestId: r.requestId, clientRequestId: clientRequestIdOf(c.req.raw), caller: r.callerId, method: c.req.method, path, payloadSha256: '' },
         detail: r.tokenSha256 === null ? r.why : `${r.why}; token sha256 ${r.tokenSha256}`,
       });
     };
 
     const router = createRouter(config.routes);
-    const routeOf = (c: Context) => router(c.req.method, new URL(c.req.url).pathname)?.route ?? null;
+    // The proxy's own route decision (normal form), so a path that only an encoding kept off a route is not let through unauthenticated.
+    const routeOf = (c: Context) => router(c.req.method, normalizePath(new URL(c.req.url).pathname))?.route ?? null;
     const proxy = jwtAuth({
       verify,
       scope: 'fencegate:proxy',

@@ -1,8 +1,11 @@
 import fc from 'fast-check';
+import { createServer, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { command, paymentsRoute, snapshot, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { command, expectProblem, paymentsRoute, recordRows, snapshot, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { sendBytes, type RawAnswer } from './toolkit/raw-socket.js';
+import { normalizePath } from '../../src/http/path.js';
 
 // Hostile input, property-based (fast-check): fences, duplicate headers,
 // keys, paths, bodies, methods and framing that try to slip a command past
@@ -209,11 +212,16 @@ const keyArb = fc
 describe('idempotency keys of every length and character class', () => {
   it("the gateway's verdict equals the reference; an accepted key is stored unquoted and replayed on reuse", async () => {
     const used = new Set<string>();
+    // A reused key comes with the entity of its first use: the same key for
+    // another entity is another command (422), not a replay.
+    const entityOf = new Map<string, string>();
     let entityN = 0;
     await fc.assert(
       fc.asyncProperty(keyArb, async (raw) => {
         const expected = referenceKey(raw);
-        const headers = validHeaders({ key: raw, entity: `key-prop-${++entityN}`, fence: '1' });
+        const entity = (expected !== null ? entityOf.get(expected) : undefined) ?? `key-prop-${++entityN}`;
+        if (expected !== null) entityOf.set(expected, entity);
+        const headers = validHeaders({ key: raw, entity, fence: '1' });
         if (expected === null) {
           const a = await expectRefused(post(headers), `key ${JSON.stringify(raw.slice(0, 60))}`);
           if (codeOf(a) !== null) expect(codeOf(a)).toBe('invalid-idempotency-key');
@@ -293,7 +301,8 @@ describe('path tricks', () => {
         const forwarded = up.calls.at(-1)!.url;
         expect(resolvedByAnUpstream(forwarded), `${what} → upstream ${forwarded}`).toMatch(/^\/(payments|invoices)\//);
         const origin = target.replace(/^https?:\/\/[^/]+/, '');
-        expect(forwarded, what).toBe(new URL(origin, 'http://gateway.test').pathname + new URL(origin, 'http://gateway.test').search);
+        // The normalised path (RFC 3986 §6.2.2: unreserved characters decoded, hex in upper case) is what is routed and sent.
+        expect(forwarded, what).toBe(normalizePath(new URL(origin, 'http://gateway.test').pathname) + new URL(origin, 'http://gateway.test').search);
       }),
       { numRuns: RUNS * 2 },
     );
@@ -483,5 +492,105 @@ describe('request smuggling', () => {
     let raw = `${head}\r\n\r\n${body}`;
     if (name === 'bare LF line ends') raw = raw.replace(/\r\n/g, '\n');
     await expectRefused(Buffer.from(raw, 'latin1'), name);
+  });
+});
+
+/**
+ * The answer side: an upstream that answers too much, forever, or too
+ * slowly. The gateway must stop reading at the route's maxResponseBytes
+ * (memory and storage bounded by it), end the key in a defined state that
+ * never forwards it again, and keep its deadline against a trickle.
+ */
+describe('hostile answers', () => {
+  const LIMIT = 64 * 1024;
+  let server: Server;
+  let answers: TestGateway;
+  /** Per key: requests that reached this upstream, and the bytes it managed to write before the gateway hung up. */
+  const reached = new Map<string, number>();
+  const written = new Map<string, Promise<number>>();
+
+  const writeUntilClosed = (res: ServerResponse, chunk: Buffer, pauseMs = 0): Promise<number> => {
+    let n = 0;
+    return new Promise((resolve) => {
+      res.once('close', () => resolve(n));
+      const pump = () => {
+        while (!res.destroyed) {
+          n += chunk.length;
+          const more = res.write(chunk);
+          if (pauseMs > 0) return void setTimeout(pump, pauseMs);
+          if (!more) return void res.once('drain', pump);
+        }
+      };
+      pump();
+    });
+  };
+
+  beforeAll(async () => {
+    server = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        const key = String(req.headers['idempotency-key']);
+        reached.set(key, (reached.get(key) ?? 0) + 1);
+        if (req.url!.startsWith('/huge/')) {
+          // 300 MiB announced and sent: refused on the header.
+          res.writeHead(201, { 'content-type': 'application/json', 'content-length': String(300 * 1024 * 1024) });
+          written.set(key, writeUntilClosed(res, Buffer.alloc(64 * 1024, 0x61)));
+        } else if (req.url!.startsWith('/endless/')) {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          written.set(key, writeUntilClosed(res, Buffer.alloc(1024, 0x62)));
+        } else {
+          // A byte every 20 ms: never over the limit, never done.
+          res.writeHead(200, { 'content-type': 'application/json' });
+          written.set(key, writeUntilClosed(res, Buffer.from('.'), 20));
+        }
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const upstream = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    answers = await startTestGateway({
+      routes: [
+        // Deadlines far past this file's test timeout: only the limit can end these in time.
+        paymentsRoute(upstream, { name: 'huge', match: { path: '/huge/*' }, maxResponseBytes: LIMIT, timeoutMs: 600_000 }),
+        paymentsRoute(upstream, { name: 'endless', match: { path: '/endless/*' }, maxResponseBytes: LIMIT, timeoutMs: 600_000 }),
+        paymentsRoute(upstream, { name: 'trickle', match: { path: '/trickle/*' }, maxResponseBytes: LIMIT, timeoutMs: 300 }),
+      ],
+    });
+  });
+  afterAll(async () => {
+    await answers?.close();
+    server?.closeAllConnections();
+    await new Promise<void>((r) => server?.close(() => r()));
+  });
+
+  const storedBytes = (key: string) => (answers.sqlite.db.prepare('SELECT length(body) AS n FROM idempotency_records WHERE key = ?').get(key) as { n: number | null } | undefined)?.n ?? null;
+
+  it.each([
+    ['a 300 MiB answer', '/huge/charges', 201],
+    ['an endless chunked answer', '/endless/charges', 200],
+  ])('%s: 502 upstream-response-too-large, the connection cut, the key finished small and replayed, never forwarded again', async (_name, path, upstreamStatus) => {
+    const key = `answer-${path}`;
+    const first = await command(answers.url, path, { fence: 1, entity: `e${path}`, key });
+    const text = await first.clone().text();
+    await expectProblem(first, 502, 'upstream-response-too-large', { upstream_status: upstreamStatus, max_response_bytes: LIMIT });
+    // The upstream's writes end because the gateway hung up.
+    expect(await written.get(key)).toBeLessThan(300 * 1024 * 1024);
+    for (let retry = 0; retry < 3; retry++) {
+      const again = await command(answers.url, path, { fence: 1, entity: `e${path}`, key });
+      expect(again.status).toBe(502);
+      expect(again.headers.get('idempotent-replayed')).toBe('true');
+      expect(await again.text()).toBe(text);
+    }
+    expect(reached.get(key)).toBe(1);
+    expect(recordRows(answers.sqlite, key)).toMatchObject([{ state: 'completed', status: 502 }]);
+    expect(storedBytes(key)).toBeLessThan(2_048);
+  });
+
+  it('a trickling answer that never ends: 504 at the deadline, outcome_unknown, the retry refused', async () => {
+    const key = 'answer-trickle';
+    await expectProblem(await command(answers.url, '/trickle/charges', { fence: 1, entity: 'e-trickle', key }), 504, 'upstream-timeout');
+    expect(await written.get(key)).toBeLessThan(LIMIT);
+    expect(recordRows(answers.sqlite, key)).toMatchObject([{ state: 'outcome_unknown' }]);
+    await expectProblem(await command(answers.url, '/trickle/charges', { fence: 1, entity: 'e-trickle', key }), 409, 'outcome-unknown');
+    expect(reached.get(key)).toBe(1);
   });
 });

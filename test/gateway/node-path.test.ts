@@ -173,12 +173,23 @@ describe('the Node listener and the Hono app', () => {
     expect((a.answers as { status: number }[]).map((x) => x.status)).toEqual([201, 201, 422, 409, 201, 400, 400, 400, 413, 400, 400, 404, 404, 201, 202, 202, 204, 503, 201, 201, 200, 200]);
   });
 
-  it('sends to the Hono app what @hono/node-server must judge: absolute-form targets, backslashes, a bad Host', async () => {
+  it('sends to the Hono app what @hono/node-server must judge: absolute-form targets, a backslash in the query, a bad Host', async () => {
     const node = await side('node');
     await rawRequest(node.url, { method: 'GET', path: 'http://127.0.0.1/payments/x', headers: [] });
-    await rawRequest(node.url, { path: '/payments\\x', headers: cmd(1, 'b1'), body: '{}' });
-    expect(node.fellBack).toEqual(['GET http://127.0.0.1/payments/x', 'POST /payments\\x']);
+    await rawRequest(node.url, { path: '/payments/x?q=\\', headers: cmd(1, 'b1'), body: '{}' });
+    expect(node.fellBack).toEqual(['GET http://127.0.0.1/payments/x', 'POST /payments/x?q=\\']);
     expect(node.direct).toBe(0);
+  });
+
+  it('answers a backslash in the path itself, 400 invalid-request as problem+json (@hono/node-server would answer a bare 400): neither way in sees it', async () => {
+    const node = await side('node');
+    const res = await rawRequest(node.url, { path: '/payments\\x', headers: cmd(1, 'b2'), body: '{}' });
+    expect(res.status).toBe(400);
+    expect(res.headers['content-type']).toBe('application/problem+json');
+    expect(JSON.parse(res.text).type).toMatch(/\/invalid-request$/);
+    expect(node.fellBack).toEqual([]);
+    expect(node.direct).toBe(0);
+    expect(node.up.calls).toHaveLength(0);
   });
 });
 

@@ -1,0 +1,303 @@
+import { getRequestListener } from '@hono/node-server';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parseConfig } from '../../src/config/load.js';
+import { createUndiciForwarder } from '../../src/http/forward-undici.js';
+import { createGateway, type Gateway } from '../../src/http/gateway.js';
+import { alternativeReadings, normalizePath, removeDotSegments } from '../../src/http/path.js';
+import { createRouter, divergentReading } from '../../src/http/router.js';
+import { SqliteGatewayStore } from '../../src/store/sqlite/gateway-store.js';
+import { paymentsRoute, snapshot, startTestGateway, tempDir, type RouteInput, type TestGateway } from '../helpers/gateway.js';
+import { hsAuth, token } from '../auth/tokens.js';
+import { rawRequest } from '../helpers/raw-http.js';
+import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
+
+// One route decision per path (DESIGN §3 step 1): the gateway routes and
+// forwards the RFC 3986 §6.2.2 normal form, and refuses a path that an
+// upstream could read another way that another route would take. Every
+// request goes in three ways: raw bytes to the Node listener (startTestGateway,
+// `gateway.direct`), raw bytes to the Hono app under @hono/node-server, and
+// `gateway.app.request()` (Hono without a socket, as on Workers). Raw sockets,
+// because fetch and undici would normalise the very paths under test.
+
+const ROUTES = (up: string): RouteInput[] => [
+  paymentsRoute(up),
+  paymentsRoute(up, { name: 'invoices', match: { path: '/invoices/:invoice/pay' }, entity: { path: ':invoice' } }),
+  // A broader route with no fence: where a path that skipped /payments/* would land.
+  { name: 'rest', match: { path: '/*', methods: ['POST'] }, upstream: up, fence: 'off', idempotency: 'off', mode: 'concurrent' },
+];
+
+interface Way {
+  name: 'node' | 'hono-server' | 'hono-request';
+  up: FakeUpstream;
+  store: SqliteGatewayStore;
+  send(path: string, headers?: [string, string][], body?: string, method?: string): Promise<{ status: number; type: string | undefined; body: any }>;
+}
+
+const ways: Way[] = [];
+const cleanups: (() => Promise<void> | void)[] = [];
+
+beforeAll(async () => {
+  // Node listener.
+  {
+    const up = await startUpstream();
+    cleanups.push(() => up.close());
+    const gw: TestGateway = await startTestGateway({ routes: ROUTES(up.url) });
+    cleanups.push(() => gw.close());
+    ways.push({ name: 'node', up, store: gw.sqlite, send: rawSender(gw.url) });
+  }
+  // Hono: one gateway, served by @hono/node-server and called with app.request().
+  for (const name of ['hono-server', 'hono-request'] as const) {
+    const up = await startUpstream();
+    cleanups.push(() => up.close());
+    const tmp = tempDir();
+    cleanups.push(() => tmp.cleanup());
+    const config = parseConfig({ listen: { host: '127.0.0.1', port: 0 }, store: { sqlite: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }, routes: ROUTES(up.url) });
+    const store = new SqliteGatewayStore({ path: `${tmp.dir}/g.db`, synchronous: 'NORMAL' });
+    const gateway: Gateway = createGateway({ config, store, forwarder: createUndiciForwarder(), env: {} });
+    cleanups.push(() => gateway.close());
+    if (name === 'hono-server') {
+      const server = createServer(getRequestListener(gateway.app.fetch));
+      await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+      cleanups.push(() => new Promise<void>((r) => server.close(() => r())));
+      ways.push({ name, up, store, send: rawSender(`http://127.0.0.1:${(server.address() as AddressInfo).port}`) });
+    } else {
+      ways.push({
+        name,
+        up,
+        store,
+        async send(path, headers = [], body = '{"amount":1}', method = 'POST') {
+          // A full URL: app.request() would merge the slashes of a bare path.
+          const res = await gateway.app.request(`http://gateway.test${path}`, { method, headers, ...(method === 'GET' ? {} : { body }) });
+          const text = await res.text();
+          return { status: res.status, type: res.headers.get('content-type') ?? undefined, body: parse(text) };
+        },
+      });
+    }
+  }
+});
+
+afterAll(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+function rawSender(url: string): Way['send'] {
+  return async (path, headers = [], body = '{"amount":1}', method = 'POST') => {
+    const res = await rawRequest(url, { method, path, headers, ...(method === 'GET' ? {} : { body }) });
+    return { status: res.status, type: res.headers['content-type'], body: parse(res.text) };
+  };
+}
+
+function parse(text: string): any {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+let n = 0;
+/** A complete command: a fresh key and a higher fence each time, so only the path can decide. */
+const fenced = (): [string, string][] => {
+  n++;
+  return [
+    ['X-Execution-Fence', String(n)],
+    ['X-Fence-Entity', 'acct-1'],
+    ['Idempotency-Key', `k-${n}`],
+    ['Content-Type', 'application/json'],
+  ];
+};
+
+describe('the path is routed and forwarded in normal form (RFC 3986 §6.2.2)', () => {
+  it('negative control: on the raw path, /%70ayments/a and /payments%2Fa would be the unfenced catch-all route', () => {
+    const config = parseConfig({ routes: ROUTES('http://127.0.0.1:1') });
+    const raw = createRouter(config.routes);
+    expect(raw('POST', '/%70ayments/a')?.route.name).toBe('rest');
+    expect(raw('POST', '/payments%2Fa')?.route.name).toBe('rest');
+    expect(raw('POST', '/payments;/a')?.route.name).toBe('rest');
+    expect(raw('POST', '/payments/a')?.route.name).toBe('payments');
+  });
+
+  it('an encoded unreserved character takes the route it spells, fenced; the upstream receives the normal form', async () => {
+    for (const way of ways) {
+      const before = snapshot(way.store);
+      const calls = way.up.calls.length;
+      // No fence: the payments route's refusal, not the catch-all's forward.
+      const refused = await way.send('/%70ayments/a', [['Content-Type', 'application/json']]);
+      expect(refused.status, way.name).toBe(400);
+      expect(refused.type, way.name).toBe('application/problem+json');
+      expect(refused.body.type, way.name).toMatch(/\/missing-fence$/);
+      expect(way.up.calls.length, way.name).toBe(calls);
+      expect(snapshot(way.store), way.name).toBe(before);
+
+      const ok = await way.send('/%70%61yments/%63h%41rge%7e?x=%2f', fenced());
+      expect(ok.status, way.name).toBe(201);
+      expect(way.up.calls.at(-1)!.url, way.name).toBe('/payments/chArge~?x=%2f');
+      expect(way.up.calls.at(-1)!.fence, way.name).toBe(String(n));
+    }
+  });
+
+  it('the hex of other percent-encodings is upper-cased; an encoded slash inside the wildcard keeps the route', async () => {
+    for (const way of ways) {
+      const ok = await way.send('/payments/caf%c3%a9%2fx', fenced());
+      expect(ok.status, way.name).toBe(201);
+      expect(way.up.calls.at(-1)!.url, way.name).toBe('/payments/caf%C3%A9%2Fx');
+    }
+  });
+
+  it('path parameters that do not change the route are forwarded as they are', async () => {
+    for (const way of ways) {
+      const ok = await way.send('/payments/a;v=1', fenced());
+      expect(ok.status, way.name).toBe(201);
+      expect(way.up.calls.at(-1)!.url, way.name).toBe('/payments/a;v=1');
+    }
+  });
+
+  it('control: the catch-all route forwards without a fence (what a skipped route would have got)', async () => {
+    for (const way of ways) {
+      const ok = await way.send('/other/a', []);
+      expect(ok.status, way.name).toBe(201);
+      expect(way.up.calls.at(-1)!.url, way.name).toBe('/other/a');
+      expect(way.up.calls.at(-1)!.fence, way.name).toBeNull();
+    }
+  });
+});
+
+describe('a path that another reading would route elsewhere: 400 invalid-request, nothing forwarded, nothing stored', () => {
+  const AMBIGUOUS = [
+    '/payments%2Fa', // %2F decoded to a separator: /payments/a
+    '/payments%2fa',
+    '/%70ayments%2Fa',
+    '/payments%5Ca', // %5C taken for a separator
+    '/payments;/a', // ;params dropped (servlet containers)
+    '/payments;jsessionid=1/a',
+    '/payments/..;/other', // /payments/.. ;-stripped resolves to /other (Tomcat)
+    '//payments/a', // merged slashes (nginx)
+    '/invoices/inv;x/pay', // same route, other parameter (inv)
+  ];
+  it.each(AMBIGUOUS)('%s', async (path) => {
+    for (const way of ways) {
+      const before = snapshot(way.store);
+      const calls = way.up.calls.length;
+      const res = await way.send(path, fenced());
+      expect(res.status, `${way.name} ${path}`).toBe(400);
+      expect(res.type, way.name).toBe('application/problem+json');
+      expect(res.body.type, way.name).toMatch(/\/invalid-request$/);
+      expect(way.up.calls.length, `${way.name} ${path}`).toBe(calls);
+      expect(snapshot(way.store), way.name).toBe(before);
+    }
+  });
+
+  it('a raw backslash in the path (a separator to URL parsing, a character to many upstreams): refused on Node, as problem+json by the listener', async () => {
+    for (const path of ['/payments\\a', '/payments/a\\b']) {
+      for (const way of ways.filter((w) => w.name !== 'hono-request')) {
+        const before = snapshot(way.store);
+        const calls = way.up.calls.length;
+        const res = await way.send(path, fenced());
+        expect(res.status, `${way.name} ${path}`).toBe(400);
+        // The Node entry answers in the contract's format; the bare Hono app under @hono/node-server refuses it itself.
+        if (way.name === 'node') expect(res.body.type, way.name).toMatch(/\/invalid-request$/);
+        expect(way.up.calls.length, way.name).toBe(calls);
+        expect(snapshot(way.store), way.name).toBe(before);
+      }
+    }
+  });
+
+  it('control: a backslash in the query is no path: forwarded as sent', async () => {
+    const way = ways.find((w) => w.name === 'node')!;
+    const res = await way.send('/payments/a?q=\\', fenced());
+    expect(res.status).toBe(201);
+    expect(way.up.calls.at(-1)!.url).toBe('/payments/a?q=\\');
+  });
+});
+
+describe('the admin prefix: the same decision on both ways in', () => {
+  it.each(['/_fencegate/health', '/%5Ffencegate/health', '/%5ffencegate/health', '/_fencegat%65/health'])('%s is the admin API, never proxied', async (path) => {
+    for (const way of ways) {
+      const calls = way.up.calls.length;
+      const res = await way.send(path, [], '', 'GET');
+      expect(res.status, `${way.name} ${path}`).toBe(200);
+      expect(res.body, way.name).toEqual({ status: 'ok' });
+      // POST is routed by the catch-all for any other path: not for these.
+      const post = await way.send(path, []);
+      expect(post.status, `${way.name} POST ${path}`).not.toBe(201);
+      expect(way.up.calls.length, way.name).toBe(calls);
+    }
+  });
+});
+
+describe('the proxy never takes an admin path, whoever hands it one', () => {
+  it('gateway.direct with /_fencegate/… (or an encoding of it) and a catch-all route: 404 no-route, not forwarded', async () => {
+    const up = await startUpstream();
+    cleanups.push(() => up.close());
+    const tmp = tempDir();
+    cleanups.push(() => tmp.cleanup());
+    const config = parseConfig({ store: { sqlite: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }, routes: ROUTES(up.url) });
+    const gateway = createGateway({ config, store: new SqliteGatewayStore({ path: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }), forwarder: createUndiciForwarder(), env: {} });
+    cleanups.push(() => gateway.close());
+    const direct = (pathname: string) =>
+      gateway.direct!({ method: 'POST', pathname, search: '', headers: new Headers({ 'content-type': 'application/json' }), body: null, signal: new AbortController().signal, caller: null });
+    for (const path of ['/_fencegate/v1/rejections', '/%5Ffencegate/v1/rejections', '/_fencegate']) {
+      const reply = await direct(path);
+      expect(reply.status, path).toBe(404);
+      expect(JSON.parse(String(reply.body)).type).toMatch(/\/no-route$/);
+    }
+    expect(up.calls).toHaveLength(0);
+    // Control: a path beside the prefix is the catch-all's.
+    expect((await direct('/_fencegatex/a')).status).toBe(201);
+  });
+});
+
+describe('caller auth decides on the same route as the proxy', () => {
+  it('/%70ayments/a without a token is 401, not forwarded: the auth step routes the normal form too', async () => {
+    const up = await startUpstream();
+    cleanups.push(() => up.close());
+    const gw = await startTestGateway({ routes: [paymentsRoute(up.url)], config: { auth: hsAuth() } });
+    cleanups.push(() => gw.close());
+    for (const path of ['/%70ayments/a', '/payments/%61']) {
+      const res = await rawRequest(gw.url, { path, headers: fenced(), body: '{}' });
+      expect(res.status, path).toBe(401);
+      expect(JSON.parse(res.text).type).toMatch(/\/unauthorized$/);
+    }
+    expect(up.calls).toHaveLength(0);
+    // Control: with a token the same path is routed, fenced and forwarded in normal form.
+    const ok = await rawRequest(gw.url, { path: '/%70ayments/a', headers: [...fenced(), ['Authorization', `Bearer ${await token()}`]], body: '{}' });
+    expect(ok.status).toBe(201);
+    expect(up.calls[0]!.url).toBe('/payments/a');
+  });
+});
+
+describe('normalizePath, alternativeReadings (unit)', () => {
+  it('decodes unreserved characters only, upper-cases the rest, never decodes twice', () => {
+    expect(normalizePath('/%70ayments/%41%5a%61%7a%30%39%2d%2e%5f%7e')).toBe('/payments/AZaz09-._~');
+    expect(normalizePath('/a%2fb%3a%25%c3%a9')).toBe('/a%2Fb%3A%25%C3%A9');
+    expect(normalizePath('/a%252e')).toBe('/a%252e');
+    expect(normalizePath('/a%zz%4')).toBe('/a%zz%4');
+    expect(normalizePath('/payments/x')).toBe('/payments/x');
+  });
+
+  it('removes the dot segments decoding produced (RFC 3986 §5.2.4)', () => {
+    expect(normalizePath('/payments/%2E%2E/admin')).toBe('/admin');
+    expect(normalizePath('/a/%2e/b')).toBe('/a/b');
+    expect(removeDotSegments('/a/b/..')).toBe('/a/');
+    expect(removeDotSegments('/..')).toBe('/');
+    expect(removeDotSegments('/a/.hidden/..x')).toBe('/a/.hidden/..x');
+  });
+
+  it('lists the readings an upstream might apply, alone and combined', () => {
+    expect(alternativeReadings('/payments/a')).toEqual([]);
+    expect(alternativeReadings('/payments%2Fa')).toEqual(['/payments/a']);
+    expect(new Set(alternativeReadings('/a%2Fb;x/c'))).toEqual(new Set(['/a/b;x/c', '/a%2Fb/c', '/a/b/c']));
+    expect(new Set(alternativeReadings('//a;x'))).toEqual(new Set(['//a', '/a;x', '/a']));
+  });
+
+  it('an encoded slash inside a parameter is accepted while no route takes the decoded path', () => {
+    const withoutCatchAll = createRouter(parseConfig({ routes: ROUTES('http://127.0.0.1:1').slice(0, 2) }).routes);
+    const m = withoutCatchAll('POST', '/invoices/inv%2F10/pay')!;
+    expect(m.params).toEqual({ invoice: 'inv/10' });
+    expect(divergentReading(withoutCatchAll, 'POST', m, alternativeReadings('/invoices/inv%2F10/pay'))).toBeNull();
+    const withCatchAll = createRouter(parseConfig({ routes: ROUTES('http://127.0.0.1:1') }).routes);
+    expect(divergentReading(withCatchAll, 'POST', withCatchAll('POST', '/invoices/inv%2F10/pay')!, alternativeReadings('/invoices/inv%2F10/pay'))).toBe('/invoices/inv/10/pay');
+  });
+});
