@@ -9,7 +9,7 @@ import { parseDuration } from '../core/duration.js';
 import { verificationKeys } from '../core/keys.js';
 import { parseRejectionQuery } from '../http/admin.js';
 import { rejectionPages } from '../http/audit/export.js';
-import { CSV_HEADER, csvLine, ndjsonLine, rejectionJson, tableHeader, tableLine, type RejectionJson } from '../http/audit/format.js';
+import { CSV_HEADER, csvLine, ndjsonLine, rejectionJson, tableHeader, tableLine, visibleText, type RejectionJson } from '../http/audit/format.js';
 import { SCOPES } from '../http/middleware/auth/verify.js';
 import type { GatewayStore } from '../store/types.js';
 
@@ -98,7 +98,8 @@ export async function auditCommand(argv: string[]): Promise<number> {
     if (max > 1000) url.searchParams.delete('limit');
     const res = await fetch(url, { headers: { accept: 'application/x-ndjson', ...(token ? { authorization: `Bearer ${token}` } : {}) } });
     if (!res.ok || res.body === null) {
-      process.stderr.write(`fencegate: ${res.status} ${res.statusText}: ${(await res.text()).slice(0, 2000)}\n`);
+      // The answer may echo what a caller sent; it goes to a terminal.
+      process.stderr.write(`fencegate: ${res.status} ${visibleText(`${res.statusText}: ${(await res.text()).slice(0, 2000)}`)}\n`);
       return 1;
     }
     await write(header);

@@ -21,10 +21,11 @@ export interface WorkerEnv {
   /** The JSON config (same schema as the config file), parsed once per isolate. */
   FENCEGATE_CONFIG?: string;
   /**
-   * Who may reach the `/v1` admin API: `loopback` (default: with caller
-   * `auth` configured, any hostname, behind its scopes, as on Node; without
-   * it, only requests to localhost / 127.0.0.1 / [::1], i.e. `wrangler dev`),
-   * `on` (any hostname, even without auth: never on a public hostname), or `off`.
+   * Who may reach the `/v1` admin API: `auth` (default: only with caller
+   * `auth` configured, behind its scopes; without it, not at all), `on`
+   * (even without auth: local development, `wrangler dev`, set in
+   * `.dev.vars` or `--var`, never on a deployed Worker), or `off`.
+   * `loopback` (older configurations) means `auth`.
    */
   FENCEGATE_ADMIN?: string;
   /** `info` (default), `warn`, `error` or `silent`. */
@@ -39,11 +40,11 @@ export interface ExecutionContextLike {
 
 interface Isolate {
   text: string;
+  /** FENCEGATE_ADMIN when the isolate was built: the admin decision depends on it. */
+  adminMode: string | undefined;
   config: Config;
   logger: Logger;
-  /** One gateway with the admin API, one without; same store. */
-  withAdmin: Gateway;
-  withoutAdmin: Gateway;
+  gateway: Gateway;
 }
 
 /**
@@ -57,7 +58,7 @@ const isolates = new WeakMap<object, Isolate>();
 function isolateFor(env: WorkerEnv): Isolate {
   const text = env.FENCEGATE_CONFIG;
   const cached = isolates.get(env);
-  if (cached !== undefined && cached.text === text) return cached;
+  if (cached !== undefined && cached.text === text && cached.adminMode === env.FENCEGATE_ADMIN) return cached;
   if (typeof text !== 'string' || text.trim() === '') {
     throw new ConfigError('FENCEGATE_CONFIG is not set: put the JSON configuration in [vars] of wrangler.toml', ['FENCEGATE_CONFIG']);
   }
@@ -86,8 +87,9 @@ function isolateFor(env: WorkerEnv): Isolate {
   // Upstream credentials (`upstreamHeaders: { env }`) come from Worker
   // secrets: `wrangler secret put NAME`. A missing one fails here, naming it.
   const secrets = Object.fromEntries(Object.entries(env).filter((e): e is [string, string] => typeof e[1] === 'string'));
-  const make = (admin: boolean) => createGateway({ config, store, forwarder, env: secrets, logger, admin });
-  const isolate: Isolate = { text, config, logger, withAdmin: make(true), withoutAdmin: make(false) };
+  const admin = adminAllowed(env.FENCEGATE_ADMIN, config, logger);
+  const gateway = createGateway({ config, store, forwarder, env: secrets, logger, admin });
+  const isolate: Isolate = { text, adminMode: env.FENCEGATE_ADMIN, config, logger, gateway };
   isolates.set(env, isolate);
   return isolate;
 }
@@ -102,14 +104,28 @@ function keyFileFields(spec: { jwksFile?: string | undefined; publicKeys?: { fil
   return out;
 }
 
-function adminAllowed(env: WorkerEnv, config: Config, url: URL): boolean {
-  const mode = env.FENCEGATE_ADMIN ?? 'loopback';
-  if (mode === 'on') return true;
-  if (mode === 'off') return false;
-  // With caller auth the admin API sits behind its scopes, on any hostname.
-  if (config.auth !== undefined) return true;
-  const host = url.hostname;
-  return host === 'localhost' || host === '[::1]' || host === '::1' || /^127(\.\d{1,3}){3}$/.test(host);
+/**
+ * Whether this isolate serves the `/v1` admin API: decided from the
+ * configuration alone, once per isolate, never per request. A Worker sees no
+ * connection address, and the request URL's host is whatever the client put
+ * in its `Host` header, so "the request came to localhost" proves nothing:
+ * `Host: 127.0.0.1` reaches a deployed Worker as easily as any other name.
+ * Hence the admin API is served behind caller auth, or without auth only
+ * when the deployment says so explicitly (`on`, for `wrangler dev`).
+ */
+function adminAllowed(mode: string | undefined, config: Config, logger: Logger): boolean {
+  const m = mode ?? 'auth';
+  if (m !== 'auth' && m !== 'on' && m !== 'off' && m !== 'loopback') {
+    throw new ConfigError(`FENCEGATE_ADMIN: must be "auth", "on" or "off", not ${JSON.stringify(m).slice(0, 40)}`, ['FENCEGATE_ADMIN']);
+  }
+  if (m === 'off') return false;
+  if (m === 'on') {
+    if (config.auth === undefined) logger.warn('admin-api-unauthenticated', { reason: 'FENCEGATE_ADMIN is "on" without caller auth: anyone who reaches this Worker reads the audit API; for wrangler dev only' });
+    return true;
+  }
+  // `loopback` was decided from the Host header before; it now means `auth`.
+  if (config.auth === undefined) logger.warn('admin-api-disabled', { reason: 'no caller auth configured (set FENCEGATE_ADMIN=on for wrangler dev only)', mode: m });
+  return config.auth !== undefined;
 }
 
 /** A bad configuration answers every request 500 and logs the fields; it never forwards. */
@@ -127,8 +143,7 @@ export default {
     } catch (err) {
       return configFailure(err);
     }
-    const gateway = adminAllowed(env, isolate.config, new URL(request.url)) ? isolate.withAdmin : isolate.withoutAdmin;
-    const handled = Promise.resolve(gateway.app.fetch(request, env, ctx as never));
+    const handled = Promise.resolve(isolate.gateway.app.fetch(request, env, ctx as never));
     // DESIGN §3.6: a caller that disconnects must not cancel the upstream
     // call or its finish. Workers cancels a request's work when its client
     // goes away, unless the work is registered with waitUntil (which extends
@@ -146,7 +161,7 @@ export default {
       configFailure(err);
       return;
     }
-    const sweep = isolate.withoutAdmin.sweep().then(
+    const sweep = isolate.gateway.sweep().then(
       (r) => isolate.logger.info('sweep', { ...r }),
       (err) => isolate.logger.error('sweep-failed', { error: String(err) }),
     );

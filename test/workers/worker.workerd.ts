@@ -35,8 +35,12 @@ function configText(over: Record<string, unknown> = {}): string {
   });
 }
 
-/** One Worker environment: wrangler.toml's bindings, a test config and the upstream secret. */
-const workerEnv = (over: Record<string, unknown> = {}): WorkerEnv => ({ ...env, FENCEGATE_CONFIG: configText(), FENCEGATE_LOG_LEVEL: 'error', UPSTREAM_TOKEN: 'sekret', ...over });
+/**
+ * One Worker environment: wrangler.toml's bindings, a test config and the
+ * upstream secret; the admin API on without auth, as under `wrangler dev`
+ * (who reaches it on a deployment: admin-access.workerd.ts).
+ */
+const workerEnv = (over: Record<string, unknown> = {}): WorkerEnv => ({ ...env, FENCEGATE_CONFIG: configText(), FENCEGATE_LOG_LEVEL: 'error', FENCEGATE_ADMIN: 'on', UPSTREAM_TOKEN: 'sekret', ...over });
 const gatewayEnv = workerEnv();
 
 async function call(path: string, init: RequestInit = {}, e: WorkerEnv = gatewayEnv, origin = 'http://localhost'): Promise<Response> {
@@ -134,11 +138,11 @@ describe('the HTTP contract through the Worker', () => {
     expect(await upstreamCalls(key)).toHaveLength(1);
   });
 
-  it('serves the admin API only on loopback hostnames (or when FENCEGATE_ADMIN says so)', async () => {
-    expect((await call('/_fencegate/v1/rejections', {}, gatewayEnv, 'https://gateway.example')).status).toBe(404);
-    expect((await call('/_fencegate/health', {}, gatewayEnv, 'https://gateway.example')).status).toBe(200);
+  it('serves the admin API as FENCEGATE_ADMIN says, whatever the hostname', async () => {
+    expect((await call('/_fencegate/v1/rejections', {}, workerEnv({ FENCEGATE_ADMIN: 'auth' }))).status).toBe(404);
+    expect((await call('/_fencegate/health', {}, workerEnv({ FENCEGATE_ADMIN: 'auth' }))).status).toBe(200);
     expect((await call('/_fencegate/v1/rejections', {}, workerEnv({ FENCEGATE_ADMIN: 'off' }))).status).toBe(404);
-    expect((await call('/_fencegate/v1/rejections', {}, workerEnv({ FENCEGATE_ADMIN: 'on' }), 'https://gateway.example')).status).toBe(200);
+    expect((await call('/_fencegate/v1/rejections', {}, gatewayEnv, 'https://gateway.example')).status).toBe(200);
   });
 
   it('with caller auth configured, the admin API answers on any hostname, behind its bearer tokens', async () => {
@@ -273,7 +277,7 @@ describe('configuration and the cron sweeper', () => {
       lockMs: 60_000,
       retentionMs: 60_000,
       onUnknown: 'reject' as const,
-      audit: { requestId: 'r', caller: null, method: 'POST', path: '/payments/x', payloadSha256: '00' },
+      audit: { requestId: 'r', clientRequestId: null, caller: null, method: 'POST', path: '/payments/x', payloadSha256: '00' },
     };
     expect((await store.admit(input)).outcome).toBe('forward');
     await env.DB.prepare('UPDATE idempotency_records SET locked_until = locked_until - 120000 WHERE key = ?').bind(key).run();

@@ -118,6 +118,8 @@ describe('wrangler dev --local serves the HTTP contract', () => {
         'dev', '--local', '--ip', '127.0.0.1', '--port', String(port), '--inspector-port', String(inspectorPort),
         '--persist-to', persist, '--show-interactive-dev-session=false', '--log-level', 'warn',
         '--var', `FENCEGATE_CONFIG:${JSON.stringify(config)}`, '--var', 'UPSTREAM_TOKEN:sekret', '--var', 'FENCEGATE_LOG_LEVEL:warn',
+        // The contract reads the admin API without auth: local development only.
+        '--var', 'FENCEGATE_ADMIN:on',
       ],
       dir,
     );
