@@ -77,6 +77,13 @@ export const RouteSchema = z.strictObject({
   /** Cap on `Prefer: wait=N` for a key in progress. */
   maxWaitMs: ms(600_000).default(10_000),
   maxBodyBytes: z.number().int().min(0).max(100 * 1024 * 1024).default(1024 * 1024),
+  /**
+   * Most bytes of an upstream answer read and stored: every answer is held in
+   * memory while it is read and kept in the store for `retention` to be
+   * replayed. Past it the gateway stops reading and answers 502
+   * `upstream-response-too-large` to the caller and to every retry.
+   */
+  maxResponseBytes: z.number().int().min(0).max(100 * 1024 * 1024).default(1024 * 1024),
   retention: Duration.prefault('24h'),
   onUnknown: z.enum(['reject', 'retry']).default('reject'),
   upstreamHeaders: z.record(HeaderName, UpstreamHeader).default({}),
@@ -157,13 +164,40 @@ export const ConfigSchema = z
       .string()
       .regex(/^(\/[A-Za-z0-9_.~-]+)+$/, 'must be a path such as "/_fencegate" (no trailing slash)')
       .default('/_fencegate'),
+    /**
+     * Node entry: most client connections open at once (`server.maxConnections`);
+     * one more is closed at once, before a byte of it is read. Bounds sockets
+     * and file descriptors (about 10 KB of memory each when idle); ignored on Workers.
+     */
+    maxConnections: z.number().int().min(1).max(1_000_000).default(10_000),
     /** How often expired records and old rejections are swept. */
     sweepInterval: Duration.prefault('60s'),
     rejectionRetention: Duration.prefault('90d'),
+    /**
+     * How long an entity's fence is remembered after it was last accepted
+     * (and fence history rows are kept). Forgetting a fence re-opens the
+     * entity to every holder of an older token, so this must exceed the
+     * longest time a stale holder can come back (README "Retention"): long
+     * by default, and never below an hour.
+     */
+    entityRetention: Duration.prefault('90d').pipe(z.number().min(3_600_000, 'must be at least 1h: forgetting a fence re-opens the entity to older tokens')),
+    /** How long the operator-action log keeps a row: over a year, for yearly audits. */
+    operatorActionRetention: Duration.prefault('400d'),
     /** Base of problem `type` URIs; default `<adminPrefix>/problems/`, served by the gateway. */
     problemTypeBase: z.string().min(1).optional(),
     auth: AuthSchema.optional(),
-    fence: z.strictObject({ signed: SignedFenceSchema.optional() }).prefault({}),
+    fence: z
+      .strictObject({
+        signed: SignedFenceSchema.optional(),
+        /**
+         * Whose fences an entity's fence is: `global` (everyone's, DESIGN §2)
+         * or `caller` (each authenticated caller has its own fence per
+         * entity, so no caller's fence can lock another caller's entity;
+         * callers are then not fenced against each other).
+         */
+        entityScope: z.enum(['global', 'caller']).default('global'),
+      })
+      .prefault({}),
     /** `<adminPrefix>/metrics`: Prometheus text; audit scope (or loopback without auth) unless public. */
     metrics: z.strictObject({ enabled: z.boolean().default(true), public: z.boolean().default(false) }).prefault({}),
     routes: z.array(RouteSchema).min(1),
@@ -180,6 +214,9 @@ export const ConfigSchema = z
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `overlaps the admin prefix ${config.adminPrefix}` });
       }
     });
+    if (config.fence.entityScope === 'caller' && config.auth === undefined) {
+      ctx.addIssue({ code: 'custom', path: ['fence', 'entityScope'], message: '"caller" needs "auth": without caller authentication there is no caller to scope by' });
+    }
   });
 
 export type Config = z.output<typeof ConfigSchema>;

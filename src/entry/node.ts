@@ -9,7 +9,7 @@ import { createGateway, type Gateway } from '../http/gateway.js';
 import { createJsonLogger, type Logger } from '../http/logger.js';
 import { createSqliteStore } from '../store/sqlite/index.js';
 import { createNodeListener } from './node-listener.js';
-import type { GatewayStore } from '../store/types.js';
+import { SWEEP_KINDS, type GatewayStore } from '../store/types.js';
 
 export { createUndiciForwarder };
 
@@ -75,6 +75,22 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   // Slow-body and slow-header clients are cut off instead of holding sockets.
   server.requestTimeout = 60_000;
   server.headersTimeout = 20_000;
+  // Without a cap, every connection a client opens costs a socket, a file
+  // descriptor and its buffers until a timeout: enough of them exhaust the
+  // descriptor limit, and then the store and the upstream cannot open theirs.
+  // Past the cap Node closes a new connection at once, before reading any of
+  // it: nothing is admitted or forwarded, so the client's retry is safe.
+  server.maxConnections = config.maxConnections;
+  let dropped = 0;
+  let dropLogged = -Infinity;
+  server.on('drop', () => {
+    dropped++;
+    // One line per 10 s at most: a flood of connections must not become a flood of log lines.
+    if (performance.now() - dropLogged < 10_000) return;
+    dropLogged = performance.now();
+    logger.warn('connections-dropped', { max_connections: config.maxConnections, dropped });
+    dropped = 0;
+  });
   // Responses not yet fully written, so that a shutdown lets them finish.
   const responding = new Set<ServerResponse>();
   let shutdown: Promise<void> | null = null;
@@ -104,7 +120,12 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const sweeper = setInterval(() => {
     gateway.sweep().then(
       (r) => {
-        if (r.expiredRecords + r.unknownRecords + r.oldRejections > 0) logger.info('sweep', { ...r });
+        const behind = Object.values(r.backlog).some((n) => n > 0);
+        const { backlog, ...counts } = r;
+        // The sweeper fell behind (its time budget ran out): rows past their
+        // retention are left for the next sweep; fencegate_sweep_backlog_rows says how many.
+        if (behind) logger.warn('sweep-behind', { ...counts, backlog });
+        else if (SWEEP_KINDS.some((k) => r[k] > 0)) logger.info('sweep', counts);
       },
       (err) => logger.error('sweep-failed', { error: String(err) }),
     );

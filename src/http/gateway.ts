@@ -2,6 +2,7 @@ import { Hono, type Context } from 'hono';
 import type { Config } from '../config/schema.js';
 import { ConfigError } from '../config/load.js';
 import { renderProblem } from '../protocol/problem.js';
+import { SWEEP_TIME_BUDGET_MS } from '../store/sweep.js';
 import type { GatewayStore, SweepResult } from '../store/types.js';
 import { createAdminApp } from './admin.js';
 import { toReply } from './errors.js';
@@ -38,7 +39,13 @@ export interface Gateway {
   direct: ((request: Inbound) => Promise<Reply>) | null;
   /** Requests being handled right now. */
   inflight(): number;
-  /** Deletes expired records and old rejections; marks dead in_progress records outcome_unknown. */
+  /**
+   * Deletes expired records, old rejections, forgotten entities and their
+   * history, old operator actions; marks dead in_progress records
+   * outcome_unknown. In batches until caught up, within a time budget (see
+   * `sweepBudgetMs`); the result and the backlog left go to `/metrics`. A call
+   * while a sweep runs joins that sweep.
+   */
   sweep(): Promise<SweepResult>;
   /** Waits for in-flight requests, then closes the forwarder and the store. Idempotent. */
   close(): Promise<void>;
@@ -59,12 +66,18 @@ export interface Gateway {
 export function createGateway(options: GatewayOptions): Gateway {
   const { config, store, forwarder } = options;
   const logger = options.logger ?? silentLogger;
-  const problemBase = config.problemTypeBase ?? `${config.adminPrefix}/problems/`;
+  const problemBase = problemBaseOf(config);
   const env = options.env ?? (globalThis as any).process?.env ?? {};
   const upstreamHeaders = resolveUpstreamHeaders(config, env);
   const metrics = createMetrics();
   // Caller auth (step 2) and signed fences (step 3), when configured.
   const { auth, checkSignedFence } = createSecurity({ config, store, logger, problemBase, env, observe: metrics.observe });
+  // Callers are told apart, but an unsigned fence is a number any of them
+  // may send: one with the proxy scope sends 9223372036854775807 for another
+  // caller's entity and locks it for good (DESIGN §2 G1 trusts the fence).
+  if (auth !== null && config.fence.signed === undefined && config.fence.entityScope === 'global' && config.routes.some((r) => r.fence !== 'off')) {
+    logger.warn('unsigned-fences', { reason: 'auth is on but fences are unsigned: any caller with fencegate:proxy can lock any entity with a giant fence; configure fence.signed, or fence.entityScope "caller"' });
+  }
 
   const proxy = createProxyHandler({
     config,
@@ -134,6 +147,28 @@ export function createGateway(options: GatewayOptions): Gateway {
   else app.all('*', handle);
   app.onError((err, c) => webResponse(internalError(new URL(c.req.url).pathname, err)));
 
+  const sweepOptions = {
+    rejectionRetentionMs: config.rejectionRetention,
+    entityRetentionMs: config.entityRetention,
+    operatorActionRetentionMs: config.operatorActionRetention,
+    timeBudgetMs: sweepBudgetMs(config.sweepInterval),
+  };
+  let sweeping: Promise<SweepResult> | null = null;
+  const sweep = (): Promise<SweepResult> =>
+    (sweeping ??= (async () => {
+      const started = Date.now();
+      try {
+        const r = await store.sweep(sweepOptions);
+        metrics.swept(r, Date.now() - started);
+        return r;
+      } catch (err) {
+        metrics.sweepFailed();
+        throw err;
+      } finally {
+        sweeping = null;
+      }
+    })());
+
   let closing: Promise<void> | null = null;
   return {
     app,
@@ -141,7 +176,7 @@ export function createGateway(options: GatewayOptions): Gateway {
     config,
     direct: auth ? null : (request) => counted(request).catch((err) => internalError(request.pathname, err)),
     inflight: () => active,
-    sweep: () => store.sweep({ rejectionRetentionMs: config.rejectionRetention }),
+    sweep,
     close() {
       closing ??= (async () => {
         if (active > 0) await new Promise<void>((resolve) => (drained = resolve));
@@ -151,6 +186,20 @@ export function createGateway(options: GatewayOptions): Gateway {
       return closing;
     },
   };
+}
+
+/** Base of problem `type` URIs: `problemTypeBase`, or the descriptions the admin API serves. */
+export function problemBaseOf(config: Config): string {
+  return config.problemTypeBase ?? `${config.adminPrefix}/problems/`;
+}
+
+/**
+ * One sweep's time budget: half the interval, so that a sweep is done before
+ * the next one is due, and at most SWEEP_TIME_BUDGET_MS (10 s), so that a
+ * deep backlog is worked off over several sweeps rather than in one long run.
+ */
+export function sweepBudgetMs(sweepIntervalMs: number): number {
+  return Math.min(Math.max(1, Math.floor(sweepIntervalMs / 2)), SWEEP_TIME_BUDGET_MS);
 }
 
 /** Reads `upstreamHeaders` secrets once; a missing variable stops start-up naming the field. */

@@ -8,11 +8,14 @@ import { readBody } from './body.js';
 import type { HeaderReader, Inbound, Reply } from './inbound.js';
 import { entityFromJson, parseCommand } from './command.js';
 import { renderRefusal, toReply } from './errors.js';
-import { connectionTokens, isHopByHop, type Forwarder, type UpstreamResult } from './forward.js';
+import { connectionTokens, isHopByHop, START_DEADLINE_PASSED, type Forwarder, type UpstreamResult } from './forward.js';
 import type { Logger } from './logger.js';
 import { requestShapeProblem } from './request-shape.js';
-import { createRouter } from './router.js';
+import { alternativeReadings, normalizePath } from './path.js';
+import { createRouter, divergentReading } from './router.js';
 import type { SignedFenceCheck } from './signed-fence.js';
+import { forwardBudget, lockSafetyMs } from './lock-budget.js';
+
 
 export interface ProxyDeps {
   config: Config;
@@ -33,6 +36,8 @@ export interface ProxyDeps {
 /** Per-decision log line (DESIGN: ids, codes, durations; no bodies). */
 interface Trace {
   request_id: string;
+  /** The caller's X-Request-Id, when it sent a well-formed one. */
+  client_request_id?: string;
   route: string | null;
   method: string;
   path: string;
@@ -58,10 +63,16 @@ export function createProxyHandler(deps: ProxyDeps) {
 
   return async function proxy(req: Inbound): Promise<Reply> {
     const started = performance.now();
-    const url = { pathname: req.pathname, search: req.search };
+    // Routed, fingerprinted and forwarded in normal form (./path.ts): an
+    // encoding never picks the route. The query is never logged or stored
+    // (tokens travel in it); only the fingerprint and the forward carry it.
+    const url = { pathname: normalizePath(req.pathname), search: req.search };
+    // The gateway's own id, always: a caller's X-Request-Id is kept beside it
+    // (audit.clientRequestId), so no caller chooses the id its rows are filed under.
+    const requestId = randomUUID();
     const given = req.headers.get('x-request-id');
-    const requestId = given !== null && REQUEST_ID.test(given) ? given : randomUUID();
-    const trace: Trace = { request_id: requestId, route: null, method: req.method, path: url.pathname };
+    const clientRequestId = given !== null && REQUEST_ID.test(given) ? given : null;
+    const trace: Trace = { request_id: requestId, ...(clientRequestId !== null ? { client_request_id: clientRequestId } : {}), route: null, method: req.method, path: url.pathname };
     const done = (res: Reply, decision: string): Reply => {
       setHeader(res, 'x-request-id', requestId);
       const totalMs = round(performance.now() - started);
@@ -75,10 +86,19 @@ export function createProxyHandler(deps: ProxyDeps) {
     };
 
     // 1. Route.
-    const matched = router(req.method, url.pathname);
+    const matched = isAdminPath(url.pathname, deps.config.adminPrefix) ? null : router(req.method, url.pathname);
     if (matched === null) return refuse(null, { code: 'no-route', detail: `no route for ${req.method} ${url.pathname}` });
     const { route } = matched;
     trace.route = route.name;
+    //    One route decision per path: refused when an upstream could read it
+    //    another way that routes elsewhere (`%2F`, `%5C`, `;params`, `//`).
+    const divergent = divergentReading(router, req.method, matched, alternativeReadings(url.pathname));
+    if (divergent !== null) {
+      return refuse(route, {
+        code: 'invalid-request',
+        detail: `the path can also be read as ${JSON.stringify(divergent.slice(0, 256))} (an encoded or raw separator, path parameters or repeated slashes), which another route (or other parameters) would take; send it in one unambiguous form`,
+      });
+    }
 
     // 3. Headers (2, caller auth, runs as middleware before this handler).
     //    First what the HTTP parser let through but the upstream would read otherwise.
@@ -109,7 +129,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     const pathAndQuery = url.pathname + url.search;
     const { caller } = req;
     const payloadSha256 = sha256Hex(body);
-    const audit: AuditInfo = { requestId, caller, method: req.method, path: pathAndQuery, payloadSha256 };
+    const audit: AuditInfo = { requestId, clientRequestId, caller, method: req.method, path: url.pathname, payloadSha256 };
     // 3, signed fences (DESIGN §7): checked once the entity is known, refusals logged.
     if (signedFence !== null && deps.checkSignedFence !== undefined) {
       const checked = await deps.checkSignedFence(signedFence, entity!, { audit, idempotencyKey: key });
@@ -120,9 +140,10 @@ export function createProxyHandler(deps: ProxyDeps) {
     const input: AdmitInput = {
       scope: caller === null ? route.name : `${route.name}\u0000${caller}`,
       key,
-      entity,
+      entity: storeEntity(entity, caller, deps.config),
       fence,
-      fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', payloadSha256),
+      // With the entity: the same key for another entity is 422, never that entity's replay.
+      fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', payloadSha256, entity),
       mode: route.mode,
       ownerToken: randomUUID(),
       lockMs: route.timeoutMs + route.lockMarginMs,
@@ -133,8 +154,9 @@ export function createProxyHandler(deps: ProxyDeps) {
 
     // 5. Admission, re-run after bounded waits (serial slot; Prefer: wait).
     let admission: Admission;
+    let admissionSentAt: number;
     try {
-      admission = await admitWithWaits(store, input, route, req);
+      ({ admission, sentAt: admissionSentAt } = await admitWithWaits(store, input, route, req));
     } catch (err) {
       logger.error('store-error', { request_id: requestId, route: route.name, phase: 'admit', error: errorText(err) });
       return refuse(route, { code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
@@ -171,28 +193,51 @@ export function createProxyHandler(deps: ProxyDeps) {
 
     // 6. Forward. The caller's disconnect does not cancel this: the outcome
     //    is stored so that its retry with the same key gets the replay.
-    // The record's lock runs until about lockMs from here (database clock; this is only a retry budget).
-    const lockEnds = Date.now() + input.lockMs;
+    //    Only while the admission's lock lives (./lock-budget.ts): a request
+    //    delayed past it could land after a newer owner's (G1, G3).
+    const lockEnds = admissionSentAt + input.lockMs;
+    const locked = key !== null || (entity !== null && route.mode === 'serial');
+    const budget = locked
+      ? forwardBudget({ sentAt: admissionSentAt, lockMs: input.lockMs, safetyMs: lockSafetyMs(route.lockMarginMs), routeTimeoutMs: route.timeoutMs, now: performance.now() })
+      : { timeoutMs: route.timeoutMs, startBy: undefined };
+    const base = { scope: input.scope, key, entity: input.entity, ownerToken: input.ownerToken, audit };
     const upstreamStarted = performance.now();
     let result: UpstreamResult;
-    try {
-      result = await deps.forwarder.forward({
-        url: joinUrl(route.upstream, pathAndQuery),
-        method: req.method,
-        headers: upstreamHeaders(req.headers, route, deps, { requestId, entity, fence }),
-        body: body.byteLength > 0 ? body : null,
-        timeoutMs: route.timeoutMs,
-      });
-    } catch (err) {
-      // A forwarder fault after admission: the request may have left, so the
-      // only honest outcome is unknown (G4: still exactly one outcome).
-      logger.error('forward-error', { request_id: requestId, route: route.name, error: errorText(err) });
-      result = { kind: 'unknown', error: 'forwarder-error', timedOut: false };
+    if (budget === null) {
+      result = { kind: 'refused', error: START_DEADLINE_PASSED };
+    } else {
+      try {
+        result = await deps.forwarder.forward({
+          url: joinUrl(route.upstream, pathAndQuery),
+          method: req.method,
+          headers: upstreamHeaders(req.headers, route, deps, { requestId, entity, fence }),
+          body: body.byteLength > 0 ? body : null,
+          timeoutMs: budget.timeoutMs,
+          maxResponseBytes: route.maxResponseBytes,
+          ...(budget.startBy !== undefined ? { startBy: budget.startBy } : {}),
+        });
+      } catch (err) {
+        // A forwarder fault after admission: the request may have left, so the
+        // only honest outcome is unknown (G4: still exactly one outcome).
+        logger.error('forward-error', { request_id: requestId, route: route.name, error: errorText(err) });
+        result = { kind: 'unknown', error: 'forwarder-error', timedOut: false };
+      }
     }
     trace.upstream_ms = round(performance.now() - upstreamStarted);
 
+    if (result.kind === 'refused' && result.error === START_DEADLINE_PASSED) {
+      // Nothing was sent: release the record and the slot (conditional on the
+      // owner token, so a takeover that already happened is left alone).
+      logger.warn('forward-abandoned', { request_id: requestId, route: route.name, idempotency_key: key, waited_ms: round(performance.now() - admissionSentAt), lock_ms: input.lockMs });
+      await finishWithRetries(store, { ...base, outcome: 'released' }, logger, requestId, lockEnds);
+      return refuse(route, {
+        code: 'admission-expired',
+        detail: `the gateway was delayed for longer than this request's ${input.lockMs} ms lock between its admission and the upstream; nothing was sent, retry with the same key is safe`,
+        extras: { ...fenceExtras, idempotency_key: key, retry_after: 1 },
+      });
+    }
+
     // 7. Finish, conditional on the owner token.
-    const base = { scope: input.scope, key, entity, ownerToken: input.ownerToken, audit };
     const { finish, response, decision } = settle(result, route, base, deps.problemBase, requestId);
     const recorded = await finishWithRetries(store, finish, logger, requestId, lockEnds);
     if (recorded === false) logger.warn('late-finish-discarded', { request_id: requestId, route: route.name, idempotency_key: key });
@@ -200,11 +245,31 @@ export function createProxyHandler(deps: ProxyDeps) {
   };
 }
 
-async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Inbound): Promise<Admission> {
+/**
+ * The entity as the store keeps its fence and serial slot. With
+ * `fence.entityScope: "caller"` it is the caller id, NUL, then the entity:
+ * each authenticated caller has fences of its own, so a caller presenting an
+ * unsigned giant fence locks only its own view of the entity (DESIGN §2 G1
+ * then holds per caller). Entities are printable ASCII (no NUL), so the last
+ * NUL splits the pair unambiguously whatever the caller id holds. The
+ * upstream, the answers and the signed-fence check keep the entity as sent.
+ */
+export function storeEntity(entity: string | null, caller: string | null, config: Config): string | null {
+  if (entity === null || caller === null || config.fence.entityScope !== 'caller') return entity;
+  return `${caller}\u0000${entity}`;
+}
+
+/**
+ * The admission, and `sentAt`: `performance.now()` just before the call whose
+ * answer this is was sent. The lock it granted is measured from there
+ * (./lock-budget.ts); a time taken after the await would miss the pause.
+ */
+async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Inbound): Promise<{ admission: Admission; sentAt: number }> {
   const start = Date.now();
   const preferWait = parsePreferWait(req.headers.get('prefer') ?? undefined);
   const keyWaitMs = preferWait === null ? 0 : Math.min(preferWait * 1000, route.maxWaitMs);
   for (;;) {
+    const sentAt = performance.now();
     const admission = await store.admit(input);
     const waited = Date.now() - start;
     let topic: string | null = null;
@@ -217,7 +282,7 @@ async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: Rou
       budget = keyWaitMs - waited;
     }
     // A caller that has gone away stops waiting: nothing was admitted for it.
-    if (topic === null || budget <= 0 || req.signal.aborted) return admission;
+    if (topic === null || budget <= 0 || req.signal.aborted) return { admission, sentAt };
     await store.waitForChange(topic, budget, req.signal);
   }
 }
@@ -256,6 +321,39 @@ function settle(
         }),
         decision: 'upstream-timeout',
       };
+    case 'too-large': {
+      const extras = { upstream_status: result.status, max_response_bytes: result.limit };
+      if (route.releaseStatuses.includes(result.status)) {
+        // "Not processed" (429, 503): nothing happened upstream, so the key is
+        // released as for a small answer; only the answer itself is lost.
+        const refusal = problem({
+          code: 'upstream-response-too-large',
+          detail: `the upstream answered ${result.status} (not processed) with a body over this route's maxResponseBytes of ${result.limit} bytes, which was not kept; the key was released, a retry with the same key is safe`,
+          extras,
+        });
+        return { finish: { ...base, outcome: 'released' }, response: refusal, decision: 'upstream-response-too-large-released' };
+      }
+      // The upstream answered, so it received the request and acted on it;
+      // only its answer is lost. Forwarding the key again could repeat the
+      // effect (G2), so the refusal itself is stored as the key's answer:
+      // the caller and every retry get these same bytes, the retries as a
+      // replay, for as long as the record is retained.
+      const refusal = problem({
+        code: 'upstream-response-too-large',
+        detail: `the upstream answered ${result.status}: it received the request and acted on it, but its answer exceeded this route's maxResponseBytes of ${result.limit} bytes and was not kept; do not retry blindly (a retry with this key gets this same answer), check the outcome with the upstream`,
+        extras,
+      });
+      const stored: StoredResponse = {
+        status: refusal.status,
+        headers: refusal.headers,
+        body: typeof refusal.body === 'string' ? new TextEncoder().encode(refusal.body) : (refusal.body ?? new Uint8Array(0)),
+      };
+      return {
+        finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention },
+        response: responseFrom(stored, null),
+        decision: 'upstream-response-too-large',
+      };
+    }
   }
 }
 
@@ -273,12 +371,13 @@ function settle(
  */
 async function finishWithRetries(store: GatewayStore, finish: FinishInput, logger: Logger, requestId: string, lockEnds: number): Promise<boolean | null> {
   const delays = [50, 200, 500, 1000];
-  const giveUpAt = Math.max(lockEnds, Date.now() + 1_250);
+  // performance.now(): lockEnds is measured on the monotonic clock.
+  const giveUpAt = Math.max(lockEnds, performance.now() + 1_250);
   for (let attempt = 0; ; attempt++) {
     try {
       return (await store.finish(finish)).recorded;
     } catch (err) {
-      const left = giveUpAt - Date.now();
+      const left = giveUpAt - performance.now();
       if (left <= 0) {
         logger.error('store-error', { request_id: requestId, phase: 'finish', outcome: finish.outcome, attempts: attempt + 1, error: errorText(err) });
         return null;
@@ -295,7 +394,8 @@ function upstreamHeaders(
   deps: ProxyDeps,
   command: { requestId: string; entity: string | null; fence: bigint | null },
 ): Record<string, string> {
-  const conn = connectionTokens(incoming.get('connection'));
+  // `Connection` may not strip what the gateway decided with (../http/forward.ts connectionTokens).
+  const conn = connectionTokens(incoming.get('connection'), reliedOn(route));
   const strip = new Set(route.stripHeaders.map((h) => h.toLowerCase()));
   if (deps.stripAuthorization) strip.add('authorization');
   const out: Record<string, string> = {};
@@ -326,6 +426,18 @@ function responseFrom(stored: StoredResponse, filter: 'hop-by-hop' | null): Repl
 function setHeader(reply: Reply, name: string, value: string): void {
   reply.headers = reply.headers.filter(([n]) => n !== name);
   reply.headers.push([name, value]);
+}
+
+/** Request fields the decision used (or the upstream needs to check it): end-to-end, whatever `Connection` lists. */
+function reliedOn(route: RouteConfig): string[] {
+  const names = ['content-type', 'content-encoding', 'x-fence-entity', 'x-request-id', route.fenceHeader, route.idempotencyHeader];
+  if ('header' in route.entity) names.push(route.entity.header);
+  return names;
+}
+
+/** Under `adminPrefix` (the path itself, or below it): the admin API's, never proxied. */
+function isAdminPath(path: string, adminPrefix: string): boolean {
+  return path === adminPrefix || path.startsWith(`${adminPrefix}/`);
 }
 
 /** `http://up:9000/base` + `/payments/x?y=1` → `http://up:9000/base/payments/x?y=1`. */

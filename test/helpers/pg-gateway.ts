@@ -4,6 +4,7 @@ import type { Config } from '../../src/config/schema.js';
 import { startGateway, type RunningGateway } from '../../src/entry/node.js';
 import { silentLogger } from '../../src/http/logger.js';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
+import type { GatewayStore } from '../../src/store/types.js';
 import type { RouteInput } from './gateway.js';
 import { createTestSchema, type TestSchema } from './postgres.js';
 
@@ -24,7 +25,14 @@ export interface PgTestGateway {
  * process, on the PostgreSQL store in a fresh schema. Needs
  * FENCEGATE_TEST_POSTGRES_URL (use `describe.skipIf(!POSTGRES_URL)`).
  */
-export async function startPgTestGateway(options: { routes: RouteInput[]; config?: Record<string, unknown>; prefix?: string; env?: Record<string, string> }): Promise<PgTestGateway> {
+export async function startPgTestGateway(options: {
+  routes: RouteInput[];
+  config?: Record<string, unknown>;
+  prefix?: string;
+  env?: Record<string, string>;
+  /** Wraps the real store the gateway is given (negative controls, held replies). */
+  wrapStore?: (store: GatewayStore) => GatewayStore;
+}): Promise<PgTestGateway> {
   const schema = await createTestSchema(options.prefix ?? 'fg_gw', 4);
   let store: PostgresGatewayStore | null = null;
   try {
@@ -36,7 +44,7 @@ export async function startPgTestGateway(options: { routes: RouteInput[]; config
     });
     // Its own application name: no other test file's session kills reach it.
     store = await createPostgresStore({ connectionString: schema.url, poolSize: 6, applicationName: `fg-test-${randomUUID().slice(0, 8)}` });
-    const running = await startGateway({ config, store, logger: silentLogger, env: options.env ?? {} });
+    const running = await startGateway({ config, store: options.wrapStore ? options.wrapStore(store) : store, logger: silentLogger, env: options.env ?? {} });
     const s = store;
     let closed: Promise<void> | null = null;
     return {

@@ -82,3 +82,36 @@ export function spyOnAdmissions(inner: GatewayStore): AdmissionSpy {
     },
   };
 }
+
+export interface HeldAdmissions {
+  store: GatewayStore;
+  /** Resolves once a matching admission has committed (its answer is held). */
+  committed: Promise<Admission>;
+  /** Hands the held answer to the gateway. */
+  release(): void;
+}
+
+/**
+ * A database reply held in the network: the first admission matching
+ * `predicate` commits in the real store, then its answer reaches the gateway
+ * only when the test calls `release()`. The gateway is, for that request,
+ * paused between its admission and its forward (DESIGN §3.5, §3.6).
+ */
+export function holdAdmission(inner: GatewayStore, predicate: (input: AdmitInput) => boolean): HeldAdmissions {
+  let release!: () => void;
+  const gate = new Promise<void>((r) => (release = r));
+  let committed!: (a: Admission) => void;
+  const done = new Promise<Admission>((r) => (committed = r));
+  let taken = false;
+  const store = delegate(inner, {
+    async admit(input) {
+      const admission = await inner.admit(input);
+      if (taken || !predicate(input)) return admission;
+      taken = true;
+      committed(admission);
+      await gate;
+      return admission;
+    },
+  });
+  return { store, committed: done, release };
+}
