@@ -5,7 +5,8 @@
 // (a SQLite file, or a PostgreSQL schema). Clients send commands for a few
 // entities, each with a fence one higher than the last one handed out for
 // its entity, to a random replica. Every `--every` seconds one replica is
-// stopped for `--pause` seconds. The upstream, on loopback, counts a
+// stopped for `--pause` seconds. The upstream (its own process, see
+// servers/fence-order-upstream.mjs), on loopback, counts a
 // violation whenever it receives a fence lower than one it already received
 // for the same entity (G1), and an overlap whenever two requests for one
 // entity are in flight at once (G3, serial mode).
@@ -16,9 +17,8 @@
 // `--root` runs another checkout's build (e.g. a clone of an older commit,
 // after `npm ci && npm run build` there) to compare before and after.
 // Loopback only; bounded in time; prints one JSON line with the figures.
-import { spawn } from 'node:child_process';
+import { fork, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { randomUUID } from 'node:crypto';
@@ -45,29 +45,11 @@ const entities = Number(values.entities);
 const clientsPerEntity = Number(values.clients);
 const root = resolve(values.root);
 
-// The upstream: records order per entity.
-const maxFence = new Map();
-const inflight = new Map();
-const figures = { forwarded: 0, violations: 0, overlaps: 0, statuses: {} };
-const upstream = createServer((req, res) => {
-  const entity = req.headers['x-fence-entity'] ?? '';
-  const fence = BigInt(req.headers['x-execution-fence'] ?? '0');
-  figures.forwarded++;
-  if (fence < (maxFence.get(entity) ?? -1n)) figures.violations++;
-  if (fence > (maxFence.get(entity) ?? -1n)) maxFence.set(entity, fence);
-  const now = (inflight.get(entity) ?? 0) + 1;
-  inflight.set(entity, now);
-  if (now > 1) figures.overlaps++;
-  req.resume();
-  req.on('end', () =>
-    setTimeout(() => {
-      inflight.set(entity, inflight.get(entity) - 1);
-      res.writeHead(201, { 'content-type': 'application/json' }).end('{"ok":true}');
-    }, 20),
-  );
-});
-await new Promise((r) => upstream.listen(0, '127.0.0.1', r));
-const upstreamUrl = `http://127.0.0.1:${upstream.address().port}`;
+// The upstream, in its own process: this one is busy generating load.
+const upstreamProc = fork(join(import.meta.dirname, 'servers/fence-order-upstream.mjs'), { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+const upstreamMessage = () => new Promise((r) => upstreamProc.once('message', r));
+const upstreamUrl = `http://127.0.0.1:${(await upstreamMessage()).port}`;
+const statuses = {};
 
 const dir = mkdtempSync(join(tmpdir(), 'fg-paused-'));
 let pgSchema = null;
@@ -148,7 +130,7 @@ async function client(entity) {
     } catch {
       // a paused replica's answer came too late: the client gave up
     }
-    figures.statuses[status] = (figures.statuses[status] ?? 0) + 1;
+    statuses[status] = (statuses[status] ?? 0) + 1;
   }
 }
 
@@ -174,7 +156,9 @@ for (const gw of gateways) {
   gw.child.kill('SIGTERM');
 }
 await Promise.all(gateways.map((gw) => new Promise((r) => (gw.child.exitCode !== null ? r() : gw.child.once('exit', r)))));
-upstream.close();
+upstreamProc.send('report');
+const { figures } = await upstreamMessage();
+upstreamProc.disconnect();
 rmSync(dir, { recursive: true, force: true });
 if (pgSchema !== null) {
   const pg = (await import('pg')).default;
@@ -183,4 +167,4 @@ if (pgSchema !== null) {
   await c.query(`DROP SCHEMA ${pgSchema} CASCADE`);
   await c.end();
 }
-console.log(JSON.stringify({ store: values.store, root, seconds, replicas, pauses: paused, pauseMs, ...figures }));
+console.log(JSON.stringify({ store: values.store, root, seconds, replicas, pauses: paused, pauseMs, ...figures, statuses }));
