@@ -12,10 +12,11 @@
 --
 -- One row: the store's identity, 32 lowercase hex characters (a UUID without
 -- dashes, the same shape as on SQLite). Whoever copies a database must give
--- the copy a new one (docs/lease.md).
+-- the copy a new one (docs/lease.md). Exactly 32: a short id such as '2'
+-- would make 'tool-job:2:1:charge' equal job 2's old-format step '1:charge'.
 CREATE TABLE IF NOT EXISTS tool_job_store (
   singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-  store_id  text    NOT NULL CHECK (store_id ~ '^[0-9a-z-]{1,64}$')
+  store_id  text    NOT NULL CHECK (store_id ~ '^[0-9a-f]{32}$')
 );
 INSERT INTO tool_job_store (singleton, store_id) VALUES (true, replace(gen_random_uuid()::text, '-', ''))
 ON CONFLICT (singleton) DO NOTHING;

@@ -10,11 +10,13 @@
 -- carries it in its keys: 'tool-job:<store_id>:<id>' and
 -- 'tool-job:<store_id>:<id>:<step>'.
 --
--- One row: the store's identity, created as 32 lowercase hex characters. An operator
--- who copies a database file must give the copy a new one (docs/lease.md).
+-- One row: the store's identity, exactly 32 lowercase hex characters. An
+-- operator who copies a database file must give the copy a new one
+-- (docs/lease.md). Exactly 32: a short id such as '2' would make the new
+-- format 'tool-job:2:1:charge' equal the old format of job 2, step '1:charge'.
 CREATE TABLE IF NOT EXISTS tool_job_store (
   singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
-  store_id  TEXT    NOT NULL CHECK (length(store_id) BETWEEN 1 AND 64 AND store_id NOT GLOB '*[^0-9a-z-]*')
+  store_id  TEXT    NOT NULL CHECK (length(store_id) = 32 AND store_id NOT GLOB '*[^0-9a-f]*')
 ) STRICT;
 INSERT OR IGNORE INTO tool_job_store (singleton, store_id) VALUES (1, lower(hex(randomblob(16))));
 

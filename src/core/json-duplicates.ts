@@ -74,8 +74,12 @@ export function duplicateOnPointerPath(text: string, tokens: string[]): Duplicat
         const start = i;
         skipString();
         const name = JSON.parse(text.slice(start, i)) as string;
-        if (names.has(name)) return { object: pointerOf(tokens.slice(0, depth)), name };
-        names.add(name);
+        // Compared case-folded: Go's encoding/json and ASP.NET Core match
+        // member names without regard to case (the last one wins), so
+        // `"customer"` and `"Customer"` are one member to them.
+        const folded = name.toLowerCase();
+        if (names.has(folded)) return { object: pointerOf(tokens.slice(0, depth)), name };
+        names.add(folded);
         skipWhitespace();
         i++; // ':'
         skipWhitespace();

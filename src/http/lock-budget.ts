@@ -29,18 +29,26 @@ export interface ForwardBudget {
   startBy: number;
 }
 
-/** Margin kept off the lock's end: at most 250 ms, and at most half the route's `lockMarginMs`. */
+/**
+ * Margin kept off the lock's end: half the route's `lockMarginMs`, at most
+ * 250 ms, and never under 25 ms (a route with no margin still keeps one for
+ * the step to the wire and the undici forwarder's two loop turns of grace).
+ */
 export function lockSafetyMs(lockMarginMs: number): number {
-  return Math.min(250, lockMarginMs / 2);
+  return Math.max(25, Math.min(250, lockMarginMs / 2));
 }
 
 /**
- * null: too little of the lock is left to send anything (less than 1 ms);
- * the caller must release the record instead of forwarding.
+ * null: less than half the route's timeout is left of the lock; the caller
+ * must release the record instead of forwarding. A request sent with a few
+ * milliseconds of deadline would mostly end in a timeout after it reached
+ * the upstream, an outcome_unknown for an operator, where refusing it now is
+ * safe to retry. Otherwise the deadline is the route's, or what is left when
+ * that is less.
  */
 export function forwardBudget(o: { sentAt: number; lockMs: number; safetyMs: number; routeTimeoutMs: number; now: number }): ForwardBudget | null {
   const startBy = o.sentAt + o.lockMs - o.safetyMs;
   const left = startBy - o.now;
-  if (left < 1) return null;
+  if (left < Math.max(1, o.routeTimeoutMs / 2)) return null;
   return { timeoutMs: Math.min(o.routeTimeoutMs, Math.floor(left)), startBy };
 }

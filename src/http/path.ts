@@ -74,6 +74,9 @@ const READINGS: Reading[] = [
   { applies: (p) => p.includes(';'), apply: (p) => removeDotSegments(p.replace(/;[^/]*/g, '')) },
   // Empty segments merged (`//payments/a` is `/payments/a` to nginx).
   { applies: (p) => p.includes('//'), apply: (p) => p.replace(/\/{2,}/g, '/') },
+  // A trailing slash dropped (Express and most frameworks route `/a/b/` as
+  // `/a/b` unless told to be strict). Only dropped: no upstream adds one.
+  { applies: (p) => p.length > 1 && p.endsWith('/'), apply: (p) => p.replace(/\/+$/, '') || '/' },
 ];
 
 /**

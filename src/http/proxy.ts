@@ -12,7 +12,8 @@ import { connectionTokens, isHopByHop, START_DEADLINE_PASSED, type Forwarder, ty
 import type { Logger } from './logger.js';
 import { requestShapeProblem } from './request-shape.js';
 import { alternativeReadings, normalizePath } from './path.js';
-import { createRouter, divergentReading } from './router.js';
+import { createFoldedRouter, createRouter, divergentReading } from './router.js';
+import { cutText, REJECTION_TEXT_LIMITS } from '../store/bounds.js';
 import type { SignedFenceCheck } from './signed-fence.js';
 import { forwardBudget, lockSafetyMs } from './lock-budget.js';
 
@@ -59,6 +60,7 @@ const REQUEST_ID = /^[A-Za-z0-9._:@-]{1,128}$/;
  */
 export function createProxyHandler(deps: ProxyDeps) {
   const router = createRouter(deps.config.routes);
+  const folded = createFoldedRouter(deps.config.routes);
   const { store, logger } = deps;
 
   return async function proxy(req: Inbound): Promise<Reply> {
@@ -72,7 +74,8 @@ export function createProxyHandler(deps: ProxyDeps) {
     const requestId = randomUUID();
     const given = req.headers.get('x-request-id');
     const clientRequestId = given !== null && REQUEST_ID.test(given) ? given : null;
-    const trace: Trace = { request_id: requestId, ...(clientRequestId !== null ? { client_request_id: clientRequestId } : {}), route: null, method: req.method, path: url.pathname };
+    // The path is cut for the log as for the rejection log: any caller can send a 16 KB one.
+    const trace: Trace = { request_id: requestId, ...(clientRequestId !== null ? { client_request_id: clientRequestId } : {}), route: null, method: req.method, path: cutText(url.pathname, REJECTION_TEXT_LIMITS.path) };
     const done = (res: Reply, decision: string): Reply => {
       setHeader(res, 'x-request-id', requestId);
       const totalMs = round(performance.now() - started);
@@ -87,12 +90,12 @@ export function createProxyHandler(deps: ProxyDeps) {
 
     // 1. Route.
     const matched = isAdminPath(url.pathname, deps.config.adminPrefix) ? null : router(req.method, url.pathname);
-    if (matched === null) return refuse(null, { code: 'no-route', detail: `no route for ${req.method} ${url.pathname}` });
+    if (matched === null) return refuse(null, { code: 'no-route', detail: `no route for ${req.method} ${trace.path}` });
     const { route } = matched;
     trace.route = route.name;
     //    One route decision per path: refused when an upstream could read it
     //    another way that routes elsewhere (`%2F`, `%5C`, `;params`, `//`).
-    const divergent = divergentReading(router, req.method, matched, alternativeReadings(url.pathname));
+    const divergent = divergentReading(router, req.method, matched, alternativeReadings(url.pathname), folded, url.pathname);
     if (divergent !== null) {
       return refuse(route, {
         code: 'invalid-request',
@@ -227,9 +230,12 @@ export function createProxyHandler(deps: ProxyDeps) {
 
     if (result.kind === 'refused' && result.error === START_DEADLINE_PASSED) {
       // Nothing was sent: release the record and the slot (conditional on the
-      // owner token, so a takeover that already happened is left alone).
+      // owner token, so a takeover that already happened is left alone). A
+      // record this request took over from outcome_unknown goes back to
+      // outcome_unknown: the earlier attempt's outcome is as unknown as before,
+      // and its fingerprint must keep refusing another payload under the key.
       logger.warn('forward-abandoned', { request_id: requestId, route: route.name, idempotency_key: key, waited_ms: round(performance.now() - admissionSentAt), lock_ms: input.lockMs });
-      await finishWithRetries(store, { ...base, outcome: 'released' }, logger, requestId, lockEnds);
+      await finishWithRetries(store, { ...base, outcome: admission.takeover ? 'unknown' : 'released' }, logger, requestId, lockEnds);
       return refuse(route, {
         code: 'admission-expired',
         detail: `the gateway was delayed for longer than this request's ${input.lockMs} ms lock between its admission and the upstream; nothing was sent, retry with the same key is safe`,
@@ -238,7 +244,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     }
 
     // 7. Finish, conditional on the owner token.
-    const { finish, response, decision } = settle(result, route, base, deps.problemBase, requestId);
+    const { finish, response, decision } = settle(result, route, base, deps.problemBase, requestId, budget?.timeoutMs ?? route.timeoutMs);
     const recorded = await finishWithRetries(store, finish, logger, requestId, lockEnds);
     if (recorded === false) logger.warn('late-finish-discarded', { request_id: requestId, route: route.name, idempotency_key: key });
     return done(response, admission.takeover ? `${decision}-after-takeover` : decision);
@@ -293,6 +299,8 @@ function settle(
   base: Omit<FinishInput, 'outcome'>,
   problemBase: string,
   requestId: string,
+  /** The deadline the forward had: the route's, or less when the lock left less. */
+  timeoutMs: number,
 ): { finish: FinishInput; response: Reply; decision: string } {
   const problem = (refusal: Refusal) => toReply(renderRefusal({ ...refusal, extras: { ...refusal.extras, request_id: requestId } }, route.errors, problemBase));
   switch (result.kind) {
@@ -317,7 +325,7 @@ function settle(
         finish: { ...base, outcome: 'unknown' },
         response: problem({
           code: 'upstream-timeout',
-          detail: `${result.timedOut ? `no complete answer within ${route.timeoutMs} ms` : `the connection failed (${result.error})`} after the request may have been sent; the outcome is unknown`,
+          detail: `${result.timedOut ? `no complete answer within ${timeoutMs} ms` : `the connection failed (${result.error})`} after the request may have been sent; the outcome is unknown`,
         }),
         decision: 'upstream-timeout',
       };

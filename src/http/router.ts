@@ -42,13 +42,31 @@ export function createRouter(routes: RouteConfig[]): Router {
  * (`/invoices/inv%2F10/pay`) stays usable while no route takes the decoded
  * path. null when every reading agrees.
  */
-export function divergentReading(router: Router, method: string, matched: RouteMatch, readings: string[]): string | null {
+export function divergentReading(router: Router, method: string, matched: RouteMatch, readings: string[], folded?: Router, path?: string): string | null {
   for (const reading of readings) {
     const other = router(method, reading);
     if (other === null) continue;
     if (other.route !== matched.route || !sameParams(other.params, matched.params)) return reading;
   }
+  // Case-insensitive upstreams (Express by default, ASP.NET, IIS) route
+  // `/PAYMENTS/x` to the payments handler: a path or reading that, folded,
+  // falls to another route than the one matched is refused too. Only the
+  // route is compared: parameters keep their case (`/payments/INV-7`).
+  if (folded !== undefined) {
+    for (const reading of path === undefined ? readings : [path, ...readings]) {
+      const other = folded(method, reading.toLowerCase());
+      if (other !== null && other.route.name !== matched.route.name) return reading.toLowerCase();
+    }
+  }
   return null;
+}
+
+/**
+ * The router as a case-insensitive upstream would match: patterns lower
+ * cased, for `divergentReading` (called with lower-cased paths).
+ */
+export function createFoldedRouter(routes: RouteConfig[]): Router {
+  return createRouter(routes.map((r) => ({ ...r, match: { ...r.match, path: r.match.path.toLowerCase() } })));
 }
 
 function sameParams(a: Record<string, string>, b: Record<string, string>): boolean {

@@ -79,7 +79,7 @@ export function kindFilter(kinds: readonly string[] | undefined): string[] | nul
 /** The store's identity as the database holds it (migration 0007); a store cannot work without it. */
 export function checkStoreId(row: { store_id?: unknown } | undefined): string {
   const id = row?.store_id;
-  if (typeof id !== 'string' || !/^[0-9a-z-]{1,64}$/.test(id)) {
+  if (typeof id !== 'string' || !/^[0-9a-f]{32}$/.test(id)) {
     throw new LeaseError(
       'store_identity',
       'the job store has no identity (table tool_job_store, migration 0007): run the migrations before opening it with migrate: false',

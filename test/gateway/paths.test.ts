@@ -6,7 +6,7 @@ import { parseConfig } from '../../src/config/load.js';
 import { createUndiciForwarder } from '../../src/http/forward-undici.js';
 import { createGateway, type Gateway } from '../../src/http/gateway.js';
 import { alternativeReadings, normalizePath, removeDotSegments } from '../../src/http/path.js';
-import { createRouter, divergentReading } from '../../src/http/router.js';
+import { createFoldedRouter, createRouter, divergentReading } from '../../src/http/router.js';
 import { SqliteGatewayStore } from '../../src/store/sqlite/gateway-store.js';
 import { paymentsRoute, snapshot, startTestGateway, tempDir, type RouteInput, type TestGateway } from '../helpers/gateway.js';
 import { hsAuth, token } from '../auth/tokens.js';
@@ -175,6 +175,9 @@ describe('a path that another reading would route elsewhere: 400 invalid-request
     '/payments/..;/other', // /payments/.. ;-stripped resolves to /other (Tomcat)
     '//payments/a', // merged slashes (nginx)
     '/invoices/inv;x/pay', // same route, other parameter (inv)
+    '/invoices/inv-1/pay/', // a trailing slash dropped (Express, most frameworks): the invoices route
+    '/Payments/a', // case folded (Express by default, ASP.NET, IIS): the payments route
+    '/INVOICES/inv-1/pay',
   ];
   it.each(AMBIGUOUS)('%s', async (path) => {
     for (const way of ways) {
@@ -290,6 +293,27 @@ describe('normalizePath, alternativeReadings (unit)', () => {
     expect(alternativeReadings('/payments%2Fa')).toEqual(['/payments/a']);
     expect(new Set(alternativeReadings('/a%2Fb;x/c'))).toEqual(new Set(['/a/b;x/c', '/a%2Fb/c', '/a/b/c']));
     expect(new Set(alternativeReadings('//a;x'))).toEqual(new Set(['//a', '/a;x', '/a']));
+    // A trailing slash dropped (Express and most frameworks ignore it); never added.
+    expect(alternativeReadings('/payments/a/')).toEqual(['/payments/a']);
+    expect(alternativeReadings('/')).toEqual([]);
+  });
+
+  it('case: a path another route takes once folded is refused, a parameter keeps its case; negative control: without the folded router it passes', () => {
+    const routes = parseConfig({ routes: ROUTES('http://127.0.0.1:1') }).routes;
+    const router = createRouter(routes);
+    const folded = createFoldedRouter(routes);
+    const upper = router('POST', '/Payments/a')!;
+    expect(upper.route.name).toBe('rest');
+    expect(divergentReading(router, 'POST', upper, alternativeReadings('/Payments/a'), folded, '/Payments/a')).toBe('/payments/a');
+    expect(divergentReading(router, 'POST', upper, alternativeReadings('/Payments/a'))).toBeNull();
+    // The trailing slash: the catch-all takes /invoices/inv-1/pay/ here, an upstream the invoices route.
+    const slashed = router('POST', '/invoices/inv-1/pay/')!;
+    expect(slashed.route.name).toBe('rest');
+    expect(divergentReading(router, 'POST', slashed, alternativeReadings('/invoices/inv-1/pay/'))).toBe('/invoices/inv-1/pay');
+    expect(divergentReading(router, 'POST', slashed, [])).toBeNull();
+    const id = router('POST', '/invoices/INV-1/pay')!;
+    expect(id.params).toEqual({ invoice: 'INV-1' });
+    expect(divergentReading(router, 'POST', id, alternativeReadings('/invoices/INV-1/pay'), folded, '/invoices/INV-1/pay')).toBeNull();
   });
 
   it('an encoded slash inside a parameter is accepted while no route takes the decoded path', () => {

@@ -269,6 +269,9 @@ describe('a JSON body that names its entity twice is refused', () => {
     expect(duplicateOnPointerPath('{"a/b":{"c":1,"c":2}}', ['a/b', 'c'])).toEqual({ object: '/a~1b', name: 'c' });
     expect(duplicateOnPointerPath('{"a":[1,2]}', ['a', '5'])).toBeNull();
     expect(duplicateOnPointerPath('{}', ['a'])).toBeNull();
+    // Names differing only in case are one member to Go's encoding/json and ASP.NET Core.
+    expect(duplicateOnPointerPath('{"customer":"A","Customer":"B"}', ['customer'])).toEqual({ object: '', name: 'Customer' });
+    expect(duplicateOnPointerPath('{"a":{"x":1},"b":{"X":1,"x":2}}', ['a', 'x'])).toBeNull();
     const deep = '['.repeat(100_000) + ']'.repeat(100_000);
     expect(duplicateOnPointerPath(`{"z":${deep},"z":1}`, ['z'])).toEqual({ object: '', name: 'z' });
   });
