@@ -6,7 +6,7 @@ import { cloudflareTest, readD1Migrations } from '@cloudflare/vitest-pool-worker
 import { defineConfig } from 'vitest/config';
 
 export default defineConfig(async () => {
-  const migrations = await readD1Migrations('migrations/sqlite');
+  const migrations = await readD1Migrations('migrations/gateway/sqlite');
   return {
     plugins: [
       cloudflareTest({

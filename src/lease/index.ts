@@ -3,6 +3,7 @@ export * from './errors.js';
 export { createSqliteJobStore, type SqliteJobStoreOptions } from './sqlite/store.js';
 export { createPostgresJobStore, type PostgresJobStoreOptions } from './postgres/store.js';
 export { openJobStore, type OpenJobStoreOptions } from './open.js';
+export { migrateLeasePostgres, migrateLeaseSqlite } from './migrate.js';
 export { runWorker } from './runner/run-worker.js';
 export type { RunWorkerOptions, KindOptions, PayloadSchema } from './runner/options.js';
 export type { JobContext, JobHandler, JobView, LeaseWorker, StopOptions } from './runner/types.js';
@@ -21,7 +22,7 @@ export {
   type StepFn,
 } from './fenced-fetch.js';
 // Signed fences (DESIGN §7): `fenceSigner: createFenceSigner({ secret }, { graceSeconds: 5 })`.
-export { createFenceSigner, mintFence, type FenceClaimsInput, type FenceSigningKey } from '../core/fence-token.js';
+export { createFenceSigner, mintFence, type FenceClaimsInput, type FenceSigningKey } from '../protocol/fence-token.js';
 export { LeaseEvents, type InFlightRequest, type LeaseEvent, type LeaseEventMap, type LeaseEventOf, type LeaseEventType } from './events.js';
 export type { KindCounters, KindGauges, LeaseMetrics } from './metrics.js';
 export { backoffMs, canStartAction, checkLeaseTiming, type BackoffPolicy, type LeaseTiming } from './timing.js';

@@ -1,27 +1,15 @@
-import { readdirSync, readFileSync } from 'node:fs';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+// The migration files and their ledgers belong to the database plumbing that
+// the gateway and the lease module share (src/db/migrations.ts).
+import { loadSingleLedgerHistory, type Dialect, type Migration } from '../db/migrations.js';
 
-/** One numbered SQL file from `migrations/<dialect>/`. */
-export interface Migration {
-  /** File name, e.g. `0001_gateway.sql`; also the id recorded as applied. */
-  name: string;
-  sql: string;
-}
-
-/** The package's `migrations/` folder: two levels up from both `src/store/` and `dist/store/`. */
-export const MIGRATIONS_ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'migrations');
-
-const MIGRATION_FILE = /^\d{4}_[a-z0-9_]+\.sql$/;
+export { MIGRATIONS_ROOT, type Migration } from '../db/migrations.js';
 
 /**
- * Reads the append-only migrations of one dialect, in order. Files are
- * numbered `NNNN_name.sql`; anything else in the folder is ignored.
+ * Every migration of a dialect, gateway and lease, in the order the releases
+ * before the split applied them under one ledger: for rebuilding such a
+ * database in upgrade tests and benchmarks. A store migrates its own part
+ * (src/db/migrations.ts `loadMigrations(part, dialect)`).
  */
-export function loadMigrations(dialect: 'sqlite' | 'postgres', root = MIGRATIONS_ROOT): Migration[] {
-  const dir = join(root, dialect);
-  return readdirSync(dir)
-    .filter((name) => MIGRATION_FILE.test(name))
-    .sort()
-    .map((name) => ({ name, sql: readFileSync(join(dir, name), 'utf8') }));
+export function loadMigrations(dialect: Dialect): Migration[] {
+  return loadSingleLedgerHistory(dialect);
 }

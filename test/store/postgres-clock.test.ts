@@ -28,7 +28,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /** The functions of 0003 and 0005 as they were, every fencegate_ function renamed `…_old`. */
 function previousRelease(): string {
   const rename = (sql: string) => sql.replace(/\bfencegate_(log_rejection|ms_between|admit|finish)\(/g, 'fencegate_$1_old(');
-  const read = (name: string) => readFileSync(join(MIGRATIONS_ROOT, 'postgres', name), 'utf8');
+  const read = (name: string) => readFileSync(join(MIGRATIONS_ROOT, 'gateway', 'postgres', name), 'utf8');
   return rename(read('0003_gateway_functions.sql')) + '\n' + rename(read('0005_gateway_fence_history.sql'));
 }
 
