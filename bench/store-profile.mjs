@@ -12,6 +12,7 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { decide, finish } from '../dist/core/admission.js';
 import { SqliteGatewayStore } from '../dist/store/sqlite/index.js';
 import { option as opt } from './args.mjs';
 
@@ -21,8 +22,8 @@ const synchronous = opt('synchronous', 'NORMAL');
 
 const dir = mkdtempSync(join(tmpdir(), 'fencegate-store-profile-'));
 const store = new SqliteGatewayStore({ path: join(dir, 'gateway.db'), synchronous, groupCommit: false });
-// The store's prepared statements, exactly as admitIn / finishIn run them.
-const { q, db } = store;
+// The store's own reads and writes (its private fields), exactly as admitIn / finishIn run them.
+const { q, rows, db } = store;
 const spent = new Map();
 const time = (name, fn) => {
   const t0 = process.hrtime.bigint();
@@ -34,29 +35,28 @@ const owner = (k) => `owner-${k}-0000-0000-0000-000000000000`;
 const body = Buffer.from('{"id":"ch_1","object":"charge"}');
 
 function group(first, now) {
-  // Admissions: DESIGN §3.5 a (fence), the history row, b (record lookup), h (slot), the record.
+  // Admissions, as admitIn runs them: read the entity's row and the record,
+  // decide (DESIGN §3.5, src/core/admission.ts), write what changed, the history row.
   time('BEGIN IMMEDIATE', () => db.exec('BEGIN IMMEDIATE'));
   time('SELECT now', () => q.now.get());
   for (let k = first; k < first + groupSize; k++) {
     const entity = `bench:${k % 1000}`;
-    const fence = BigInt(k);
-    time('admit: raise fence', () => q.raiseFence.get({ entity, fence, now }));
-    time('admit: fence history', () => q.fenceHistory.run({ entity, fence, now, caller: null, requestId: `req-${k}` }));
-    time('admit: read record', () => q.getRecord.get('payments', `key-${k}`));
-    time('admit: take slot', () => q.takeSlot.get({ entity, owner: owner(k), until: now + 30_000, now }));
-    time('admit: insert record', () =>
-      q.insertRecord.run({ scope: 'payments', key: `key-${k}`, owner: owner(k), until: now + 30_000, entity, fence, now, fingerprint: 'f'.repeat(64), expires: now + 86_400_000 }),
-    );
+    const input = { key: `key-${k}`, entity, fence: BigInt(k), fingerprint: 'f'.repeat(64), mode: 'serial', ownerToken: owner(k), lockMs: 30_000, retentionMs: 86_400_000, onUnknown: 'reject' };
+    const state = time('admit: read entity + record', () => rows.read('payments', input.key, entity));
+    const d = time('admit: decide (pure)', () => decide(state, input, now));
+    time('admit: write entity + record', () => rows.apply('payments', input.key, entity, state, d.next));
+    time('admit: fence history', () => q.fenceHistory.run({ entity, fence: d.acceptedFence, now, caller: null, requestId: `req-${k}` }));
   }
   time('COMMIT (WAL page writes)', () => db.exec('COMMIT'));
   // Finishes of the same requests, one group later (as after the upstream answered).
   time('BEGIN IMMEDIATE', () => db.exec('BEGIN IMMEDIATE'));
   time('SELECT now', () => q.now.get());
   for (let k = first; k < first + groupSize; k++) {
-    time('finish: complete record', () =>
-      q.complete.run({ scope: 'payments', key: `key-${k}`, owner: owner(k), status: 201, headers: '[["content-type","application/json"]]', body, expires: now + 86_400_000 }),
-    );
-    time('finish: free slot', () => q.freeSlot.run({ entity: `bench:${k % 1000}`, owner: owner(k) }));
+    const entity = `bench:${k % 1000}`;
+    const input = { key: `key-${k}`, entity, ownerToken: owner(k), outcome: 'completed', response: { status: 201, headers: [['content-type', 'application/json']], body }, retentionMs: 86_400_000 };
+    const state = time('finish: read entity + record', () => rows.read('payments', input.key, entity));
+    const f = time('finish: finish (pure)', () => finish(state, input, now));
+    time('finish: write record + slot', () => rows.apply('payments', input.key, entity, state, f.next));
   }
   time('COMMIT (WAL page writes)', () => db.exec('COMMIT'));
 }

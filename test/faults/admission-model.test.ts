@@ -15,6 +15,11 @@ import { withoutFenceCheck } from '../helpers/store-wrappers.js';
 // decides the order in which they reach the store, so concurrent requests
 // interleave in every order it picks. After each command the whole state
 // (fences, records, serial slots, rejection counts) must equal the model's.
+//
+// The SQLite store applies the pure rules of src/core/admission.ts, which
+// every store is held to by test/store/admission-conformance.ts; this model
+// is the independent check of those rules: written from the design text,
+// not from the code, so a rule changed in `decide` fails here.
 
 const RUNS = Number(process.env.FENCEGATE_FC_RUNS ?? 40);
 const SCOPE = 'route';

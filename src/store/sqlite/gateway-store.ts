@@ -12,11 +12,9 @@ import {
   type FinishResult,
   type GatewayStore,
   type RecordInfo,
-  type RecordState,
   type RejectionInput,
   type RejectionPage,
   type RejectionQuery,
-  type StoredResponse,
   type SweepOptions,
   type SweepResult,
 } from '../types.js';
@@ -27,6 +25,8 @@ import { migrateSqlite } from './migrate.js';
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
 import { NOW_MS, toRecord, toRejection } from '../dialect-rows.js';
 import { boundRejectionText } from '../bounds.js';
+import { decide, finish } from '../../core/admission.js';
+import { admissionRows, type AdmissionRows } from './admission-rows.js';
 import { sweepInBatches, type SweepStep } from '../sweep.js';
 
 export interface SqliteStoreOptions extends OpenSqliteOptions {
@@ -63,17 +63,6 @@ export interface SqliteStoreOptions extends OpenSqliteOptions {
 }
 
 
-interface RecordRow {
-  fingerprint: string;
-  state: RecordState;
-  owner_token: string;
-  locked_until: number | null;
-  status: number | null;
-  headers: string | null;
-  body: Buffer | null;
-  expires_at: number;
-}
-
 /**
  * The embedded default store: one SQLite file in WAL mode. Every decision is
  * one `BEGIN IMMEDIATE` transaction, so several gateway processes on the same
@@ -88,6 +77,8 @@ export class SqliteGatewayStore implements GatewayStore {
   private readonly notifier: LocalNotifier;
   private closed = false;
   private readonly q: ReturnType<typeof prepare>;
+  /** The two rows of a decision, read and written for the pure rules (./admission-rows.ts). */
+  private readonly rows: AdmissionRows;
   private readonly admitTx: (input: AdmitInput) => Admission | Promise<Admission>;
   private readonly finishTx: (input: FinishInput) => FinishResult | Promise<FinishResult>;
   private readonly rejectTx: (input: RejectionInput) => void | Promise<void>;
@@ -109,6 +100,7 @@ export class SqliteGatewayStore implements GatewayStore {
     this.lock = new WriteLock(this.db, { timeoutMs: options.busyTimeoutMs, blockingMs: options.blockingWaitMs ?? 5 });
     this.notifier = new LocalNotifier(options.pollMs ?? 50);
     this.q = prepare(this.db);
+    this.rows = admissionRows(this.db);
     // The database clock is read once per transaction: every decision of a
     // transaction (of a group) happens at the same database time.
     const begin = () => {
@@ -134,7 +126,7 @@ export class SqliteGatewayStore implements GatewayStore {
     this.audit = createSqliteAudit(this.db, this.lock);
   }
 
-  // The audit methods (issue 5) live in ./audit.ts.
+  // The audit methods (fence history, operator resolution) live in ./audit.ts.
   getFenceHistory: AuditStore['getFenceHistory'] = (entity, page) => this.audit.getFenceHistory(entity, page);
   listRecords: AuditStore['listRecords'] = (query) => this.audit.listRecords(query);
   resolveRecord: AuditStore['resolveRecord'] = (input) => this.audit.resolveRecord(input);
@@ -161,121 +153,39 @@ export class SqliteGatewayStore implements GatewayStore {
     return this.notifier.wait(topic, timeoutMs, signal);
   }
 
-  /** DESIGN §3.5 a–h, inside the immediate transaction. */
+  /**
+   * DESIGN §3.5 a–h, inside the immediate transaction: read the two rows the
+   * decision touches, decide (../../core/admission.ts), write what changed.
+   * Nothing else writes while this transaction holds the write lock, so the
+   * rows written are the rows read (each write still checks it: ./admission-rows.ts).
+   */
   private admitIn(input: AdmitInput): Admission {
-    const { q } = this;
     const now = this.txNow;
-    const { scope, key, entity, fence } = input;
-
-    // a. The fence check comes first, always: a stale fence is refused even
-    //    when its key has a stored response. One conditional upsert: it
-    //    raises the fence (equal is fine) or returns nothing.
-    if (entity !== null && fence !== null) {
-      const raised = q.raiseFence.get({ entity, fence, now });
-      if (raised === undefined) {
-        const current = (q.entityFence.get(entity) as { fence: bigint }).fence;
-        this.reject({ reason: 'stale-fence', entity, presentedFence: fence, currentFence: current, idempotencyKey: key, audit: input.audit }, now);
-        return { outcome: 'stale-fence', currentFence: current };
-      }
+    const { scope, key, entity } = input;
+    const state = this.rows.read(scope, key, entity);
+    const d = decide(state, input, now);
+    this.rows.apply(scope, key, entity, state, d.next);
+    if (d.acceptedFence !== null) {
       // The entity's fence history: one row per accepted fence value (a no-op
       // when it stayed equal), with the caller and request id bounded as in
       // the rejection log (../bounds.ts), as the other stores write them.
       const text = boundRejectionText({ entity, idempotencyKey: key, audit: input.audit });
-      q.fenceHistory.run({ entity, fence, now, caller: text.caller, requestId: text.requestId });
+      this.q.fenceHistory.run({ entity, fence: d.acceptedFence, now, caller: text.caller, requestId: text.requestId });
     }
-
-    // b–g. The idempotency record.
-    let takeoverFrom: string | null = null;
-    if (key !== null) {
-      let rec = q.getRecord.get(scope, key) as RecordRow | undefined;
-      if (rec !== undefined && rec.state === 'completed' && rec.expires_at <= now) {
-        // Past retention: forgotten, as if the sweeper had already run.
-        q.deleteRecord.run(scope, key);
-        rec = undefined;
-      }
-      if (rec !== undefined) {
-        if (rec.fingerprint !== input.fingerprint) {
-          this.reject({ reason: 'idempotency-key-reused', entity, presentedFence: fence, currentFence: null, idempotencyKey: key, audit: input.audit }, now);
-          return { outcome: 'idempotency-key-reused' };
-        }
-        if (rec.state === 'completed') return { outcome: 'replay', response: toResponse(rec) };
-        if (rec.state === 'in_progress') {
-          if (rec.locked_until !== null && rec.locked_until > now) {
-            return { outcome: 'idempotency-in-progress', retryAfterMs: rec.locked_until - now };
-          }
-          // f. The gateway that held the lock died mid-request: the request
-          //    may have reached the upstream.
-          q.markUnknown.run({ scope, key, owner: rec.owner_token });
-        }
-        // g. outcome_unknown: never re-sent blindly unless the route says the
-        //    upstream is idempotent.
-        if (input.onUnknown === 'reject') {
-          this.reject({ reason: 'outcome-unknown', entity, presentedFence: fence, currentFence: null, idempotencyKey: key, audit: input.audit }, now);
-          return { outcome: 'outcome-unknown' };
-        }
-        takeoverFrom = rec.owner_token;
-      }
-    }
-
-    // h. Serial mode: take the entity's one in-flight slot (or the expired
-    //    slot of a dead gateway). Checked before the record is written, so a
-    //    busy answer leaves no record behind.
-    if (input.mode === 'serial' && entity !== null) {
-      if (fence === null) q.ensureEntity.run({ entity, now });
-      const slot = q.takeSlot.get({ entity, owner: input.ownerToken, until: now + input.lockMs, now });
-      if (slot === undefined) {
-        const held = q.entitySlot.get(entity) as { inflight_until: number | null };
-        return { outcome: 'entity-busy', retryAfterMs: Math.max(0, (held.inflight_until ?? now) - now) };
-      }
-    }
-
-    if (key !== null) {
-      const lock = { scope, key, owner: input.ownerToken, until: now + input.lockMs, entity, fence, now };
-      if (takeoverFrom !== null) {
-        q.takeOver.run({ ...lock, previous: takeoverFrom });
-      } else {
-        q.insertRecord.run({ ...lock, fingerprint: input.fingerprint, expires: now + input.retentionMs });
-      }
-    }
-    return { outcome: 'forward', takeover: takeoverFrom !== null };
+    if (d.rejection !== null) this.reject({ ...d.rejection, entity, idempotencyKey: key, audit: input.audit }, now);
+    return d.admission;
   }
 
-  /** DESIGN §3.7, inside the immediate transaction. */
+  /** DESIGN §3.7, inside the immediate transaction: read, `finish` (../../core/admission.ts), write. */
   private finishIn(input: FinishInput): FinishResult {
-    const { q } = this;
     const now = this.txNow;
-    let recorded = true;
-    if (input.key !== null) {
-      const owned = { scope: input.scope, key: input.key, owner: input.ownerToken };
-      let changes: number;
-      switch (input.outcome) {
-        case 'completed': {
-          const r = input.response;
-          changes = q.complete.run({
-            ...owned,
-            status: r.status,
-            headers: JSON.stringify(r.headers),
-            body: Buffer.from(r.body.buffer, r.body.byteOffset, r.body.byteLength),
-            expires: now + input.retentionMs,
-          }).changes;
-          break;
-        }
-        case 'released':
-          changes = q.deleteOwned.run(owned).changes;
-          break;
-        case 'unknown':
-          changes = q.markUnknownOwned.run(owned).changes;
-          break;
-      }
-      recorded = changes === 1;
-      if (!recorded) {
-        // Taken over by a newer owner (onUnknown: retry) or resolved by an
-        // operator: this owner's outcome no longer decides anything.
-        this.reject({ reason: 'late-finish', entity: input.entity, presentedFence: null, currentFence: null, idempotencyKey: input.key, audit: input.audit }, now);
-      }
-    }
-    if (input.entity !== null) q.freeSlot.run({ entity: input.entity, owner: input.ownerToken });
-    return { recorded };
+    const state = this.rows.read(input.scope, input.key, input.entity);
+    const f = finish(state, input, now);
+    this.rows.apply(input.scope, input.key, input.entity, state, f.next);
+    // Taken over by a newer owner (onUnknown: retry) or resolved by an
+    // operator: this owner's outcome no longer decides anything.
+    if (f.rejection !== null) this.reject({ ...f.rejection, entity: input.entity, idempotencyKey: input.key, audit: input.audit }, now);
+    return { recorded: f.recorded };
   }
 
   async listRejections(query: RejectionQuery): Promise<RejectionPage> {
@@ -385,15 +295,6 @@ export class SqliteGatewayStore implements GatewayStore {
   }
 }
 
-function toResponse(rec: RecordRow): StoredResponse {
-  return {
-    status: rec.status ?? 200,
-    headers: JSON.parse(rec.headers ?? '[]') as [string, string][],
-    body: new Uint8Array(rec.body ?? new Uint8Array(0)),
-  };
-}
-
-
 /** Every statement of the hot path, prepared once. Named parameters: see each. */
 function prepare(db: SqliteDatabase) {
   const s = (sql: string, safe = false): Statement => {
@@ -402,44 +303,7 @@ function prepare(db: SqliteDatabase) {
   };
   return {
     now: s(`SELECT ${NOW_MS} AS now`),
-    // @entity @fence @now — raise (or create) the entity's fence; no row back means stale.
-    raiseFence: s(`INSERT INTO fence_entities (entity, fence, accepted_at) VALUES (@entity, @fence, @now)
-      ON CONFLICT (entity) DO UPDATE SET fence = excluded.fence, accepted_at = excluded.accepted_at
-      WHERE fence_entities.fence IS NULL OR excluded.fence >= fence_entities.fence
-      RETURNING fence`),
-    entityFence: s('SELECT fence FROM fence_entities WHERE entity = ?', true),
-    // @entity @now — the row that holds the serial slot of an entity without fences.
-    ensureEntity: s('INSERT INTO fence_entities (entity, fence, accepted_at) VALUES (@entity, NULL, @now) ON CONFLICT (entity) DO NOTHING'),
-    // @entity @owner @until @now — take the slot if free or expired (a dead gateway's).
-    takeSlot: s(`UPDATE fence_entities SET inflight_owner = @owner, inflight_until = @until
-      WHERE entity = @entity AND (inflight_owner IS NULL OR inflight_until <= @now) RETURNING 1 AS ok`),
-    entitySlot: s('SELECT inflight_until FROM fence_entities WHERE entity = ?'),
-    // @entity @owner — free the slot only if this owner still holds it.
-    freeSlot: s('UPDATE fence_entities SET inflight_owner = NULL, inflight_until = NULL WHERE entity = @entity AND inflight_owner = @owner'),
     entityInfo: s(`SELECT entity, fence, accepted_at, inflight_until, ${NOW_MS} AS now FROM fence_entities WHERE entity = @entity`, true),
-    getRecord: s(`SELECT fingerprint, state, owner_token, locked_until, status, headers, body, expires_at
-      FROM idempotency_records WHERE scope = ? AND key = ?`),
-    deleteRecord: s('DELETE FROM idempotency_records WHERE scope = ? AND key = ?'),
-    // @scope @key @owner @until @entity @fence @now @fingerprint @expires
-    insertRecord: s(`INSERT INTO idempotency_records
-      (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, created_at, expires_at)
-      VALUES (@scope, @key, @fingerprint, @entity, @fence, 'in_progress', @owner, @until, @now, @expires)`),
-    // @scope @key @owner @until @entity @fence @previous — onUnknown: retry takes the record over.
-    takeOver: s(`UPDATE idempotency_records SET owner_token = @owner, state = 'in_progress', locked_until = @until,
-      entity = @entity, fence = @fence
-      WHERE scope = @scope AND key = @key AND owner_token = @previous AND state = 'outcome_unknown'`),
-    // @scope @key @owner
-    markUnknown: s(`UPDATE idempotency_records SET state = 'outcome_unknown', locked_until = NULL
-      WHERE scope = @scope AND key = @key AND owner_token = @owner AND state = 'in_progress'`),
-    // Finishes, each conditional on the owner token. A record only marked
-    // outcome_unknown (nobody took it over) still belongs to its owner.
-    complete: s(`UPDATE idempotency_records SET state = 'completed', status = @status, headers = @headers, body = @body,
-      locked_until = NULL, expires_at = @expires
-      WHERE scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')`),
-    deleteOwned: s(`DELETE FROM idempotency_records
-      WHERE scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')`),
-    markUnknownOwned: s(`UPDATE idempotency_records SET state = 'outcome_unknown', locked_until = NULL
-      WHERE scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')`),
     insertRejection: s(`INSERT INTO rejections
       (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id, detail)
       VALUES (@at, @reason, @entity, @presented, @current, @key, @caller, @method, @path, @sha, @requestId, @clientRequestId, @detail)`),
