@@ -1,17 +1,18 @@
 import { randomUUID } from 'node:crypto';
-import { readFileSync } from 'node:fs';
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
 import { SignJWT } from 'jose';
-import { ConfigError, parseConfigText } from '../config/load.js';
+import { ConfigError } from '../config/load.js';
+import { readConfig } from '../config/read-file.js';
 import type { Config } from '../config/schema.js';
 import { parseDuration } from '../core/duration.js';
-import { verificationKeys } from '../core/keys.js';
+import { verificationKeys } from '../config/keys.js';
 import { parseRejectionQuery } from '../http/admin.js';
 import { rejectionPages } from '../http/audit/export.js';
 import { CSV_HEADER, csvLine, ndjsonLine, rejectionJson, tableHeader, tableLine, visibleText, type RejectionJson } from '../http/audit/format.js';
 import { SCOPES } from '../http/middleware/auth/verify.js';
 import type { GatewayStore } from '../store/types.js';
+import { openStore } from './open-store.js';
 
 export const AUDIT_HELP = `fencegate audit — read the rejection log
 
@@ -179,26 +180,9 @@ async function openAuditStore(values: { db?: string; config?: string }): Promise
   if (values.db !== undefined) store = { sqlite: values.db, synchronous: 'FULL' };
   else if (values.config !== undefined) store = readConfig(values.config).store;
   if (store === null) return null;
-  if ('sqlite' in store) {
-    const { createSqliteStore } = await import('../store/sqlite/index.js');
-    return createSqliteStore({ path: store.sqlite, synchronous: store.synchronous });
-  }
-  if ('postgres' in store) {
-    const pgStore = '../store/postgres/index.js';
-    const mod = await import(pgStore);
-    return mod.createPostgresStore({ connectionString: store.postgres, poolSize: 2 });
-  }
-  throw new ConfigError('store.d1 lives on Cloudflare: use fencegate audit --url against the Worker', []);
-}
-
-function readConfig(path: string): Config {
-  let text: string;
-  try {
-    text = readFileSync(path, 'utf8');
-  } catch (err) {
-    throw new ConfigError(`cannot read config file ${path}: ${(err as Error).message}`, []);
-  }
-  return parseConfigText(text, path);
+  if ('d1' in store) throw new ConfigError('store.d1 lives on Cloudflare: use fencegate audit --url against the Worker', []);
+  // An export reads pages one after another: two connections are plenty.
+  return openStore(store, { poolSize: 2 });
 }
 
 /** Writes to stdout, waiting when the pipe is full (`| head`, a slow terminal). */

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
-import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import { ConfigError, parseConfigText } from '../config/load.js';
+import { ConfigError } from '../config/load.js';
+import { readConfig } from '../config/read-file.js';
 import type { Config } from '../config/schema.js';
 import { createJsonLogger, type LogLevel } from '../http/logger.js';
 import { migrateSqlite, openSqlite } from '../store/sqlite/index.js';
@@ -107,16 +107,6 @@ async function main(argv: string[]): Promise<number> {
     return -1; // keep running
   }
   return usage(`unknown command "${command}"`);
-}
-
-function readConfig(path: string): Config {
-  let text: string;
-  try {
-    text = readFileSync(path, 'utf8');
-  } catch (err) {
-    throw new ConfigError(`cannot read config file ${path}: ${(err as Error).message}`, []);
-  }
-  return parseConfigText(text, path);
 }
 
 function storeFrom(values: { config?: string; db?: string; 'database-url'?: string }, config?: Config): Config['store'] | null {

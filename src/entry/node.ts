@@ -7,11 +7,11 @@ import { createUndiciForwarder } from '../http/forward-undici.js';
 import type { Forwarder } from '../http/forward.js';
 import { createGateway, type Gateway } from '../http/gateway.js';
 import { createJsonLogger, type Logger } from '../http/logger.js';
-import { createSqliteStore } from '../store/sqlite/index.js';
 import { createNodeListener } from './node-listener.js';
+import { openStore } from './open-store.js';
 import { SWEEP_KINDS, type GatewayStore } from '../store/types.js';
 
-export { createUndiciForwarder };
+export { createUndiciForwarder, openStore };
 
 export interface RunningGateway {
   gateway: Gateway;
@@ -29,17 +29,6 @@ export interface StartOptions {
   store?: GatewayStore;
   forwarder?: Forwarder;
   env?: Record<string, string | undefined>;
-}
-
-/** Opens the store a configuration names. PostgreSQL and D1 are loaded only when named. */
-export async function openStore(store: Config['store']): Promise<GatewayStore> {
-  if ('sqlite' in store) return createSqliteStore({ path: store.sqlite, synchronous: store.synchronous });
-  if ('postgres' in store) {
-    const pgStore = '../store/postgres/index.js';
-    const mod = await import(pgStore);
-    return mod.createPostgresStore({ connectionString: store.postgres, poolSize: store.poolSize });
-  }
-  throw new Error('store.d1 is only available on Cloudflare Workers (see wrangler.toml)');
 }
 
 export function isLoopback(host: string): boolean {

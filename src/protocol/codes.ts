@@ -30,7 +30,6 @@ export const ERROR_CODES = {
   'not-found': { status: 404, title: 'Not found', retryable: false },
   'admin-disabled': { status: 404, title: 'Admin API disabled', retryable: false },
   'not-outcome-unknown': { status: 409, title: 'Only an outcome_unknown record can be resolved', retryable: false },
-  'not-supported': { status: 501, title: 'Not supported by this store', retryable: false },
   'internal-error': { status: 500, title: 'Internal error', retryable: true },
 } as const satisfies Record<string, { status: number; title: string; retryable: boolean }>;
 

@@ -4,7 +4,7 @@
  *
  * Each method that decides something is ONE atomic step in the database
  * (one transaction, or one statement), and takes every expiry decision with
- * the database clock (DESIGN G6). Expected outcomes are discriminated
+ * the database clock (DESIGN §2 G6). Expected outcomes are discriminated
  * results; exceptions mean a fault (the gateway answers 503 store-unavailable).
  */
 
@@ -12,7 +12,7 @@ export type Mode = 'serial' | 'concurrent';
 export type UnknownPolicy = 'reject' | 'retry';
 export type RecordState = 'in_progress' | 'completed' | 'outcome_unknown';
 
-/** Reasons written to the rejection log (DESIGN G5), plus `late-finish`. */
+/** Reasons written to the rejection log (DESIGN §2 G5), plus `late-finish`. */
 export type RejectionReason =
   | 'stale-fence'
   | 'idempotency-key-reused'
@@ -317,9 +317,8 @@ export interface AuditStats {
 }
 
 /**
- * The audit methods (issue 5). Optional in `GatewayStore` until every
- * backend implements them; the admin API answers 501 `not-supported` for a
- * store without them.
+ * The audit methods: fence history, records for operators, their resolution
+ * and its log (DESIGN §4.1). Every backend implements them.
  */
 export interface AuditStore {
   /** An entity's accepted fences, highest first; `cursor`: a previous page's `nextCursor`. */
@@ -330,7 +329,7 @@ export interface AuditStore {
   auditStats(): Promise<AuditStats>;
 }
 
-export interface GatewayStore extends Partial<AuditStore> {
+export interface GatewayStore extends AuditStore {
   /** Backend name for logs and metrics: `sqlite`, `postgres`, `d1`. */
   readonly kind: string;
   /** DESIGN §3.5 in one transaction. */

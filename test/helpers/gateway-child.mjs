@@ -29,6 +29,11 @@ const wrap = (overrides) => ({
   getEntity: (e) => real.getEntity(e),
   getRecords: (k) => real.getRecords(k),
   sweep: (o) => real.sweep(o),
+  getFenceHistory: (e, p) => real.getFenceHistory(e, p),
+  listRecords: (q) => real.listRecords(q),
+  resolveRecord: (i) => real.resolveRecord(i),
+  listOperatorActions: (p) => real.listOperatorActions(p),
+  auditStats: () => real.auditStats(),
   close: () => real.close(),
   ...overrides,
 });

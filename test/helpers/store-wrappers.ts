@@ -18,6 +18,11 @@ function delegate(inner: GatewayStore, overrides: Partial<GatewayStore>): Gatewa
     getEntity: (e) => inner.getEntity(e),
     getRecords: (k) => inner.getRecords(k),
     sweep: (o) => inner.sweep(o),
+    getFenceHistory: (e, p) => inner.getFenceHistory(e, p),
+    listRecords: (q) => inner.listRecords(q),
+    resolveRecord: (i) => inner.resolveRecord(i),
+    listOperatorActions: (p) => inner.listOperatorActions(p),
+    auditStats: () => inner.auditStats(),
     close: () => inner.close(),
     ...overrides,
   };

@@ -2,7 +2,7 @@ import type { Context, Hono } from 'hono';
 import { z } from 'zod';
 import type { RouteConfig } from '../../config/schema.js';
 import type { Refusal } from '../../protocol/problem.js';
-import type { AuditStore, FenceHistoryRow, GatewayStore, OperatorAction, RecordInfo, RecordState, Resolution } from '../../store/types.js';
+import type { FenceHistoryRow, GatewayStore, OperatorAction, RecordInfo, RecordState, Resolution } from '../../store/types.js';
 import { readBody } from '../body.js';
 import { requestIdOf } from '../request-id.js';
 
@@ -39,13 +39,12 @@ const ResolveBody = z
   });
 
 /**
- * The audit endpoints that issue 5 adds under `/v1` (the guard in front of
+ * The audit endpoints under `/v1` (DESIGN §4.1; the guard in front of
  * them is the admin app's): fence history, the records waiting for an
  * operator, their resolution, and the operator-action log.
  */
 export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void {
   const { store, problem } = options;
-  const unsupported = () => problem({ code: 'not-supported', detail: `the ${store.kind} store does not implement the audit methods yet` });
   const page = (c: Context): { limit: number; cursor?: string } | string => {
     const limit = c.req.query('limit');
     const cursor = c.req.query('cursor');
@@ -56,7 +55,6 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
   const badCursor = (err: unknown) => (err instanceof RangeError || err instanceof SyntaxError ? problem({ code: 'invalid-request', detail: 'cursor: not a cursor from next_cursor' }) : null);
 
   app.get('/v1/entities/:entity/history', async (c) => {
-    if (!store.getFenceHistory) return unsupported();
     const p = page(c);
     if (typeof p === 'string') return problem({ code: 'invalid-request', detail: p });
     if (p.cursor !== undefined && !/^\d{1,19}$/.test(p.cursor)) return problem({ code: 'invalid-request', detail: 'cursor: not a cursor from next_cursor' });
@@ -66,7 +64,6 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
 
   // The records that need an operator: ?state=outcome_unknown (the default).
   app.get('/v1/idempotency', async (c) => {
-    if (!store.listRecords) return unsupported();
     const state = (c.req.query('state') ?? 'outcome_unknown') as RecordState;
     if (!['outcome_unknown', 'in_progress', 'completed'].includes(state)) return problem({ code: 'invalid-request', detail: 'state: expected outcome_unknown, in_progress or completed' });
     const p = page(c);
@@ -82,7 +79,6 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
   });
 
   app.post('/v1/idempotency/:key/resolve', async (c) => {
-    if (!store.resolveRecord || !store.getRecords) return unsupported();
     const key = c.req.param('key');
     const read = await readBody(c.req.raw, MAX_RESOLVE_BYTES * 2);
     if (!read.ok) return problem({ code: 'payload-too-large', detail: `the resolution is over ${MAX_RESOLVE_BYTES * 2} bytes` });
@@ -143,7 +139,6 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
   });
 
   app.get('/v1/operator-actions', async (c) => {
-    if (!store.listOperatorActions) return unsupported();
     const p = page(c);
     if (typeof p === 'string') return problem({ code: 'invalid-request', detail: p });
     if (p.cursor !== undefined && !/^\d{1,19}$/.test(p.cursor)) return problem({ code: 'invalid-request', detail: 'cursor: not a cursor from next_cursor' });
@@ -152,10 +147,9 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
   });
 }
 
-/** An entity's latest fences for `GET /v1/entities/:entity` (null when the store has no history). */
-export async function latestHistory(store: GatewayStore, entity: string, limit = 20): Promise<{ history: ReturnType<typeof historyJson>[]; history_next_cursor: string | null } | null> {
-  if (!store.getFenceHistory) return null;
-  const h = await (store as AuditStore).getFenceHistory(entity, { limit });
+/** An entity's latest fences for `GET /v1/entities/:entity`. */
+export async function latestHistory(store: GatewayStore, entity: string, limit = 20): Promise<{ history: ReturnType<typeof historyJson>[]; history_next_cursor: string | null }> {
+  const h = await store.getFenceHistory(entity, { limit });
   return { history: h.items.map(historyJson), history_next_cursor: h.nextCursor };
 }
 
