@@ -7,7 +7,7 @@ import { ROOT } from '../helpers/child.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { bearer, hsAuth, token } from '../auth/tokens.js';
 
-// The operator console (issue 5 §5) end to end in headless Chromium (Debian's
+// The operator console (docs/auth-audit.md) end to end in headless Chromium (Debian's
 // `chromium` package, driven by playwright-core with executablePath): sign in
 // with a token, filter rejections, an entity's fence history, resolve an
 // outcome_unknown record. A screenshot is kept under test-results/.

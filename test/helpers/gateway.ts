@@ -1,5 +1,3 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
@@ -8,12 +6,10 @@ import { startGateway, type RunningGateway } from '../../src/entry/node.js';
 import { silentLogger, type Logger } from '../../src/http/logger.js';
 import { SqliteGatewayStore, type SqliteStoreOptions } from '../../src/store/sqlite/gateway-store.js';
 import type { GatewayStore } from '../../src/store/types.js';
+import { tempDir } from './temp.js';
 
-/** A fresh temporary directory; removed by `cleanup()`. */
-export function tempDir(prefix = 'fencegate-test-'): { dir: string; cleanup(): void } {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
-}
+// The one temp-dir helper lives in temp.ts; re-exported for the many tests that import it from here.
+export { tempDir };
 
 /** A route in the shape of the config file (defaults filled in by zod). */
 export type RouteInput = Record<string, unknown> & { name: string; upstream: string };

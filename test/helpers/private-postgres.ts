@@ -1,8 +1,8 @@
 import { execFile, execFileSync } from 'node:child_process';
-import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { chownSync, existsSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort } from './upstream.js';
+import { tempDir } from './temp.js';
 
 /**
  * A PRIVATE PostgreSQL server for one test file (initdb into a temporary
@@ -59,7 +59,7 @@ function serverUser(): { uid: number; gid: number } | null {
 
 export async function startPrivatePostgres(bin: string): Promise<PrivatePostgres> {
   const user = serverUser();
-  const dir = mkdtempSync(join(tmpdir(), 'fencegate-pg-'));
+  const dir = tempDir('fencegate-pg-').dir;
   if (user !== null) chownSync(dir, user.uid, user.gid);
   const data = join(dir, 'data');
   const logFile = join(dir, 'server.log');

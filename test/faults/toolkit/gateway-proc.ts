@@ -1,7 +1,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort } from '../../helpers/upstream.js';
-import { spawnProc, ROOT, type Proc } from './procs.js';
+import { spawnProc, ROOT, type Proc } from '../../helpers/child.js';
 
 /**
  * The gateway as a child process, built from `dist/` exactly as `fencegate

@@ -1,5 +1,4 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import pg from 'pg';
 import { createTestSchema, POSTGRES_URL } from '../../helpers/postgres.js';
@@ -7,6 +6,7 @@ import { createPostgresJobStore } from '../../../src/lease/postgres/store.js';
 import { createSqliteJobStore } from '../../../src/lease/sqlite/store.js';
 import { openSqlite } from '../../../src/store/sqlite/open.js';
 import type { JobStore, JobStoreOptions, StoreDescriptor } from '../../../src/lease/types.js';
+import { tempDir } from '../../helpers/temp.js';
 
 export { POSTGRES_URL };
 
@@ -41,7 +41,7 @@ export type TestDatabaseFactory = () => Promise<TestDatabase>;
 
 /** A fresh SQLite file in its own temp dir. */
 export const sqliteDatabase: TestDatabaseFactory = async () => {
-  const dir = mkdtempSync(join(tmpdir(), 'fencegate-lease-'));
+  const dir = tempDir('fencegate-lease-').dir;
   const path = join(dir, 'jobs.db');
   const stores: JobStore[] = [createSqliteJobStore({ path })]; // migrates
   const raw = openSqlite(path);
