@@ -9,9 +9,9 @@ import { toReply } from './errors.js';
 import type { Forwarder } from './forward.js';
 import type { IncomingLike } from './body.js';
 import type { Inbound, Reply } from './inbound.js';
-import { silentLogger, type Logger } from './logger.js';
+import { errorText, silentLogger, type Logger } from './logger.js';
 import { createMetrics } from './metrics.js';
-import { createProxyHandler, errorText } from './proxy.js';
+import { createProxyHandler } from './proxy.js';
 import { createSecurity } from './security.js';
 
 export interface GatewayOptions {
@@ -96,7 +96,7 @@ export function createGateway(options: GatewayOptions): Gateway {
   let drained: (() => void) | null = null;
   const app = new Hono();
   const renderMetrics = async () => {
-    const stats = store.auditStats ? await store.auditStats().catch(() => null) : null;
+    const stats = await store.auditStats().catch(() => null);
     return metrics.render({ inflight: active, stats });
   };
   app.route(

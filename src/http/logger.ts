@@ -58,3 +58,8 @@ function stdoutLines(): (line: string) => void {
 }
 
 export const silentLogger: Logger = { info() {}, warn() {}, error() {} };
+
+/** An error as one log field: its name and message, never a stack. */
+export function errorText(err: unknown): string {
+  return err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+}

@@ -1,21 +1,24 @@
 import { randomUUID } from 'node:crypto';
 import type { Config, RouteConfig } from '../config/schema.js';
 import { fingerprint, sha256Hex } from '../core/fingerprint.js';
-import { parsePreferWait } from '../protocol/headers.js';
-import { retryAfterSeconds, type Refusal } from '../protocol/problem.js';
-import { entityTopic, recordTopic, type Admission, type AdmitInput, type AuditInfo, type FinishInput, type GatewayStore, type StoredResponse } from '../store/types.js';
+import type { Refusal } from '../protocol/problem.js';
+import type { Admission, AdmitInput, AuditInfo, GatewayStore } from '../store/types.js';
+import { admissionRefusal, admitWithWaits, storeEntity } from './admit.js';
 import { readBody } from './body.js';
-import type { HeaderReader, Inbound, Reply } from './inbound.js';
+import type { Inbound, Reply } from './inbound.js';
 import { entityFromJson, parseCommand } from './command.js';
 import { renderRefusal, toReply } from './errors.js';
-import { connectionTokens, isHopByHop, START_DEADLINE_PASSED, type Forwarder, type UpstreamResult } from './forward.js';
-import type { Logger } from './logger.js';
+import { START_DEADLINE_PASSED, type Forwarder, type UpstreamResult } from './forward.js';
+import { errorText, type Logger } from './logger.js';
 import { requestShapeProblem } from './request-shape.js';
+import { requestIds } from './request-id.js';
 import { alternativeReadings, normalizePath } from './path.js';
 import { createFoldedRouter, createRouter, divergentReading } from './router.js';
 import { cutText, REJECTION_TEXT_LIMITS } from '../store/bounds.js';
 import type { SignedFenceCheck } from './signed-fence.js';
 import { forwardBudget, lockSafetyMs } from './lock-budget.js';
+import { finishWithRetries, responseFrom, setHeader, settle } from './settle.js';
+import { joinUrl, upstreamHeaders } from './upstream-request.js';
 
 
 export interface ProxyDeps {
@@ -34,7 +37,7 @@ export interface ProxyDeps {
   observe?: (o: { route: string | null; decision: string; status: number; totalMs: number; upstreamMs: number | undefined }) => void;
 }
 
-/** Per-decision log line (DESIGN: ids, codes, durations; no bodies). */
+/** Per-decision log line (DESIGN §3.11: ids, codes, durations; no bodies). */
 interface Trace {
   request_id: string;
   /** The caller's X-Request-Id, when it sent a well-formed one. */
@@ -49,8 +52,6 @@ interface Trace {
   status?: number;
   upstream_ms?: number;
 }
-
-const REQUEST_ID = /^[A-Za-z0-9._:@-]{1,128}$/;
 
 /**
  * The proxied request, in the decision order of DESIGN §3: route, headers,
@@ -71,9 +72,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     const url = { pathname: normalizePath(req.pathname), search: req.search };
     // The gateway's own id, always: a caller's X-Request-Id is kept beside it
     // (audit.clientRequestId), so no caller chooses the id its rows are filed under.
-    const requestId = randomUUID();
-    const given = req.headers.get('x-request-id');
-    const clientRequestId = given !== null && REQUEST_ID.test(given) ? given : null;
+    const { requestId, clientRequestId } = requestIds(req);
     // The path is cut for the log as for the rejection log: any caller can send a 16 KB one.
     const trace: Trace = { request_id: requestId, ...(clientRequestId !== null ? { client_request_id: clientRequestId } : {}), route: null, method: req.method, path: cutText(url.pathname, REJECTION_TEXT_LIMITS.path) };
     const done = (res: Reply, decision: string): Reply => {
@@ -165,34 +164,12 @@ export function createProxyHandler(deps: ProxyDeps) {
       return refuse(route, { code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
     }
 
-    const fenceExtras = { entity, presented_fence: fence?.toString() ?? null };
-    switch (admission.outcome) {
-      case 'stale-fence':
-        return refuse(route, {
-          code: 'stale-fence',
-          detail: `fence ${fence} is older than fence ${admission.currentFence} already accepted for this entity`,
-          extras: { ...fenceExtras, current_fence: admission.currentFence.toString() },
-        });
-      case 'idempotency-key-reused':
-        return refuse(route, { code: 'idempotency-key-reused', detail: 'this idempotency key was used for a different request (method, path, content type or body differ)', extras: { idempotency_key: key } });
-      case 'idempotency-in-progress': {
-        const retry_after = retryAfterSeconds(admission.retryAfterMs);
-        return refuse(route, { code: 'idempotency-in-progress', detail: 'a request with this idempotency key is still in progress; retry later or send Prefer: wait=N', extras: { idempotency_key: key, retry_after } });
-      }
-      case 'outcome-unknown':
-        return refuse(route, { code: 'outcome-unknown', detail: 'an earlier attempt with this key may have reached the upstream; it needs an operator or an upstream check, not a blind retry', extras: { idempotency_key: key } });
-      case 'entity-busy': {
-        const retry_after = retryAfterSeconds(admission.retryAfterMs);
-        return refuse(route, { code: 'entity-busy', detail: 'another request for this entity is in flight (serial mode)', extras: { entity, retry_after } });
-      }
-      case 'replay': {
-        const res = responseFrom(admission.response, null);
-        setHeader(res, 'idempotent-replayed', 'true');
-        return done(res, 'replayed');
-      }
-      case 'forward':
-        break;
+    if (admission.outcome === 'replay') {
+      const res = responseFrom(admission.response, null);
+      setHeader(res, 'idempotent-replayed', 'true');
+      return done(res, 'replayed');
     }
+    if (admission.outcome !== 'forward') return refuse(route, admissionRefusal(admission, { fence, key, entity }));
 
     // 6. Forward. The caller's disconnect does not cancel this: the outcome
     //    is stored so that its retry with the same key gets the replay.
@@ -239,7 +216,7 @@ export function createProxyHandler(deps: ProxyDeps) {
       return refuse(route, {
         code: 'admission-expired',
         detail: `the gateway was delayed for longer than this request's ${input.lockMs} ms lock between its admission and the upstream; nothing was sent, retry with the same key is safe`,
-        extras: { ...fenceExtras, idempotency_key: key, retry_after: 1 },
+        extras: { entity, presented_fence: fence?.toString() ?? null, idempotency_key: key, retry_after: 1 },
       });
     }
 
@@ -251,206 +228,9 @@ export function createProxyHandler(deps: ProxyDeps) {
   };
 }
 
-/**
- * The entity as the store keeps its fence and serial slot. With
- * `fence.entityScope: "caller"` it is the caller id, NUL, then the entity:
- * each authenticated caller has fences of its own, so a caller presenting an
- * unsigned giant fence locks only its own view of the entity (DESIGN §2 G1
- * then holds per caller). Entities are printable ASCII (no NUL), so the last
- * NUL splits the pair unambiguously whatever the caller id holds. The
- * upstream, the answers and the signed-fence check keep the entity as sent.
- */
-export function storeEntity(entity: string | null, caller: string | null, config: Config): string | null {
-  if (entity === null || caller === null || config.fence.entityScope !== 'caller') return entity;
-  return `${caller}\u0000${entity}`;
-}
-
-/**
- * The admission, and `sentAt`: `performance.now()` just before the call whose
- * answer this is was sent. The lock it granted is measured from there
- * (./lock-budget.ts); a time taken after the await would miss the pause.
- */
-async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Inbound): Promise<{ admission: Admission; sentAt: number }> {
-  const start = Date.now();
-  const preferWait = parsePreferWait(req.headers.get('prefer') ?? undefined);
-  const keyWaitMs = preferWait === null ? 0 : Math.min(preferWait * 1000, route.maxWaitMs);
-  for (;;) {
-    const sentAt = performance.now();
-    const admission = await store.admit(input);
-    const waited = Date.now() - start;
-    let topic: string | null = null;
-    let budget = 0;
-    if (admission.outcome === 'entity-busy' && input.entity !== null) {
-      topic = entityTopic(input.entity);
-      budget = route.serialWaitMs - waited;
-    } else if (admission.outcome === 'idempotency-in-progress' && input.key !== null) {
-      topic = recordTopic(input.scope, input.key);
-      budget = keyWaitMs - waited;
-    }
-    // A caller that has gone away stops waiting: nothing was admitted for it.
-    if (topic === null || budget <= 0 || req.signal.aborted) return { admission, sentAt };
-    await store.waitForChange(topic, budget, req.signal);
-  }
-}
-
-function settle(
-  result: UpstreamResult,
-  route: RouteConfig,
-  base: Omit<FinishInput, 'outcome'>,
-  problemBase: string,
-  requestId: string,
-  /** The deadline the forward had: the route's, or less when the lock left less. */
-  timeoutMs: number,
-): { finish: FinishInput; response: Reply; decision: string } {
-  const problem = (refusal: Refusal) => toReply(renderRefusal({ ...refusal, extras: { ...refusal.extras, request_id: requestId } }, route.errors, problemBase));
-  switch (result.kind) {
-    case 'response': {
-      const passthrough = responseFrom({ status: result.status, headers: result.headers, body: result.body }, 'hop-by-hop');
-      if (route.releaseStatuses.includes(result.status)) {
-        // 429 / 503 and the like mean "not processed": safe to retry.
-        return { finish: { ...base, outcome: 'released' }, response: passthrough, decision: 'forwarded-released' };
-      }
-      const keep = new Set(route.replayHeaders.map((h) => h.toLowerCase()));
-      const stored: StoredResponse = { status: result.status, headers: result.headers.filter(([n]) => keep.has(n.toLowerCase())), body: result.body };
-      return { finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention }, response: passthrough, decision: 'forwarded' };
-    }
-    case 'refused':
-      return {
-        finish: { ...base, outcome: 'released' },
-        response: problem({ code: 'upstream-unavailable', detail: `the request could not be sent to the upstream (${result.error}); nothing was sent, retry with the same key is safe` }),
-        decision: 'upstream-unavailable',
-      };
-    case 'unknown':
-      return {
-        finish: { ...base, outcome: 'unknown' },
-        response: problem({
-          code: 'upstream-timeout',
-          detail: `${result.timedOut ? `no complete answer within ${timeoutMs} ms` : `the connection failed (${result.error})`} after the request may have been sent; the outcome is unknown`,
-        }),
-        decision: 'upstream-timeout',
-      };
-    case 'too-large': {
-      const extras = { upstream_status: result.status, max_response_bytes: result.limit };
-      if (route.releaseStatuses.includes(result.status)) {
-        // "Not processed" (429, 503): nothing happened upstream, so the key is
-        // released as for a small answer; only the answer itself is lost.
-        const refusal = problem({
-          code: 'upstream-response-too-large',
-          detail: `the upstream answered ${result.status} (not processed) with a body over this route's maxResponseBytes of ${result.limit} bytes, which was not kept; the key was released, a retry with the same key is safe`,
-          extras,
-        });
-        return { finish: { ...base, outcome: 'released' }, response: refusal, decision: 'upstream-response-too-large-released' };
-      }
-      // The upstream answered, so it received the request and acted on it;
-      // only its answer is lost. Forwarding the key again could repeat the
-      // effect (G2), so the refusal itself is stored as the key's answer:
-      // the caller and every retry get these same bytes, the retries as a
-      // replay, for as long as the record is retained.
-      const refusal = problem({
-        code: 'upstream-response-too-large',
-        detail: `the upstream answered ${result.status}: it received the request and acted on it, but its answer exceeded this route's maxResponseBytes of ${result.limit} bytes and was not kept; do not retry blindly (a retry with this key gets this same answer), check the outcome with the upstream`,
-        extras,
-      });
-      const stored: StoredResponse = {
-        status: refusal.status,
-        headers: refusal.headers,
-        body: typeof refusal.body === 'string' ? new TextEncoder().encode(refusal.body) : (refusal.body ?? new Uint8Array(0)),
-      };
-      return {
-        finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention },
-        response: responseFrom(stored, null),
-        decision: 'upstream-response-too-large',
-      };
-    }
-  }
-}
-
-/**
- * The finish must land, or the record would wait for its lock to expire and
- * become outcome_unknown although the gateway knows the answer. Retries ride
- * out a store outage (a PostgreSQL restart or failover, a busy SQLite file)
- * for as long as the record's lock lives (`timeoutMs + lockMarginMs` from the
- * admission; at least ~1.25 s), the margin the lock keeps for this finish.
- * A PostgreSQL restart under load (test/replicas/postgres-restart.test.ts)
- * kept the server away ~1.5 s; with a fixed 1.25 s of retries every request
- * at the upstream at that moment ended outcome_unknown although it had been
- * answered. Past the lock a retry is harmless (the finish is conditional on
- * the owner token) but the caller has waited long enough.
- */
-async function finishWithRetries(store: GatewayStore, finish: FinishInput, logger: Logger, requestId: string, lockEnds: number): Promise<boolean | null> {
-  const delays = [50, 200, 500, 1000];
-  // performance.now(): lockEnds is measured on the monotonic clock.
-  const giveUpAt = Math.max(lockEnds, performance.now() + 1_250);
-  for (let attempt = 0; ; attempt++) {
-    try {
-      return (await store.finish(finish)).recorded;
-    } catch (err) {
-      const left = giveUpAt - performance.now();
-      if (left <= 0) {
-        logger.error('store-error', { request_id: requestId, phase: 'finish', outcome: finish.outcome, attempts: attempt + 1, error: errorText(err) });
-        return null;
-      }
-      // The last attempt falls on the deadline itself.
-      await new Promise((r) => setTimeout(r, Math.min(delays[Math.min(attempt, delays.length - 1)]!, left)));
-    }
-  }
-}
-
-function upstreamHeaders(
-  incoming: HeaderReader,
-  route: RouteConfig,
-  deps: ProxyDeps,
-  command: { requestId: string; entity: string | null; fence: bigint | null },
-): Record<string, string> {
-  // `Connection` may not strip what the gateway decided with (../http/forward.ts connectionTokens).
-  const conn = connectionTokens(incoming.get('connection'), reliedOn(route));
-  const strip = new Set(route.stripHeaders.map((h) => h.toLowerCase()));
-  if (deps.stripAuthorization) strip.add('authorization');
-  const out: Record<string, string> = {};
-  incoming.forEach((value, name) => {
-    if (isHopByHop(name, conn) || strip.has(name)) return;
-    out[name] = value;
-  });
-  // Pass the fencing context on, so a cooperating upstream can check it too.
-  if (command.entity !== null) out['x-fence-entity'] = command.entity;
-  if (command.fence !== null) out[route.fenceHeader.toLowerCase()] = command.fence.toString();
-  out['x-request-id'] = command.requestId;
-  for (const [name, value] of Object.entries(deps.upstreamHeaders.get(route.name) ?? {})) out[name.toLowerCase()] = value;
-  return out;
-}
-
-function responseFrom(stored: StoredResponse, filter: 'hop-by-hop' | null): Reply {
-  const headers: [string, string][] = [];
-  const conn = filter ? connectionTokens(stored.headers.find(([n]) => n.toLowerCase() === 'connection')?.[1]) : new Set<string>();
-  for (const [name, value] of stored.headers) {
-    if (filter && isHopByHop(name, conn)) continue;
-    headers.push([name.toLowerCase(), value]);
-  }
-  const noBody = stored.status === 204 || stored.status === 304 || (stored.status >= 100 && stored.status < 200);
-  return { status: stored.status, headers, body: noBody ? null : stored.body };
-}
-
-/** Sets a header of a Reply (names are lower case there), replacing any value it had, as `Headers.set` does. */
-function setHeader(reply: Reply, name: string, value: string): void {
-  reply.headers = reply.headers.filter(([n]) => n !== name);
-  reply.headers.push([name, value]);
-}
-
-/** Request fields the decision used (or the upstream needs to check it): end-to-end, whatever `Connection` lists. */
-function reliedOn(route: RouteConfig): string[] {
-  const names = ['content-type', 'content-encoding', 'x-fence-entity', 'x-request-id', route.fenceHeader, route.idempotencyHeader];
-  if ('header' in route.entity) names.push(route.entity.header);
-  return names;
-}
-
 /** Under `adminPrefix` (the path itself, or below it): the admin API's, never proxied. */
 function isAdminPath(path: string, adminPrefix: string): boolean {
   return path === adminPrefix || path.startsWith(`${adminPrefix}/`);
-}
-
-/** `http://up:9000/base` + `/payments/x?y=1` → `http://up:9000/base/payments/x?y=1`. */
-function joinUrl(upstream: string, pathAndQuery: string): string {
-  return upstream.replace(/\/+$/, '') + pathAndQuery;
 }
 
 function describeEntity(route: RouteConfig): string {
@@ -463,6 +243,3 @@ function round(ms: number): number {
   return Math.round(ms * 100) / 100;
 }
 
-export function errorText(err: unknown): string {
-  return err instanceof Error ? `${err.name}: ${err.message}` : String(err);
-}

@@ -1,0 +1,82 @@
+import type { Config, RouteConfig } from '../config/schema.js';
+import { parsePreferWait } from '../protocol/headers.js';
+import { retryAfterSeconds, type Refusal } from '../protocol/problem.js';
+import { entityTopic, recordTopic, type Admission, type AdmitInput, type GatewayStore } from '../store/types.js';
+import type { Inbound } from './inbound.js';
+
+// Step 5 of the decision order (DESIGN §3.5): the admission as the proxy
+// asks for it, with its bounded waits, and what each refusal says.
+
+/**
+ * The entity as the store keeps its fence and serial slot. With
+ * `fence.entityScope: "caller"` it is the caller id, NUL, then the entity:
+ * each authenticated caller has fences of its own, so a caller presenting an
+ * unsigned giant fence locks only its own view of the entity (DESIGN §2 G1
+ * then holds per caller). Entities are printable ASCII (no NUL), so the last
+ * NUL splits the pair unambiguously whatever the caller id holds. The
+ * upstream, the answers and the signed-fence check keep the entity as sent.
+ */
+export function storeEntity(entity: string | null, caller: string | null, config: Config): string | null {
+  if (entity === null || caller === null || config.fence.entityScope !== 'caller') return entity;
+  return `${caller}\u0000${entity}`;
+}
+
+/**
+ * The admission, and `sentAt`: `performance.now()` just before the call whose
+ * answer this is was sent. The lock it granted is measured from there
+ * (./lock-budget.ts); a time taken after the await would miss the pause.
+ */
+export async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Inbound): Promise<{ admission: Admission; sentAt: number }> {
+  const start = Date.now();
+  const preferWait = parsePreferWait(req.headers.get('prefer') ?? undefined);
+  const keyWaitMs = preferWait === null ? 0 : Math.min(preferWait * 1000, route.maxWaitMs);
+  for (;;) {
+    const sentAt = performance.now();
+    const admission = await store.admit(input);
+    const waited = Date.now() - start;
+    let topic: string | null = null;
+    let budget = 0;
+    if (admission.outcome === 'entity-busy' && input.entity !== null) {
+      topic = entityTopic(input.entity);
+      budget = route.serialWaitMs - waited;
+    } else if (admission.outcome === 'idempotency-in-progress' && input.key !== null) {
+      topic = recordTopic(input.scope, input.key);
+      budget = keyWaitMs - waited;
+    }
+    // A caller that has gone away stops waiting: nothing was admitted for it.
+    if (topic === null || budget <= 0 || req.signal.aborted) return { admission, sentAt };
+    await store.waitForChange(topic, budget, req.signal);
+  }
+}
+
+/** The admission outcomes that refuse the request. */
+export type RefusedAdmission = Exclude<Admission, { outcome: 'forward' } | { outcome: 'replay' }>;
+
+/**
+ * The refusal an admission outcome answers (DESIGN §3.5 a, d, e, g, h).
+ * Those the store logs were written to the rejection log in the admission's
+ * transaction.
+ */
+export function admissionRefusal(admission: RefusedAdmission, command: { fence: bigint | null; key: string | null; entity: string | null }): Refusal {
+  const { fence, key, entity } = command;
+  switch (admission.outcome) {
+    case 'stale-fence':
+      return {
+        code: 'stale-fence',
+        detail: `fence ${fence} is older than fence ${admission.currentFence} already accepted for this entity`,
+        extras: { entity, presented_fence: fence?.toString() ?? null, current_fence: admission.currentFence.toString() },
+      };
+    case 'idempotency-key-reused':
+      return { code: 'idempotency-key-reused', detail: 'this idempotency key was used for a different request (method, path, content type or body differ)', extras: { idempotency_key: key } };
+    case 'idempotency-in-progress':
+      return {
+        code: 'idempotency-in-progress',
+        detail: 'a request with this idempotency key is still in progress; retry later or send Prefer: wait=N',
+        extras: { idempotency_key: key, retry_after: retryAfterSeconds(admission.retryAfterMs) },
+      };
+    case 'outcome-unknown':
+      return { code: 'outcome-unknown', detail: 'an earlier attempt with this key may have reached the upstream; it needs an operator or an upstream check, not a blind retry', extras: { idempotency_key: key } };
+    case 'entity-busy':
+      return { code: 'entity-busy', detail: 'another request for this entity is in flight (serial mode)', extras: { entity, retry_after: retryAfterSeconds(admission.retryAfterMs) } };
+  }
+}
