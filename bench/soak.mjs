@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The long randomized soak, for humans (issue 4). The CI version is
+// The long randomized soak, for humans (docs/faults.md). The CI version is
 // test/faults/soak.test.ts; both run test/faults/soak/engine.ts.
 //
 //   npm run build && node bench/soak.mjs --minutes 10 [--seed N] [--workers 4]

@@ -18,7 +18,7 @@ const ms = (max: number) => z.number().int().min(0).max(max);
 
 export const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as const;
 
-/** Headers kept with a stored response for replay (DESIGN §3). Never `set-cookie`. */
+/** Headers kept with a stored response for replay (DESIGN §3.9). Never `set-cookie`. */
 export const DEFAULT_REPLAY_HEADERS = [
   'content-type',
   'content-language',

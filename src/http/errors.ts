@@ -42,7 +42,7 @@ function renderStripe(refusal: Refusal): RenderedError {
 /**
  * One renderer per shape: a new provider's shape is one entry here (and its
  * name in the config enum), not a new code path. Statuses are the same in
- * every shape (DESIGN §3); only the body and its hints differ.
+ * every shape (DESIGN §3.8); only the body and its hints differ.
  */
 const RENDERERS: Record<ErrorShape, Renderer> = {
   problem: renderProblem,

@@ -1,7 +1,7 @@
 /**
  * The narrow job-store contract of `fencegate/lease`. Both backends (SQLite
  * and PostgreSQL) implement it with one conditional statement per operation
- * and the database clock only (DESIGN §6, G6).
+ * and the database clock only (DESIGN §6, §2 G6).
  */
 
 export type JobState = 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled';

@@ -3,7 +3,7 @@ import { ERROR_CODES, type ErrorCode } from './codes.js';
 /** Where problem `type` URIs point: `<base><code>`, e.g. `/_fencegate/problems/stale-fence`. */
 export const DEFAULT_PROBLEM_BASE = '/_fencegate/problems/';
 
-/** Fields that help the caller act on a refusal (DESIGN §3). */
+/** Fields that help the caller act on a refusal (DESIGN §3.8). */
 export interface ProblemExtras {
   entity?: string | null;
   presented_fence?: string | null;

@@ -2,7 +2,7 @@ import type { OperatorAction, RecordInfo, RecordState, RejectionRow } from './ty
 
 /**
  * Row mapping for the SQLite dialect, shared by the better-sqlite3 store and
- * the D1 store: the same tables (migrations/sqlite), times as integer
+ * the D1 store: the same tables (migrations/gateway/sqlite), times as integer
  * milliseconds, fences as integers (bigint from better-sqlite3's safe
  * integers, text where D1 casts them). Portable: no driver import.
  */

@@ -7,7 +7,7 @@ import { startPgTestGateway, type PgTestGateway } from '../helpers/pg-gateway.js
 import { POSTGRES_URL } from '../helpers/postgres.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
-// The audit API (issue 5) on the PostgreSQL store: fence history, the
+// The audit API (DESIGN §4.1) on the PostgreSQL store: fence history, the
 // outcome_unknown listing and its resolution, the operator-action log and
 // the /metrics gauges, through a real Node gateway on loopback; then the
 // store's audit methods where HTTP cannot reach (ties in the record keyset,

@@ -4,7 +4,7 @@ import { command, expectProblem, paymentsRoute, startTestGateway, type RouteInpu
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { bearer, hsAuth, token } from '../auth/tokens.js';
 
-// The audit API (issue 5 §3): filters, keyset pagination, streaming exports,
+// The audit API (docs/auth-audit.md): filters, keyset pagination, streaming exports,
 // entity fence history, resolving outcome_unknown records, the operator-action
 // log, and /metrics. Real gateway on loopback, real SQLite file.
 

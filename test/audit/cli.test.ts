@@ -2,11 +2,11 @@ import { join } from 'node:path';
 import { decodeJwt } from 'jose';
 import { afterEach, describe, expect, it } from 'vitest';
 import { command, paymentsRoute, startTestGateway, tempDir, type TestGateway } from '../helpers/gateway.js';
-import { CLI, killChildren, runNode, writeJson } from '../helpers/child.js';
+import { CLI, killAll as killChildren, runNode, writeJson } from '../helpers/child.js';
 import { startUpstream } from '../helpers/upstream.js';
 import { AUDIENCE, bearer, ISSUER, SECRET } from '../auth/tokens.js';
 
-// `fencegate token` and `fencegate audit` (issue 5 §4), run as child
+// `fencegate token` and `fencegate audit` (docs/auth-audit.md), run as child
 // processes from the compiled package (`npm run build` first), against a real
 // gateway on loopback and straight against its SQLite file.
 

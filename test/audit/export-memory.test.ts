@@ -3,9 +3,9 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { createSqliteStore } from '../../src/store/sqlite/index.js';
 import { tempDir } from '../helpers/gateway.js';
-import { CLI, killChildren, spawnNode, startGatewayChild, writeJson } from '../helpers/child.js';
+import { CLI, killAll as killChildren, spawnNode, startGatewayChild, writeJson } from '../helpers/child.js';
 
-// Issue 5: "an export of 1,000,000 rejection rows streams with flat memory".
+// The claim: "an export of 1,000,000 rejection rows streams with flat memory".
 // The gateway runs as a CHILD process (`fencegate serve`, the compiled
 // package: `npm run build` first); this process pulls the NDJSON export over
 // HTTP at its own pace and reads the child's peak RSS (VmHWM) from /proc.

@@ -5,7 +5,7 @@ import { csvLine, CSV_HEADER, ndjsonLine, tableLine, type RejectionJson } from '
 import type { RejectionInput } from '../../src/store/types.js';
 import { bearer, hsAuth, token } from '../auth/tokens.js';
 import { command, paymentsRoute, startTestGateway, type TestGateway } from '../helpers/gateway.js';
-import { CLI, killChildren, runNode } from '../helpers/child.js';
+import { CLI, killAll as killChildren, runNode } from '../helpers/child.js';
 import { startUpstream } from '../helpers/upstream.js';
 
 // What the audit formats print when a rejection row holds characters that

@@ -8,7 +8,7 @@ import { command, expectProblem, paymentsRoute, startTestGateway, tempDir, type 
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { AUDIENCE, bearer, hsAuth, ISSUER, SECRET, token, unsignedToken } from './tokens.js';
 
-// Caller authentication (issue 5 §1): bearer JWTs verified with jose, scopes,
+// Caller authentication (DESIGN §3.2): bearer JWTs verified with jose, scopes,
 // every refusal in the rejection log without the token. Real gateway server
 // on loopback, real SQLite file, recording upstream.
 

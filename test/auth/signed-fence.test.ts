@@ -1,14 +1,14 @@
 import { join } from 'node:path';
 import { CompactSign, exportJWK, generateKeyPair } from 'jose';
 import { afterEach, describe, expect, it } from 'vitest';
-import { createFenceSigner, mintFence, verifyFence } from '../../src/core/fence-token.js';
-import { verificationKeys } from '../../src/core/keys.js';
+import { createFenceSigner, mintFence, verifyFence } from '../../src/protocol/fence-token.js';
+import { verificationKeys } from '../../src/config/keys.js';
 import { createSqliteJobStore } from '../../src/lease/sqlite/store.js';
 import { command, expectProblem, paymentsRoute, startTestGateway, tempDir, type RouteInput, type TestGateway } from '../helpers/gateway.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { bearer, hsAuth, token } from './tokens.js';
 
-// Signed fences (DESIGN §7, issue 5 §2). The forged giant fence and the
+// Signed fences (DESIGN §7). The forged giant fence and the
 // paused worker, each with its negative control.
 
 const FENCE_SECRET = 'fence-secret-0123456789-abcdefghijklmnopq';

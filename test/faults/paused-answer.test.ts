@@ -2,9 +2,8 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { command, effectOf, paymentsRoute, tempDir } from '../helpers/gateway.js';
-import { writeJson } from '../helpers/child.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { killAll, ROOT, spawnProc, type Proc } from './toolkit/procs.js';
+import { killAll, ROOT, spawnProc, writeJson, type Proc } from '../helpers/child.js';
 
 // A gateway process that is paused (SIGSTOP here; a long GC or VM pause in
 // the wild) while its upstream answers, for longer than the route's

@@ -1,5 +1,4 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { createPostgresJobStore } from '../../src/lease/postgres/store.js';
@@ -8,12 +7,13 @@ import type { Job, JobStore } from '../../src/lease/types.js';
 import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
 import { startUpstream, type FakeUpstream, type UpstreamCall } from '../helpers/upstream.js';
 import { faultRoutes, startGatewayProc, type GatewayProc } from './toolkit/gateway-proc.js';
-import { spawnProc, TS_ARGS, ROOT, type Message, type Proc } from './toolkit/procs.js';
+import { spawnProc, TS_ARGS, ROOT, type Message, type Proc } from '../helpers/child.js';
 import { FaultProxy, type HeldRequest } from './toolkit/tcp-proxy.js';
 import type { WorkerChildConfig } from './toolkit/worker-child.js';
+import { tempDir } from '../helpers/temp.js';
 
 /**
- * The seed's scenario with real processes (issue 4):
+ * The seed's scenario with real processes (DESIGN §1, docs/faults.md):
  *
  *   W1 claims the job (token t) and heartbeats; its two requests (a charge on
  *   a route that deduplicates by key, a payout on a route whose upstream takes
@@ -128,7 +128,7 @@ interface Resources {
 
 export async function runStaleOwner(options: ScenarioOptions): Promise<ScenarioResult> {
   const log = options.log ?? (() => {});
-  const r: Resources = { dir: mkdtempSync(join(tmpdir(), 'fencegate-faults-')), upstream: null, gateway: null, proxies: [], workers: [], jobs: null, schema: null };
+  const r: Resources = { dir: tempDir('fencegate-faults-').dir, upstream: null, gateway: null, proxies: [], workers: [], jobs: null, schema: null };
   try {
     return await scenario(options, r, log);
   } finally {

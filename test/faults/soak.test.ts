@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { POSTGRES_URL } from '../helpers/postgres.js';
 import { FAULT_KINDS, runSoak, type SoakOptions, type SoakReport } from './soak/engine.js';
-import { killAll } from './toolkit/procs.js';
+import { killAll } from '../helpers/child.js';
 
 // The randomized soak, short version for CI (the long one: bench/soak.mjs).
 // Seeded: FENCEGATE_SOAK_SEED replays a printed schedule. Each run prints its

@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { POSTGRES_URL } from '../helpers/postgres.js';
 import { checkScenario, problemType, runStaleOwner, type Backend } from './scenario.js';
-import { killAll } from './toolkit/procs.js';
+import { killAll } from '../helpers/child.js';
 
 // The seed's scenario end to end, with real processes and real faults (see
 // ./scenario.ts for the story). Each run starts its own gateway, workers,

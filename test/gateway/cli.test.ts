@@ -9,7 +9,7 @@ import { createGateway } from '../../src/http/gateway.js';
 import { silentLogger } from '../../src/http/logger.js';
 import type { GatewayStore } from '../../src/store/types.js';
 import { tempDir } from '../helpers/gateway.js';
-import { CLI, killChildren, runNode, startGatewayChild, writeJson } from '../helpers/child.js';
+import { CLI, killAll as killChildren, runNode, startGatewayChild, writeJson } from '../helpers/child.js';
 
 // The `fencegate` CLI as a child process: an invalid configuration stops
 // start-up with a message naming the field (DESIGN §5, STYLE habit 4).

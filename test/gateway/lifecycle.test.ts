@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { SqliteGatewayStore } from '../../src/store/sqlite/gateway-store.js';
 import { command, effectOf, expectProblem, paymentsRoute, recordRows, startTestGateway, tempDir, until } from '../helpers/gateway.js';
-import { CLI, killChildren, startGatewayChild, writeJson, type Child } from '../helpers/child.js';
+import { CLI, killAll as killChildren, startGatewayChild, writeJson, type Proc as Child } from '../helpers/child.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];

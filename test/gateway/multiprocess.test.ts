@@ -1,10 +1,10 @@
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { command, paymentsRoute, tempDir } from '../helpers/gateway.js';
-import { CLI, GATEWAY_CHILD, killChildren, startGatewayChild, writeJson, type Child } from '../helpers/child.js';
+import { CLI, GATEWAY_CHILD, killAll as killChildren, startGatewayChild, writeJson, type Proc as Child } from '../helpers/child.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
-// Two gateway PROCESSES on one SQLite file (issue 2, "What must be shown"):
+// Two gateway PROCESSES on one SQLite file (DESIGN §8.1):
 // every decision is one immediate transaction, so the guarantees hold across
 // processes, not just across requests of one process.
 

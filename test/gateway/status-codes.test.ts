@@ -15,7 +15,7 @@ import { rawRequest } from '../helpers/raw-http.js';
 import { spyOnAdmissions, type AdmissionSpy } from '../helpers/store-wrappers.js';
 import { freePort, startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
-// Every status code of DESIGN §3 / issue 2, against a real gateway server on
+// Every status code of DESIGN §3.8, against a real gateway server on
 // loopback, a real SQLite file and a recording upstream that is not idempotent.
 
 const cleanups: (() => Promise<void>)[] = [];
@@ -345,7 +345,7 @@ describe('upstream outcomes', () => {
   });
 });
 
-describe('the admin API (issue 2 §5)', () => {
+describe('the admin API (DESIGN §5)', () => {
   // Read by the other gateway tests as an operator would; here its own contract.
 
   let up: FakeUpstream;

@@ -5,7 +5,7 @@
  * owners can no longer extend.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { killAllChildren, spawnChild, type Child } from './helpers/child.js';
+import { killAll as killAllChildren, spawnChild, type LeaseChild as Child } from '../helpers/child.js';
 import { sqliteDatabase, type TestDatabase } from './helpers/stores.js';
 
 const PROCESSES = 4;

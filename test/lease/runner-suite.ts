@@ -13,7 +13,7 @@ import { runWorker } from '../../src/lease/runner/run-worker.js';
 import type { RunWorkerOptions } from '../../src/lease/runner/options.js';
 import type { LeaseWorker } from '../../src/lease/runner/types.js';
 import type { JobStore } from '../../src/lease/types.js';
-import { killAllChildren, spawnChild } from './helpers/child.js';
+import { killAll as killAllChildren, spawnChild } from '../helpers/child.js';
 import { startFakeGateway, type FakeGateway } from './helpers/fake-gateway.js';
 import { TS_EXEC_ARGV } from './helpers/node.js';
 import type { TestDatabase, TestDatabaseFactory } from './helpers/stores.js';

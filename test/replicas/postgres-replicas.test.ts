@@ -1,13 +1,13 @@
 import { randomUUID } from 'node:crypto';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { CLI, killChildren, ROOT, startGatewayChild, writeJson, type Child } from '../helpers/child.js';
+import { CLI, killAll as killChildren, ROOT, startGatewayChild, writeJson, type Proc as Child } from '../helpers/child.js';
 import { command, paymentsRoute, tempDir, until } from '../helpers/gateway.js';
 import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { answerOf, decreasingPairs, shuffled, transportFailure, type Answer } from './support.js';
 
-// Issue 3, "What must be shown": three gateway PROCESSES (the real CLI,
+// DESIGN §8.2 with real processes: three gateway PROCESSES (the real CLI,
 // `fencegate serve --database-url`) on one PostgreSQL schema, a client
 // spraying them round-robin. Every decision is one transaction in the
 // database, so G1–G4 hold across replicas, not only across requests of one

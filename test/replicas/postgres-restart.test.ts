@@ -1,13 +1,13 @@
 import { join } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { CLI, killChildren, startGatewayChild, writeJson, type Child } from '../helpers/child.js';
+import { CLI, killAll as killChildren, startGatewayChild, writeJson, type Proc as Child } from '../helpers/child.js';
 import { command, paymentsRoute, tempDir, until } from '../helpers/gateway.js';
 import { findPostgresBin, startPrivatePostgres, type PrivatePostgres } from '../helpers/private-postgres.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { answerOf, sleep, transportFailure, type Answer } from './support.js';
 
-// Issue 3: "restart PostgreSQL under load: the gateways recover without
+// The claim (DESIGN §8.2): "restart PostgreSQL under load: the gateways recover without
 // restart and nothing is left in_progress". A PRIVATE server (initdb into a
 // temporary directory, its own port), so the restart never touches the
 // shared server of the other test files. Two gateway processes (the real

@@ -1,7 +1,6 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { rmSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Stripe from 'stripe';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -9,11 +8,13 @@ import { parseConfig } from '../../src/config/load.js';
 import type { ConfigInput } from '../../src/config/schema.js';
 import { startGateway, type RunningGateway } from '../../src/entry/node.js';
 import { silentLogger } from '../../src/http/logger.js';
+import { tempDir } from '../helpers/temp.js';
 
 /**
- * Issue 8: a real provider SDK (stripe-node) as the client. What matters is
- * what the APPLICATION sees: a refusal must surface as an SDK error, never as
- * a charge object, and must not set off a retry storm.
+ * A real provider SDK (stripe-node) as the client (DESIGN §3.8, the
+ * `stripe` error shape). What matters is what the APPLICATION sees: a
+ * refusal must surface as an SDK error, never as a charge object, and must
+ * not set off a retry storm.
  */
 
 interface FakeStripe {
@@ -65,7 +66,7 @@ async function startFakeStripe(): Promise<FakeStripe> {
   };
 }
 
-const dir = mkdtempSync(join(tmpdir(), 'fencegate-sdk-'));
+const dir = tempDir('fencegate-sdk-').dir;
 let upstream: FakeStripe;
 const gateways: RunningGateway[] = [];
 

@@ -1,14 +1,14 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SqliteGatewayStore, migrateSqlite } from '../../src/store/sqlite/index.js';
 import { GroupCommit, type DurableSync } from '../../src/store/sqlite/group-commit.js';
 import type { AdmitInput } from '../../src/store/types.js';
+import { tempDir } from '../helpers/temp.js';
 
 /**
- * Group commit (issue 6): what is specific to grouping. The whole store
+ * Group commit (DESIGN §8.1): what is specific to grouping. The whole store
  * contract runs against the grouped store in sqlite.test.ts.
  */
 const dirs: string[] = [];
@@ -19,7 +19,7 @@ afterEach(async () => {
 });
 
 function open(options: { busyTimeoutMs?: number } = {}) {
-  const dir = mkdtempSync(join(tmpdir(), 'fencegate-group-'));
+  const dir = tempDir('fencegate-group-').dir;
   dirs.push(dir);
   const path = join(dir, 'gateway.db');
   const store = new SqliteGatewayStore({ path, ...options });
@@ -114,7 +114,7 @@ describe('sqlite group commit', () => {
 });
 
 /**
- * Background sync (issue 6): the group commits without SQLite's own fsync
+ * Background sync (DESIGN §8.1): the group commits without SQLite's own fsync
  * and its callers are answered once the WAL sync reports. A sync held open
  * by the test shows the order; the same check against a sync that answers
  * before the disk did (the negative control) must see the early answer.
@@ -129,7 +129,7 @@ describe('sqlite group commit with the WAL synced off the event loop', () => {
 
   /** Admits once; reports whether the caller heard back before the sync reported, and whether the row was already committed. */
   async function answeredBeforeSync(sync: DurableSync & { release?: () => void }, release: () => void) {
-    const dir = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-'));
+    const dir = tempDir('fencegate-bgsync-').dir;
     dirs.push(dir);
     const path = join(dir, 'gateway.db');
     const db = new Database(path);
@@ -181,7 +181,7 @@ describe('sqlite group commit with the WAL synced off the event loop', () => {
   });
 
   it('a failed sync stops the store: that group and every later call fail', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-'));
+    const dir = tempDir('fencegate-bgsync-').dir;
     dirs.push(dir);
     const db = new Database(join(dir, 'gateway.db'));
     db.pragma('journal_mode = WAL');
@@ -204,8 +204,8 @@ describe('sqlite group commit with the WAL synced off the event loop', () => {
   });
 
   it('syncs the WAL of the file it opened, even after the working directory changes', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-'));
-    const elsewhere = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-cwd-'));
+    const dir = tempDir('fencegate-bgsync-').dir;
+    const elsewhere = tempDir('fencegate-bgsync-cwd-').dir;
     dirs.push(dir, elsewhere);
     const cwd = process.cwd();
     process.chdir(dir);
@@ -225,7 +225,7 @@ describe('sqlite group commit with the WAL synced off the event loop', () => {
   });
 
   it('is off at NORMAL and in memory: COMMIT behaves as the connection says', () => {
-    const dir = mkdtempSync(join(tmpdir(), 'fencegate-bgsync-'));
+    const dir = tempDir('fencegate-bgsync-').dir;
     dirs.push(dir);
     const normal = new SqliteGatewayStore({ path: join(dir, 'n.db'), synchronous: 'NORMAL' });
     const memory = new SqliteGatewayStore({ path: ':memory:' });

@@ -1,11 +1,10 @@
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { command, expectProblem, paymentsRoute, recordRows, startTestGateway, tempDir, until, type TestGateway } from '../helpers/gateway.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
-import { killAll, ROOT, spawnProc, type Proc } from '../faults/toolkit/procs.js';
+import { killAll, ROOT, spawnProc, type Proc } from '../helpers/child.js';
 import { SqliteGatewayStore, type SqliteStoreOptions } from '../../src/store/sqlite/index.js';
 import type { AdmitInput, GatewayStore } from '../../src/store/types.js';
 
@@ -29,7 +28,7 @@ afterEach(async () => {
 });
 
 function freshDir(): string {
-  const dir = mkdtempSync(join(tmpdir(), 'fencegate-lockwait-'));
+  const dir = tempDir('fencegate-lockwait-').dir;
   dirs.push(dir);
   return dir;
 }

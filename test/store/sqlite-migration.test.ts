@@ -4,13 +4,13 @@
  * every guarantee across the upgrade: the fences it accepted, the responses
  * it stored, the serial slot in flight, the fence history.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { loadMigrations } from '../../src/store/migrations.js';
 import { SqliteGatewayStore, migrateSqlite, openSqlite } from '../../src/store/sqlite/index.js';
 import { command, finishOf, response } from './conformance.js';
+import { tempDir } from '../helpers/temp.js';
 
 const dirs: string[] = [];
 afterEach(() => {
@@ -27,7 +27,7 @@ afterEach(() => {
  * rows included, when the migrations under test run.
  */
 async function databaseBefore(next: string, write: (store: SqliteGatewayStore) => Promise<void>): Promise<string> {
-  const dir = mkdtempSync(join(tmpdir(), 'fencegate-migration-'));
+  const dir = tempDir('fencegate-migration-').dir;
   dirs.push(dir);
   const path = join(dir, 'gateway.db');
   const db = openSqlite(path);

@@ -1,11 +1,11 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { SqliteGatewayStore } from '../../src/store/sqlite/index.js';
 import { describeGatewayStoreConformance } from './conformance.js';
+import { tempDir } from '../helpers/temp.js';
 
 describeGatewayStoreConformance('sqlite (temp file, WAL)', async () => {
-  const dir = mkdtempSync(join(tmpdir(), 'fencegate-conformance-'));
+  const dir = tempDir('fencegate-conformance-').dir;
   const path = join(dir, 'gateway.db');
   const store = new SqliteGatewayStore({ path });
   return {
@@ -30,7 +30,7 @@ describeGatewayStoreConformance('sqlite (temp file, WAL)', async () => {
 
 // The same contract with one transaction per decision (groupCommit: false).
 describeGatewayStoreConformance('sqlite (one transaction per decision)', async () => {
-  const dir = mkdtempSync(join(tmpdir(), 'fencegate-conformance-'));
+  const dir = tempDir('fencegate-conformance-').dir;
   const path = join(dir, 'gateway.db');
   const store = new SqliteGatewayStore({ path, groupCommit: false });
   return {

@@ -7,9 +7,9 @@
  */
 import { createExecutionContext, waitOnExecutionContext } from 'cloudflare:test';
 import { env } from 'cloudflare:workers';
-import { SignJWT } from 'jose';
 import { describe, expect, inject, it } from 'vitest';
 import worker, { type WorkerEnv } from '../../src/entry/worker.js';
+import { token } from '../auth/tokens.js';
 
 const upstreamUrl = inject('upstreamUrl');
 const SECRET = 'x'.repeat(40);
@@ -38,17 +38,7 @@ async function call(url: string, e: WorkerEnv, headers: Record<string, string> =
 const LOCAL_HOSTS = ['127.0.0.1', 'localhost', '[::1]', '127.1.2.3'];
 const asHost = (host: string, path: string, e: WorkerEnv, headers: Record<string, string> = {}) => call(`http://${host}${path}`, e, { host, ...headers });
 
-async function auditToken(scope: string): Promise<string> {
-  const now = Math.floor(Date.now() / 1000);
-  return new SignJWT({ scope })
-    .setProtectedHeader({ alg: 'HS256' })
-    .setIssuer(auth.issuer)
-    .setAudience(auth.audience)
-    .setSubject('auditor')
-    .setIssuedAt(now - 5)
-    .setExpirationTime(now + 600)
-    .sign(new TextEncoder().encode(SECRET));
-}
+const auditToken = (scope: string) => token({ scope, sub: 'auditor', iss: auth.issuer, aud: auth.audience, key: new TextEncoder().encode(SECRET) });
 
 describe('the Workers admin API is decided by configuration, never by Host', () => {
   it('wrangler.toml ships FENCEGATE_ADMIN = "auth"', () => {

@@ -7,7 +7,7 @@
  *
  * "Another replica" is a second store on the same binding: what another
  * Worker isolate has. It shares no memory with the first, so its waiters
- * wake by polling (DESIGN: bounded polling on D1).
+ * wake by polling (DESIGN §8.3).
  */
 import { applyD1Migrations, reset } from 'cloudflare:test';
 import { env } from 'cloudflare:workers';

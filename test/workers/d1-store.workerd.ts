@@ -360,7 +360,7 @@ describe('waiting, audit and sweeping', () => {
   });
 });
 
-describe('audit (issue 5): fence history, detail, outcome_unknown resolution', () => {
+describe('audit: fence history, detail, outcome_unknown resolution', () => {
   it('writes a fence_history row per accepted rise, in the admission batch; none for stale or equal fences', async () => {
     const entity = uniq('ent');
     for (const fence of [1n, 1n, 5n, 3n, MAX]) await store.admit(input({ entity, fence, mode: 'concurrent', audit: { ...input().audit, caller: 'w1' } }));
@@ -382,7 +382,7 @@ describe('audit (issue 5): fence history, detail, outcome_unknown resolution', (
     const done = input({ mode: 'concurrent', fence: 9n });
     await store.admit(done);
     await store.finish(finishOf(done, { outcome: 'unknown' }));
-    const before = await store.auditStats!();
+    const before = await store.auditStats();
     expect(before.outcomeUnknown).toBeGreaterThanOrEqual(1);
     const listed = await store.listRecords!({ state: 'outcome_unknown', limit: 1000 });
     expect(listed.items.some((r) => r.key === done.key && r.fence === '9')).toBe(true);

@@ -6,13 +6,13 @@
  * Runs under the main (Node) vitest config; needs no network.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROOT } from '../helpers/child.js';
 import { freePort, startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { contractRoutes, describeHttpContract } from '../replicas/contract.js';
+import { tempDir } from '../helpers/temp.js';
 
 const WRANGLER = join(ROOT, 'node_modules', 'wrangler', 'bin', 'wrangler.js');
 
@@ -93,7 +93,7 @@ describe('wrangler dev --local serves the HTTP contract', () => {
     });
 
   beforeAll(async () => {
-    dir = mkdtempSync(join(tmpdir(), 'fencegate-wrangler-'));
+    dir = tempDir('fencegate-wrangler-').dir;
     const persist = join(dir, 'state');
     upstream = await startUpstream();
 
@@ -219,7 +219,7 @@ describe('wrangler dev --local serves the HTTP contract', () => {
 
 describe('the Workers bundle', () => {
   it('contains no better-sqlite3, pg, undici or node:fs (wrangler deploy --dry-run)', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'fencegate-bundle-'));
+    const dir = tempDir('fencegate-bundle-').dir;
     try {
       const out = join(dir, 'out');
       const build = runWrangler(['deploy', '--dry-run', '--outdir', out], dir);

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { migratePostgres } from '../../store/postgres/migrate.js';
+import { migrateLeasePostgres } from '../migrate.js';
 import type { PoolLike } from '../../store/postgres/types.js';
 import { checkStoreId, checkWorkerId, failedFromJob, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
 import type {
@@ -165,7 +165,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
   }
   let storeId: string;
   try {
-    if (options.migrate ?? true) await migratePostgres(pool);
+    if (options.migrate ?? true) await migrateLeasePostgres(pool);
     storeId = await readStoreId(pool);
   } catch (err) {
     if (ownsPool) await pool.end().catch(() => {});

@@ -1,5 +1,5 @@
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../store/sqlite/open.js';
-import { migrateSqlite } from '../../store/sqlite/migrate.js';
+import { migrateLeaseSqlite } from '../migrate.js';
 import { checkStoreId, checkWorkerId, failedFromJob, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
 import type {
   ClaimFailedJob,
@@ -105,7 +105,7 @@ const MAX_DEAD_PER_CLAIM = 50;
 export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
   const ownsDb = 'path' in options;
   const db = ownsDb ? openSqlite(options.path, options) : options.db;
-  if (options.migrate ?? true) migrateSqlite(db);
+  if (options.migrate ?? true) migrateLeaseSqlite(db);
   let storeId: string;
   try {
     storeId = readStoreId(db);

@@ -48,7 +48,7 @@ const Q = {
 } as const;
 
 /**
- * The audit half of the D1 store (issue 5), the same reads and the same one
+ * The audit half of the D1 store (DESIGN §4.1), the same reads and the same one
  * write as the SQLite store's. `resolveRecord` is one `batch()`: the state
  * read, the operator-action row and the conditional update (or delete) all
  * in one transaction, each conditional on `state = 'outcome_unknown'`, so a

@@ -43,7 +43,7 @@ export interface D1DatabaseLike {
 }
 
 export interface D1StoreOptions {
-  /** The D1 binding, e.g. `env.DB`, migrated with `migrations/sqlite`. */
+  /** The D1 binding, e.g. `env.DB`, migrated with `migrations/gateway/sqlite`. */
   db: D1DatabaseLike;
   /**
    * How often a waiter (serial slot, `Prefer: wait`) re-runs the admission.
@@ -53,7 +53,7 @@ export interface D1StoreOptions {
 }
 
 
-/** Admission decisions that go to the rejection log (DESIGN G5). */
+/** Admission decisions that go to the rejection log (DESIGN §2 G5). */
 const LOGGED = "('stale-fence', 'idempotency-key-reused', 'outcome-unknown')";
 
 /**
@@ -144,7 +144,7 @@ export class D1GatewayStore implements GatewayStore {
     this.audit = createD1Audit(this.db);
   }
 
-  // The audit methods (issue 5) live in ./audit.ts.
+  // The audit methods (fence history, operator resolution) live in ./audit.ts.
   getFenceHistory: AuditStore['getFenceHistory'] = (entity, page) => this.audit.getFenceHistory(entity, page);
   listRecords: AuditStore['listRecords'] = (query) => this.audit.listRecords(query);
   resolveRecord: AuditStore['resolveRecord'] = (input) => this.audit.resolveRecord(input);

@@ -10,7 +10,7 @@ import { D1GatewayStore, type D1StoreOptions } from './gateway-store.js';
 
 /**
  * The gateway store on a Cloudflare D1 binding. The database must be
- * migrated with `migrations/sqlite` (`wrangler d1 migrations apply DB`);
+ * migrated with `migrations/gateway/sqlite` (`wrangler d1 migrations apply DB`);
  * this module never touches the file system.
  * @example
  * const store = createD1Store({ db: env.DB }); // pollMs: 100

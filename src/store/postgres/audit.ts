@@ -23,7 +23,7 @@ export interface PostgresAuditContext {
 const MAX_FENCE = (1n << 63n) - 1n;
 
 /**
- * The audit half of the PostgreSQL store (issue 5), the same contract as
+ * The audit half of the PostgreSQL store (DESIGN §4.1), the same contract as
  * src/store/sqlite/audit.ts and src/store/d1/audit.ts: fence history,
  * records waiting for an operator, the operator's resolution and its log,
  * gauges. Reads are keyset pages. The one write, `resolveRecord`, is ONE

@@ -106,9 +106,9 @@ interface AdmitRow {
 
 /**
  * The PostgreSQL gateway store, for several gateway replicas on one
- * database. Every decision is one statement calling a function of
- * migrations/postgres/0003_gateway_functions.sql (fencegate_admit and
- * fencegate_finish as re-created by 0006), so it is one transaction and one round trip; a
+ * database. Every decision is one statement calling a function whose current
+ * definition is in ./sql (fencegate_admit in admit.sql, fencegate_finish in
+ * finish.sql), so it is one transaction and one round trip; a
  * dropped connection rolls it back whole. Semantics are the SQLite store's,
  * held to it by test/store/conformance.ts.
  *
@@ -170,7 +170,7 @@ export class PostgresGatewayStore implements GatewayStore {
     this.audit = createPostgresAudit({ query: (text, values) => this.query(text, values), table: this.sql.t });
   }
 
-  // The audit methods (issue 5) live in ./audit.ts.
+  // The audit methods (fence history, operator resolution) live in ./audit.ts.
   getFenceHistory: AuditStore['getFenceHistory'] = (entity, page) => this.audit.getFenceHistory(entity, page);
   listRecords: AuditStore['listRecords'] = (query) => this.audit.listRecords(query);
   resolveRecord: AuditStore['resolveRecord'] = (input) => this.audit.resolveRecord(input);
@@ -421,7 +421,7 @@ function statementName(text: string): string {
 
 /**
  * The rejection row's text, bounded (../bounds.ts) BEFORE it is escaped and
- * passed in: the functions of migration 0006 write these values as they are
+ * passed in: the functions (./sql) write these values as they are
  * (`p_log_entity` and `p_log_key` beside the whole `p_entity` and `p_key`
  * the decision uses), so the bound is the same in every store.
  */

@@ -1,5 +1,4 @@
 import pg from 'pg';
-import { loadMigrations } from '../migrations.js';
 import { PostgresGatewayStore, type PostgresStoreOptions } from './gateway-store.js';
 import { migratePostgres } from './migrate.js';
 import { quoteIdent } from './text.js';
@@ -78,14 +77,15 @@ export async function createPostgresStore(options: PostgresStoreOptions): Promis
 }
 
 /**
- * `fencegate migrate --database-url URL`: applies the pending
- * `migrations/postgres` files and returns their names.
+ * `fencegate migrate --database-url URL`: applies the gateway's pending
+ * `migrations/gateway/postgres` files and changed function files (./sql),
+ * and returns their names.
  */
 export async function migratePostgresUrl(url: string): Promise<string[]> {
   const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'fencegate-migrate' });
   pool.on('error', () => {});
   try {
-    return await migratePostgres(pool, loadMigrations('postgres'));
+    return await migratePostgres(pool);
   } finally {
     await pool.end();
   }

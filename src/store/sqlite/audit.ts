@@ -15,7 +15,7 @@ import { NOW_MS, toAction, toRecord } from '../dialect-rows.js';
 
 
 /**
- * The audit half of the SQLite store (issue 5): fence history, records
+ * The audit half of the SQLite store (DESIGN §4.1): fence history, records
  * waiting for an operator, the operator's resolution and its log, gauges.
  * Reads are plain keyset pages; the one write (`resolveRecord`) is one
  * `BEGIN IMMEDIATE` transaction.

@@ -1,5 +1,4 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
@@ -9,15 +8,16 @@ import type { JobStore } from '../../../src/lease/types.js';
 import pg from 'pg';
 import { withSearchPath } from '../../helpers/postgres.js';
 import { faultRoutes, startGatewayProc, type GatewayProc } from '../toolkit/gateway-proc.js';
-import { spawnProc, ROOT, TS_ARGS, type Message, type Proc } from '../toolkit/procs.js';
+import { spawnProc, ROOT, TS_ARGS, type Message, type Proc } from '../../helpers/child.js';
 import { FaultProxy } from '../toolkit/tcp-proxy.js';
 import type { Effect } from '../toolkit/upstream-child.js';
 import type { WorkerChildConfig } from '../toolkit/worker-child.js';
 import { checkInvariants, type FinalState } from './invariants.js';
 import { between, mulberry32 } from './random.js';
+import { tempDir } from '../../helpers/temp.js';
 
 /**
- * The randomized soak (issue 4): N worker processes work through jobs (a
+ * The randomized soak (docs/faults.md): N worker processes work through jobs (a
  * charge on a key-deduplicating route, then a notify on a route without
  * keys) through a gateway process in front of a non-idempotent upstream
  * process, while a seeded schedule injects faults:
@@ -117,7 +117,7 @@ interface Slot {
 export async function runSoak(options: SoakOptions): Promise<SoakReport> {
   const log = options.log ?? (() => {});
   const rng = mulberry32(options.seed);
-  const dir = mkdtempSync(join(tmpdir(), 'fencegate-soak-'));
+  const dir = tempDir('fencegate-soak-').dir;
   const started = Date.now();
   const harnessErrors: string[] = [];
   const faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>;

@@ -1,6 +1,6 @@
 import { decodeProtectedHeader, jwtVerify, type JWTPayload } from 'jose';
-import { FENCE_TYP, joseWhy } from '../../../core/fence-token.js';
-import type { VerificationKeys } from '../../../core/keys.js';
+import { FENCE_TYP, joseWhy } from '../../../protocol/fence-token.js';
+import type { VerificationKeys } from '../../../config/keys.js';
 
 /** The scopes fencegate knows. `fencegate:admin` implies `fencegate:audit`. */
 export const SCOPES = ['fencegate:proxy', 'fencegate:audit', 'fencegate:admin'] as const;
