@@ -1,32 +1,12 @@
 import { EventEmitter } from 'node:events';
 import type { Admission, AdmitInput, GatewayStore } from '../../src/store/types.js';
+import { delegate } from './delegate.js';
 
 /**
  * Wrappers around a real store, for tests only. The gateway has no switch to
  * turn its checks off, and must not get one: a negative control wraps the
  * store it is given instead (STYLE habit 7).
  */
-
-function delegate(inner: GatewayStore, overrides: Partial<GatewayStore>): GatewayStore {
-  return {
-    kind: inner.kind,
-    admit: (i) => inner.admit(i),
-    finish: (i) => inner.finish(i),
-    recordRejection: (i) => inner.recordRejection(i),
-    waitForChange: (t, ms, s) => inner.waitForChange(t, ms, s),
-    listRejections: (q) => inner.listRejections(q),
-    getEntity: (e) => inner.getEntity(e),
-    getRecords: (k) => inner.getRecords(k),
-    sweep: (o) => inner.sweep(o),
-    getFenceHistory: (e, p) => inner.getFenceHistory(e, p),
-    listRecords: (q) => inner.listRecords(q),
-    resolveRecord: (i) => inner.resolveRecord(i),
-    listOperatorActions: (p) => inner.listOperatorActions(p),
-    auditStats: () => inner.auditStats(),
-    close: () => inner.close(),
-    ...overrides,
-  };
-}
 
 /** Negative control: the store never sees the fence, so no fence is ever checked. */
 export function withoutFenceCheck(inner: GatewayStore): GatewayStore {

@@ -23,6 +23,7 @@ import fc from 'fast-check';
 import { expect } from 'vitest';
 import { decide, finish, sweepRecord, type AdmissionState, type EntityRow, type IdempotencyRecord, type LoggedRejection } from '../../src/core/admission.js';
 import type { Admission, AdmitInput, FinishInput, GatewayStore, Mode, UnknownPolicy } from '../../src/store/types.js';
+import { delegate } from '../helpers/delegate.js';
 
 export const SCOPE = 'route';
 export const LOCK_MS = 600_000;
@@ -469,29 +470,7 @@ export async function admissionProperty(backend: AdmissionBackend, options: Prop
 }
 
 // --- negative controls: one rule changed, in front of a real store ---------------------
-// (Like test/helpers/store-wrappers.ts, which imports node:events; these run in workerd too.)
-
-function delegate(inner: GatewayStore, admit: GatewayStore['admit']): GatewayStore {
-  return {
-    kind: inner.kind,
-    admit,
-    finish: (i) => inner.finish(i),
-    recordRejection: (i) => inner.recordRejection(i),
-    waitForChange: (t, ms, s) => inner.waitForChange(t, ms, s),
-    listRejections: (q) => inner.listRejections(q),
-    getEntity: (e) => inner.getEntity(e),
-    getRecords: (k) => inner.getRecords(k),
-    sweep: (o) => inner.sweep(o),
-    getFenceHistory: (e, p) => inner.getFenceHistory(e, p),
-    listRecords: (q) => inner.listRecords(q),
-    resolveRecord: (i) => inner.resolveRecord(i),
-    listOperatorActions: (p) => inner.listOperatorActions(p),
-    auditStats: () => inner.auditStats(),
-    close: () => inner.close(),
-  };
-}
-
 /** The store never sees the fence (DESIGN §3.5 a switched off). */
-export const hideFence = (inner: GatewayStore): GatewayStore => delegate(inner, (i) => inner.admit({ ...i, fence: null }));
+export const hideFence = (inner: GatewayStore): GatewayStore => delegate(inner, { admit: (i) => inner.admit({ ...i, fence: null }) });
 /** The store never sees a fingerprint other than the first one (DESIGN §3.5 d switched off). */
-export const dropFingerprint = (inner: GatewayStore): GatewayStore => delegate(inner, (i) => inner.admit({ ...i, fingerprint: 'fpA' }));
+export const dropFingerprint = (inner: GatewayStore): GatewayStore => delegate(inner, { admit: (i) => inner.admit({ ...i, fingerprint: 'fpA' }) });

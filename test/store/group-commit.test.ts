@@ -4,7 +4,7 @@ import Database from 'better-sqlite3';
 import { afterEach, describe, expect, it } from 'vitest';
 import { SqliteGatewayStore, migrateSqlite } from '../../src/store/sqlite/index.js';
 import { GroupCommit, type DurableSync } from '../../src/store/sqlite/group-commit.js';
-import type { AdmitInput } from '../../src/store/types.js';
+import { admitInput } from './helpers/inputs.js';
 import { tempDir } from '../helpers/temp.js';
 
 /**
@@ -27,24 +27,6 @@ function open(options: { busyTimeoutMs?: number } = {}) {
   return { store, path };
 }
 
-let n = 0;
-function admitInput(over: Partial<AdmitInput> = {}): AdmitInput {
-  n++;
-  return {
-    scope: 'r',
-    key: `k-${n}`,
-    entity: `e-${n}`,
-    fence: 1n,
-    fingerprint: 'f',
-    mode: 'serial',
-    ownerToken: `o-${n}`,
-    lockMs: 10_000,
-    retentionMs: 60_000,
-    onUnknown: 'reject',
-    audit: { requestId: `r-${n}`, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: '0' },
-    ...over,
-  };
-}
 
 describe('sqlite group commit', () => {
   it('decisions that arrive together share one transaction, each still decided in arrival order', async () => {

@@ -6,6 +6,7 @@ import { command, expectProblem, paymentsRoute, recordRows, startTestGateway, te
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { killAll, ROOT, spawnProc, type Proc } from '../helpers/child.js';
 import { SqliteGatewayStore, type SqliteStoreOptions } from '../../src/store/sqlite/index.js';
+import { admitInput } from './helpers/inputs.js';
 import type { AdmitInput, GatewayStore } from '../../src/store/types.js';
 
 /**
@@ -33,24 +34,6 @@ function freshDir(): string {
   return dir;
 }
 
-let n = 0;
-function admitInput(over: Partial<AdmitInput> = {}): AdmitInput {
-  n++;
-  return {
-    scope: 'r',
-    key: `k-${n}`,
-    entity: `e-${n}`,
-    fence: 1n,
-    fingerprint: 'f',
-    mode: 'serial',
-    ownerToken: `o-${n}`,
-    lockMs: 10_000,
-    retentionMs: 60_000,
-    onUnknown: 'reject',
-    audit: { requestId: `r-${n}`, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: '0' },
-    ...over,
-  };
-}
 
 /** Another process holding the write lock of `dbPath` (test/store/helpers/sqlite-locker.mjs). */
 async function lockFromOtherProcess(dbPath: string, mode: 'write' | 'read' = 'write'): Promise<{ proc: Proc; marker: string; released: () => boolean; commit(afterMs?: number): Promise<void> }> {
