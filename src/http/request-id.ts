@@ -13,11 +13,11 @@ type WithHeaders = { headers: Pick<HeaderReader, 'get'> };
  * a safe token, else null.
  */
 export function requestIds(req: WithHeaders): { requestId: string; clientRequestId: string | null } {
-  return { requestId: requestIdOf(req), clientRequestId: clientRequestIdOf(req) };
+  return { requestId: newRequestId(), clientRequestId: clientRequestIdOf(req) };
 }
 
-/** The gateway's own id for a request (see `requestIds`). (`req` is kept for the call sites.) */
-export function requestIdOf(_req: WithHeaders): string {
+/** The gateway's own id for a request: a fresh UUID, never taken from the request (see `requestIds`). */
+export function newRequestId(): string {
   return crypto.randomUUID();
 }
 

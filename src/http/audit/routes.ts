@@ -4,7 +4,7 @@ import type { RouteConfig } from '../../config/schema.js';
 import type { Refusal } from '../../protocol/problem.js';
 import type { FenceHistoryRow, GatewayStore, OperatorAction, RecordInfo, RecordState, Resolution } from '../../store/types.js';
 import { readBody } from '../body.js';
-import { requestIdOf } from '../request-id.js';
+import { newRequestId } from '../request-id.js';
 
 export interface AuditRouteOptions {
   store: GatewayStore;
@@ -129,7 +129,7 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
       resolution,
       operator: c.get('caller')?.id ?? null,
       note: b.note ?? null,
-      requestId: requestIdOf(c.req.raw),
+      requestId: newRequestId(),
     });
     if (!result.ok) {
       if (result.reason === 'not-found') return problem({ code: 'not-found', detail: 'no record with this idempotency key in this scope' });

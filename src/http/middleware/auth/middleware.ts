@@ -1,6 +1,6 @@
 import type { Context, MiddlewareHandler } from 'hono';
 import { renderProblem, type Refusal } from '../../../protocol/problem.js';
-import { requestIdOf } from '../../request-id.js';
+import { newRequestId } from '../../request-id.js';
 import { hasScope, SCOPES, type Caller, type Scope, type TokenVerifier } from './verify.js';
 
 /** A refused request, as handed to `onRefused` for the rejection log. Never the token. */
@@ -76,7 +76,7 @@ export function jwtAuth(options: JwtAuthOptions): MiddlewareHandler {
         ? `Bearer realm="${realm}", error="insufficient_scope", scope="${scope}"`
         : `Bearer realm="${realm}", error="invalid_token", error_description="${check.why.replace(/["\\]/g, '')}"`;
     }
-    const requestId = requestIdOf(c.req.raw);
+    const requestId = newRequestId();
     const full: AuthRefusal = { ...refusal, requestId, tokenSha256: token === null ? null : await shortHash(token) };
     if (onRefused !== undefined) {
       try {
