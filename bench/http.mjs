@@ -20,7 +20,10 @@
 //
 // Options: --seconds N (default 10) per throughput run, --latency N (default
 // 3000) sequential requests per latency run, --rounds N (default 3; targets
-// interleaved, median per target), --only a,b to pick targets.
+// interleaved, median per target), --only a,b to pick targets, --base DIR
+// to add `base-normal` and `base-full`: the same SQLite targets served by
+// another checkout's build (DIR/dist, e.g. a clone of the previous commit),
+// interleaved with this one's so that a refactor is measured in one run.
 import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
@@ -36,6 +39,7 @@ const seconds = Number(opt('seconds', 10));
 const latencyRequests = Number(opt('latency', 3000));
 const rounds = Number(opt('rounds', 3));
 const only = opt('only', null)?.split(',');
+const base = opt('base', null);
 const pgUrl = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
 
 const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-'));
@@ -107,6 +111,12 @@ async function main() {
     // idempotency and serial mode off, so that no decision touches a row:
     // fencegate's HTTP path against the control's.
     ['fg-nostore', () => startFencegate('nostore', { sqlite: join(tmp, `nostore-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, { fence: 'off', idempotency: 'off', mode: 'concurrent' })],
+    ...(base
+      ? [
+          ['base-full', () => startFencegate('base-full', { sqlite: join(tmp, `base-full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
+          ['base-normal', () => startFencegate('base-normal', { sqlite: join(tmp, `base-normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
+        ]
+      : []),
     ['fg-hono', () => startFencegate('hono', { sqlite: join(tmp, `hono-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(here, 'servers/fencegate-hono.mjs'))],
     ['peer', () => startNode(join(here, 'servers/idempotency-peer.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
   ].filter(([name]) => (only ? only.includes(name) : name !== 'fg-nostore' && name !== 'fg-hono'));
@@ -164,8 +174,8 @@ async function main() {
   const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned };
   const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rounds, rows };
   mkdirSync(join(here, 'results'), { recursive: true });
-  // A partial run (--only) never replaces the committed full table.
-  const written = only ? 'http.local.json' : 'http.json';
+  // A partial run (--only) or a comparison (--base) never replaces the committed full table.
+  const written = only || base ? 'http.local.json' : 'http.json';
   writeFileSync(join(here, 'results', written), JSON.stringify(out, null, 2) + '\n');
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
