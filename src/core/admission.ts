@@ -1,4 +1,4 @@
-import type { Admission, AdmitInput, FinishInput, RecordState, StoredResponse } from '../store/types.js';
+import type { Admission, AdmitInput, FinishInput, RecordState, StoredResponse } from './admission-types.js';
 
 /**
  * The admission rules (DESIGN §3.5 a–h) and the finish rules (DESIGN §3.7)

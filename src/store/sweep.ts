@@ -15,6 +15,22 @@ export interface SweepStep {
   count(cap: number): Promise<number>;
 }
 
+/**
+ * The steps of one sweep with these options: a step for each kind of row the
+ * options sweep, built by `step` from the kind and its retention (whole ms,
+ * at least 0; null for the two kinds of record, which expire by their own
+ * columns). A kind whose retention is not given is kept, so it has no step.
+ */
+export function sweepSteps(options: SweepOptions, step: (kind: SweepKind, retentionMs: number | null) => SweepStep): Partial<Record<SweepKind, SweepStep>> {
+  const ms = (v: number) => Math.max(0, Math.floor(v));
+  const retentions: Partial<Record<SweepKind, number | null>> = { expiredRecords: null, unknownRecords: null, oldRejections: ms(options.rejectionRetentionMs) };
+  if (options.entityRetentionMs !== undefined) retentions.oldEntities = retentions.oldFenceHistory = ms(options.entityRetentionMs);
+  if (options.operatorActionRetentionMs !== undefined) retentions.oldOperatorActions = ms(options.operatorActionRetentionMs);
+  const steps: Partial<Record<SweepKind, SweepStep>> = {};
+  for (const kind of SWEEP_KINDS) if (retentions[kind] !== undefined) steps[kind] = step(kind, retentions[kind]!);
+  return steps;
+}
+
 export interface SweepHooks {
   /** Gives the event loop a turn between batches. Default: a zero timeout. */
   yieldTurn?: () => Promise<void>;

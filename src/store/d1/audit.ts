@@ -1,50 +1,19 @@
-import type {
-  AuditStats,
-  AuditStore,
-  FenceHistoryPage,
-  OperatorActionPage,
-  RecordPage,
-  RecordQuery,
-  RecordState,
-  ResolveInput,
-  ResolveResult,
-} from '../types.js';
-import type { D1DatabaseLike, D1PreparedStatementLike } from './gateway-store.js';
-import { NOW_MS, toAction, toRecord } from '../dialect-rows.js';
+import type { AuditStore, RecordState } from '../types.js';
+import { d1Binder, type D1DatabaseLike } from './binding.js';
+import { toAction, toFenceHistoryPage, toPage, toRecordPage } from '../sqlite-dialect/rows.js';
+import { D1, NOW_MS } from '../sqlite-dialect/statements.js';
+import { ACTION_COLUMNS, auditStatements, INSERT_ACTION, UNKNOWN_RECORD } from '../sqlite-dialect/audit.js';
 
-
-/** The record columns, fences as text (D1 returns integers as doubles). */
-const RECORD = 'scope, key, state, fingerprint, entity, CAST(fence AS TEXT) AS fence, status, locked_until, created_at, expires_at';
-const ACTION =
-  'CAST(id AS TEXT) AS id, at, action, scope, key, entity, CAST(fence AS TEXT) AS fence, fingerprint, status, operator, note, request_id';
-
-/** Positional statements; each comment names its parameters in order. */
 const Q = {
-  // entity, cursor (fence text or NULL), limit
-  history: `SELECT CAST(fence AS TEXT) AS fence, at, caller, request_id FROM fence_history
-    WHERE entity = ?1 AND (?2 IS NULL OR fence < CAST(?2 AS INTEGER)) ORDER BY fence DESC LIMIT CAST(?3 AS INTEGER)`,
-  // state, created_at, scope, key (all NULL on the first page), limit — keyset, newest first.
-  records: `SELECT ${RECORD} FROM idempotency_records
-    WHERE state = ?1 AND (?2 IS NULL OR (created_at, scope, key) < (CAST(?2 AS INTEGER), ?3, ?4))
-    ORDER BY created_at DESC, scope DESC, key DESC LIMIT CAST(?5 AS INTEGER)`,
-  // scope, key — the state the resolution was decided on (same batch).
-  state: 'SELECT state FROM idempotency_records WHERE scope = ?1 AND key = ?2',
-  // scope, key, action, status, operator, note, request_id — logged first, from
-  // the record as it is, and only if it is outcome_unknown: the operator's to settle.
-  logAction: `INSERT INTO operator_actions (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)
-    SELECT ${NOW_MS}, ?3, scope, key, entity, fence, fingerprint, CAST(?4 AS INTEGER), ?5, ?6, ?7
-    FROM idempotency_records WHERE scope = ?1 AND key = ?2 AND state = 'outcome_unknown'
-    RETURNING ${ACTION}`,
-  // scope, key, status, headers, body, retention_ms
-  complete: `UPDATE idempotency_records SET state = 'completed', status = CAST(?3 AS INTEGER), headers = ?4, body = ?5,
-      locked_until = NULL, expires_at = ${NOW_MS} + CAST(?6 AS INTEGER)
-    WHERE scope = ?1 AND key = ?2 AND state = 'outcome_unknown'`,
-  // scope, key
-  release: `DELETE FROM idempotency_records WHERE scope = ?1 AND key = ?2 AND state = 'outcome_unknown'`,
-  // cursor (id text or NULL), limit
-  actions: `SELECT ${ACTION} FROM operator_actions WHERE (?1 IS NULL OR id < CAST(?1 AS INTEGER)) ORDER BY id DESC LIMIT CAST(?2 AS INTEGER)`,
-  stats: `SELECT (SELECT count(*) FROM rejections) AS rejections,
-    (SELECT count(*) FROM idempotency_records WHERE state = 'outcome_unknown') AS unknown`,
+  ...auditStatements(D1),
+  // @scope @key — the state the resolution was decided on (same batch).
+  state: 'SELECT state FROM idempotency_records WHERE scope = @scope AND key = @key',
+  // @scope @key @action @status @operator @note @request_id — logged first, from
+  // the record as it is, and only if it is the operator's to settle.
+  logAction: `${INSERT_ACTION}
+    SELECT ${NOW_MS}, @action, scope, key, entity, fence, fingerprint, ${D1.int('status')}, @operator, @note, @request_id
+    FROM idempotency_records WHERE ${UNKNOWN_RECORD}
+    RETURNING ${ACTION_COLUMNS}`,
 } as const;
 
 /**
@@ -55,43 +24,31 @@ const Q = {
  * record that a late finish completed in between is never overwritten.
  */
 export function createD1Audit(db: D1DatabaseLike): AuditStore {
-  const st = (sql: string, ...values: unknown[]): D1PreparedStatementLike => db.prepare(sql).bind(...values);
-  const all = async (sql: string, ...values: unknown[]) => (await st(sql, ...values).all()).results ?? [];
+  const st = d1Binder(db);
+  const all = async (sql: string, params: Record<string, unknown> = {}) => (await st(sql, params).all()).results ?? [];
 
   return {
-    async getFenceHistory(entity, page): Promise<FenceHistoryPage> {
-      const rows = await all(Q.history, entity, page.cursor ?? null, page.limit + 1);
-      const items = rows.slice(0, page.limit).map((r: Record<string, any>) => ({
-        fence: String(r.fence),
-        at: new Date(Number(r.at)),
-        caller: r.caller ?? null,
-        requestId: r.request_id ?? null,
-      }));
-      return { items, nextCursor: rows.length > page.limit ? items[items.length - 1]!.fence : null };
+    async getFenceHistory(entity, page) {
+      return toFenceHistoryPage(await all(Q.history, { entity, cursor: page.cursor ?? null, limit: page.limit + 1 }), page.limit);
     },
 
-    async listRecords(query: RecordQuery): Promise<RecordPage> {
+    async listRecords(query) {
       const cur = query.cursor === undefined ? null : decodeRecordCursor(query.cursor);
-      const rows = await all(Q.records, query.state, cur?.[0] ?? null, cur?.[1] ?? null, cur?.[2] ?? null, query.limit + 1);
-      const page = rows.slice(0, query.limit) as Record<string, any>[];
-      const last = page[page.length - 1];
-      return {
-        items: page.map(toRecord),
-        nextCursor: rows.length > query.limit && last ? encodeRecordCursor([String(last.created_at), last.scope, last.key]) : null,
-      };
+      const rows = await all(Q.records, { state: query.state, after_at: cur?.[0] ?? null, after_scope: cur?.[1] ?? null, after_key: cur?.[2] ?? null, limit: query.limit + 1 });
+      return toRecordPage(rows, query.limit, encodeRecordCursor);
     },
 
-    async resolveRecord(input: ResolveInput): Promise<ResolveResult> {
+    async resolveRecord(input) {
       const r = input.resolution;
       const { scope, key } = input;
       const action = r.outcome === 'completed' ? 'resolve-completed' : 'resolve-released';
       const status = r.outcome === 'completed' ? r.response.status : null;
       const [seen, logged] = await db.batch([
-        st(Q.state, scope, key),
-        st(Q.logAction, scope, key, action, status, input.operator, input.note, input.requestId),
+        st(Q.state, { scope, key }),
+        st(Q.logAction, { scope, key, action, status, operator: input.operator, note: input.note, request_id: input.requestId }),
         r.outcome === 'completed'
-          ? st(Q.complete, scope, key, r.response.status, JSON.stringify(r.response.headers), r.response.body, r.retentionMs)
-          : st(Q.release, scope, key),
+          ? st(Q.complete, { scope, key, status: r.response.status, headers: JSON.stringify(r.response.headers), body: r.response.body, retention_ms: r.retentionMs })
+          : st(Q.release, { scope, key }),
       ]);
       const state = (seen?.results?.[0] as { state: RecordState } | undefined)?.state;
       if (state === undefined) return { ok: false, reason: 'not-found' };
@@ -101,13 +58,11 @@ export function createD1Audit(db: D1DatabaseLike): AuditStore {
       return { ok: true, action: toAction(row) };
     },
 
-    async listOperatorActions(page): Promise<OperatorActionPage> {
-      const rows = await all(Q.actions, page.cursor ?? null, page.limit + 1);
-      const items = rows.slice(0, page.limit).map(toAction);
-      return { items, nextCursor: rows.length > page.limit ? items[items.length - 1]!.id : null };
+    async listOperatorActions(page) {
+      return toPage(await all(Q.actions, { cursor: page.cursor ?? null, limit: page.limit + 1 }), page.limit, toAction);
     },
 
-    async auditStats(): Promise<AuditStats> {
+    async auditStats() {
       const [r] = (await all(Q.stats)) as { rejections: number; unknown: number }[];
       return { rejections: Number(r?.rejections ?? 0), outcomeUnknown: Number(r?.unknown ?? 0) };
     },

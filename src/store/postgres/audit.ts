@@ -1,26 +1,10 @@
-import type {
-  AuditStats,
-  AuditStore,
-  FenceHistoryPage,
-  OperatorAction,
-  OperatorActionPage,
-  RecordInfo,
-  RecordPage,
-  RecordQuery,
-  RecordState,
-  ResolveInput,
-  ResolveResult,
-} from '../types.js';
-import { decodeNullable, decodeText, encodeNullable, encodeText } from './text.js';
+import type { AuditStore, RecordState } from '../types.js';
+import type { PgContext } from './query.js';
+import { toAction, toRecord, type ActionRow, type RecordRow } from './rows.js';
+import { decodeNullable, encodeNullable, encodeText } from './text.js';
 
-/** What the audit half needs of the store: its one-statement query and its table names. */
-export interface PostgresAuditContext {
-  query<R>(text: string, values: unknown[]): Promise<{ rows: R[] }>;
-  /** A table name qualified with the store's schema (or bare, for the search_path). */
-  table(name: string): string;
-}
-
-const MAX_FENCE = (1n << 63n) - 1n;
+/** The largest bigint (2^63 - 1): no fence or id is above it. */
+const MAX_BIGINT = (1n << 63n) - 1n;
 
 /**
  * The audit half of the PostgreSQL store (DESIGN §4.1), the same contract as
@@ -39,7 +23,7 @@ const MAX_FENCE = (1n << 63n) - 1n;
  * way out, and the record cursor carries the raw (escaped) column values so
  * that the keyset compares exactly what the index orders.
  */
-export function createPostgresAudit(ctx: PostgresAuditContext): AuditStore {
+export function createPostgresAudit(ctx: PgContext): AuditStore {
   const t = ctx.table;
   const records = t('idempotency_records');
   const Q = {
@@ -90,10 +74,10 @@ export function createPostgresAudit(ctx: PostgresAuditContext): AuditStore {
   };
 
   return {
-    async getFenceHistory(entity, page): Promise<FenceHistoryPage> {
+    async getFenceHistory(entity, page) {
       const { rows } = await ctx.query<{ fence: string; at: Date; caller: string | null; request_id: string | null }>(Q.history, [
         encodeText(entity),
-        fenceCursor(page.cursor),
+        bigintCursor(page.cursor, 'not a fence-history cursor'),
         page.limit + 1,
       ]);
       const items = rows.slice(0, page.limit).map((r) => ({
@@ -105,9 +89,9 @@ export function createPostgresAudit(ctx: PostgresAuditContext): AuditStore {
       return { items, nextCursor: rows.length > page.limit ? items[items.length - 1]!.fence : null };
     },
 
-    async listRecords(query: RecordQuery): Promise<RecordPage> {
+    async listRecords(query) {
       const cur = query.cursor === undefined ? null : decodeRecordCursor(query.cursor);
-      const { rows } = await ctx.query<RecordRow>(Q.records, [query.state, cur?.[0] ?? null, cur?.[1] ?? null, cur?.[2] ?? null, query.limit + 1]);
+      const { rows } = await ctx.query<RecordRow & { created_us: string }>(Q.records, [query.state, cur?.[0] ?? null, cur?.[1] ?? null, cur?.[2] ?? null, query.limit + 1]);
       const page = rows.slice(0, query.limit);
       const last = page[page.length - 1];
       return {
@@ -116,7 +100,7 @@ export function createPostgresAudit(ctx: PostgresAuditContext): AuditStore {
       };
     },
 
-    async resolveRecord(input: ResolveInput): Promise<ResolveResult> {
+    async resolveRecord(input) {
       const r = input.resolution;
       const scope = encodeText(input.scope);
       const key = encodeText(input.key);
@@ -147,13 +131,13 @@ export function createPostgresAudit(ctx: PostgresAuditContext): AuditStore {
       return { ok: false, reason: 'not-outcome-unknown', state };
     },
 
-    async listOperatorActions(page): Promise<OperatorActionPage> {
-      const { rows } = await ctx.query<ActionRow>(Q.actions, [idCursor(page.cursor), page.limit + 1]);
+    async listOperatorActions(page) {
+      const { rows } = await ctx.query<ActionRow>(Q.actions, [bigintCursor(page.cursor, 'not an operator-action cursor'), page.limit + 1]);
       const items = rows.slice(0, page.limit).map(toAction);
       return { items, nextCursor: rows.length > page.limit ? items[items.length - 1]!.id : null };
     },
 
-    async auditStats(): Promise<AuditStats> {
+    async auditStats() {
       const { rows } = await ctx.query<{ rejections: string; unknown: string }>(Q.stats, []);
       return { rejections: Number(rows[0]?.rejections ?? 0), outcomeUnknown: Number(rows[0]?.unknown ?? 0) };
     },
@@ -164,81 +148,15 @@ export function createPostgresAudit(ctx: PostgresAuditContext): AuditStore {
 const ACTION_COLUMNS = `l.id::text AS id, l.at, l.action, l.scope, l.key, l.entity, l.fence::text AS fence, l.fingerprint, l.status,
   l.operator, l.note, l.request_id`;
 
-interface ActionRow {
-  id: string | null;
-  at: Date;
-  action: OperatorAction['action'];
-  scope: string;
-  key: string;
-  entity: string | null;
-  fence: string | null;
-  fingerprint: string | null;
-  status: number | null;
-  operator: string | null;
-  note: string | null;
-  request_id: string | null;
-}
-
-interface RecordRow {
-  scope: string;
-  key: string;
-  state: RecordState;
-  fingerprint: string;
-  entity: string | null;
-  fence: string | null;
-  status: number | null;
-  locked_until: Date | null;
-  created_at: Date;
-  expires_at: Date;
-  created_us: string;
-}
-
-function toRecord(r: RecordRow): RecordInfo {
-  return {
-    scope: decodeText(r.scope),
-    key: decodeText(r.key),
-    state: r.state,
-    fingerprint: decodeText(r.fingerprint),
-    entity: decodeNullable(r.entity),
-    fence: r.fence,
-    status: r.status,
-    lockedUntil: r.locked_until,
-    createdAt: r.created_at,
-    expiresAt: r.expires_at,
-  };
-}
-
-function toAction(r: ActionRow): OperatorAction {
-  return {
-    id: r.id!,
-    at: r.at,
-    action: r.action,
-    scope: decodeText(r.scope),
-    key: decodeText(r.key),
-    entity: decodeNullable(r.entity),
-    fence: r.fence,
-    fingerprint: decodeNullable(r.fingerprint),
-    status: r.status,
-    operator: decodeNullable(r.operator),
-    note: decodeNullable(r.note),
-    requestId: decodeNullable(r.request_id),
-  };
-}
-
 /**
- * A fence-history cursor: the lowest fence of the previous page. Above the
- * largest fence there is nothing to exclude (NULL: from the top).
+ * A keyset cursor over a bigint column: the lowest value of the previous
+ * page (a fence, or an operator action's id). Above the largest bigint there
+ * is nothing to exclude (NULL: from the top).
  */
-function fenceCursor(cursor: string | undefined): string | null {
+function bigintCursor(cursor: string | undefined, notOne: string): string | null {
   if (cursor === undefined) return null;
-  if (!/^\d{1,19}$/.test(cursor)) throw new RangeError('not a fence-history cursor');
-  return BigInt(cursor) > MAX_FENCE ? null : cursor;
-}
-
-function idCursor(cursor: string | undefined): string | null {
-  if (cursor === undefined) return null;
-  if (!/^\d{1,19}$/.test(cursor)) throw new RangeError('not an operator-action cursor');
-  return BigInt(cursor) > MAX_FENCE ? null : cursor;
+  if (!/^\d{1,19}$/.test(cursor)) throw new RangeError(notOne);
+  return BigInt(cursor) > MAX_BIGINT ? null : cursor;
 }
 
 /** The record keyset cursor: base64url of `[created_at µs, scope, key]`, scope and key as stored. */

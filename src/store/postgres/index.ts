@@ -1,8 +1,7 @@
 import pg from 'pg';
 import { PostgresGatewayStore, type PostgresStoreOptions } from './gateway-store.js';
 import { migratePostgres } from './migrate.js';
-import { quoteIdent } from './text.js';
-import type { ClientLike, PoolLike } from './types.js';
+import { ensureSchema, inSchema, openPool } from './pool.js';
 
 export {
   PostgresGatewayStore,
@@ -27,32 +26,7 @@ export async function createPostgresStore(options: PostgresStoreOptions): Promis
     throw new Error('createPostgresStore needs a connectionString or a pool');
   }
   const onError = options.onError ?? (() => {});
-  const clientConfig: pg.ClientConfig = {
-    connectionString,
-    application_name: options.applicationName ?? 'fencegate',
-    connectionTimeoutMillis: options.connectionTimeoutMs ?? 5_000,
-    statement_timeout: options.statementTimeoutMs ?? 10_000,
-    keepAlive: true,
-  };
-  let pool: PoolLike;
-  let ownsPool: boolean;
-  let makeListenClient: (() => pg.Client) | null = null;
-  if (options.pool !== undefined) {
-    pool = options.pool;
-    ownsPool = false;
-    const settings = pool instanceof pg.Pool ? (pool as pg.Pool & { options: pg.ClientConfig }).options : null;
-    if (settings !== null) makeListenClient = () => new pg.Client(settings);
-  } else {
-    const own = new pg.Pool({ ...clientConfig, max: options.poolSize ?? 10 });
-    // An idle connection that dies (pg_terminate_backend, a restart) emits
-    // here; without a listener it would crash the process. The pool has
-    // already dropped it and opens a new one on the next call.
-    own.on('error', (err) => onError(err, 'pool'));
-    pool = own;
-    ownsPool = true;
-    makeListenClient = () => new pg.Client(clientConfig);
-  }
-  if (options.listen === false) makeListenClient = null;
+  const { pool, ownsPool, makeListenClient } = openPool(options, onError);
 
   try {
     if (schema !== undefined) await ensureSchema(pool, schema);
@@ -89,41 +63,4 @@ export async function migratePostgresUrl(url: string): Promise<string[]> {
   } finally {
     await pool.end();
   }
-}
-
-async function ensureSchema(pool: PoolLike, schema: string): Promise<void> {
-  try {
-    await pool.query(`CREATE SCHEMA IF NOT EXISTS ${quoteIdent(schema)}`);
-  } catch (err) {
-    // Two replicas creating it at once: one of them loses the race, harmlessly.
-    const code = (err as { code?: string }).code;
-    if (code !== '23505' && code !== '42P06') throw err;
-  }
-}
-
-/** The pool, with every connection handed to the migrator pointed at `schema` (and reset on release). */
-function inSchema(pool: PoolLike, schema: string): PoolLike {
-  return {
-    query: (text, values) => pool.query(text, values),
-    end: () => pool.end(),
-    async connect(): Promise<ClientLike> {
-      const client = await pool.connect();
-      try {
-        await client.query(`SET search_path TO ${quoteIdent(schema)}`);
-      } catch (err) {
-        client.release(err as Error);
-        throw err;
-      }
-      return {
-        query: (text, values) => client.query(text, values),
-        release(err) {
-          if (err !== undefined && err !== false) return client.release(err);
-          client.query('RESET search_path').then(
-            () => client.release(),
-            (e: Error) => client.release(e),
-          );
-        },
-      };
-    },
-  };
 }

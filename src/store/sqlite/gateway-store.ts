@@ -1,5 +1,6 @@
 import { resolve } from 'node:path';
 import type { Statement } from 'better-sqlite3';
+import { AuditDelegate } from '../audit-delegate.js';
 import { LocalNotifier } from '../notifier.js';
 import {
   entityTopic,
@@ -7,27 +8,35 @@ import {
   type Admission,
   type AdmitInput,
   type AuditStore,
-  type EntityInfo,
   type FinishInput,
   type FinishResult,
   type GatewayStore,
-  type RecordInfo,
   type RejectionInput,
-  type RejectionPage,
   type RejectionQuery,
+  type SweepKind,
   type SweepOptions,
-  type SweepResult,
 } from '../types.js';
 import { createSqliteAudit } from './audit.js';
-import { GroupCommit, walSyncer } from './group-commit.js';
+import { GroupCommit } from './group-commit.js';
+import { walSyncer } from './wal-sync.js';
 import { WriteLock } from './write-lock.js';
 import { migrateSqlite } from './migrate.js';
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
-import { NOW_MS, toRecord, toRejection } from '../dialect-rows.js';
-import { boundRejectionText } from '../bounds.js';
+import { toEntity, toPage, toRecord, toRejection } from '../sqlite-dialect/rows.js';
+import {
+  ENTITY_INFO,
+  insertFenceHistory,
+  insertRejection,
+  NOW_MS,
+  RECORDS_BY_KEY,
+  rejectionParams,
+  rejectionsPage,
+  SQLITE,
+  sweepStatements,
+} from '../sqlite-dialect/statements.js';
 import { decide, finish } from '../../core/admission.js';
 import { admissionRows, type AdmissionRows } from './admission-rows.js';
-import { sweepInBatches, type SweepStep } from '../sweep.js';
+import { sweepInBatches, sweepSteps } from '../sweep.js';
 
 export interface SqliteStoreOptions extends OpenSqliteOptions {
   /** Path of the database file (created if missing), or `:memory:`. */
@@ -50,7 +59,7 @@ export interface SqliteStoreOptions extends OpenSqliteOptions {
    * With group commit at `synchronous=FULL`: sync the WAL on libuv's thread
    * pool after each group's COMMIT instead of inside it, so the event loop
    * runs while the disk works; callers are still answered only once their
-   * group is on disk (./group-commit.ts). Default true.
+   * group is on disk (./wal-sync.ts). Default true.
    */
   backgroundSync?: boolean;
   /**
@@ -71,7 +80,7 @@ export interface SqliteStoreOptions extends OpenSqliteOptions {
  * better-sqlite3 is synchronous; the async interface is kept so that the
  * gateway treats every backend alike.
  */
-export class SqliteGatewayStore implements GatewayStore {
+export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
   readonly kind = 'sqlite';
   readonly db: SqliteDatabase;
   private readonly notifier: LocalNotifier;
@@ -88,11 +97,13 @@ export class SqliteGatewayStore implements GatewayStore {
   group: GroupCommit | null = null;
   /** The WAL's background sync, when `backgroundSync` is on. */
   readonly syncer: ReturnType<typeof walSyncer> | null = null;
-  private readonly audit: AuditStore;
+  /** The audit methods' half (./audit.ts). */
+  protected readonly audit: AuditStore;
   /** Every write transaction begins here: waits for another process's lock leave the event loop free. */
   readonly lock: WriteLock;
 
   constructor(options: SqliteStoreOptions) {
+    super();
     this.db = openSqlite(options.path, options);
     if (options.migrate !== false) migrateSqlite(this.db);
     // The migrations may wait the whole busy_timeout (nothing is served yet);
@@ -126,18 +137,11 @@ export class SqliteGatewayStore implements GatewayStore {
     this.audit = createSqliteAudit(this.db, this.lock);
   }
 
-  // The audit methods (fence history, operator resolution) live in ./audit.ts.
-  getFenceHistory: AuditStore['getFenceHistory'] = (entity, page) => this.audit.getFenceHistory(entity, page);
-  listRecords: AuditStore['listRecords'] = (query) => this.audit.listRecords(query);
-  resolveRecord: AuditStore['resolveRecord'] = (input) => this.audit.resolveRecord(input);
-  listOperatorActions: AuditStore['listOperatorActions'] = (page) => this.audit.listOperatorActions(page);
-  auditStats: AuditStore['auditStats'] = () => this.audit.auditStats();
-
-  async admit(input: AdmitInput): Promise<Admission> {
+  async admit(input: AdmitInput) {
     return this.admitTx(input);
   }
 
-  async finish(input: FinishInput): Promise<FinishResult> {
+  async finish(input: FinishInput) {
     // Waiters are woken only once the finish is committed.
     const result = await this.finishTx(input);
     if (input.entity !== null) this.notifier.notify(entityTopic(input.entity));
@@ -169,8 +173,8 @@ export class SqliteGatewayStore implements GatewayStore {
       // The entity's fence history: one row per accepted fence value (a no-op
       // when it stayed equal), with the caller and request id bounded as in
       // the rejection log (../bounds.ts), as the other stores write them.
-      const text = boundRejectionText({ entity, idempotencyKey: key, audit: input.audit });
-      this.q.fenceHistory.run({ entity, fence: d.acceptedFence, now, caller: text.caller, requestId: text.requestId });
+      const { caller, request_id } = rejectionParams({ entity, key, audit: input.audit });
+      this.q.fenceHistory.run({ entity, fence: d.acceptedFence, now, caller, request_id });
     }
     if (d.rejection !== null) this.reject({ ...d.rejection, entity, idempotencyKey: key, audit: input.audit }, now);
     return d.admission;
@@ -188,38 +192,19 @@ export class SqliteGatewayStore implements GatewayStore {
     return { recorded: f.recorded };
   }
 
-  async listRejections(query: RejectionQuery): Promise<RejectionPage> {
-    const where: string[] = [];
-    const params: Record<string, unknown> = { limit: query.limit + 1 };
-    if (query.entity !== undefined) (where.push('entity = @entity'), (params.entity = query.entity));
-    if (query.reason !== undefined) (where.push('reason = @reason'), (params.reason = query.reason));
-    if (query.caller !== undefined) (where.push('caller = @caller'), (params.caller = query.caller));
-    if (query.since !== undefined) (where.push('at >= @since'), (params.since = query.since.getTime()));
-    if (query.until !== undefined) (where.push('at < @until'), (params.until = query.until.getTime()));
-    if (query.cursor !== undefined) (where.push('id < @cursor'), (params.cursor = BigInt(query.cursor)));
-    const sql = `SELECT * FROM rejections ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY id DESC LIMIT @limit`;
-    const rows = this.db.prepare(sql).safeIntegers(true).all(params) as Record<string, unknown>[];
-    const items = rows.slice(0, query.limit).map(toRejection);
-    const more = rows.length > query.limit;
-    return { items, nextCursor: more ? items[items.length - 1]!.id : null };
+  async listRejections(query: RejectionQuery) {
+    const { sql, params } = rejectionsPage(SQLITE, query);
+    if (query.cursor !== undefined) params.cursor = BigInt(query.cursor);
+    return toPage(this.db.prepare(sql).safeIntegers(true).all(params) as Record<string, unknown>[], query.limit, toRejection);
   }
 
-  async getEntity(entity: string): Promise<EntityInfo | null> {
-    const row = this.q.entityInfo.get({ entity }) as
-      | { entity: string; fence: bigint | null; accepted_at: bigint; inflight_until: bigint | null; now: bigint }
-      | undefined;
-    if (row === undefined) return null;
-    const live = row.inflight_until !== null && row.inflight_until > row.now;
-    return {
-      entity: row.entity,
-      fence: row.fence === null ? null : row.fence.toString(),
-      acceptedAt: new Date(Number(row.accepted_at)),
-      inflight: live ? { until: new Date(Number(row.inflight_until)) } : null,
-    };
+  async getEntity(entity: string) {
+    const row = this.q.entityInfo.get({ entity }) as Record<string, unknown> | undefined;
+    return row === undefined ? null : toEntity(row);
   }
 
-  async getRecords(key: string): Promise<RecordInfo[]> {
-    return (this.q.recordsByKey.all(key) as Record<string, unknown>[]).map(toRecord);
+  async getRecords(key: string) {
+    return (this.q.recordsByKey.all({ key }) as Record<string, unknown>[]).map(toRecord);
   }
 
   /**
@@ -230,31 +215,16 @@ export class SqliteGatewayStore implements GatewayStore {
    * synchronous, so a batch blocks the event loop while it runs: each one
    * is kept short (`batch` rows) and the loop gets a turn between them.
    */
-  async sweep(options: SweepOptions): Promise<SweepResult> {
-    const { q } = this;
+  async sweep(options: SweepOptions) {
     const write = (fn: (now: number) => number): Promise<number> =>
       this.group !== null ? this.group.run(() => fn(this.txNow)) : this.lock.transaction(() => fn(this.now()));
-    const count = (st: Statement, params: (now: number) => Record<string, number>) => async (cap: number) =>
-      Number((st.get({ ...params(this.now()), cap }) as { n: number | bigint }).n);
-    const step = (run: Statement, counter: Statement, params: (now: number) => Record<string, number>): SweepStep => ({
-      run: (batch) => write((now) => run.run({ ...params(now), batch }).changes),
-      count: count(counter, params),
+    const steps = sweepSteps(options, (kind, retention_ms) => {
+      const { run, count } = this.q.sweep[kind];
+      return {
+        run: (batch) => write((now) => run.run({ now, retention_ms, batch }).changes),
+        count: async (cap) => Number((count.get({ now: this.now(), retention_ms, cap }) as { n: number | bigint }).n),
+      };
     });
-    const retention = (ms: number) => Math.max(0, Math.floor(ms));
-    const steps: Partial<Record<keyof SweepResult['backlog'], SweepStep>> = {
-      expiredRecords: step(q.sweepExpired, q.countExpired, (now) => ({ now })),
-      unknownRecords: step(q.sweepLocked, q.countLocked, (now) => ({ now })),
-      oldRejections: step(q.sweepRejections, q.countRejections, (now) => ({ before: now - retention(options.rejectionRetentionMs) })),
-    };
-    if (options.entityRetentionMs !== undefined) {
-      const before = (now: number) => now - retention(options.entityRetentionMs!);
-      steps.oldEntities = step(q.sweepEntities, q.countEntities, (now) => ({ now, before: before(now) }));
-      steps.oldFenceHistory = step(q.sweepHistory, q.countHistory, (now) => ({ before: before(now) }));
-    }
-    if (options.operatorActionRetentionMs !== undefined) {
-      const ms = retention(options.operatorActionRetentionMs);
-      steps.oldOperatorActions = step(q.sweepActions, q.countActions, (now) => ({ before: now - ms }));
-    }
     return sweepInBatches(steps, options, {
       yieldTurn: () => new Promise((resolve) => setImmediate(resolve)),
       stopped: () => this.closed,
@@ -276,71 +246,24 @@ export class SqliteGatewayStore implements GatewayStore {
 
   /** Every rejection row of this store is written here, its text bounded (../bounds.ts). */
   private reject(r: RejectionInput, now: number): void {
-    const text = boundRejectionText(r);
-    this.q.insertRejection.run({
-      at: now,
-      reason: r.reason,
-      entity: text.entity,
-      presented: r.presentedFence,
-      current: r.currentFence,
-      key: text.idempotencyKey,
-      caller: text.caller,
-      method: text.method,
-      path: text.path,
-      sha: text.payloadSha256,
-      requestId: text.requestId,
-      clientRequestId: text.clientRequestId,
-      detail: text.detail,
-    });
+    this.q.insertRejection.run({ now, reason: r.reason, presented: r.presentedFence, current: r.currentFence, ...rejectionParams(r) });
   }
 }
 
-/** Every statement of the hot path, prepared once. Named parameters: see each. */
+/** Every statement of the hot path, prepared once; their text and parameters: ../sqlite-dialect/statements.ts. */
 function prepare(db: SqliteDatabase) {
   const s = (sql: string, safe = false): Statement => {
     const st = db.prepare(sql);
     return safe ? st.safeIntegers(true) : st;
   };
+  const sweep = Object.entries(sweepStatements(SQLITE)).map(([kind, st]) => [kind, { run: s(st.run), count: s(st.count) }]);
   return {
     now: s(`SELECT ${NOW_MS} AS now`),
-    entityInfo: s(`SELECT entity, fence, accepted_at, inflight_until, ${NOW_MS} AS now FROM fence_entities WHERE entity = @entity`, true),
-    insertRejection: s(`INSERT INTO rejections
-      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id, detail)
-      VALUES (@at, @reason, @entity, @presented, @current, @key, @caller, @method, @path, @sha, @requestId, @clientRequestId, @detail)`),
-    // @entity @fence @now @caller @requestId — fences only rise, so (entity, fence) is one rise.
-    fenceHistory: s(`INSERT INTO fence_history (entity, fence, at, caller, request_id) VALUES (@entity, @fence, @now, @caller, @requestId)
-      ON CONFLICT (entity, fence) DO NOTHING`),
-    recordsByKey: s(`SELECT scope, key, state, fingerprint, entity, fence, status, locked_until, created_at, expires_at
-      FROM idempotency_records WHERE key = ? ORDER BY scope`, true),
-    sweepExpired: s(`DELETE FROM idempotency_records WHERE rowid IN (
-      SELECT rowid FROM idempotency_records WHERE state = 'completed' AND expires_at <= @now LIMIT @batch)`),
-    sweepLocked: s(`UPDATE idempotency_records SET state = 'outcome_unknown', locked_until = NULL WHERE rowid IN (
-      SELECT rowid FROM idempotency_records WHERE state = 'in_progress' AND locked_until <= @now LIMIT @batch)`),
-    // The sweeps name no ORDER BY: which rows past retention go first does
-    // not matter, and with `ORDER BY id` SQLite walks the table by id, so the
-    // last (short) batch of every sweep read every row; without it each batch
-    // reads the index range of the rows it deletes (EXPLAIN QUERY PLAN).
-    sweepRejections: s(`DELETE FROM rejections WHERE id IN (
-      SELECT id FROM rejections WHERE at < @before LIMIT @batch)`),
-    // @now @before @batch — entities whose last accepted fence is older than
-    // entityRetention, unless a request holds their serial slot (README: the
-    // safety condition of entityRetention). Index fence_entities_accepted (0006).
-    sweepEntities: s(`DELETE FROM fence_entities WHERE entity IN (
-      SELECT entity FROM fence_entities WHERE accepted_at < @before
-        AND (inflight_owner IS NULL OR inflight_until <= @now) LIMIT @batch)`),
-    // @before @batch — index fence_history_at (0006).
-    sweepHistory: s(`DELETE FROM fence_history WHERE (entity, fence) IN (
-      SELECT entity, fence FROM fence_history WHERE at < @before LIMIT @batch)`),
-    // @before @batch — index operator_actions_at (0006).
-    sweepActions: s(`DELETE FROM operator_actions WHERE id IN (
-      SELECT id FROM operator_actions WHERE at < @before LIMIT @batch)`),
-    // The backlog: what the statements above would still find, counted up to @cap.
-    countExpired: s(`SELECT count(*) AS n FROM (SELECT 1 FROM idempotency_records WHERE state = 'completed' AND expires_at <= @now LIMIT @cap)`),
-    countLocked: s(`SELECT count(*) AS n FROM (SELECT 1 FROM idempotency_records WHERE state = 'in_progress' AND locked_until <= @now LIMIT @cap)`),
-    countRejections: s('SELECT count(*) AS n FROM (SELECT 1 FROM rejections WHERE at < @before LIMIT @cap)'),
-    countEntities: s(`SELECT count(*) AS n FROM (SELECT 1 FROM fence_entities WHERE accepted_at < @before
-      AND (inflight_owner IS NULL OR inflight_until <= @now) LIMIT @cap)`),
-    countHistory: s('SELECT count(*) AS n FROM (SELECT 1 FROM fence_history WHERE at < @before LIMIT @cap)'),
-    countActions: s('SELECT count(*) AS n FROM (SELECT 1 FROM operator_actions WHERE at < @before LIMIT @cap)'),
+    entityInfo: s(ENTITY_INFO, true),
+    insertRejection: s(insertRejection(SQLITE)),
+    // @entity @fence @now @caller @request_id
+    fenceHistory: s(insertFenceHistory('VALUES (@entity, @fence, @now, @caller, @request_id)')),
+    recordsByKey: s(RECORDS_BY_KEY, true),
+    sweep: Object.fromEntries(sweep) as Record<SweepKind, { run: Statement; count: Statement }>,
   };
 }

@@ -1,0 +1,39 @@
+import type { PoolLike } from './types.js';
+
+/** `createPostgresStore`'s options (./index.ts). */
+export interface PostgresStoreOptions {
+  /** `postgres://…`. Either this or `pool`. */
+  connectionString?: string;
+  /**
+   * Bring your own pool (`pg.Pool` or compatible). The store never ends it.
+   * LISTEN needs a dedicated connection: with a `pg.Pool` the store opens one
+   * with the pool's settings; with another pool it falls back to polling.
+   */
+  pool?: PoolLike;
+  /** Connections in the store's own pool (the LISTEN connection comes on top). Default 10. */
+  poolSize?: number;
+  /**
+   * Schema that holds the tables (created and migrated if missing). Default:
+   * the connection's search_path. Statements name it explicitly, so a shared
+   * pool with another search_path works too.
+   */
+  schema?: string;
+  /** Apply pending migrations on open. Default true. */
+  migrate?: boolean;
+  /** LISTEN/NOTIFY for cross-replica wake-ups. Default true. */
+  listen?: boolean;
+  /** Poll fallback for waiters. Default 500 ms with LISTEN, 50 ms without. */
+  pollMs?: number;
+  /** A store call fails (→ 503 store-unavailable) after this long without a connection. Default 5000 ms. */
+  connectionTimeoutMs?: number;
+  /** Server-side statement_timeout for the store's own connections. Default 10000 ms. */
+  statementTimeoutMs?: number;
+  /** Shown in pg_stat_activity. Default `fencegate`. */
+  applicationName?: string;
+  /**
+   * Connection faults seen while no call was running (an idle pooled
+   * connection dropped, the listener lost): the pool and the listener
+   * recover by themselves, this is for logs. Default: ignored.
+   */
+  onError?: (err: Error, source: 'pool' | 'listener') => void;
+}

@@ -1,0 +1,40 @@
+import type { EntityInfo, RecordInfo } from '../types.js';
+import type { PgContext } from './query.js';
+import { toRecord, type RecordRow } from './rows.js';
+import { decodeText, encodeText } from './text.js';
+
+/** The admin API's point reads: one entity's fence and slot, one key's records (in every scope). */
+export function createReads(ctx: PgContext) {
+  // $1 entity. `live`: the slot's expiry against the database clock (G6).
+  const entityInfo = `SELECT entity, fence, accepted_at, inflight_until, inflight_until > now() AS live
+      FROM ${ctx.table('fence_entities')} WHERE entity = $1`;
+  // $1 key
+  const recordsByKey = `SELECT scope, key, state, fingerprint, entity, fence, status, locked_until, created_at, expires_at
+      FROM ${ctx.table('idempotency_records')} WHERE key = $1`;
+
+  return {
+    async getEntity(entity: string): Promise<EntityInfo | null> {
+      const { rows } = await ctx.query<{ entity: string; fence: string | null; accepted_at: Date; inflight_until: Date | null; live: boolean | null }>(
+        entityInfo,
+        [encodeText(entity)],
+      );
+      const row = rows[0];
+      if (row === undefined) return null;
+      return {
+        entity: decodeText(row.entity),
+        fence: row.fence,
+        acceptedAt: row.accepted_at,
+        inflight: row.live === true && row.inflight_until !== null ? { until: row.inflight_until } : null,
+      };
+    },
+
+    /**
+     * Sorted by the decoded scope in JavaScript, as the SQLite stores' binary
+     * `ORDER BY scope`: the database's collation and the escape would order differently.
+     */
+    async getRecords(key: string): Promise<RecordInfo[]> {
+      const { rows } = await ctx.query<RecordRow>(recordsByKey, [encodeText(key)]);
+      return rows.map(toRecord).sort((x, y) => (x.scope < y.scope ? -1 : x.scope > y.scope ? 1 : 0));
+    },
+  };
+}

@@ -1,0 +1,49 @@
+import type { OperatorAction, RecordInfo } from '../types.js';
+import { decodeNullable, decodeText } from './text.js';
+
+/**
+ * Rows as PostgreSQL returns them: the store interface's shapes under their
+ * column names, text in the escaped form of ./text.ts, bigints as text.
+ */
+
+/** idempotency_records (the reads of ./reads.ts and the operator pages of ./audit.ts). */
+export type RecordRow = Omit<RecordInfo, 'lockedUntil' | 'createdAt' | 'expiresAt'> & {
+  locked_until: Date | null;
+  created_at: Date;
+  expires_at: Date;
+};
+
+/** operator_actions; `id` is null where a resolution logged nothing (./audit.ts). */
+export type ActionRow = Omit<OperatorAction, 'id' | 'requestId'> & { id: string | null; request_id: string | null };
+
+export function toRecord(r: RecordRow): RecordInfo {
+  return {
+    scope: decodeText(r.scope),
+    key: decodeText(r.key),
+    state: r.state,
+    fingerprint: decodeText(r.fingerprint),
+    entity: decodeNullable(r.entity),
+    fence: r.fence,
+    status: r.status,
+    lockedUntil: r.locked_until,
+    createdAt: r.created_at,
+    expiresAt: r.expires_at,
+  };
+}
+
+export function toAction(r: ActionRow): OperatorAction {
+  return {
+    id: r.id!,
+    at: r.at,
+    action: r.action,
+    scope: decodeText(r.scope),
+    key: decodeText(r.key),
+    entity: decodeNullable(r.entity),
+    fence: r.fence,
+    fingerprint: decodeNullable(r.fingerprint),
+    status: r.status,
+    operator: decodeNullable(r.operator),
+    note: decodeNullable(r.note),
+    requestId: decodeNullable(r.request_id),
+  };
+}

@@ -1,0 +1,37 @@
+import { completeRecord, RECORD_COLUMNS, type Spelling } from './statements.js';
+
+/**
+ * The audit statements (DESIGN §4.1) of the SQLite dialect, shared by the
+ * better-sqlite3 store (../sqlite/audit.ts) and the D1 store
+ * (../d1/audit.ts). Each one's parameters are named in its comment.
+ */
+
+/** The operator-action columns as read, id and fence as text (so an ORDER BY names the table's column). */
+export const ACTION_COLUMNS =
+  'CAST(id AS TEXT) AS id, at, action, scope, key, entity, CAST(fence AS TEXT) AS fence, fingerprint, status, operator, note, request_id';
+/** The insert of an operator-action row; each store gives its values. */
+export const INSERT_ACTION = 'INSERT INTO operator_actions (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)';
+/** @scope @key — only an outcome_unknown record is the operator's to settle. */
+export const UNKNOWN_RECORD = "scope = @scope AND key = @key AND state = 'outcome_unknown'";
+
+export function auditStatements(d: Spelling) {
+  return {
+    // @entity @cursor (fence, or NULL) @limit
+    history: `SELECT CAST(fence AS TEXT) AS fence, at, caller, request_id FROM fence_history
+      WHERE entity = @entity AND (@cursor IS NULL OR fence < ${d.int('cursor')}) ORDER BY fence_history.fence DESC LIMIT ${d.int('limit')}`,
+    // @state @after_at @after_scope @after_key (all NULL on the first page) @limit — keyset on
+    // (created_at, scope, key), newest first.
+    records: `SELECT ${RECORD_COLUMNS} FROM idempotency_records
+      WHERE state = @state AND (@after_at IS NULL OR (created_at, scope, key) < (${d.int('after_at')}, @after_scope, @after_key))
+      ORDER BY created_at DESC, scope DESC, key DESC LIMIT ${d.int('limit')}`,
+    // @scope @key @status @headers @body @retention_ms
+    complete: completeRecord(d, UNKNOWN_RECORD),
+    // @scope @key
+    release: `DELETE FROM idempotency_records WHERE ${UNKNOWN_RECORD}`,
+    // @cursor (id, or NULL) @limit
+    actions: `SELECT ${ACTION_COLUMNS} FROM operator_actions
+      WHERE (@cursor IS NULL OR id < ${d.int('cursor')}) ORDER BY operator_actions.id DESC LIMIT ${d.int('limit')}`,
+    stats: `SELECT (SELECT count(*) FROM rejections) AS rejections,
+      (SELECT count(*) FROM idempotency_records WHERE state = 'outcome_unknown') AS unknown`,
+  };
+}
