@@ -21,3 +21,15 @@ export function migrateLeaseSqlite(db: Database.Database, migrations: Migration[
 export async function migrateLeasePostgres(pool: PoolLike, migrations: Migration[] = loadMigrations('lease', 'postgres')): Promise<string[]> {
   return applyPostgresMigrations(pool, LEDGERS.lease, migrations);
 }
+
+/**
+ * `fencegate migrate --lease --database-url URL`: migrateLeasePostgres on a
+ * one-connection pool of its own. `pg` is loaded here, on demand, so the CLI
+ * and SQLite-only programs do not load it.
+ */
+export async function migrateLeasePostgresUrl(url: string): Promise<string[]> {
+  const { default: pg } = await import('pg');
+  const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'fencegate-migrate' });
+  pool.on('error', () => {}); // an idle connection's fault: the migration's own query reports it
+  return migrateLeasePostgres(pool as unknown as PoolLike).finally(() => pool.end());
+}

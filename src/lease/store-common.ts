@@ -1,6 +1,18 @@
 import { createHash } from 'node:crypto';
 import { LeaseError } from './errors.js';
-import type { ClaimFailedJob, ClaimOptions, EnqueueInput, Job, JobStoreOptions, Lease } from './types.js';
+import type {
+  ClaimFailedJob,
+  ClaimOptions,
+  EnqueueInput,
+  EnqueueResult,
+  FailResult,
+  Job,
+  JobErrorInfo,
+  JobState,
+  JobStoreOptions,
+  Lease,
+  LeaseLost,
+} from './types.js';
 
 /** Defaults shared by both backends. */
 export const DEFAULT_LEASE_MS = 30_000;
@@ -65,12 +77,12 @@ export function leaseTable(store: JobStoreOptions, claim: ClaimOptions) {
   return { defaultMs, byKind };
 }
 
-export function checkWorkerId(workerId: unknown): string {
+function checkWorkerId(workerId: unknown): string {
   return text(workerId, 'workerId', 200);
 }
 
 /** `null` means any kind; an empty list would claim nothing, which is surely a mistake. */
-export function kindFilter(kinds: readonly string[] | undefined): string[] | null {
+function kindFilter(kinds: readonly string[] | undefined): string[] | null {
   if (kinds === undefined) return null;
   if (kinds.length === 0) throw new LeaseError('invalid_input', 'kinds must not be empty (omit it to claim any kind)');
   return kinds.map((k, i) => text(k, `kinds[${i}]`, 200));
@@ -118,4 +130,38 @@ export function failedFromJob(job: Job): ClaimFailedJob {
     reason: job.reason as ClaimFailedJob['reason'],
     previousOwnerId: job.previousOwnerId,
   };
+}
+
+/** The ENQUEUE statement's parameters, in its order (the same in both dialects). */
+export function enqueueParams(job: ReturnType<typeof normaliseEnqueue>, storeId: string): unknown[] {
+  return [job.kind, job.idempotencyKey, job.payloadJson, job.payloadSha256, job.maxAttempts, job.deadlineMs, job.fenceKey, storeId];
+}
+
+/** An enqueue's answer when the key was known: the job already under it, and whether its payload matches. */
+export function enqueuedBefore(job: Job, payloadSha256: string): EnqueueResult {
+  return { created: false, job, samePayload: job.payloadSha256 === payloadSha256 };
+}
+
+/** A claim's checked inputs, in the order they are checked: the owner, the kinds, the lease lengths. */
+export function claimRequest(store: JobStoreOptions, claim: ClaimOptions) {
+  return { workerId: checkWorkerId(claim.workerId), kinds: kindFilter(claim.kinds), lease: leaseTable(store, claim) };
+}
+
+/** The answer of an ownership-conditional statement that matched zero rows. */
+export const LEASE_LOST: LeaseLost = { ok: false, reason: 'lease_lost' };
+
+/** FAIL's error and backoff parameters: the error's code and message only, a whole non-negative backoff. */
+export function failParams(error: JobErrorInfo, backoffMs: number) {
+  return { errorJson: JSON.stringify({ code: error.code, message: error.message }), backoffMs: Math.max(0, Math.round(backoffMs)) };
+}
+
+/** FAIL's answer from its returned row (none: the lease was lost). */
+export function failResult(
+  row: { state: JobState; reason: string | null; runAfter: Date } | undefined,
+  error: JobErrorInfo,
+): FailResult {
+  if (!row) return LEASE_LOST;
+  return row.state === 'queued'
+    ? { ok: true, state: 'queued', runAfter: row.runAfter }
+    : { ok: true, state: 'failed', reason: row.reason ?? error.code };
 }

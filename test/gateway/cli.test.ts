@@ -9,6 +9,7 @@ import { createGateway } from '../../src/http/gateway.js';
 import { silentLogger } from '../../src/http/logger.js';
 import type { GatewayStore } from '../../src/store/types.js';
 import { tempDir } from '../helpers/gateway.js';
+import { createTestSchema, POSTGRES_URL } from '../helpers/postgres.js';
 import { CLI, killAll as killChildren, runNode, startGatewayChild, writeJson } from '../helpers/child.js';
 
 // The `fencegate` CLI as a child process: an invalid configuration stops
@@ -27,8 +28,11 @@ const badConfigs: { name: string; config: unknown; field: RegExp }[] = [
   { name: 'not JSON', config: '{"routes": [', field: /not valid JSON/ },
   { name: 'no routes', config: {}, field: /^ {2}routes: /m },
   { name: 'empty routes', config: { routes: [] }, field: /^ {2}routes: .*>=1/m },
-  { name: 'unknown top-level field', config: { ...withRoute({}), lisen: {} }, field: /\(root\): Unrecognized key: "lisen"/ },
-  { name: 'unknown route field', config: withRoute({ timeout: 5 }), field: /routes\[0\]: Unrecognized key: "timeout"/ },
+  { name: 'unknown top-level field', config: { ...withRoute({}), lisen: {} }, field: /\(root\): unknown key "lisen" \(did you mean "listen"\?\)/ },
+  { name: 'unknown route field', config: withRoute({ timeout: 5 }), field: /routes\[0\]: unknown key "timeout" \(did you mean "timeoutMs"\?\)/ },
+  { name: 'unknown key, another case', config: withRoute({ timeoutMS: 5 }), field: /routes\[0\]: unknown key "timeoutMS" \(did you mean "timeoutMs"\?\)/ },
+  { name: 'unknown key far from every known one', config: { ...withRoute({}), zzzzzzzz: 1 }, field: /\(root\): unknown key "zzzzzzzz"$/m },
+  { name: 'no upstream', config: { routes: [{ name: 'p', match: { path: '/p/*' } }] }, field: /routes\[0\]\.upstream: required$/m },
   { name: 'timeoutMs of zero', config: withRoute({ timeoutMs: 0 }), field: /routes\[0\]\.timeoutMs: / },
   { name: 'maxBodyBytes not an integer', config: withRoute({ maxBodyBytes: 1.5 }), field: /routes\[0\]\.maxBodyBytes: / },
   { name: 'upstream not an http URL', config: withRoute({ upstream: 'ftp://example.com' }), field: /routes\[0\]\.upstream: must be an http/ },
@@ -38,7 +42,7 @@ const badConfigs: { name: string; config: unknown; field: RegExp }[] = [
   { name: 'mode unknown', config: withRoute({ mode: 'parallel' }), field: /routes\[0\]\.mode: / },
   { name: 'onUnknown unknown', config: withRoute({ onUnknown: 'ignore' }), field: /routes\[0\]\.onUnknown: / },
   { name: 'retention not a duration', config: withRoute({ retention: 'forever' }), field: /routes\[0\]\.retention: must be a duration/ },
-  { name: 'entity of an unknown kind', config: withRoute({ entity: { cookie: 'job' } }), field: /routes\[0\]\.entity: / },
+  { name: 'entity of an unknown kind', config: withRoute({ entity: { cookie: 'job' } }), field: /routes\[0\]\.entity: unknown kind "cookie" \(expected one of "header", "path", "json"\)/ },
   { name: 'path entity not in match.path', config: withRoute({ entity: { path: ':invoice' } }), field: /routes\[0\]\.entity\.path: ":invoice" is not a parameter/ },
   { name: 'json entity not a pointer', config: withRoute({ entity: { json: 'invoice' } }), field: /routes\[0\]\.entity\.json: must be a JSON pointer/ },
   { name: 'wildcard in the middle of a path', config: withRoute({ match: { path: '/a/*/b' } }), field: /routes\[0\]\.match\.path: may only end with/ },
@@ -47,7 +51,9 @@ const badConfigs: { name: string; config: unknown; field: RegExp }[] = [
   { name: 'route under the admin prefix', config: withRoute({ match: { path: '/_fencegate/x' } }), field: /routes\[0\]\.match\.path: overlaps the admin prefix/ },
   { name: 'replayHeaders with set-cookie', config: withRoute({ replayHeaders: ['content-type', 'Set-Cookie'] }), field: /routes\[0\]\.replayHeaders: may not contain set-cookie/ },
   { name: 'listen.port out of range', config: { ...withRoute({}), listen: { port: 70000 } }, field: /listen\.port: / },
-  { name: 'store of an unknown kind', config: { ...withRoute({}), store: { mysql: 'x' } }, field: /store: / },
+  { name: 'store of an unknown kind', config: { ...withRoute({}), store: { mysql: 'x' } }, field: /store: unknown kind "mysql" \(expected one of "sqlite", "postgres", "d1"\)/ },
+  { name: 'store of no kind', config: { ...withRoute({}), store: {} }, field: /store: needs one of "sqlite", "postgres", "d1"/ },
+  { name: 'a typo in the store', config: { ...withRoute({}), store: { sqlite: 'x', synchronus: 'FULL' } }, field: /store: unknown key "synchronus" \(did you mean "synchronous"\?\)/ },
   { name: 'sweepInterval not a duration', config: { ...withRoute({}), sweepInterval: 'often' }, field: /sweepInterval: must be a duration/ },
   {
     name: 'upstream credential from a missing environment variable',
@@ -180,6 +186,73 @@ describe.skipIf(!existsSync('/proc/self/fd'))('a failed start-up closes what it 
       expect(openHandles(db)).toBe(0);
     } finally {
       squatter.close();
+    }
+  });
+});
+
+// `fencegate migrate --lease` migrates the lease module's schema (tool_jobs,
+// its own ledger) on the store's database, and none of the gateway's.
+
+const lastLine = (stdout: string) => JSON.parse(stdout.trim().split('\n').pop()!);
+const GATEWAY_TABLES = ['fence_entities', 'idempotency_records', 'rejections', 'fencegate_migrations'];
+
+describe('fencegate migrate --lease', () => {
+  it('SQLite: creates tool_jobs and its ledger, no gateway table; a second run applies nothing', async () => {
+    const db = join(tmp.dir, 'lease-only.db');
+    const first = await runNode([CLI, 'migrate', '--lease', '--db', db]);
+    expect(first.code, first.stderr).toBe(0);
+    const line = lastLine(first.stdout);
+    expect(line).toMatchObject({ msg: 'migrated', store: 'sqlite', schema: 'lease' });
+    expect(line.applied.length).toBeGreaterThan(0);
+
+    const conn = new Database(db, { readonly: true });
+    try {
+      const tables = (conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[]).map((t) => t.name);
+      expect(tables).toEqual(expect.arrayContaining(['tool_jobs', 'tool_job_store', 'fencegate_lease_migrations']));
+      for (const t of GATEWAY_TABLES) expect(tables).not.toContain(t);
+      const ledger = (conn.prepare('SELECT name FROM fencegate_lease_migrations ORDER BY name').all() as { name: string }[]).map((r) => r.name);
+      expect(ledger).toEqual(line.applied);
+    } finally {
+      conn.close();
+    }
+
+    const second = await runNode([CLI, 'migrate', '--lease', '--db', db]);
+    expect(second.code, second.stderr).toBe(0);
+    expect(lastLine(second.stdout).applied).toEqual([]);
+
+    // Control: the same file without --lease gets the gateway's tables, so
+    // the check above would have seen them had --lease been ignored.
+    const gateway = await runNode([CLI, 'migrate', '--db', db]);
+    expect(gateway.code, gateway.stderr).toBe(0);
+    expect(lastLine(gateway.stdout).applied).toContain('0001_gateway.sql');
+    const after = new Database(db, { readonly: true });
+    try {
+      const tables = (after.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[]).map((t) => t.name);
+      expect(tables).toEqual(expect.arrayContaining(GATEWAY_TABLES));
+    } finally {
+      after.close();
+    }
+  });
+
+  it.skipIf(!POSTGRES_URL)('PostgreSQL (fresh schema): creates tool_jobs and its ledger, no gateway table', async () => {
+    const schema = await createTestSchema('cli_lease', 1);
+    try {
+      const tablesOf = async () =>
+        (await schema.pool.query<{ t: string }>('SELECT table_name AS t FROM information_schema.tables WHERE table_schema = $1', [schema.schema])).rows.map((r) => r.t);
+      const first = await runNode([CLI, 'migrate', '--lease', '--database-url', schema.url]);
+      expect(first.code, first.stderr).toBe(0);
+      const line = lastLine(first.stdout);
+      expect(line).toMatchObject({ msg: 'migrated', store: 'postgres', schema: 'lease' });
+      expect(line.applied.length).toBeGreaterThan(0);
+      const tables = await tablesOf();
+      expect(tables).toEqual(expect.arrayContaining(['tool_jobs', 'tool_job_store', 'fencegate_lease_migrations']));
+      for (const t of GATEWAY_TABLES) expect(tables).not.toContain(t);
+
+      const second = await runNode([CLI, 'migrate', '--lease', '--database-url', schema.url]);
+      expect(second.code, second.stderr).toBe(0);
+      expect(lastLine(second.stdout).applied).toEqual([]);
+    } finally {
+      await schema.drop();
     }
   });
 });

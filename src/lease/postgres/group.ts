@@ -17,6 +17,9 @@
  * A statement that fails rejects every call in its group: each of them
  * would have been that fault on its own.
  */
+/** The most calls one grouped statement serves. */
+export const MAX_GROUP = 100;
+
 export class StatementGroup<I, O> {
   readonly #run: (inputs: I[]) => Promise<O[]>;
   readonly #max: number;

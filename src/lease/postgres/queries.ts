@@ -22,6 +22,8 @@
  * statement, so this costs lease time, not safety (docs/lease.md).
  */
 
+import { cancelSql, completeSql, extendSql, failSql, releaseSql, type OwnedSqlDialect } from '../store-sql.js';
+
 /** The clock of every write and every ownership check (see above). */
 const CLOCK = 'clock_timestamp()';
 
@@ -191,20 +193,19 @@ WHERE j.id = p.id
   AND j.id = ANY (ARRAY(SELECT id FROM pick))
 RETURNING ${columns('j.')}`;
 
-/** The ownership condition of every later statement (DESIGN §6): $1 id, $2 owner, $3 token. */
-const OWNED = `id = $1 AND owner_id = $2 AND fencing_token = $3 AND state = 'running' AND lease_until > ${CLOCK}`;
+/** PostgreSQL's words for the statements of ../store-sql.ts; ownership params $1 id, $2 owner, $3 token. */
+const WORDS: OwnedSqlDialect = {
+  owned: `id = $1 AND owner_id = $2 AND fencing_token = $3 AND state = 'running' AND lease_until > ${CLOCK}`,
+  now: 'now()',
+  clock: CLOCK,
+  later: (ms) => `${CLOCK} + ${ms}::bigint * interval '1 millisecond'`,
+};
 
 /** $1 id, $2 owner, $3 token, $4 lease ms. Zero rows: the lease is lost. */
-export const EXTEND = `
-UPDATE tool_jobs SET lease_until = ${CLOCK} + $4::bigint * interval '1 millisecond', heartbeat_at = now()
-WHERE ${OWNED}
-RETURNING lease_until`;
+export const EXTEND = extendSql(WORDS, '$4');
 
 /** $1 id, $2 owner, $3 token, $4 result (JSON text). Zero rows: the lease is lost, nothing stored. */
-export const COMPLETE = `
-UPDATE tool_jobs SET state = 'succeeded', result = $4::jsonb, finished_at = now(), lease_until = NULL
-WHERE ${OWNED}
-RETURNING id`;
+export const COMPLETE = completeSql(WORDS, '$4::jsonb');
 
 /**
  * COMPLETE for several leases in one statement (the store groups complete()
@@ -220,42 +221,21 @@ WHERE j.id = x.id AND j.owner_id = x.owner_id AND j.fencing_token = x.fencing_to
   AND j.state = 'running' AND j.lease_until > ${CLOCK}
 RETURNING j.id`;
 
-/** A failed attempt goes back to the queue: retryable, an attempt left, and the retry starts before the deadline. */
-const RETRY = `($5::boolean AND attempt < max_attempts
-  AND (deadline_at IS NULL OR ${CLOCK} + $6::bigint * interval '1 millisecond' < deadline_at))`;
-
 /**
  * $1 id, $2 owner, $3 token, $4 error (JSON text), $5 retryable, $6 backoff
- * ms, $7 error code. Requeues (see RETRY) or ends the job, in the same
- * statement as the ownership check, so the decision and the check cannot
- * drift apart.
+ * ms, $7 error code. Requeues or ends the job (../store-sql.ts).
  */
-export const FAIL = `
-UPDATE tool_jobs SET
-  state = CASE WHEN ${RETRY} THEN 'queued' ELSE 'failed' END,
-  reason = CASE WHEN ${RETRY} THEN NULL
-                WHEN $5::boolean AND attempt >= max_attempts THEN 'max_attempts'
-                WHEN $5::boolean THEN 'deadline'
-                ELSE $7::text END,
-  finished_at = CASE WHEN ${RETRY} THEN NULL ELSE now() END,
-  error = jsonb_set($4::jsonb, '{attempt}', to_jsonb(attempt)),
-  run_after = ${CLOCK} + $6::bigint * interval '1 millisecond',
-  -- A queued job has no owner; a failed one keeps its last owner for the record.
-  owner_id = CASE WHEN ${RETRY} THEN NULL ELSE owner_id END,
-  lease_until = NULL
-WHERE ${OWNED}
-RETURNING state, reason, run_after`;
+export const FAIL = failSql(WORDS, {
+  retryable: '$5::boolean',
+  backoffMs: '$6',
+  errorCode: '$7::text',
+  errorWithAttempt: "jsonb_set($4::jsonb, '{attempt}', to_jsonb(attempt))",
+});
 
 /** $1 id, $2 owner, $3 token. Back to the queue at once; the attempt still counts. */
-export const RELEASE = `
-UPDATE tool_jobs SET state = 'queued', owner_id = NULL, lease_until = NULL, run_after = ${CLOCK}
-WHERE ${OWNED}
-RETURNING id`;
+export const RELEASE = releaseSql(WORDS);
 
 /** $1 id. */
-export const CANCEL = `
-UPDATE tool_jobs SET state = 'cancelled', reason = 'cancelled', finished_at = now(), lease_until = NULL
-WHERE id = $1 AND state IN ('queued', 'running')
-RETURNING id`;
+export const CANCEL = cancelSql(WORDS, '$1');
 
 export const COUNTS = 'SELECT state, kind, count(*)::int AS count FROM tool_jobs GROUP BY state, kind ORDER BY state, kind';

@@ -7,6 +7,8 @@
  * for the whole statement (one sqlite3_step).
  */
 
+import { cancelSql, completeSql, extendSql, failSql, releaseSql, type OwnedSqlDialect } from '../store-sql.js';
+
 /** Integer milliseconds from the database clock. */
 const NOW = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
@@ -86,57 +88,36 @@ WHERE id = coalesce(
     ORDER BY run_after, id LIMIT 1))
 RETURNING ${JOB_COLUMNS}`;
 
-/** The ownership condition of every later statement (DESIGN §6): named params id, owner, token. */
-const OWNED = `id = :id AND owner_id = :owner AND fencing_token = :token
-  AND state = 'running' AND lease_until > ${NOW}`;
+/** SQLite's words for the statements of ../store-sql.ts; ownership named params id, owner, token. */
+const WORDS: OwnedSqlDialect = {
+  owned: `id = :id AND owner_id = :owner AND fencing_token = :token
+  AND state = 'running' AND lease_until > ${NOW}`,
+  now: NOW,
+  clock: NOW,
+  later: (ms) => `${NOW} + ${ms}`,
+};
 
 /** Params: id, owner, token, lease_ms. Zero rows: the lease is lost. */
-export const EXTEND = `
-UPDATE tool_jobs SET lease_until = ${NOW} + :lease_ms, heartbeat_at = ${NOW}
-WHERE ${OWNED}
-RETURNING lease_until`;
+export const EXTEND = extendSql(WORDS, ':lease_ms');
 
 /** Params: id, owner, token, result (JSON). Zero rows: the lease is lost, nothing stored. */
-export const COMPLETE = `
-UPDATE tool_jobs SET state = 'succeeded', result = :result, finished_at = ${NOW}, lease_until = NULL
-WHERE ${OWNED}
-RETURNING id`;
-
-/** A failed attempt goes back to the queue: retryable, an attempt left, and the retry starts before the deadline. */
-const RETRY = `(:retryable AND attempt < max_attempts
-  AND (deadline_at IS NULL OR ${NOW} + :backoff_ms < deadline_at))`;
+export const COMPLETE = completeSql(WORDS, ':result');
 
 /**
  * Params: id, owner, token, error (JSON), error_code, retryable (0/1),
- * backoff_ms. Requeues (see RETRY) or ends the job, in the same statement as
- * the ownership check, so the decision and the check cannot drift apart.
+ * backoff_ms. Requeues or ends the job (../store-sql.ts).
  */
-export const FAIL = `
-UPDATE tool_jobs SET
-  state = CASE WHEN ${RETRY} THEN 'queued' ELSE 'failed' END,
-  reason = CASE WHEN ${RETRY} THEN NULL
-                WHEN :retryable AND attempt >= max_attempts THEN 'max_attempts'
-                WHEN :retryable THEN 'deadline'
-                ELSE :error_code END,
-  finished_at = CASE WHEN ${RETRY} THEN NULL ELSE ${NOW} END,
-  error = json_set(:error, '$.attempt', attempt),
-  run_after = ${NOW} + :backoff_ms,
-  -- A queued job has no owner; a failed one keeps its last owner for the record.
-  owner_id = CASE WHEN ${RETRY} THEN NULL ELSE owner_id END,
-  lease_until = NULL
-WHERE ${OWNED}
-RETURNING state, reason, run_after`;
+export const FAIL = failSql(WORDS, {
+  retryable: ':retryable',
+  backoffMs: ':backoff_ms',
+  errorCode: ':error_code',
+  errorWithAttempt: "json_set(:error, '$.attempt', attempt)",
+});
 
 /** Params: id, owner, token. Back to the queue at once; the attempt still counts. */
-export const RELEASE = `
-UPDATE tool_jobs SET state = 'queued', owner_id = NULL, lease_until = NULL, run_after = ${NOW}
-WHERE ${OWNED}
-RETURNING id`;
+export const RELEASE = releaseSql(WORDS);
 
 /** Param: id. */
-export const CANCEL = `
-UPDATE tool_jobs SET state = 'cancelled', reason = 'cancelled', finished_at = ${NOW}, lease_until = NULL
-WHERE id = ? AND state IN ('queued', 'running')
-RETURNING id`;
+export const CANCEL = cancelSql(WORDS, '?');
 
 export const COUNTS = 'SELECT state, kind, count(*) AS count FROM tool_jobs GROUP BY state, kind ORDER BY state, kind';

@@ -1,6 +1,18 @@
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../store/sqlite/open.js';
 import { migrateLeaseSqlite } from '../migrate.js';
-import { checkStoreId, checkWorkerId, failedFromJob, kindFilter, leaseFromJob, leaseTable, normaliseEnqueue, toJson } from '../store-common.js';
+import {
+  checkStoreId,
+  claimRequest,
+  enqueuedBefore,
+  enqueueParams,
+  failedFromJob,
+  failParams,
+  failResult,
+  LEASE_LOST,
+  leaseFromJob,
+  normaliseEnqueue,
+  toJson,
+} from '../store-common.js';
 import type {
   ClaimFailedJob,
   Job,
@@ -147,26 +159,14 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
     async enqueue(input) {
       const job = normaliseEnqueue(input);
       return immediate(() => {
-        const inserted = stmt.enqueue.get(
-          job.kind,
-          job.idempotencyKey,
-          job.payloadJson,
-          job.payloadSha256,
-          job.maxAttempts,
-          job.deadlineMs,
-          job.fenceKey,
-          storeId,
-        ) as JobRow | undefined;
+        const inserted = stmt.enqueue.get(...enqueueParams(job, storeId)) as JobRow | undefined;
         if (inserted) return { created: true as const, job: rowToJob(inserted) };
-        const existing = rowToJob(stmt.byKey.get(job.idempotencyKey) as JobRow);
-        return { created: false as const, job: existing, samePayload: existing.payloadSha256 === job.payloadSha256 };
+        return enqueuedBefore(rowToJob(stmt.byKey.get(job.idempotencyKey) as JobRow), job.payloadSha256);
       });
     },
 
     async claim(claim) {
-      const workerId = checkWorkerId(claim.workerId);
-      const kinds = kindFilter(claim.kinds);
-      const lease = leaseTable(options, claim);
+      const { workerId, kinds, lease } = claimRequest(options, claim);
       const params = {
         owner: workerId,
         kinds: kinds === null ? null : JSON.stringify(kinds),
@@ -196,33 +196,31 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
       const row = immediate(() => stmt.extend.get({ ...owned(lease), lease_ms: lease.leaseMs })) as
         | { lease_until: number }
         | undefined;
-      return row ? { ok: true, leaseUntil: new Date(row.lease_until) } : { ok: false, reason: 'lease_lost' };
+      return row ? { ok: true, leaseUntil: new Date(row.lease_until) } : LEASE_LOST;
     },
 
     async complete(lease, result) {
       const row = immediate(() => stmt.complete.get({ ...owned(lease), result: toJson(result) }));
-      return row ? { ok: true } : { ok: false, reason: 'lease_lost' };
+      return row ? { ok: true } : LEASE_LOST;
     },
 
     async fail(lease, error: JobErrorInfo, { retryable, backoffMs = 0 }) {
+      const p = failParams(error, backoffMs);
       const row = immediate(() =>
         stmt.fail.get({
           ...owned(lease),
-          error: JSON.stringify({ code: error.code, message: error.message }),
+          error: p.errorJson,
           error_code: error.code,
           retryable: retryable ? 1 : 0,
-          backoff_ms: Math.max(0, Math.round(backoffMs)),
+          backoff_ms: p.backoffMs,
         }),
       ) as { state: JobState; reason: string | null; run_after: number } | undefined;
-      if (!row) return { ok: false, reason: 'lease_lost' };
-      return row.state === 'queued'
-        ? { ok: true, state: 'queued', runAfter: new Date(row.run_after) }
-        : { ok: true, state: 'failed', reason: row.reason ?? error.code };
+      return failResult(row && { state: row.state, reason: row.reason, runAfter: new Date(row.run_after) }, error);
     },
 
     async release(lease) {
       const row = immediate(() => stmt.release.get(owned(lease)));
-      return row ? { ok: true } : { ok: false, reason: 'lease_lost' };
+      return row ? { ok: true } : LEASE_LOST;
     },
 
     async cancel(id) {
