@@ -6,6 +6,10 @@
 //   fg-full     → fencegate, SQLite synchronous=FULL        (the default)
 //   fg-normal   → fencegate, SQLite synchronous=NORMAL
 //   fg-postgres → fencegate, PostgreSQL                     (when a database URL is set)
+//   fg-postgres-xN → N fencegate replicas on one PostgreSQL schema, the
+//                 client's connections split over them (--replicas N, N > 1)
+//   pg-ceiling  → no HTTP: two small write transactions per "request" straight
+//                 to PostgreSQL at the same concurrency (bench/pg-ceiling.mjs)
 //   peer        → express + express-idempotency (in-memory) → upstream
 //   fg-nostore  → fencegate with fence, idempotency and serial mode off (only with --only)
 //   fg-hono     → fg-normal served through the Hono app for every request, as
@@ -14,23 +18,27 @@
 // Every request is a new command: a new Idempotency-Key, a rising fence,
 // one of 1000 entities, in serial mode. Targets run one at a time; the
 // server under test is pinned to core 0 and the upstream to core 1 (when
-// taskset exists); the load generator runs in this process, not pinned.
-// Results are ratios against the control measured in the same run; absolute
-// numbers depend on the box.
+// taskset exists); the load generator (bench/load.mjs) runs in a process of
+// its own, pinned to the last core (FENCEGATE_BENCH_LOAD_CPU overrides);
+// replicas are pinned to cores in turn. PostgreSQL itself is not pinned.
+// Results are ratios against `bare` (the floor of a second hop) and the
+// control measured in the same run; absolute numbers depend on the box.
 //
 // Options: --seconds N (default 10) per throughput run, --latency N (default
 // 3000) sequential requests per latency run, --rounds N (default 3; targets
 // interleaved, median per target), --only a,b to pick targets, --base DIR
 // to add `base-normal` and `base-full`: the same SQLite targets served by
 // another checkout's build (DIR/dist, e.g. a clone of the previous commit),
-// interleaved with this one's so that a refactor is measured in one run.
+// interleaved with this one's so that a refactor is measured in one run
+// (and `base-postgres` when a database URL is set). --replicas N adds
+// `fg-postgres-xN`.
 import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { latency, pinned, startNode, throughput } from './lib.mjs';
+import { latency, load, loadCpu, pinned, startNode, throughput } from './lib.mjs';
 import { option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -40,6 +48,7 @@ const latencyRequests = Number(opt('latency', 3000));
 const rounds = Number(opt('rounds', 3));
 const only = opt('only', null)?.split(',');
 const base = opt('base', null);
+const replicas = Number(opt('replicas', 1));
 const pgUrl = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
 
 const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-'));
@@ -54,7 +63,7 @@ async function freePort() {
   return port;
 }
 
-async function startFencegate(name, store, upstream, route = {}, server = join(root, 'dist/entry/cli.js')) {
+async function startFencegate(name, store, upstream, route = {}, server = join(root, 'dist/entry/cli.js'), cpu = 0) {
   const port = await freePort();
   const config = {
     listen: { host: '127.0.0.1', port },
@@ -76,13 +85,35 @@ async function startFencegate(name, store, upstream, route = {}, server = join(r
   writeFileSync(file, JSON.stringify(config));
   // The decision log (one JSON line per request, as in production) goes to a file.
   const args = server.endsWith('cli.js') ? ['serve', '--config', file] : [file];
-  return startNode(server, { args, cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port });
+  return startNode(server, { args, cpus: cpu, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port });
+}
+
+const schemas = new Set();
+/** A fresh schema for one PostgreSQL target (every round starts empty), and its connection string. */
+async function freshSchema(name) {
+  const schema = `fg_bench_${name.replace(/[^a-z0-9]/g, '_')}_${process.pid}`;
+  schemas.add(schema);
+  const c = new pg.Client({ connectionString: pgUrl });
+  await c.connect();
+  await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE; CREATE SCHEMA ${schema}`);
+  await c.end();
+  const u = new URL(pgUrl);
+  u.searchParams.set('options', `-c search_path=${schema}`);
+  return u.toString();
+}
+
+/** `n` gateways on one fresh schema, pinned to cores in turn: one target whose client splits its connections over them. */
+async function startPostgresReplicas(name, n, upstream, server) {
+  const url = await freshSchema(name);
+  const started = [];
+  // The first one migrates the schema alone; the others find it migrated.
+  for (let i = 0; i < n; i++) started.push(await startFencegate(`${name}-${i}`, { postgres: url, poolSize: 20 }, upstream, {}, server, i % cpus().length));
+  return { url: started.length === 1 ? started[0].url : started.map((s) => s.url), stop: () => Promise.all(started.map((s) => s.stop())) };
 }
 
 async function main() {
   const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 });
   stops.push(upstream);
-  let schema = null;
 
   const targets = [
     ['direct', async () => ({ url: upstream.url, stop: async () => {} })],
@@ -92,19 +123,9 @@ async function main() {
     ['fg-normal', () => startFencegate('normal', { sqlite: join(tmp, `normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url)],
     ...(pgUrl
       ? [
-          [
-            'fg-postgres',
-            async () => {
-              schema = `fg_bench_${process.pid}`;
-              const c = new pg.Client({ connectionString: pgUrl });
-              await c.connect();
-              await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE; CREATE SCHEMA ${schema}`);
-              await c.end();
-              const u = new URL(pgUrl);
-              u.searchParams.set('options', `-c search_path=${schema}`);
-              return startFencegate('postgres', { postgres: u.toString(), poolSize: 20 }, upstream.url);
-            },
-          ],
+          ['fg-postgres', () => startPostgresReplicas('postgres', 1, upstream.url)],
+          ...(replicas > 1 ? [[`fg-postgres-x${replicas}`, () => startPostgresReplicas(`postgres-x${replicas}`, replicas, upstream.url)]] : []),
+          ['pg-ceiling', async () => ({ ceiling: true, stop: async () => {} })],
         ]
       : []),
     // Diagnostic, only with --only fg-nostore: the same gateway with fencing,
@@ -115,6 +136,7 @@ async function main() {
       ? [
           ['base-full', () => startFencegate('base-full', { sqlite: join(tmp, `base-full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
           ['base-normal', () => startFencegate('base-normal', { sqlite: join(tmp, `base-normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
+          ...(pgUrl ? [['base-postgres', () => startPostgresReplicas('base-postgres', 1, upstream.url, join(base, 'dist/entry/cli.js'))]] : []),
         ]
       : []),
     ['fg-hono', () => startFencegate('hono', { sqlite: join(tmp, `hono-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(here, 'servers/fencegate-hono.mjs'))],
@@ -127,7 +149,13 @@ async function main() {
   for (let round = 1; round <= rounds; round++) {
     for (const [name, start] of targets) {
       const target = await start();
-      await waitReady(target.url);
+      if (target.ceiling) {
+        const c = await load({ kind: 'pg-ceiling', url: pgUrl, connections: 50, seconds, pool: 20 });
+        runs.get(name).push({ rps50: c.rps, p50_50c: null, p99_50c: null, p50_1c: null, p99_1c: null, errors: c.errors, statuses: {} });
+        process.stderr.write(`round ${round}: ${name} ${c.rps.toFixed(0)} pairs/s\n`);
+        continue;
+      }
+      for (const u of [target.url].flat()) await waitReady(u);
       // Warm-up: JIT, connection pools, SQLite page cache.
       await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm-${round}` });
       const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50-${round}` });
@@ -138,6 +166,7 @@ async function main() {
     }
   }
   const median = (xs) => {
+    if (xs.some((x) => x === null)) return null;
     const v = [...xs].sort((a, b) => a - b);
     return v.length % 2 ? v[(v.length - 1) / 2] : (v[v.length / 2 - 1] + v[v.length / 2]) / 2;
   };
@@ -153,10 +182,10 @@ async function main() {
     rounds: rs,
   }));
   await upstream.stop();
-  if (schema) {
+  if (schemas.size > 0) {
     const c = new pg.Client({ connectionString: pgUrl });
     await c.connect();
-    await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    for (const schema of schemas) await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
     await c.end();
   }
 
@@ -165,13 +194,17 @@ async function main() {
   // taken: the box's speed drifts between rounds by more than the effects
   // measured here, and a ratio of medians would mix rounds.
   const control = runs.get('control');
+  const bare = runs.get('bare');
   const direct = runs.get('direct');
+  const ceiling = runs.get('pg-ceiling');
   for (const r of rows) {
     const mine = runs.get(r.target);
+    r.vs_bare = bare ? median(mine.map((m, i) => m.rps50 / bare[i].rps50)) : null;
     r.vs_control = control ? median(mine.map((m, i) => m.rps50 / control[i].rps50)) : null;
-    r.added_p50_1c_ms = direct ? median(mine.map((m, i) => m.p50_1c - direct[i].p50_1c)) : null;
+    r.vs_pg_ceiling = ceiling && r.target.includes('postgres') ? median(mine.map((m, i) => m.rps50 / ceiling[i].rps50)) : null;
+    r.added_p50_1c_ms = direct && mine[0].p50_1c !== null ? median(mine.map((m, i) => m.p50_1c - direct[i].p50_1c)) : null;
   }
-  const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned };
+  const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned, loadCpu: pinned ? loadCpu : null, replicas };
   const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rounds, rows };
   mkdirSync(join(here, 'results'), { recursive: true });
   // A partial run (--only) or a comparison (--base) never replaces the committed full table.
@@ -179,13 +212,14 @@ async function main() {
   writeFileSync(join(here, 'results', written), JSON.stringify(out, null, 2) + '\n');
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
-  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned}, ${seconds}s per run, median of ${rounds} interleaved rounds (× control and added latency: median of the per-round ratios and differences)`);
-  console.log('| target | req/s @50 | × control | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
-  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}), ${seconds}s per run, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`);
+  console.log('| target | req/s @50 | × bare | × control | × pg-ceiling | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
+  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of rows) {
     if (r.errors > 0) process.stderr.write(`${r.target}: statuses ${JSON.stringify(r.statuses)}\n`);
-    console.log(`| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_control)} | ${r.p50_50c} | ${r.p99_50c} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`);
+    console.log(`| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_bare)} | ${fmt(r.vs_control)} | ${fmt(r.vs_pg_ceiling)} | ${fmt(r.p50_50c, 0)} | ${fmt(r.p99_50c, 0)} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`);
   }
+  console.log('\n(pg-ceiling: two small write transactions per request straight to PostgreSQL, 50 at a time on a pool of 20, in pairs/s; × pg-ceiling: a PostgreSQL row against it)');
   console.log(`\n(written to bench/results/${written}; p50/p99 @50 are autocannon's whole milliseconds, @1 are hrtime-precise)`);
 }
 

@@ -1,10 +1,12 @@
-// Shared pieces of the benchmarks: child processes pinned to cores, a
-// precise sequential latency loop, and autocannon for throughput.
+// Shared pieces of the benchmarks: child processes pinned to cores, and the
+// load generator (bench/load.mjs: autocannon for throughput, a precise
+// sequential latency loop) run in a pinned process of its own.
 import { spawn, spawnSync } from 'node:child_process';
 import { closeSync, openSync } from 'node:fs';
 import { once } from 'node:events';
-import autocannon from 'autocannon';
-import { Pool } from 'undici';
+import { cpus } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 const HAS_TASKSET = spawnSync('taskset', ['-V']).status === 0;
 
@@ -57,60 +59,43 @@ export async function startNode(script, { env = {}, args = [], cpus, stdoutFile,
 
 export const pinned = HAS_TASKSET;
 
-// One counter for the whole process: every run against a target continues
+// One counter for the whole benchmark: every run against a target continues
 // the fences of the runs before it (warm-up, throughput, latency share one
-// database), so no request is refused as stale by an earlier phase.
+// database), so no request is refused as stale by an earlier phase. Each
+// load process starts where the last one ended.
 let sequence = 0;
 
-/** A fresh, unique command for each request: new key, rising fence, 1000 entities. */
-export function commandFactory(prefix) {
-  return () => {
-    const n = ++sequence;
-    return {
-      method: 'POST',
-      path: '/payments/charges',
-      headers: {
-        'content-type': 'application/json',
-        'idempotency-key': `${prefix}-${n}`,
-        'x-execution-fence': String(n),
-        'x-fence-entity': `bench:${n % 1000}`,
-      },
-      body: '{"amount":1200,"currency":"usd"}',
-    };
-  };
+/**
+ * The core the load generator is pinned to: the last one (on two cores, the
+ * upstream's; the server under test has core 0 to itself). `FENCEGATE_BENCH_LOAD_CPU`
+ * overrides it.
+ */
+export const loadCpu = Number(process.env.FENCEGATE_BENCH_LOAD_CPU ?? Math.max(0, cpus().length - 1));
+
+const LOAD = join(dirname(fileURLToPath(import.meta.url)), 'load.mjs');
+
+/** Runs one job of bench/load.mjs in its own process (pinned when taskset exists) and returns its answer. */
+export async function load(job) {
+  const argv = [process.execPath, LOAD, JSON.stringify({ ...job, start: sequence })];
+  const cmd = HAS_TASKSET ? ['taskset', '-c', String(loadCpu), ...argv] : argv;
+  const child = spawn(cmd[0], cmd.slice(1), { stdio: ['ignore', 'pipe', 'inherit'] });
+  let out = '';
+  child.stdout.on('data', (d) => (out += d));
+  const [code] = await once(child, 'exit');
+  if (code !== 0) throw new Error(`bench/load.mjs ${job.kind} exited with ${code}`);
+  const result = JSON.parse(out.trim().split('\n').pop());
+  if (typeof result.end === 'number') sequence = result.end;
+  return result;
 }
 
-/** Throughput and (whole-millisecond) latency percentiles at `connections`. */
-export async function throughput(url, { connections, seconds, prefix }) {
-  const next = commandFactory(prefix);
-  const result = await autocannon({
-    url,
-    connections,
-    duration: seconds,
-    requests: [{ setupRequest: (req) => ({ ...req, ...next() }) }],
-  });
-  const errors = result.errors + result.timeouts + result.non2xx;
-  const statuses = Object.fromEntries(Object.entries(result.statusCodeStats ?? {}).map(([code, v]) => [code, v.count]));
-  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, errors, statuses, total: result.requests.total };
+const list = (url) => (Array.isArray(url) ? url : [url]);
+
+/** Throughput and (whole-millisecond) latency percentiles at `connections`, split over one URL or several (replicas, round robin by connection). */
+export function throughput(url, { connections, seconds, prefix }) {
+  return load({ kind: 'throughput', urls: list(url), connections, seconds, prefix });
 }
 
-/** Sequential requests on one keep-alive connection, timed with hrtime: sub-millisecond percentiles. */
-export async function latency(url, { requests, prefix, warmup = 200 }) {
-  const pool = new Pool(url, { connections: 1 });
-  const next = commandFactory(prefix);
-  const samples = [];
-  let errors = 0;
-  for (let i = 0; i < warmup + requests; i++) {
-    const cmd = next();
-    const t0 = process.hrtime.bigint();
-    const res = await pool.request(cmd);
-    await res.body.arrayBuffer();
-    const us = Number(process.hrtime.bigint() - t0) / 1000;
-    if (res.statusCode >= 300) errors++;
-    if (i >= warmup) samples.push(us);
-  }
-  await pool.close();
-  samples.sort((a, b) => a - b);
-  const pct = (p) => samples[Math.min(samples.length - 1, Math.floor((p / 100) * samples.length))] / 1000;
-  return { p50: pct(50), p99: pct(99), errors };
+/** Sequential requests on one keep-alive connection per URL, in turn, timed with hrtime: sub-millisecond percentiles. */
+export function latency(url, { requests, prefix, warmup = 200 }) {
+  return load({ kind: 'latency', urls: list(url), requests, prefix, warmup });
 }

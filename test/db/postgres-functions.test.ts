@@ -71,7 +71,11 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     expect(await migratePostgres(byFiles.pool)).toEqual([...loadMigrations('gateway', 'postgres').map((m) => m.name), ...APPLIED_ALL]);
     const expected = await bodies(byMigrations);
     expect([...expected.keys()]).toHaveLength(6); // admit ×2, finish ×2, log_rejection, ms_between
-    expect(await bodies(byFiles)).toEqual(expected);
+    // fencegate_finish_many (group_finish.sql) is newer than the migrations: it lives only in its file.
+    const fromFiles = await bodies(byFiles);
+    expect([...fromFiles.keys()].filter((sig) => !expected.has(sig)).map((sig) => sig.split('(')[0])).toEqual(['fencegate_finish_many']);
+    for (const sig of [...fromFiles.keys()]) if (!expected.has(sig)) fromFiles.delete(sig);
+    expect(fromFiles).toEqual(expected);
     const ledger = await byFiles.pool.query('SELECT name, sha256 FROM fencegate_functions ORDER BY name');
     expect(ledger.rows).toEqual(loadFunctions().map((f) => ({ name: f.name, sha256: f.sha256 })).sort((a, b) => a.name.localeCompare(b.name)));
     expect(await migratePostgres(byFiles.pool)).toEqual([]);

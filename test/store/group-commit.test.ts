@@ -84,6 +84,24 @@ describe('sqlite group commit', () => {
     await expect(store.admit(admitInput({ key: 'after' }))).resolves.toMatchObject({ outcome: 'forward' });
   });
 
+  it('hold() keeps new groups from beginning (the checkpointer restarts the WAL meanwhile); release lets them run', async () => {
+    const { store, path } = open();
+    const release = store.group!.hold();
+    const pending = store.admit(admitInput({ key: 'held' }));
+    let answered = false;
+    void pending.then(() => (answered = true));
+    await new Promise((r) => setTimeout(r, 50));
+    const db = new Database(path, { readonly: true });
+    const count = () => db.prepare("SELECT count(*) FROM idempotency_records WHERE key = 'held'").pluck().get();
+    expect(answered).toBe(false);
+    expect(count()).toBe(0); // not begun, not just unanswered
+    release();
+    release(); // idempotent
+    await expect(pending).resolves.toMatchObject({ outcome: 'forward' });
+    expect(count()).toBe(1);
+    db.close();
+  });
+
   it('close() waits for the queued group to commit', async () => {
     const { store, path } = open();
     const pending = store.admit(admitInput({ key: 'late' }));

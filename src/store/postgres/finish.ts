@@ -1,52 +1,107 @@
 import { entityTopic, recordTopic, type FinishInput, type FinishResult } from '../types.js';
+import { RoundTripGroup, type Settled } from './finish-group.js';
 import type { PgContext } from './query.js';
 import { logText } from './rejections.js';
 import { encodeNullable, encodeText } from './text.js';
 import { topicHash, type PgWakeups } from './wakeups.js';
 
+/** The channel's place among fencegate_finish's parameters: one value for a whole group. */
+const CHANNEL = 14;
+/** SQLSTATE deadlock_detected. */
+const DEADLOCK = '40P01';
+
 /**
- * The finish (DESIGN §3.7): ONE statement calling fencegate_finish
- * (./sql/finish.sql), which settles the record, frees the entity's slot,
- * logs a late finish and NOTIFYs the entity's and the record's topics, all
- * in one transaction: a replica that wakes on the notification sees the
- * committed state.
+ * The finish (DESIGN §3.7): fencegate_finish (./sql/finish.sql) settles the
+ * record, frees the entity's slot, logs a late finish and NOTIFYs the
+ * entity's and the record's topics, all in one transaction: a replica that
+ * wakes on the notification sees the committed state.
+ *
+ * Grouped (./finish-group.ts): the finishes that arrive while one is on its
+ * way go together as ONE statement, fencegate_finish_many
+ * (./sql/group_finish.sql), which runs each in a subtransaction of its own:
+ * a faulty element fails only its caller, the others commit in the group's
+ * one transaction. Every caller is answered after that COMMIT, and only
+ * then are this replica's waiters woken, per entity and per record, as the
+ * NOTIFYs of the committed elements wake the other replicas'.
  */
-export function createFinish(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyChannel' | 'notify'>): (input: FinishInput) => Promise<FinishResult> {
+export function createFinish(
+  ctx: PgContext,
+  wakeups: Pick<PgWakeups, 'notifyChannel' | 'notify'>,
+  options: { maxGroup?: number } = {},
+): ((input: FinishInput) => Promise<FinishResult>) & { group: RoundTripGroup<FinishInput, boolean> } {
   // $1 scope $2 key $3 entity $4 owner $5 outcome $6 status $7 headers $8 body $9 retention_ms
   // $10 caller $11 method $12 path $13 payload_sha256 $14 request_id $15 channel $16 entity topic $17 record topic
   // $18 client_request_id $19 log_entity $20 log_key
-  const text = `SELECT recorded FROM ${ctx.table('fencegate_finish')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)`;
+  const one = `SELECT recorded FROM ${ctx.table('fencegate_finish')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)`;
+  // The same twenty, each an array with one element per finish, but $15 (the channel).
+  const many =
+    `SELECT ord, recorded, err_code, err_message FROM ${ctx.table('fencegate_finish_many')}(` +
+    `$1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::integer[], $7::jsonb[], $8::bytea[], $9::bigint[], ` +
+    `$10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text, $16::text[], $17::text[], ` +
+    `$18::text[], $19::text[], $20::text[]) ORDER BY ord`;
 
-  return async (input) => {
-    const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
-    const eTopic = input.entity === null ? null : topicHash(entityTopic(input.entity));
-    const kTopic = input.key === null ? null : topicHash(recordTopic(input.scope, input.key));
-    const completed = input.outcome === 'completed' ? input : null;
-    const { rows } = await ctx.query<{ recorded: boolean }>(text, [
-      encodeText(input.scope),
-      encodeNullable(input.key),
-      encodeNullable(input.entity),
-      encodeText(input.ownerToken),
-      input.outcome,
-      completed?.response.status ?? null,
-      completed === null ? null : JSON.stringify(completed.response.headers.map(([n, v]) => [encodeText(n), encodeText(v)])),
-      completed === null ? null : completed.response.body,
-      completed === null ? null : Math.ceil(completed.retentionMs),
-      a.caller,
-      a.method,
-      a.path,
-      a.payloadSha256,
-      a.requestId,
-      wakeups.notifyChannel,
-      eTopic,
-      kTopic,
-      a.clientRequestId,
-      a.entity,
-      a.idempotencyKey,
-    ]);
+  const group = new RoundTripGroup<FinishInput, boolean>(
+    {
+      async one(input) {
+        const { rows } = await ctx.query<{ recorded: boolean }>(one, finishParams(input, wakeups.notifyChannel));
+        return rows[0]!.recorded;
+      },
+      async many(inputs) {
+        const params = inputs.map((input) => finishParams(input, wakeups.notifyChannel));
+        const columns = params[0]!.map((_, c) => (c === CHANNEL ? wakeups.notifyChannel : params.map((p) => p[c])));
+        const { rows } = await ctx.query<{ recorded: boolean | null; err_code: string | null; err_message: string | null }>(many, columns);
+        return Promise.all(
+          rows.map(async (r, i): Promise<Settled<boolean>> => {
+            if (r.err_code === null) return { ok: true, value: r.recorded! };
+            // A group holds the rows of its earlier elements until it commits,
+            // which a lone finish never did: an admission holding a later
+            // element's entity and waiting for an earlier one's record (a key
+            // reused with another entity) closes a cycle. The element the
+            // deadlock detector chose runs again alone, after the group
+            // committed and let go of its rows.
+            if (r.err_code === DEADLOCK) return this.one(inputs[i]!).then((value) => ({ ok: true, value }), (error: Error) => ({ ok: false, error }));
+            return { ok: false, error: Object.assign(new Error(r.err_message ?? 'fencegate_finish failed'), { code: r.err_code }) };
+          }),
+        );
+      },
+    },
+    options.maxGroup,
+  );
+
+  const finish = async (input: FinishInput): Promise<FinishResult> => {
+    const recorded = await group.run(input);
     // Local waiters need not wait for the NOTIFY round trip.
-    if (eTopic !== null) wakeups.notify(eTopic);
-    if (kTopic !== null) wakeups.notify(kTopic);
-    return { recorded: rows[0]!.recorded };
+    if (input.entity !== null) wakeups.notify(topicHash(entityTopic(input.entity)));
+    if (input.key !== null) wakeups.notify(topicHash(recordTopic(input.scope, input.key)));
+    return { recorded };
   };
+  return Object.assign(finish, { group });
+}
+
+/** fencegate_finish's twenty parameters for one finish, in order. */
+function finishParams(input: FinishInput, channel: string | null): unknown[] {
+  const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
+  const completed = input.outcome === 'completed' ? input : null;
+  return [
+    encodeText(input.scope),
+    encodeNullable(input.key),
+    encodeNullable(input.entity),
+    encodeText(input.ownerToken),
+    input.outcome,
+    completed?.response.status ?? null,
+    completed === null ? null : JSON.stringify(completed.response.headers.map(([n, v]) => [encodeText(n), encodeText(v)])),
+    completed === null ? null : completed.response.body,
+    completed === null ? null : Math.ceil(completed.retentionMs),
+    a.caller,
+    a.method,
+    a.path,
+    a.payloadSha256,
+    a.requestId,
+    channel,
+    input.entity === null ? null : topicHash(entityTopic(input.entity)),
+    input.key === null ? null : topicHash(recordTopic(input.scope, input.key)),
+    a.clientRequestId,
+    a.entity,
+    a.idempotencyKey,
+  ];
 }

@@ -94,6 +94,8 @@ export class GroupCommit {
   /** Groups committed whose sync has not reported yet. */
   private unsynced = 0;
   private failed: Error | null = null;
+  /** Holds taken (./checkpoint.ts restarts the WAL meanwhile): no group begins while any is out. */
+  private held = 0;
   private idleWaiters: (() => void)[] = [];
   /** Transactions committed (or failed), decisions run, syncs waited for: for tests and metrics. */
   readonly stats = { groups: 0, decisions: 0, fallbacks: 0, syncs: 0 };
@@ -132,6 +134,22 @@ export class GroupCommit {
     });
   }
 
+  /**
+   * No new group begins until the returned function is called (idempotent);
+   * decisions queue meanwhile, the event loop runs. Called between groups
+   * (a group runs synchronously), so none is half done.
+   */
+  hold(): () => void {
+    this.held++;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      this.held--;
+      if (this.held === 0 && this.queue.length > 0) this.schedule();
+    };
+  }
+
   /** Resolves once every decision queued so far has been committed (and synced) or failed. */
   idle(): Promise<void> {
     if (this.isIdle()) return Promise.resolve();
@@ -151,6 +169,7 @@ export class GroupCommit {
 
   private flush(): void {
     this.scheduled = false;
+    if (this.held > 0) return;
     // Re-runs after a group failed as a whole go one transaction each, in a row.
     do {
       if (this.failed !== null) {
