@@ -26,6 +26,11 @@ export interface AuditInfo {
   path: string;
   /** sha256 (hex) of the request body. */
   payloadSha256: string;
+  /**
+   * The MCP tool a `tools/call` names (DESIGN §4: `rejections.tool`); absent
+   * or null for a plain HTTP route.
+   */
+  tool?: string | null;
 }
 
 /** A response kept for replay: status, allow-listed headers, exact body bytes. */

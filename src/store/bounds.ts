@@ -32,7 +32,15 @@ export const REJECTION_TEXT_LIMITS = {
   payloadSha256: 64,
   requestId: 128,
   clientRequestId: 128,
+  /** MCP tool names are 1–128 characters (MCP 2025-06-18, Tool.name). */
+  tool: 128,
   detail: 1024,
+  /**
+   * A malformed fence, entity or key as presented, quoted in `detail` (the
+   * 400s logged before admission, src/store/refusal-log.ts): enough to see
+   * what a client sent, never a whole header of an attacker's choosing.
+   */
+  presented: 128,
 } as const;
 
 /** `value` if it fits in `max`, else its start and `CUT_MARKER`, `max` long at most. */
@@ -58,6 +66,7 @@ export interface RejectionText {
   payloadSha256: string | null;
   requestId: string;
   clientRequestId: string | null;
+  tool: string | null;
   detail: string | null;
 }
 
@@ -80,6 +89,7 @@ export function boundRejectionText(r: { entity: string | null; idempotencyKey: s
     requestId: cutText(a.requestId, L.requestId),
     // `?? null`: an AuditInfo built by code that predates the field.
     clientRequestId: cutNullable(a.clientRequestId ?? null, L.clientRequestId),
+    tool: cutNullable(a.tool ?? null, L.tool),
     detail: cutNullable(r.detail, L.detail),
   };
 }

@@ -22,7 +22,15 @@ export type RejectionReason =
   | 'fence-expired'
   | 'unauthorized'
   | 'forbidden'
-  | 'late-finish';
+  | 'late-finish'
+  // The 400s of a malformed or missing fence, entity or key (DESIGN §3.11):
+  // logged before any admission, with their bounded presented value in `detail`.
+  | 'invalid-fence'
+  | 'missing-fence'
+  | 'invalid-entity'
+  | 'missing-entity'
+  | 'invalid-idempotency-key'
+  | 'missing-idempotency-key';
 
 export interface RejectionInput {
   reason: RejectionReason;
@@ -54,6 +62,8 @@ export interface RejectionRow {
   requestId: string | null;
   /** The caller's `X-Request-Id` (see `AuditInfo.clientRequestId`); null when it sent none. */
   clientRequestId: string | null;
+  /** The MCP tool of a refused `tools/call` (see `AuditInfo.tool`); null for a plain route. */
+  tool: string | null;
   /** Why, for auditors (see `RejectionInput.detail`); absent on stores that predate it. */
   detail?: string | null;
 }
@@ -62,6 +72,8 @@ export interface RejectionQuery {
   entity?: string;
   reason?: string;
   caller?: string;
+  /** The MCP tool name (rows of plain routes, whose tool is null, never match). */
+  tool?: string;
   since?: Date;
   until?: Date;
   /** 1…1000. */

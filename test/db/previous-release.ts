@@ -7,7 +7,9 @@
  */
 import type Database from 'better-sqlite3';
 import type { PoolLike } from '../../src/db/postgres-types.js';
-import { loadSingleLedgerHistory, type Dialect, type Migration } from '../../src/db/migrations.js';
+import { loadMigrations, loadSingleLedgerHistory, type Dialect, type Migration } from '../../src/db/migrations.js';
+import { logText } from '../../src/store/postgres/rejections.js';
+import type { Admission, AdmitInput } from '../../src/store/types.js';
 
 export const RELEASED = [
   '0001_gateway.sql',
@@ -24,6 +26,29 @@ export const RELEASED = [
 
 export function releasedMigrations(dialect: Dialect): Migration[] {
   return loadSingleLedgerHistory(dialect).filter((m) => RELEASED.includes(m.name));
+}
+
+/** The gateway migrations that came after that release: what an upgrade of its database applies. */
+export function gatewayMigrationsSince(dialect: Dialect): string[] {
+  return loadMigrations('gateway', dialect).map((m) => m.name).filter((n) => !RELEASED.includes(n));
+}
+
+/**
+ * The admission of that release on PostgreSQL: its 18-argument call of
+ * fencegate_admit (migration 0006; the rejection row had no tool). Today's
+ * store passes a 19th argument, which that schema's function does not take.
+ */
+export function releasedPostgresAdmit(pool: PoolLike): (input: AdmitInput) => Promise<Admission['outcome']> {
+  return async (input) => {
+    const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
+    const { rows } = await pool.query<{ outcome: Admission['outcome'] }>(
+      'SELECT outcome FROM fencegate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)',
+      [input.scope, input.key, input.entity, input.fence?.toString() ?? null, input.fingerprint, input.mode === 'serial', input.ownerToken,
+        input.lockMs, input.retentionMs, input.onUnknown === 'retry', a.caller, a.method, a.path, a.payloadSha256, a.requestId,
+        a.clientRequestId, a.entity, a.idempotencyKey],
+    );
+    return rows[0]!.outcome;
+  };
 }
 
 export function migrateSqliteAsReleased(db: Database.Database, migrations = releasedMigrations('sqlite')): string[] {

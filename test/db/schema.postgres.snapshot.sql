@@ -101,6 +101,7 @@ CREATE TABLE rejections (
   request_id text,
   detail text,
   client_request_id text,
+  tool text,
   CONSTRAINT rejections_pkey PRIMARY KEY (id)
 );
 CREATE INDEX rejections_at ON rejections USING btree (at);
@@ -108,6 +109,7 @@ CREATE INDEX rejections_caller ON rejections USING btree (caller, id);
 CREATE INDEX rejections_entity ON rejections USING btree (entity, id);
 CREATE UNIQUE INDEX rejections_pkey ON rejections USING btree (id);
 CREATE INDEX rejections_reason ON rejections USING btree (reason, id);
+CREATE INDEX rejections_tool ON rejections USING btree (tool, id);
 
 FUNCTION fencegate_admit(
   p_scope text,
@@ -154,6 +156,7 @@ FUNCTION fencegate_admit(
   p_client_request_id text,
   p_log_entity text,
   p_log_key text,
+  p_tool text DEFAULT NULL::text,
   OUT outcome text,
   OUT current_fence bigint,
   OUT retry_after_ms bigint,
@@ -162,7 +165,7 @@ FUNCTION fencegate_admit(
   OUT headers jsonb,
   OUT body bytea
 ) RETURNS record LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
-  -- body sha256 23cab14ab80fccf6
+  -- body sha256 8768d05576686df1
 
 FUNCTION fencegate_finish(
   p_scope text,
@@ -211,6 +214,30 @@ FUNCTION fencegate_finish(
 ) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
   -- body sha256 45dc908aca9c0dab
 
+FUNCTION fencegate_finish_many(
+  p_scope text[],
+  p_key text[],
+  p_entity text[],
+  p_owner text[],
+  p_outcome text[],
+  p_status integer[],
+  p_headers jsonb[],
+  p_body bytea[],
+  p_retention_ms bigint[],
+  p_caller text[],
+  p_method text[],
+  p_path text[],
+  p_payload_sha256 text[],
+  p_request_id text[],
+  p_channel text,
+  p_entity_topic text[],
+  p_record_topic text[],
+  p_client_request_id text[],
+  p_log_entity text[],
+  p_log_key text[]
+) RETURNS TABLE(ord integer, recorded boolean, err_code text, err_message text) LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
+  -- body sha256 0c9fb1ac4f2a0c95
+
 FUNCTION fencegate_log_rejection(
   p_at timestamp with time zone,
   p_reason text,
@@ -223,9 +250,10 @@ FUNCTION fencegate_log_rejection(
   p_path text,
   p_payload_sha256 text,
   p_request_id text,
-  p_client_request_id text
+  p_client_request_id text,
+  p_tool text DEFAULT NULL::text
 ) RETURNS void LANGUAGE sql VOLATILE SET search_path=<schema>;
-  -- body sha256 4210654d2a9ae80a
+  -- body sha256 03d174452efda6fa
 
 FUNCTION fencegate_ms_between(
   a timestamp with time zone,

@@ -110,7 +110,7 @@ CREATE TABLE rejections (
   path             TEXT,
   payload_sha256   TEXT,
   request_id       TEXT
-, detail TEXT, client_request_id TEXT) STRICT;
+, detail TEXT, client_request_id TEXT, tool TEXT) STRICT;
 
 CREATE INDEX rejections_at ON rejections (at);
 
@@ -119,6 +119,8 @@ CREATE INDEX rejections_caller ON rejections (caller, id);
 CREATE INDEX rejections_entity ON rejections (entity, id);
 
 CREATE INDEX rejections_reason ON rejections (reason, id);
+
+CREATE INDEX rejections_tool ON rejections (tool, id);
 
 CREATE TABLE sqlite_sequence(name,seq);
 

@@ -25,10 +25,10 @@ import type { JobStore } from '../../src/lease/types.js';
 import { createPostgresStore, migratePostgres } from '../../src/store/postgres/index.js';
 import { FUNCTION_FILES } from '../../src/store/postgres/functions.js';
 import { SqliteGatewayStore, migrateSqlite, openSqlite } from '../../src/store/sqlite/index.js';
-import type { GatewayStore } from '../../src/store/types.js';
+import type { AdmitInput, GatewayStore } from '../../src/store/types.js';
 import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
 import { command, finishOf, response } from '../store/conformance.js';
-import { migratePostgresAsReleased, migrateSqliteAsReleased, releasedMigrations } from './previous-release.js';
+import { gatewayMigrationsSince, migratePostgresAsReleased, migrateSqliteAsReleased, releasedMigrations, releasedPostgresAdmit } from './previous-release.js';
 import { dumpPostgres, dumpSqlite } from './schema-dump.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -56,15 +56,16 @@ interface Written {
   lease: { id: number; ownerId: string; fencingToken: number; leaseMs: number };
 }
 
-async function writeState(gateway: GatewayStore, jobs: JobStore): Promise<Written> {
+/** `admit`: the previous release's admission (PostgreSQL: its own call of the function, see previous-release.ts). */
+async function writeState(gateway: GatewayStore, jobs: JobStore, admit = async (c: AdmitInput) => (await gateway.admit(c)).outcome): Promise<Written> {
   const entity = 'acct:1';
   const body = new Uint8Array(3000).map((_, i) => i % 251);
   const first = command({ entity: 'acct:2', fence: 7n });
-  expect((await gateway.admit(first)).outcome).toBe('forward');
+  expect(await admit(first)).toBe('forward');
   await gateway.finish(finishOf(first, 'completed', response({ body })));
   const inFlight = command({ entity, fence: 9n });
-  expect((await gateway.admit(inFlight)).outcome).toBe('forward'); // holds the serial slot
-  expect((await gateway.admit(command({ entity, fence: 3n }))).outcome).toBe('stale-fence');
+  expect(await admit(inFlight)).toBe('forward'); // holds the serial slot
+  expect(await admit(command({ entity, fence: 3n }))).toBe('stale-fence');
   const enqueued = await jobs.enqueue({ kind: 'pay', idempotencyKey: 'order-1', payload: { amount: 1200 } });
   const claimed = await jobs.claim({ workerId: 'worker-a' });
   expect(claimed.lease).not.toBeNull();
@@ -117,16 +118,23 @@ describe('the gateway and the lease module each migrate their own schema (SQLite
     cleanups.push(() => void raw.close());
     expect(migrateSqliteAsReleased(raw)).toEqual(releasedMigrations('sqlite').map((m) => m.name));
     expect(raw.prepare('SELECT count(*) AS n FROM fencegate_migrations').get()).toEqual({ n: 7 });
+    // Today's store writes the previous release's rows. Its rejection insert
+    // names the tool column (0009), so the column is there for the writes
+    // only and dropped again: the upgrade below starts from the released schema.
+    raw.exec('ALTER TABLE rejections ADD COLUMN tool TEXT');
     const before = new SqliteGatewayStore({ path, migrate: false });
     const oldJobs = createSqliteJobStore({ path, migrate: false });
     const written = await writeState(before, oldJobs);
     await oldJobs.close();
     await before.close();
+    raw.exec('ALTER TABLE rejections DROP COLUMN tool');
     const ledgerBefore = raw.prepare('SELECT name, applied_at FROM fencegate_migrations ORDER BY name').all();
 
-    expect(migrateSqlite(raw)).toEqual([]);
+    // Only the gateway migrations after that release run; nothing runs twice.
+    expect(migrateSqlite(raw)).toEqual(gatewayMigrationsSince('sqlite'));
     expect(migrateLeaseSqlite(raw)).toEqual([]);
-    expect(raw.prepare('SELECT name, applied_at FROM fencegate_migrations ORDER BY name').all()).toEqual(ledgerBefore);
+    const released = new Set((ledgerBefore as { name: string }[]).map((r) => r.name));
+    expect((raw.prepare('SELECT name, applied_at FROM fencegate_migrations ORDER BY name').all() as { name: string }[]).filter((r) => released.has(r.name))).toEqual(ledgerBefore);
     // The lease ledger took its rows over from the old one, times included.
     expect(raw.prepare('SELECT name, applied_at FROM fencegate_lease_migrations ORDER BY name').all()).toEqual(
       (ledgerBefore as { name: string }[]).filter((r) => LEASE_MIGRATIONS.includes(r.name)),
@@ -185,16 +193,17 @@ describe.skipIf(!POSTGRES_URL)('the gateway and the lease module each migrate th
     expect((await shared.pool.query('SELECT count(*)::int AS n FROM fencegate_migrations')).rows[0]).toEqual({ n: 7 });
     const before = await createPostgresStore({ connectionString: shared.url, migrate: false, listen: false });
     const oldJobs = await createPostgresJobStore({ connectionString: shared.url, migrate: false });
-    const written = await writeState(before, oldJobs);
+    const written = await writeState(before, oldJobs, releasedPostgresAdmit(shared.pool));
     await oldJobs.close();
     await before.close();
     const ledger = 'SELECT name, applied_at::text AS at FROM fencegate_migrations ORDER BY name';
     const ledgerBefore = (await shared.pool.query(ledger)).rows;
 
-    // No migration runs again; the function files are recorded (their bodies are 0006's, see postgres-functions.test.ts).
-    expect(await migratePostgres(shared.pool)).toEqual(FUNCTION_FILES.map((f) => `functions/${f}`));
+    // No migration runs again: only the gateway's since that release, then the function files (see postgres-functions.test.ts).
+    expect(await migratePostgres(shared.pool)).toEqual([...gatewayMigrationsSince('postgres'), ...FUNCTION_FILES.map((f) => `functions/${f}`)]);
     expect(await migrateLeasePostgres(shared.pool)).toEqual([]);
-    expect((await shared.pool.query(ledger)).rows).toEqual(ledgerBefore);
+    const released = new Set(ledgerBefore.map((r: { name: string }) => r.name));
+    expect((await shared.pool.query(ledger)).rows.filter((r: { name: string }) => released.has(r.name))).toEqual(ledgerBefore);
     expect((await shared.pool.query('SELECT name, applied_at::text AS at FROM fencegate_lease_migrations ORDER BY name')).rows).toEqual(
       ledgerBefore.filter((r: { name: string }) => LEASE_MIGRATIONS.includes(r.name)),
     );
@@ -203,6 +212,10 @@ describe.skipIf(!POSTGRES_URL)('the gateway and the lease module each migrate th
     const jobs = await createPostgresJobStore({ connectionString: shared.url });
     cleanups.push(() => gateway.close(), () => jobs.close());
     await checkState(gateway, jobs, written);
+    // A replica of that release still running (rolling upgrade): its 18-argument call reaches today's function, tool NULL.
+    const late = command({ entity: written.entity, fence: 2n });
+    expect(await releasedPostgresAdmit(shared.pool)(late)).toBe('stale-fence');
+    expect((await gateway.listRejections({ entity: written.entity, limit: 10 })).items.find((r) => r.requestId === late.audit.requestId)).toMatchObject({ presentedFence: '2', tool: null });
 
     const fresh = await schemaOf('fg_split_fresh');
     await migratePostgres(fresh.pool);

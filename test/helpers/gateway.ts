@@ -4,6 +4,7 @@ import { parseConfig } from '../../src/config/load.js';
 import type { Config } from '../../src/config/schema.js';
 import { startGateway, type RunningGateway } from '../../src/entry/node.js';
 import { silentLogger, type Logger } from '../../src/http/logger.js';
+import { LOGGED_REFUSALS } from '../../src/http/refusal-log.js';
 import { SqliteGatewayStore, type SqliteStoreOptions } from '../../src/store/sqlite/gateway-store.js';
 import type { GatewayStore } from '../../src/store/types.js';
 import { tempDir } from './temp.js';
@@ -106,6 +107,8 @@ export async function startTestGateway(options: TestGatewayOptions): Promise<Tes
 /**
  * Everything the gateway remembers: every row of the three gateway tables.
  * Two equal snapshots mean no state changed (fences, records, rejections).
+ * A step-3 400's own row (src/http/refusal-log.ts) is left out: it is the
+ * refusal's audit trail, never read by a decision (test/audit/refusal-log.test.ts).
  */
 export function snapshot(store: SqliteGatewayStore): string {
   const db = store.db;
@@ -114,7 +117,7 @@ export function snapshot(store: SqliteGatewayStore): string {
     {
       entities: dump('SELECT * FROM fence_entities ORDER BY entity'),
       records: dump('SELECT scope, key, fingerprint, entity, fence, state, owner_token, locked_until, status, headers, hex(body) AS body, created_at, expires_at FROM idempotency_records ORDER BY scope, key'),
-      rejections: dump('SELECT * FROM rejections ORDER BY id'),
+      rejections: dump(`SELECT * FROM rejections WHERE reason NOT IN (${[...LOGGED_REFUSALS].map((r) => `'${r}'`).join(', ')}) ORDER BY id`),
     },
     (_k, v) => (typeof v === 'bigint' ? v.toString() : v),
   );

@@ -90,7 +90,7 @@ export function finishOf(input: AdmitInput, outcome: Outcome, res: StoredRespons
   return { ...base, outcome };
 }
 
-async function rejectionsOf(store: GatewayStore, filter: { entity?: string; reason?: string; caller?: string }): Promise<RejectionRow[]> {
+async function rejectionsOf(store: GatewayStore, filter: { entity?: string; reason?: string; caller?: string; tool?: string }): Promise<RejectionRow[]> {
   const all: RejectionRow[] = [];
   let cursor: string | undefined;
   for (;;) {
@@ -777,6 +777,31 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       });
     });
 
+    describe('rejection log: the MCP tool (DESIGN §4 rejections.tool)', () => {
+      it('an admission refusal and recordRejection keep audit.tool; the tool filter finds them, never a row without one', async () => {
+        const entity = `e-${uid()}`;
+        const tool = `charge-${uid()}`;
+        expect((await store.admit(command({ entity, fence: 5n, mode: 'concurrent' }))).outcome).toBe('forward');
+        // stale-fence inside the admission, once from a tools/call and once from a plain route
+        expect((await store.admit(command({ entity, fence: 4n, audit: audit({ tool }) }))).outcome).toBe('stale-fence');
+        expect((await store.admit(command({ entity, fence: 3n, audit: audit() }))).outcome).toBe('stale-fence');
+        await store.recordRejection({ reason: 'invalid-fence-signature', entity, presentedFence: null, currentFence: null, idempotencyKey: null, audit: audit({ tool, payloadSha256: '' }) });
+        await store.recordRejection({ reason: 'missing-fence', entity, presentedFence: null, currentFence: null, idempotencyKey: null, audit: audit({ tool: null }) });
+        const all = await rejectionsOf(store, { entity });
+        expect(all.map((r) => [r.reason, r.tool])).toEqual([
+          ['missing-fence', null],
+          ['invalid-fence-signature', tool],
+          ['stale-fence', null],
+          ['stale-fence', tool],
+        ]);
+        const byTool = await rejectionsOf(store, { tool });
+        expect(byTool.map((r) => [r.reason, r.presentedFence])).toEqual([['invalid-fence-signature', null], ['stale-fence', '4']]);
+        expect(byTool.every((r) => r.entity === entity)).toBe(true);
+        expect(await rejectionsOf(store, { entity, tool: `other-${uid()}` })).toEqual([]);
+        expect((await rejectionsOf(store, { entity, reason: 'stale-fence', tool })).map((r) => r.presentedFence)).toEqual(['4']);
+      });
+    });
+
     describe('getEntity / getRecords', () => {
       it('unknown entity and key: null and []', async () => {
         expect(await store.getEntity(`nobody-${uid()}`)).toBeNull();
@@ -981,9 +1006,10 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
 
       it('recordRejection cuts every text field at its limit, with a visible marker', async () => {
         const entity = long('e', 600);
-        const a = audit({ path: `/payments/${long('p', 20_000)}`, caller: long('c', 1000), method: long('M', 100), requestId: long('r', 300), clientRequestId: long('x', 300) });
+        const a = audit({ path: `/payments/${long('p', 20_000)}`, caller: long('c', 1000), method: long('M', 100), requestId: long('r', 300), clientRequestId: long('x', 300), tool: long('t', 300) });
         await store.recordRejection({ reason: 'unauthorized', entity, presentedFence: null, currentFence: null, idempotencyKey: long('k', 400), audit: a, detail: long('d', 5000) });
         const [row] = await rejectionsOf(store, { entity: cutText(entity, LIMITS.entity) });
+        expectCut(row!.tool, a.tool!, LIMITS.tool);
         expectCut(row!.path, a.path, LIMITS.path);
         expectCut(row!.caller, a.caller!, LIMITS.caller);
         expectCut(row!.method, a.method, LIMITS.method);
@@ -1006,7 +1032,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         const entity = `${uid()}-${long('e', 600)}`;
         const key = `${uid()}-${long('k', 300)}`;
         const logged = cutText(entity, LIMITS.entity);
-        const a = audit({ path: `/payments/${long('p', 9000)}`, caller: long('c', 500), clientRequestId: long('x', 200) });
+        const a = audit({ path: `/payments/${long('p', 9000)}`, caller: long('c', 500), clientRequestId: long('x', 200), tool: long('t', 200) });
         expect((await store.admit(command({ entity, key, fence: 5n, mode: 'concurrent', audit: a }))).outcome).toBe('forward');
         // stale-fence, written inside the admission
         expect(await store.admit(command({ entity, fence: 4n, audit: a }))).toEqual({ outcome: 'stale-fence', currentFence: 5n });
@@ -1019,6 +1045,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
           expectCut(row.path, a.path, LIMITS.path);
           expectCut(row.caller, a.caller!, LIMITS.caller);
           expectCut(row.clientRequestId, a.clientRequestId!, LIMITS.clientRequestId);
+          expectCut(row.tool, a.tool!, LIMITS.tool);
         }
         expectCut(rows.find((r) => r.reason === 'idempotency-key-reused')!.idempotencyKey, key, LIMITS.idempotencyKey);
         // The fence and the record belong to the whole values.

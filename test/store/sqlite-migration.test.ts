@@ -21,19 +21,24 @@ afterEach(() => {
  * A database file at the schema before migration `next`, holding the state
  * `write` leaves through the store, as a gateway of an earlier release left it.
  *
- * The store is today's, and it writes `rejections.client_request_id` (0006),
- * a column an earlier release's file does not have: the column exists while
- * `write` runs and is dropped again, so that the file is the earlier schema,
- * rows included, when the migrations under test run.
+ * The store is today's, and it writes `rejections.client_request_id` (0006)
+ * and `rejections.tool` (0009), columns an earlier release's file does not
+ * have: each exists while `write` runs and is dropped again, so that the file
+ * is the earlier schema, rows included, when the migrations under test run.
  */
+const LATER_COLUMNS: [migration: string, column: string][] = [
+  ['0006', 'client_request_id'],
+  ['0009', 'tool'],
+];
+
 async function databaseBefore(next: string, write: (store: SqliteGatewayStore) => Promise<void>): Promise<string> {
   const dir = tempDir('fencegate-migration-').dir;
   dirs.push(dir);
   const path = join(dir, 'gateway.db');
   const db = openSqlite(path);
   migrateSqlite(db, loadMigrations('sqlite').filter((m) => m.name < next));
-  const shim = next <= '0006';
-  if (shim) db.exec('ALTER TABLE rejections ADD COLUMN client_request_id TEXT');
+  const shim = LATER_COLUMNS.filter(([m]) => next <= m).map(([, c]) => c);
+  for (const c of shim) db.exec(`ALTER TABLE rejections ADD COLUMN ${c} TEXT`);
   db.close();
   const store = new SqliteGatewayStore({ path, migrate: false });
   try {
@@ -41,9 +46,9 @@ async function databaseBefore(next: string, write: (store: SqliteGatewayStore) =
   } finally {
     await store.close();
   }
-  if (shim) {
+  if (shim.length > 0) {
     const after = openSqlite(path);
-    after.exec('ALTER TABLE rejections DROP COLUMN client_request_id');
+    for (const c of shim) after.exec(`ALTER TABLE rejections DROP COLUMN ${c}`);
     after.close();
   }
   return path;

@@ -437,3 +437,62 @@ describe('audit: fence history, detail, outcome_unknown resolution', () => {
     expect(seen.every((r, i) => i === 0 || seen[i - 1]!.at >= r.at)).toBe(true);
   });
 });
+
+describe('list reads sort by the number, not its text (ids and fences across a digit boundary)', () => {
+  /**
+   * The next ids of `table` made to cross a power of ten (…9994 to …0005 for
+   * 12 rows): a placeholder row at that id, deleted again (AUTOINCREMENT
+   * keeps counting from it). Sorted as text, '999999' would come before
+   * '1000005'; ids that never cross a boundary would not show the fault.
+   */
+  async function crossBoundary(table: 'rejections' | 'operator_actions', placeholder: string): Promise<void> {
+    const [r] = (await rows(`SELECT coalesce(max(id), 0) AS m FROM ${table}`)) as { m: number }[];
+    const id = 10 ** String(r!.m + 7).length - 7;
+    await sql(placeholder, id);
+    await sql(`DELETE FROM ${table} WHERE id = ?`, id);
+  }
+  const numericDescending = (ids: string[]) => ids.every((id, i) => i === 0 || BigInt(ids[i - 1]!) > BigInt(id));
+
+  it('listRejections: 12 rows newest first by id, pages included', async () => {
+    await crossBoundary('rejections', "INSERT INTO rejections (id, at, reason) VALUES (?, 0, 'placeholder')");
+    const entity = uniq('ent');
+    for (let i = 0; i < 12; i++) {
+      await store.recordRejection({ reason: 'stale-fence', entity, presentedFence: BigInt(i), currentFence: null, idempotencyKey: null, audit: input().audit });
+    }
+    const all = await rejectionsFor(entity);
+    expect(all.map((r) => r.presentedFence)).toEqual(Array.from({ length: 12 }, (_, i) => String(11 - i)));
+    expect(numericDescending(all.map((r) => r.id))).toBe(true);
+    expect(all[0]!.id.length).toBeGreaterThan(all[11]!.id.length); // the boundary is inside the page
+    const paged: string[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = await store.listRejections({ entity, limit: 5, cursor });
+      paged.push(...page.items.map((r) => r.id));
+      cursor = page.nextCursor ?? undefined;
+    } while (cursor !== undefined);
+    expect(paged).toEqual(all.map((r) => r.id));
+  });
+
+  it('listOperatorActions: 12 resolutions newest first by id', async () => {
+    await crossBoundary('operator_actions', "INSERT INTO operator_actions (id, at, action, scope, key) VALUES (?, 0, 'resolve-released', 'placeholder', 'placeholder')");
+    const keys: string[] = [];
+    for (let i = 0; i < 12; i++) {
+      const c = input({ mode: 'concurrent' });
+      await store.admit(c);
+      await store.finish(finishOf(c, { outcome: 'unknown' }));
+      expect(await store.resolveRecord!({ scope: c.scope, key: c.key!, resolution: { outcome: 'released' }, operator: 'ops', note: null, requestId: uniq('r') })).toMatchObject({ ok: true });
+      keys.push(c.key!);
+    }
+    const page = await store.listOperatorActions!({ limit: 12 });
+    expect(page.items.map((a) => a.key)).toEqual([...keys].reverse());
+    expect(numericDescending(page.items.map((a) => a.id))).toBe(true);
+    expect(page.items[0]!.id.length).toBeGreaterThan(page.items[11]!.id.length);
+  });
+
+  it('getFenceHistory: 12 rises (1 to 12), highest fence first', async () => {
+    const entity = uniq('ent');
+    for (let fence = 1n; fence <= 12n; fence++) expect((await store.admit(input({ entity, fence, mode: 'concurrent' }))).outcome).toBe('forward');
+    const page = await store.getFenceHistory!(entity, { limit: 100 });
+    expect(page.items.map((r) => r.fence)).toEqual(Array.from({ length: 12 }, (_, i) => String(12 - i)));
+  });
+});

@@ -22,8 +22,8 @@ interface AdmitRow {
 export function createAdmit(ctx: PgContext): (input: AdmitInput) => Promise<Admission> {
   // $1 scope $2 key $3 entity $4 fence $5 fingerprint $6 serial $7 owner $8 lock_ms
   // $9 retention_ms $10 retry_unknown $11 caller $12 method $13 path $14 payload_sha256 $15 request_id
-  // $16 client_request_id $17 log_entity $18 log_key ($11–$18: the bounded rejection text)
-  const text = `SELECT * FROM ${ctx.table('fencegate_admit')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`;
+  // $16 client_request_id $17 log_entity $18 log_key $19 tool ($11–$19: the bounded rejection text)
+  const text = `SELECT * FROM ${ctx.table('fencegate_admit')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`;
 
   return async (input) => {
     const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
@@ -46,6 +46,7 @@ export function createAdmit(ctx: PgContext): (input: AdmitInput) => Promise<Admi
       a.clientRequestId,
       a.entity,
       a.idempotencyKey,
+      a.tool,
     ]);
     return toAdmission(rows[0]!);
   };

@@ -20,6 +20,7 @@ export function logText(r: Parameters<typeof boundRejectionText>[0]): RejectionT
     payloadSha256: encodeNullable(t.payloadSha256),
     requestId: encodeText(t.requestId),
     clientRequestId: encodeNullable(t.clientRequestId),
+    tool: encodeNullable(t.tool),
     detail: encodeNullable(t.detail),
   };
 }
@@ -32,10 +33,10 @@ export function logText(r: Parameters<typeof boundRejectionText>[0]): RejectionT
 export function createRejectionLog(ctx: PgContext) {
   const table = ctx.table('rejections');
   // $1 reason $2 entity $3 presented $4 current $5 key $6 caller $7 method $8 path $9 payload_sha256 $10 request_id
-  // $11 detail $12 client_request_id
+  // $11 detail $12 client_request_id $13 tool
   const insert = `INSERT INTO ${table}
-      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail, client_request_id)
-      VALUES (now(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`;
+      (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, detail, client_request_id, tool)
+      VALUES (now(), $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`;
 
   return {
     async record(r: RejectionInput): Promise<void> {
@@ -53,6 +54,7 @@ export function createRejectionLog(ctx: PgContext) {
         a.requestId,
         a.detail,
         a.clientRequestId,
+        a.tool,
       ]);
     },
 
@@ -67,6 +69,7 @@ export function createRejectionLog(ctx: PgContext) {
       if (query.entity !== undefined) add((n) => `entity = ${n}`, encodeText(query.entity));
       if (query.reason !== undefined) add((n) => `reason = ${n}`, query.reason);
       if (query.caller !== undefined) add((n) => `caller = ${n}`, encodeText(query.caller));
+      if (query.tool !== undefined) add((n) => `tool = ${n}`, encodeText(query.tool));
       if (query.since !== undefined) add((n) => `at >= ${n}`, query.since);
       if (query.until !== undefined) add((n) => `at < ${n}`, query.until);
       if (query.cursor !== undefined) {
@@ -100,6 +103,7 @@ function toRejection(r: Record<string, unknown>): RejectionRow {
     payloadSha256: decodeNullable(r.payload_sha256 as string | null),
     requestId: decodeNullable(r.request_id as string | null),
     clientRequestId: decodeNullable(r.client_request_id as string | null),
+    tool: decodeNullable(r.tool as string | null),
     detail: decodeNullable(r.detail as string | null),
   };
 }

@@ -48,6 +48,7 @@ export function toRejection(r: Record<string, unknown>): RejectionRow {
     payloadSha256: str(r.payload_sha256),
     requestId: str(r.request_id),
     clientRequestId: str(r.client_request_id),
+    tool: str(r.tool),
     detail: str(r.detail),
   };
 }

@@ -39,9 +39,9 @@ export const D1: Spelling = { now: NOW_MS, int: (name) => `CAST(@${name} AS INTE
 
 /** The rejection-log columns every insert names (the statements of the D1 admission and finish too). */
 export const REJECTION_COLUMNS =
-  'at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id';
+  'at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id, tool';
 /** The values of the request's audit fields for those columns, as `rejectionParams` names them. */
-export const REJECTION_AUDIT_VALUES = '@log_key, @caller, @method, @path, @sha, @request_id, @client_request_id';
+export const REJECTION_AUDIT_VALUES = '@log_key, @caller, @method, @path, @sha, @request_id, @client_request_id, @tool';
 
 /** @now (SQLITE) @reason @log_entity @presented @current, `rejectionParams`: one row of the log. */
 export const insertRejection = (d: Spelling): string => `INSERT INTO rejections (${REJECTION_COLUMNS}, detail)
@@ -64,6 +64,7 @@ export function rejectionParams(r: { entity: string | null; key?: string | null;
     sha: text.payloadSha256,
     request_id: text.requestId,
     client_request_id: text.clientRequestId,
+    tool: text.tool,
     detail: text.detail,
   };
 }
@@ -80,11 +81,12 @@ export function rejectionsPage(d: Spelling, query: RejectionQuery): { sql: strin
   if (query.entity !== undefined) add('entity = @entity', 'entity', query.entity);
   if (query.reason !== undefined) add('reason = @reason', 'reason', query.reason);
   if (query.caller !== undefined) add('caller = @caller', 'caller', query.caller);
+  if (query.tool !== undefined) add('tool = @tool', 'tool', query.tool);
   if (query.since !== undefined) add('at >= @since', 'since', query.since.getTime());
   if (query.until !== undefined) add('at < @until', 'until', query.until.getTime());
   if (query.cursor !== undefined) add(`id < ${d.int('cursor')}`, 'cursor', query.cursor);
   const sql = `SELECT CAST(id AS TEXT) AS id, at, reason, entity, CAST(presented_fence AS TEXT) AS presented_fence,
-    CAST(current_fence AS TEXT) AS current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id, detail
+    CAST(current_fence AS TEXT) AS current_fence, idempotency_key, caller, method, path, payload_sha256, request_id, client_request_id, tool, detail
     FROM rejections ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY rejections.id DESC LIMIT ${d.int('limit')}`;
   return { sql, params };
 }

@@ -18,6 +18,7 @@ import {
 } from '../types.js';
 import { createSqliteAudit } from './audit.js';
 import { GroupCommit } from './group-commit.js';
+import { Checkpointer, type CheckpointOptions } from './checkpoint.js';
 import { walSyncer } from './wal-sync.js';
 import { WriteLock } from './write-lock.js';
 import { migrateSqlite } from './migrate.js';
@@ -69,6 +70,8 @@ export interface SqliteStoreOptions extends OpenSqliteOptions {
    * (./write-lock.ts). Default 5 ms.
    */
   blockingWaitMs?: number;
+  /** WAL checkpoints from a worker thread instead of inside a COMMIT on the event loop (./checkpoint.ts). Default true for a file; false keeps SQLite's `wal_autocheckpoint`. */
+  backgroundCheckpoint?: boolean | CheckpointOptions;
 }
 
 
@@ -101,6 +104,8 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
   protected readonly audit: AuditStore;
   /** Every write transaction begins here: waits for another process's lock leave the event loop free. */
   readonly lock: WriteLock;
+  /** The WAL's background checkpointer (./checkpoint.ts), for a file database. */
+  readonly checkpointer: Checkpointer | null = null;
 
   constructor(options: SqliteStoreOptions) {
     super();
@@ -135,6 +140,10 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
       this.rejectTx = inTx((input: RejectionInput) => this.reject(input, this.txNow));
     }
     this.audit = createSqliteAudit(this.db, this.lock);
+    const ckpt = options.backgroundCheckpoint ?? true;
+    if (ckpt !== false && options.path !== ':memory:' && options.path !== '') {
+      this.checkpointer = new Checkpointer(this.db, resolve(options.path), options.synchronous ?? 'FULL', this.group && (() => this.group!.hold()), ckpt === true ? {} : ckpt);
+    }
   }
 
   async admit(input: AdmitInput) {
@@ -235,6 +244,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     if (this.closed) return;
     this.closed = true;
     await this.group?.idle();
+    await this.checkpointer?.close();
     this.syncer?.close();
     this.notifier.close();
     this.db.close();

@@ -15,9 +15,15 @@
 -- Text parameters arrive already escaped by the store (NUL cannot live in
 -- PostgreSQL text; see src/store/postgres/text.ts).
 --
--- The current definitions (migration 0006; 0003 and 0005 hold the earlier
--- ones, as history). Applied by the migrator when this file's sha256 changes
--- (see ./README.md).
+-- The current definitions (migration 0009; 0003, 0005 and 0006 hold the
+-- earlier ones, as history). Applied by the migrator when this file's sha256
+-- changes (see ./README.md).
+--
+-- 0009 added p_tool, the MCP tool of a tools/call (NULL for a plain route),
+-- kept in the rejection row. It has a DEFAULT, so a replica of the previous
+-- release still calling with 18 arguments gets this function (tool NULL)
+-- during a rolling upgrade; the 18-parameter definition is dropped, or the
+-- 18-argument call would be ambiguous.
 --
 -- Two points that 0006 changed from the earlier definitions:
 --
@@ -40,13 +46,15 @@
 --
 -- Rejection text. p_log_entity and p_log_key are the entity and the key as
 -- the rejection row keeps them (bounded by the store, like p_caller, p_method,
--- p_path, p_request_id and p_client_request_id); the decision uses the whole
--- p_entity and p_key.
+-- p_path, p_request_id, p_client_request_id and p_tool); the decision uses
+-- the whole p_entity and p_key.
+DROP FUNCTION IF EXISTS fencegate_admit(text, text, text, bigint, text, boolean, text, bigint, bigint, boolean,
+  text, text, text, text, text, text, text, text);
 CREATE OR REPLACE FUNCTION fencegate_admit(
   p_scope text, p_key text, p_entity text, p_fence bigint, p_fingerprint text,
   p_serial boolean, p_owner text, p_lock_ms bigint, p_retention_ms bigint, p_retry_unknown boolean,
   p_caller text, p_method text, p_path text, p_payload_sha256 text, p_request_id text,
-  p_client_request_id text, p_log_entity text, p_log_key text,
+  p_client_request_id text, p_log_entity text, p_log_key text, p_tool text DEFAULT NULL,
   OUT outcome text, OUT current_fence bigint, OUT retry_after_ms bigint, OUT takeover boolean,
   OUT status integer, OUT headers jsonb, OUT body bytea
 )
@@ -81,7 +89,7 @@ BEGIN
     IF NOT v_found THEN
       SELECT e.fence INTO current_fence FROM fence_entities e WHERE e.entity = p_entity;
       PERFORM fencegate_log_rejection(v_now, 'stale-fence', p_log_entity, p_fence, current_fence, p_log_key,
-        p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id);
+        p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id, p_tool);
       outcome := 'stale-fence';
       RETURN;
     END IF;
@@ -129,7 +137,7 @@ BEGIN
         IF v_rec.fingerprint <> p_fingerprint THEN
           -- d.
           PERFORM fencegate_log_rejection(v_now, 'idempotency-key-reused', p_log_entity, p_fence, NULL, p_log_key,
-            p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id);
+            p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id, p_tool);
           outcome := 'idempotency-key-reused';
           EXIT decide;
         END IF;
@@ -156,7 +164,7 @@ BEGIN
         -- g. Never re-sent blindly unless the route says the upstream is idempotent.
         IF NOT p_retry_unknown THEN
           PERFORM fencegate_log_rejection(v_now, 'outcome-unknown', p_log_entity, p_fence, NULL, p_log_key,
-            p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id);
+            p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id, p_tool);
           outcome := 'outcome-unknown';
           EXIT decide;
         END IF;
@@ -217,7 +225,7 @@ $$;
 -- The signature of 0003 and 0005, for replicas of a release before 0006 still
 -- running while the first upgraded one migrates: they now call the functions
 -- above (and so get the clock fix), logging their whole entity and key and no
--- client request id, as they did.
+-- client request id or tool, as they did.
 CREATE OR REPLACE FUNCTION fencegate_admit(
   p_scope text, p_key text, p_entity text, p_fence bigint, p_fingerprint text,
   p_serial boolean, p_owner text, p_lock_ms bigint, p_retention_ms bigint, p_retry_unknown boolean,

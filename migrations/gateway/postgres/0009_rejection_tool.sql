@@ -1,0 +1,205 @@
+-- fencegate gateway, PostgreSQL: the MCP tool of a refused tools/call in the
+-- rejection log (DESIGN §4), and its filter's index. Append-only: 0006 stays
+-- as it was; the functions below replace its fencegate_log_rejection and its
+-- 18-parameter fencegate_admit (src/store/postgres/sql/ holds the current
+-- definitions, the same text).
+
+-- NULL for a plain route and for every row written before this migration.
+ALTER TABLE rejections ADD COLUMN IF NOT EXISTS tool text;
+-- GET <adminPrefix>/v1/rejections?tool=…, newest first, like the other filters.
+CREATE INDEX IF NOT EXISTS rejections_tool ON rejections (tool, id);
+
+-- One rejection row, with its tool. The DEFAULT keeps the 12-argument call of
+-- fencegate_finish (late-finish rows carry no tool) resolving to this one.
+DROP FUNCTION IF EXISTS fencegate_log_rejection(timestamptz, text, text, bigint, bigint, text, text, text, text, text, text, text);
+CREATE OR REPLACE FUNCTION fencegate_log_rejection(
+  p_at timestamptz, p_reason text, p_entity text, p_presented bigint, p_current bigint,
+  p_key text, p_caller text, p_method text, p_path text, p_payload_sha256 text, p_request_id text,
+  p_client_request_id text, p_tool text DEFAULT NULL
+) RETURNS void
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+  INSERT INTO rejections
+    (at, reason, entity, presented_fence, current_fence, idempotency_key, caller, method, path, payload_sha256, request_id,
+     client_request_id, tool)
+  VALUES (p_at, p_reason, p_entity, p_presented, p_current, p_key, p_caller, p_method, p_path, p_payload_sha256, p_request_id,
+     p_client_request_id, p_tool);
+$$;
+
+-- DESIGN §3.5 a–h, as in 0006, with p_tool for the rejection row. The DEFAULT
+-- keeps the previous release's 18-argument call working (tool NULL) while
+-- its replicas still run; 0006's 15-parameter wrapper calls this one too.
+DROP FUNCTION IF EXISTS fencegate_admit(text, text, text, bigint, text, boolean, text, bigint, bigint, boolean,
+  text, text, text, text, text, text, text, text);
+CREATE OR REPLACE FUNCTION fencegate_admit(
+  p_scope text, p_key text, p_entity text, p_fence bigint, p_fingerprint text,
+  p_serial boolean, p_owner text, p_lock_ms bigint, p_retention_ms bigint, p_retry_unknown boolean,
+  p_caller text, p_method text, p_path text, p_payload_sha256 text, p_request_id text,
+  p_client_request_id text, p_log_entity text, p_log_key text, p_tool text DEFAULT NULL,
+  OUT outcome text, OUT current_fence bigint, OUT retry_after_ms bigint, OUT takeover boolean,
+  OUT status integer, OUT headers jsonb, OUT body bytea
+)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+  v_lock  interval := p_lock_ms * interval '1 millisecond';
+  -- The moment the rows are held: re-read after every statement that may wait for a lock.
+  v_now   timestamptz := clock_timestamp();
+  v_until timestamptz := v_now + v_lock;
+  v_rec   idempotency_records%ROWTYPE;
+  v_found boolean;
+  v_from  text;          -- owner token of an outcome_unknown record we take over
+  v_slot  timestamptz;
+  v_pass  integer := 0;
+  v_created boolean := false; -- this call created the entity row (serial, no fence)
+BEGIN
+  takeover := false;
+
+  -- a. The fence check comes first, always: a stale fence is refused even
+  --    when its key has a stored response. ON CONFLICT DO UPDATE locks the
+  --    entity row even when its WHERE refuses the raise, so the current fence
+  --    read below is the one that refused us. The SET is evaluated once the
+  --    row is locked, so its clock_timestamp() is after any wait for it.
+  IF p_entity IS NOT NULL AND p_fence IS NOT NULL THEN
+    INSERT INTO fence_entities AS e (entity, fence, accepted_at) VALUES (p_entity, p_fence, clock_timestamp())
+    ON CONFLICT (entity) DO UPDATE SET fence = excluded.fence, accepted_at = clock_timestamp()
+      WHERE e.fence IS NULL OR excluded.fence >= e.fence;
+    v_found := FOUND;
+    v_now := clock_timestamp();
+    IF NOT v_found THEN
+      SELECT e.fence INTO current_fence FROM fence_entities e WHERE e.entity = p_entity;
+      PERFORM fencegate_log_rejection(v_now, 'stale-fence', p_log_entity, p_fence, current_fence, p_log_key,
+        p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id, p_tool);
+      outcome := 'stale-fence';
+      RETURN;
+    END IF;
+    -- The entity's fence history (0004): one row per accepted fence value,
+    -- a no-op when it stayed equal. Same transaction as the raise.
+    INSERT INTO fence_history (entity, fence, at, caller, request_id)
+    VALUES (p_entity, p_fence, v_now, p_caller, p_request_id)
+    ON CONFLICT (entity, fence) DO NOTHING;
+  ELSIF p_entity IS NOT NULL AND p_serial THEN
+    -- Serial mode without a fence still needs the entity row for its slot;
+    -- lock it now to keep the entity-before-record lock order. A row created
+    -- here is removed again below unless the request is forwarded or busy,
+    -- so that a refusal leaves no trace (as in the SQLite store, which only
+    -- creates it at step h).
+    INSERT INTO fence_entities (entity, fence, accepted_at) VALUES (p_entity, NULL, clock_timestamp())
+    ON CONFLICT (entity) DO NOTHING;
+    v_created := FOUND;
+    IF NOT v_created THEN
+      PERFORM 1 FROM fence_entities e WHERE e.entity = p_entity FOR UPDATE;
+    END IF;
+    v_now := clock_timestamp();
+  END IF;
+  v_until := v_now + v_lock;
+
+  <<decide>>
+  LOOP
+    v_pass := v_pass + 1;
+    IF v_pass > 10 THEN
+      RAISE EXCEPTION 'fencegate_admit: the record for this key kept changing under us';
+    END IF;
+
+    -- b–g. The idempotency record, locked until commit.
+    v_from := NULL;
+    IF p_key IS NOT NULL THEN
+      SELECT * INTO v_rec FROM idempotency_records r WHERE r.scope = p_scope AND r.key = p_key FOR UPDATE;
+      v_found := FOUND;
+      v_now := clock_timestamp();
+      v_until := v_now + v_lock;
+      IF v_found AND v_rec.state = 'completed' AND v_rec.expires_at <= v_now THEN
+        -- Past retention: forgotten, as if the sweeper had already run.
+        DELETE FROM idempotency_records r WHERE r.scope = p_scope AND r.key = p_key;
+        v_found := false;
+      END IF;
+      IF v_found THEN
+        IF v_rec.fingerprint <> p_fingerprint THEN
+          -- d.
+          PERFORM fencegate_log_rejection(v_now, 'idempotency-key-reused', p_log_entity, p_fence, NULL, p_log_key,
+            p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id, p_tool);
+          outcome := 'idempotency-key-reused';
+          EXIT decide;
+        END IF;
+        IF v_rec.state = 'completed' THEN
+          -- c.
+          outcome := 'replay';
+          status := v_rec.status;
+          headers := v_rec.headers;
+          body := v_rec.body;
+          EXIT decide;
+        END IF;
+        IF v_rec.state = 'in_progress' THEN
+          IF v_rec.locked_until IS NOT NULL AND v_rec.locked_until > v_now THEN
+            -- e.
+            outcome := 'idempotency-in-progress';
+            retry_after_ms := fencegate_ms_between(v_rec.locked_until, v_now);
+            EXIT decide;
+          END IF;
+          -- f. The gateway that held the lock died mid-request: the request
+          --    may have reached the upstream.
+          UPDATE idempotency_records r SET state = 'outcome_unknown', locked_until = NULL
+            WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = v_rec.owner_token AND r.state = 'in_progress';
+        END IF;
+        -- g. Never re-sent blindly unless the route says the upstream is idempotent.
+        IF NOT p_retry_unknown THEN
+          PERFORM fencegate_log_rejection(v_now, 'outcome-unknown', p_log_entity, p_fence, NULL, p_log_key,
+            p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id, p_tool);
+          outcome := 'outcome-unknown';
+          EXIT decide;
+        END IF;
+        v_from := v_rec.owner_token;
+      END IF;
+    END IF;
+
+    -- h. Serial mode: take the entity's one in-flight slot (or the expired
+    --    slot of a dead gateway). Taken before the record is written, so a
+    --    busy answer leaves no record behind. The entity row is ours since
+    --    step a, so this waits for nothing and v_until is current.
+    IF p_serial AND p_entity IS NOT NULL THEN
+      UPDATE fence_entities e SET inflight_owner = p_owner, inflight_until = v_until
+        WHERE e.entity = p_entity AND (e.inflight_owner IS NULL OR e.inflight_until <= v_now);
+      IF NOT FOUND THEN
+        SELECT e.inflight_until INTO v_slot FROM fence_entities e WHERE e.entity = p_entity;
+        outcome := 'entity-busy';
+        retry_after_ms := greatest(0, fencegate_ms_between(coalesce(v_slot, v_now), v_now));
+        RETURN;
+      END IF;
+    END IF;
+
+    IF p_key IS NULL THEN
+      EXIT decide;
+    ELSIF v_from IS NOT NULL THEN
+      -- g. with onUnknown: retry. We hold the row lock, so this always matches.
+      UPDATE idempotency_records r SET owner_token = p_owner, state = 'in_progress', locked_until = v_until,
+          entity = p_entity, fence = p_fence
+        WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = v_from AND r.state = 'outcome_unknown';
+      takeover := true;
+      EXIT decide;
+    ELSE
+      -- b.
+      INSERT INTO idempotency_records
+        (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, created_at, expires_at)
+      VALUES (p_scope, p_key, p_fingerprint, p_entity, p_fence, 'in_progress', p_owner, v_until, v_now,
+        v_now + p_retention_ms * interval '1 millisecond')
+      ON CONFLICT (scope, key) DO NOTHING;
+      EXIT decide WHEN FOUND;
+      -- A concurrent admission of the same key committed first (it was not
+      -- serialised with us by an entity row: concurrent mode, or another
+      -- entity). Give the slot back and decide again against its record.
+      IF p_serial AND p_entity IS NOT NULL THEN
+        UPDATE fence_entities e SET inflight_owner = NULL, inflight_until = NULL
+          WHERE e.entity = p_entity AND e.inflight_owner = p_owner;
+      END IF;
+    END IF;
+  END LOOP;
+
+  IF outcome IS NULL THEN
+    outcome := 'forward';
+  ELSIF v_created THEN
+    DELETE FROM fence_entities e WHERE e.entity = p_entity;
+  END IF;
+END;
+$$;
