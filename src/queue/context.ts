@@ -1,0 +1,78 @@
+/**
+ * What every queue adapter does at the start of an attempt: draw the fence,
+ * build the keys, and give the handler a `fencedFetch` whose `stale-fence`
+ * aborts the attempt's signal.
+ */
+import { LeaseLostError } from '../lease/errors.js';
+import type { FencedFetch, FenceOptions } from '../lease/fenced-fetch.js';
+import { fencedFetchFor } from './fenced-fetch-for.js';
+import { jobKeys, type JobRef } from './keys.js';
+import type { FenceGuard, FenceSource } from './types.js';
+
+/** What a fenced handler gets besides the queue's own job object. */
+export interface FencedJobContext {
+  /** This attempt's fence: higher than every earlier attempt's of the job. */
+  fence: number;
+  /** `queue-job:<storeId>:<queue>:<id>`, sent as `X-Fence-Entity`. */
+  entity: string;
+  /** Each step's `Idempotency-Key` is `<keyPrefix>:<step>`, the same in every attempt. */
+  keyPrefix: string;
+  fencedFetch: FencedFetch;
+  /** Aborts when the gateway refuses this attempt's fence (and with the queue's own signal). */
+  signal: AbortSignal;
+}
+
+export interface AdapterOptions extends FenceOptions {
+  /** The fence source on the queue's own store. */
+  fences: FenceSource;
+}
+
+export interface Attempt {
+  context: FencedJobContext;
+  /** The refusal, once the gateway refused the fence; the attempt must not report success. */
+  stale(): LeaseLostError | null;
+}
+
+export async function beginAttempt(
+  options: AdapterOptions,
+  job: JobRef,
+  guard: FenceGuard | undefined,
+  queueSignal: AbortSignal | undefined,
+  leaseUntil?: () => Date,
+): Promise<Attempt> {
+  const { fences, ...fenceOptions } = options;
+  const begun = await fences.begin(job, guard);
+  if (!begun.ok) {
+    throw new LeaseLostError(`job ${job.id} of ${job.queue} is no longer this worker's (its lock was taken over before the attempt drew a fence)`);
+  }
+  const { entity, keyPrefix } = jobKeys(fences.storeId, job);
+  const aborted = new AbortController();
+  let refusal: LeaseLostError | null = null;
+  const signal = queueSignal === undefined ? aborted.signal : AbortSignal.any([aborted.signal, queueSignal]);
+  const fencedFetch = fencedFetchFor({
+    ...fenceOptions,
+    fence: begun.fence,
+    entity,
+    keyPrefix,
+    signal,
+    leaseUntil,
+    onStale(error) {
+      refusal = error;
+      aborted.abort(error);
+    },
+  });
+  return { context: { fence: begun.fence, entity, keyPrefix, fencedFetch, signal }, stale: () => refusal };
+}
+
+/** Runs the handler; a refused fence wins over whatever the handler made of it. */
+export async function runAttempt<R>(attempt: Attempt, run: () => Promise<R>): Promise<R> {
+  let result: R;
+  try {
+    result = await run();
+  } catch (err) {
+    throw attempt.stale() ?? err;
+  }
+  const stale = attempt.stale();
+  if (stale !== null) throw stale;
+  return result;
+}

@@ -1,0 +1,62 @@
+/**
+ * The fence source on Redis: `INCR` of one namespaced key per job, in the
+ * Redis the queue itself lives in (docs/queues.md).
+ */
+import { randomBytes } from 'node:crypto';
+import { LeaseError } from '../lease/errors.js';
+import { STORE_ID } from './keys.js';
+import type { FenceSource } from './types.js';
+
+/**
+ * The part of a Redis client this source uses, in ioredis's shape, so that
+ * the package never imports a Redis client (the caller hands in its own).
+ */
+export interface RedisLike {
+  eval(script: string, numKeys: number, ...args: (string | number)[]): Promise<unknown>;
+}
+
+export interface RedisFenceSourceOptions {
+  /** Prefix of every key this source writes; default `fencegate:queue`. */
+  namespace?: string;
+}
+
+const NAMESPACE = /^[A-Za-z0-9._:{}-]{1,64}$/;
+
+// KEYS[1] the store-id key, ARGV[1] a fresh id: the first caller's id wins and
+// every later one reads it (SET NX then GET, atomically).
+const STORE_ID_SCRIPT = `redis.call('SET', KEYS[1], ARGV[1], 'NX') return redis.call('GET', KEYS[1])`;
+
+// KEYS[1] the fence key; KEYS[2] the guard key (optional), ARGV[1] the value it
+// must hold. The check and the INCR are one script, so a worker that lost the
+// queue's lock between its hand-out and here draws no fence at all; -1 means
+// not the owner.
+const BEGIN_SCRIPT = `
+if #KEYS == 2 and redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+return redis.call('INCR', KEYS[1])`;
+
+/**
+ * The store identity is a key of its own (`<namespace>:store-id`). If the
+ * Redis is wiped, both the counters and the identity go: the next identity
+ * is a new one, so the fresh counters name new entities at the gateway
+ * instead of presenting fences below ones it has already seen.
+ */
+export async function redisFenceSource(client: RedisLike, options: RedisFenceSourceOptions = {}): Promise<FenceSource> {
+  const ns = options.namespace ?? 'fencegate:queue';
+  if (!NAMESPACE.test(ns)) throw new LeaseError('invalid_config', `namespace must match ${NAMESPACE}, got ${JSON.stringify(ns)}`);
+  const storeId = String(await client.eval(STORE_ID_SCRIPT, 1, `${ns}:store-id`, randomBytes(16).toString('hex')));
+  if (!STORE_ID.test(storeId)) throw new LeaseError('store_identity', `${ns}:store-id does not hold a 32-hex store id`);
+  const fenceKey = (queue: string, id: string) => `${ns}:fence:${storeId}:${encodeURIComponent(queue)}:${encodeURIComponent(id)}`;
+  return {
+    backend: 'redis',
+    storeId,
+    async begin(job, guard) {
+      if (guard !== undefined && guard.kind !== 'redis-key') throw new LeaseError('invalid_input', `a Redis fence source takes a 'redis-key' guard, got '${guard.kind}'`);
+      const keys = guard === undefined ? [fenceKey(job.queue, job.id)] : [fenceKey(job.queue, job.id), guard.key];
+      const args = guard === undefined ? [] : [guard.equals];
+      const n = Number(await client.eval(BEGIN_SCRIPT, keys.length, ...keys, ...args));
+      if (n === -1) return { ok: false, reason: 'not_owner' };
+      if (!Number.isSafeInteger(n) || n < 1) throw new LeaseError('invalid_input', `the fence key returned an unusable fence: ${n}`);
+      return { ok: true, fence: n };
+    },
+  };
+}

@@ -1,0 +1,37 @@
+/**
+ * The narrow contract of a fence source: one atomic increment per attempt
+ * in the queue's own durable store (docs/queues.md).
+ */
+import type { JobRef } from './keys.js';
+
+/**
+ * A condition that must hold at the instant of the increment, checked in the
+ * same statement (STYLE habit 1): "this worker still holds the job". Without
+ * it, a worker frozen between the queue's hand-out and `begin` could wake
+ * after a take-over and draw a higher fence than the new owner.
+ *
+ * - `sql` (PostgreSQL, SQLite): a boolean SQL expression; its placeholders
+ *   come after the source's own two (`$3`, `$4`, … on PostgreSQL; `?` on SQLite).
+ * - `redis-key` (Redis): the key must hold exactly `equals` (a lock token).
+ */
+export type FenceGuard =
+  | { kind: 'sql'; where: string; values: readonly unknown[] }
+  | { kind: 'redis-key'; key: string; equals: string };
+
+export type BeginResult =
+  | { ok: true; fence: number }
+  /** The guard did not hold: the job is no longer this worker's. Nothing was incremented. */
+  | { ok: false; reason: 'not_owner' };
+
+export interface FenceSource {
+  readonly backend: 'postgres' | 'sqlite' | 'redis';
+  /** 32 hex characters; part of every entity and key built from this source. */
+  readonly storeId: string;
+  /**
+   * Raises the job's fence by one and returns it, in one atomic statement
+   * (`INSERT … ON CONFLICT DO UPDATE … RETURNING`, or `INCR`). Call it once
+   * per attempt, after the queue handed the job to this worker: every later
+   * attempt, a take-over included, gets a strictly higher fence.
+   */
+  begin(job: JobRef, guard?: FenceGuard): Promise<BeginResult>;
+}

@@ -1,0 +1,136 @@
+/**
+ * One contract for every fence source, run against each real backend:
+ * SQLite always, PostgreSQL and Redis when their test URLs are set.
+ */
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
+import { afterAll, describe, expect, test } from 'vitest';
+import { createFenceSource } from '../../src/queue/fence-source.js';
+import { jobKeys } from '../../src/queue/keys.js';
+import type { FenceGuard, FenceSource } from '../../src/queue/types.js';
+import { createTestSchema, POSTGRES_URL } from '../helpers/postgres.js';
+import { tempDir } from '../helpers/temp.js';
+import { connectRedis, deleteKeys, REDIS_SKIP, uniquePrefix } from './helpers/redis.js';
+
+interface Backend {
+  name: string;
+  skip: boolean;
+  /** Opens a source on a fresh store; `reopen` opens a second source on the same store. */
+  open(): Promise<{ source: FenceSource; reopen(): Promise<FenceSource>; holds: FenceGuard; notHeld: FenceGuard }>;
+}
+
+const disposers: (() => Promise<unknown> | unknown)[] = [];
+afterAll(async () => {
+  for (const d of disposers.splice(0).reverse()) await d();
+});
+
+const backends: Backend[] = [
+  {
+    name: 'sqlite',
+    skip: false,
+    async open() {
+      const tmp = tempDir();
+      const path = join(tmp.dir, 'queue.db');
+      const db = new Database(path);
+      disposers.push(() => tmp.cleanup(), () => db.close());
+      const reopen = async () => {
+        const other = new Database(path);
+        disposers.push(() => other.close());
+        return createFenceSource({ sqlite: other });
+      };
+      return { source: await createFenceSource({ sqlite: db }), reopen, holds: { kind: 'sql', where: '? = 1', values: [1] }, notHeld: { kind: 'sql', where: '? = 1', values: [0] } };
+    },
+  },
+  {
+    name: 'postgres',
+    skip: !POSTGRES_URL,
+    async open() {
+      const db = await createTestSchema('fgq');
+      disposers.push(() => db.drop());
+      return {
+        source: await createFenceSource({ postgres: db.pool }),
+        reopen: () => createFenceSource({ postgres: db.pool }),
+        holds: { kind: 'sql', where: '$3::text = $4::text', values: ['w1', 'w1'] },
+        notHeld: { kind: 'sql', where: '$3::text = $4::text', values: ['w1', 'w2'] },
+      };
+    },
+  },
+  {
+    name: 'redis',
+    skip: REDIS_SKIP !== null,
+    async open() {
+      const client = connectRedis();
+      const namespace = uniquePrefix('fences');
+      disposers.push(async () => {
+        await deleteKeys(client, namespace);
+        await client.quit();
+      });
+      await client.set(`${namespace}:lock`, 'token-1');
+      return {
+        source: await createFenceSource({ redis: client, namespace }),
+        reopen: () => createFenceSource({ redis: client, namespace }),
+        holds: { kind: 'redis-key', key: `${namespace}:lock`, equals: 'token-1' },
+        notHeld: { kind: 'redis-key', key: `${namespace}:lock`, equals: 'token-2' },
+      };
+    },
+  },
+];
+
+const fenceOf = async (source: FenceSource, queue: string, id: string, guard?: FenceGuard) => {
+  const r = await source.begin({ queue, id }, guard);
+  return r.ok ? r.fence : r.reason;
+};
+
+describe.each(backends)('fence source: $name', (backend) => {
+  test.skipIf(backend.skip)('every begin raises the job\'s fence by one; jobs and queues count apart', async () => {
+    const { source } = await backend.open();
+    expect([await fenceOf(source, 'q', '1'), await fenceOf(source, 'q', '1'), await fenceOf(source, 'q', '1')]).toEqual([1, 2, 3]);
+    expect(await fenceOf(source, 'q', '2')).toBe(1);
+    expect(await fenceOf(source, 'other', '1')).toBe(1);
+    expect(await fenceOf(source, 'q', '1')).toBe(4);
+  });
+
+  test.skipIf(backend.skip)('concurrent begins on one job never share a fence', async () => {
+    const { source, reopen } = await backend.open();
+    const second = await reopen();
+    const fences = await Promise.all(Array.from({ length: 20 }, (_, i) => fenceOf(i % 2 ? second : source, 'q', 'hot')));
+    expect([...fences].sort((a, b) => Number(a) - Number(b))).toEqual(Array.from({ length: 20 }, (_, i) => i + 1));
+  });
+
+  test.skipIf(backend.skip)('the store identity is created once and kept', async () => {
+    const { source, reopen } = await backend.open();
+    expect(source.storeId).toMatch(/^[0-9a-f]{32}$/);
+    expect((await reopen()).storeId).toBe(source.storeId);
+    const other = await backend.open();
+    expect(other.source.storeId).not.toBe(source.storeId);
+  });
+
+  test.skipIf(backend.skip)('a guard that does not hold draws no fence; one that holds does (the control)', async () => {
+    const { source, holds, notHeld } = await backend.open();
+    expect(await fenceOf(source, 'q', 'g', holds)).toBe(1);
+    expect(await fenceOf(source, 'q', 'g', notHeld)).toBe('not_owner');
+    expect(await fenceOf(source, 'q', 'g', holds)).toBe(2);
+  });
+
+  test.skipIf(backend.skip)('a guard of another backend is refused', async () => {
+    const { source } = await backend.open();
+    const foreign: FenceGuard = source.backend === 'redis' ? { kind: 'sql', where: 'true', values: [] } : { kind: 'redis-key', key: 'k', equals: 'v' };
+    await expect(source.begin({ queue: 'q', id: '1' }, foreign)).rejects.toMatchObject({ code: 'invalid_input' });
+  });
+});
+
+describe('jobKeys', () => {
+  const store = 'a'.repeat(32);
+  test('a colon in a queue name or job id cannot make two jobs share a key', () => {
+    expect(jobKeys(store, { queue: 'a:b', id: 'c' }).keyPrefix).not.toBe(jobKeys(store, { queue: 'a', id: 'b:c' }).keyPrefix);
+    expect(jobKeys(store, { queue: 'bull:payments', id: '7' })).toEqual({
+      entity: `queue-job:${store}:bull%3Apayments:7`,
+      keyPrefix: `queue-job:${store}:bull%3Apayments:7`,
+    });
+  });
+  test('refuses what the gateway would refuse: too long, empty, a bad store id', () => {
+    expect(() => jobKeys(store, { queue: 'q', id: 'x'.repeat(100) })).toThrow(/too long/);
+    expect(() => jobKeys(store, { queue: '', id: '1' })).toThrow(/queue name/);
+    expect(() => jobKeys('2', { queue: 'q', id: '1' })).toThrow(/32 lowercase hex/);
+  });
+});
