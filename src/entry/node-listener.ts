@@ -1,4 +1,6 @@
 import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http';
+import { Readable, pipeline } from 'node:stream';
+import type { ReadableStream as NodeReadableStream } from 'node:stream/web';
 import { toReply } from '../http/errors.js';
 import { problemBaseOf, type Gateway } from '../http/gateway.js';
 import type { HeaderReader, Inbound, Reply } from '../http/inbound.js';
@@ -100,8 +102,9 @@ function percentDecoded(path: string): string {
 
 function write(req: IncomingMessage, res: ServerResponse, reply: Reply): void {
   if (res.destroyed) return;
-  // A HEAD answer has no body here (the upstream's length was hop-by-hop):
-  // claiming 0 would tell the caller the resource is empty, so say nothing.
+  // A HEAD answer has no body here: it carries the upstream's Content-Length
+  // (../http/settle.ts) or none, never a computed 0, which would tell the
+  // caller the resource is empty.
   const head = req.method === 'HEAD';
   const flat: string[] = [];
   let hasLength = false;
@@ -109,6 +112,7 @@ function write(req: IncomingMessage, res: ServerResponse, reply: Reply): void {
     flat.push(name, value);
     if (name === 'content-length') hasLength = true;
   }
+  if (reply.stream !== undefined) return writeStream(req, res, reply.status, flat, reply.stream);
   if (reply.body !== null && !hasLength && !head) flat.push('content-length', String(typeof reply.body === 'string' ? Buffer.byteLength(reply.body) : reply.body.byteLength));
   try {
     res.writeHead(reply.status, flat);
@@ -120,6 +124,24 @@ function write(req: IncomingMessage, res: ServerResponse, reply: Reply): void {
     res.destroy();
     return;
   }
+  if (!req.readableEnded) discardRest(req);
+}
+
+/**
+ * A streamed answer (an mcp route's event stream), written chunk by chunk as
+ * it comes, with the response's backpressure; the caller going away cancels
+ * the stream (what that cancels upstream is the stream's owner's choice).
+ */
+function writeStream(req: IncomingMessage, res: ServerResponse, status: number, flat: string[], body: ReadableStream<Uint8Array>): void {
+  try {
+    res.writeHead(status, flat);
+    res.flushHeaders();
+  } catch {
+    void body.cancel().catch(() => {});
+    res.destroy();
+    return;
+  }
+  pipeline(Readable.fromWeb(body as NodeReadableStream<Uint8Array>), res, () => {});
   if (!req.readableEnded) discardRest(req);
 }
 

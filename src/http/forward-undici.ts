@@ -1,5 +1,5 @@
 import { Agent, errors, type Dispatcher } from 'undici';
-import { BodyBuffer, causeCode, declaredLength, START_DEADLINE_PASSED, type Forwarder, type UpstreamRequest, type UpstreamResult } from './forward.js';
+import { BodyBuffer, causeCode, declaredLength, START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from './forward.js';
 
 /**
  * Errors of a connection that was never made. Trusted only before undici
@@ -20,6 +20,11 @@ const NOT_CONNECTED = new Set([
 const deadlinePassed = () => new errors.RequestAbortedError('the upstream deadline passed');
 const tooLargeAbort = () => new errors.RequestAbortedError('the answer exceeds maxResponseBytes');
 const startDeadlineAbort = () => new errors.RequestAbortedError('the start deadline passed');
+const streamCancelled = () => new errors.RequestAbortedError('the reader cancelled the streamed answer');
+const shuttingDown = () => new errors.RequestAbortedError('the gateway is shutting down');
+
+/** Bytes a streamed answer queues before the socket is paused (backpressure to the upstream). */
+const STREAM_HIGH_WATER_BYTES = 64 * 1024;
 
 /**
  * Event-loop turns the deadline waits, once due, before it aborts a request
@@ -36,6 +41,14 @@ const DEADLINE_GRACE_TURNS = 2;
 export interface UndiciForwarderOptions {
   /** Upper bound on connections per upstream origin. Default 256. */
   connections?: number;
+  /**
+   * Upper bound on connections per origin for pass-through requests
+   * (`passThrough`, an mcp route's undecided messages and event streams),
+   * which have a pool of their own. Default 256.
+   */
+  passThroughConnections?: number;
+  /** How long close() lets pass-through requests finish before it cuts them (an event stream never does). Default 1000 ms. */
+  passThroughCloseGraceMs?: number;
   /** undici's `connect` option for the pool (TLS options, or a connector of your own). */
   connect?: Agent.Options['connect'];
   /**
@@ -71,125 +84,199 @@ export interface UndiciForwarderOptions {
  */
 export function createUndiciForwarder(options: UndiciForwarderOptions = {}): Forwarder {
   const agent = new Agent({ connections: options.connections ?? 256, keepAliveTimeout: 4_000, connect: options.connect });
+  // Pass-through streams (an MCP server's GET stream lives as long as its
+  // session) get a pool of their own: however many are open, decided calls
+  // keep theirs, and close() can cut them without touching a decided call.
+  const passAgent = new Agent({ connections: options.passThroughConnections ?? 256, keepAliveTimeout: 4_000, connect: options.connect });
+  /** How to cut each pass-through answer still streaming (Agent.destroy alone leaves its reader waiting). */
+  const openStreams = new Set<() => void>();
   const graceTurns = options.deadlineGraceTurns ?? DEADLINE_GRACE_TURNS;
-  return {
-    forward(req: UpstreamRequest): Promise<UpstreamResult> {
-      return new Promise((resolve) => {
-        // The router never lets CONNECT through; dispatch would hand the
-        // socket over and never answer.
-        if (req.method.toUpperCase() === 'CONNECT') return resolve({ kind: 'refused', error: 'CONNECT-not-forwarded' });
-        let url: URL;
-        try {
-          url = new URL(req.url);
-        } catch (err) {
-          // As request() answered (the route's upstream is checked at start-up).
-          return resolve({ kind: 'unknown', error: errorCode(err), timedOut: false });
-        }
-        let status = 0;
-        let headers: Record<string, string | string[] | undefined> = {};
-        let body: BodyBuffer | null = null;
-        let timedOut = false;
-        let settled = false;
-        /** Set by onRequestStart: from then on the request may have been sent. */
-        let abort: ((reason: Error) => void) | null = null;
-        const finish = (result: UpstreamResult) => {
+  type StreamIf = (status: number, headers: [string, string][]) => boolean;
+  const run = (req: UpstreamRequest, streamIf: StreamIf | null): Promise<UpstreamResult | StreamedAnswer> =>
+    new Promise((resolve) => {
+      // The router never lets CONNECT through; dispatch would hand the
+      // socket over and never answer.
+      if (req.method.toUpperCase() === 'CONNECT') return resolve({ kind: 'refused', error: 'CONNECT-not-forwarded' });
+      let url: URL;
+      try {
+        url = new URL(req.url);
+      } catch (err) {
+        // As request() answered (the route's upstream is checked at start-up).
+        return resolve({ kind: 'unknown', error: errorCode(err), timedOut: false });
+      }
+      let status = 0;
+      let headers: Record<string, string | string[] | undefined> = {};
+      let body: BodyBuffer | null = null;
+      let timedOut = false;
+      let settled = false;
+      /** Set by onRequestStart: from then on the request may have been sent. */
+      let abort: ((reason: Error) => void) | null = null;
+      /** Set once a streamed answer was handed over: the body goes to it. */
+      const streamed: { c: ReadableStreamDefaultController<Uint8Array> | null; done?: () => void } = { c: null };
+      const finish = (result: UpstreamResult | StreamedAnswer) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        resolve(result);
+      };
+      const fail = (err: unknown) => {
+        const code = errorCode(err);
+        if (abort === null && NOT_CONNECTED.has(code)) return finish({ kind: 'refused', error: code });
+        // The deadline before the first byte: still connecting, or queued
+        // for a busy pool; onRequestStart aborts it if it ever comes.
+        if (abort === null && timedOut) return finish({ kind: 'refused', error: 'deadline-before-send' });
+        const timeout = timedOut || code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
+        finish({ kind: 'unknown', error: timeout ? 'timeout' : code, timedOut: timeout });
+      };
+      // The upstream answered and so acted, but its body is over the limit:
+      // stop reading (the abort destroys the connection) and drop it.
+      const tooLarge = (controller: Dispatcher.DispatchController) => {
+        body = null;
+        finish({ kind: 'too-large', status, limit: req.maxResponseBytes });
+        controller.abort(tooLargeAbort());
+      };
+      // The deadline covers the whole exchange, response body included.
+      // It is the only one (undici's own headers and body timeouts are
+      // off), so that nothing else cuts the answer short during the grace.
+      const timer = setTimeout(() => {
+        timedOut = true;
+        // Not sent yet: nothing can be waiting in a socket.
+        if (abort === null) return fail(deadlinePassed());
+        afterTurns(graceTurns, () => {
+          if (!settled) abort!(deadlinePassed());
+        });
+      }, req.timeoutMs);
+      const handler: Dispatcher.DispatchHandler = {
+        onRequestStart(controller) {
+          if (timedOut) return controller.abort(deadlinePassed());
+          // The caller's own budget (e.g. what is left of the record's
+          // lock) ran out before the first byte: nothing is written.
+          if (req.startBy !== undefined && performance.now() > req.startBy) {
+            finish({ kind: 'refused', error: START_DEADLINE_PASSED });
+            return controller.abort(startDeadlineAbort());
+          }
+          abort = (reason) => controller.abort(reason);
+        },
+        onResponseStart(controller, statusCode, responseHeaders) {
+          // 1xx informational answers come here first; never the answer.
+          if (statusCode < 200) return;
+          status = statusCode;
+          headers = responseHeaders;
+          if (streamIf !== null && streamIf(statusCode, headerList(responseHeaders))) {
+            // From here the reader owns the deadline and the size: the timer stops in finish().
+            const body = new ReadableStream<Uint8Array>(
+              {
+                start: (c) => void (streamed.c = c),
+                pull: () => controller.resume(),
+                cancel: () => {
+                  openStreams.delete(cut);
+                  controller.abort(streamCancelled());
+                },
+              },
+              { highWaterMark: STREAM_HIGH_WATER_BYTES, size: (chunk) => chunk.byteLength },
+            );
+            const cut = () => {
+              openStreams.delete(cut);
+              try {
+                streamed.c?.error(shuttingDown());
+              } catch {
+                // Already closed.
+              }
+              controller.abort(shuttingDown());
+            };
+            if (req.passThrough === true) {
+              openStreams.add(cut);
+              streamed.done = () => openStreams.delete(cut);
+            }
+            return finish({ kind: 'stream', status, headers: headerList(responseHeaders), body });
+          }
+          // The length of a HEAD, 204 or 304 answer describes bytes it does not carry.
+          const bodyless = req.method.toUpperCase() === 'HEAD' || statusCode === 204 || statusCode === 304;
+          const declared = bodyless ? null : declaredLength(responseHeaders['content-length']);
+          if (declared !== null && declared > req.maxResponseBytes) return tooLarge(controller);
+          body = new BodyBuffer(req.maxResponseBytes, declared);
+        },
+        onResponseData(controller, chunk) {
+          if (streamed.c !== null) {
+            try {
+              // A copy: the chunk may be a view of pooled memory.
+              streamed.c.enqueue(new Uint8Array(chunk));
+              if ((streamed.c.desiredSize ?? 1) <= 0) controller.pause();
+            } catch {
+              // Cancelled by the reader: the abort is on its way.
+            }
+            return;
+          }
+          if (settled || body === null) return;
+          if (!body.add(chunk)) tooLarge(controller);
+        },
+        onResponseEnd() {
+          streamed.done?.();
+          if (streamed.c !== null) return closeQuietly(streamed.c);
           if (settled) return;
-          settled = true;
-          clearTimeout(timer);
-          resolve(result);
-        };
-        const fail = (err: unknown) => {
-          const code = errorCode(err);
-          if (abort === null && NOT_CONNECTED.has(code)) return finish({ kind: 'refused', error: code });
-          // The deadline before the first byte: still connecting, or queued
-          // for a busy pool; onRequestStart aborts it if it ever comes.
-          if (abort === null && timedOut) return finish({ kind: 'refused', error: 'deadline-before-send' });
-          const timeout = timedOut || code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT';
-          finish({ kind: 'unknown', error: timeout ? 'timeout' : code, timedOut: timeout });
-        };
-        // The upstream answered and so acted, but its body is over the limit:
-        // stop reading (the abort destroys the connection) and drop it.
-        const tooLarge = (controller: Dispatcher.DispatchController) => {
-          body = null;
-          finish({ kind: 'too-large', status, limit: req.maxResponseBytes });
-          controller.abort(tooLargeAbort());
-        };
-        // The deadline covers the whole exchange, response body included.
-        // It is the only one (undici's own headers and body timeouts are
-        // off), so that nothing else cuts the answer short during the grace.
-        const timer = setTimeout(() => {
-          timedOut = true;
-          // Not sent yet: nothing can be waiting in a socket.
-          if (abort === null) return fail(deadlinePassed());
-          afterTurns(graceTurns, () => {
-            if (!settled) abort!(deadlinePassed());
-          });
-        }, req.timeoutMs);
-        const handler: Dispatcher.DispatchHandler = {
-          onRequestStart(controller) {
-            if (timedOut) return controller.abort(deadlinePassed());
-            // The caller's own budget (e.g. what is left of the record's
-            // lock) ran out before the first byte: nothing is written.
-            if (req.startBy !== undefined && performance.now() > req.startBy) {
-              finish({ kind: 'refused', error: START_DEADLINE_PASSED });
-              return controller.abort(startDeadlineAbort());
-            }
-            abort = (reason) => controller.abort(reason);
-          },
-          onResponseStart(controller, statusCode, responseHeaders) {
-            // 1xx informational answers come here first; never the answer.
-            if (statusCode < 200) return;
-            status = statusCode;
-            headers = responseHeaders;
-            // The length of a HEAD, 204 or 304 answer describes bytes it does not carry.
-            const bodyless = req.method.toUpperCase() === 'HEAD' || statusCode === 204 || statusCode === 304;
-            const declared = bodyless ? null : declaredLength(responseHeaders['content-length']);
-            if (declared !== null && declared > req.maxResponseBytes) return tooLarge(controller);
-            body = new BodyBuffer(req.maxResponseBytes, declared);
-          },
-          onResponseData(controller, chunk) {
-            if (settled || body === null) return;
-            if (!body.add(chunk)) tooLarge(controller);
-          },
-          onResponseEnd() {
-            if (settled) return;
-            const list: [string, string][] = [];
-            for (const name in headers) {
-              const value = headers[name];
-              if (value === undefined) continue;
-              if (Array.isArray(value)) for (const v of value) list.push([name, v]);
-              else list.push([name, value]);
-            }
-            finish({ kind: 'response', status, headers: list, body: body?.take() ?? new Uint8Array(0) });
-          },
-          onResponseError(_controller, err) {
-            fail(err);
-          },
-        };
-        try {
-          agent.dispatch(
-            {
-              origin: url.origin,
-              path: url.search ? `${url.pathname}${url.search}` : url.pathname,
-              method: req.method,
-              headers: req.headers,
-              body: req.body,
-              headersTimeout: 0,
-              bodyTimeout: 0,
-            },
-            handler,
-          );
-        } catch (err) {
-          // undici reports invalid options through onResponseError; should it
-          // throw instead, the answer is the one request() gave.
+          finish({ kind: 'response', status, headers: headerList(headers), body: body?.take() ?? new Uint8Array(0) });
+        },
+        onResponseError(_controller, err) {
+          streamed.done?.();
+          if (streamed.c !== null) return streamed.c.error(err);
           fail(err);
-        }
-      });
-    },
+        },
+      };
+      try {
+        (req.passThrough === true ? passAgent : agent).dispatch(
+          {
+            origin: url.origin,
+            path: url.search ? `${url.pathname}${url.search}` : url.pathname,
+            method: req.method,
+            headers: req.headers,
+            body: req.body,
+            headersTimeout: 0,
+            bodyTimeout: 0,
+          },
+          handler,
+        );
+      } catch (err) {
+        // undici reports invalid options through onResponseError; should it
+        // throw instead, the answer is the one request() gave.
+        fail(err);
+      }
+    });
+  return {
+    forward: (req) => run(req, null) as Promise<UpstreamResult>,
+    forwardStreaming: (req, streamIf) => run(req, streamIf),
     async close() {
-      await agent.close();
+      // Decided calls are drained before close() (the gateway waits for them); a
+      // pass-through stream may never end, so after the grace it is cut.
+      // The timer is not unref'd: it may be all that keeps the process alive until the streams are cut.
+      let passClosed = false;
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const grace = new Promise<void>((r) => (timer = setTimeout(r, options.passThroughCloseGraceMs ?? 1_000)));
+      await Promise.all([agent.close(), Promise.race([passAgent.close().then(() => void (passClosed = true)), grace])]);
+      clearTimeout(timer);
+      if (passClosed) return;
+      for (const cut of [...openStreams]) cut();
+      await passAgent.destroy();
     },
   };
+}
+
+function headerList(headers: Record<string, string | string[] | undefined>): [string, string][] {
+  const list: [string, string][] = [];
+  for (const name in headers) {
+    const value = headers[name];
+    if (value === undefined) continue;
+    if (Array.isArray(value)) for (const v of value) list.push([name, v]);
+    else list.push([name, value]);
+  }
+  return list;
+}
+
+function closeQuietly(c: ReadableStreamDefaultController<Uint8Array>): void {
+  try {
+    c.close();
+  } catch {
+    // Already cancelled by the reader.
+  }
 }
 
 /** Runs `fn` after `turns` turns of the event loop (each one polls the sockets), or now for 0. */

@@ -23,6 +23,13 @@ export interface UpstreamRequest {
    * left of the record's lock after a pause, DESIGN §2 G1).
    */
   startBy?: number;
+  /**
+   * A message an mcp route passes undecided (a server's `GET` event stream
+   * may stay open for the session): a forwarder may send it over a pool of
+   * its own, so that open streams never hold the connections decided calls
+   * need, and cut it at shutdown (docs/mcp.md "Limits").
+   */
+  passThrough?: boolean;
 }
 
 export type UpstreamResult =
@@ -37,8 +44,28 @@ export type UpstreamResult =
    */
   | { kind: 'too-large'; status: number; limit: number };
 
+/**
+ * An answer whose body is handed over as it comes (an MCP server's event
+ * stream): the forwarder's deadline and size limit stopped at its head, the
+ * reader bounds both. Cancelling `body` drops the upstream connection.
+ */
+export interface StreamedAnswer {
+  kind: 'stream';
+  status: number;
+  headers: [string, string][];
+  body: ReadableStream<Uint8Array>;
+}
+
 export interface Forwarder {
   forward(request: UpstreamRequest): Promise<UpstreamResult>;
+  /**
+   * As `forward`, but when `streamIf` says so of the answer's head (status
+   * and headers) the body is not buffered: the answer is a `StreamedAnswer`
+   * as soon as the head is in. Everything before the head (refused, unknown,
+   * the deadline) is as for `forward`. Optional: without it an mcp route
+   * reads event streams whole (docs/mcp.md "Limits").
+   */
+  forwardStreaming?(request: UpstreamRequest, streamIf: (status: number, headers: [string, string][]) => boolean): Promise<UpstreamResult | StreamedAnswer>;
   close?(): Promise<void>;
 }
 

@@ -32,6 +32,14 @@ export interface Inbound {
 export interface Reply {
   status: number;
   headers: [string, string][];
-  /** null for 204, 304 and 1xx. */
+  /** null for 204, 304 and 1xx, and when `stream` is set. */
   body: Uint8Array | string | null;
+  /** The body as a stream, written as it comes (an mcp route's event stream, ./mcp/stream.ts); `body` is then null. */
+  stream?: ReadableStream<Uint8Array>;
+  /**
+   * Work that goes on after the answer's head (an mcp route recording the
+   * final answer of an event stream): the request counts as in flight until
+   * it settles, so that a closing gateway waits for it before the store goes.
+   */
+  settled?: Promise<unknown>;
 }

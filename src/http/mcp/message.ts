@@ -1,0 +1,116 @@
+import { bodyDigest } from '../../core/fingerprint.js';
+import { duplicateOnPointerPath } from '../../core/json-duplicates.js';
+import type { JsonRpcId } from '../../protocol/mcp.js';
+import type { Refusal } from '../../protocol/problem.js';
+
+// What a POST to an mcp route carries (JSON-RPC 2.0 over MCP Streamable
+// HTTP), read once, before anything is decided or forwarded.
+
+/** A `tools/call` request: the one message an mcp route decides. */
+export interface ToolCall {
+  kind: 'call';
+  id: string | number;
+  name: string;
+  /** `params.arguments` (an empty object when absent). */
+  args: Record<string, unknown>;
+  /** The digest of `arguments` as written (./message.ts argumentsDigest): what the fingerprint covers. */
+  argsDigest: string;
+  params: Record<string, unknown>;
+  /** `params._meta`, or an empty object. */
+  meta: Record<string, unknown>;
+  /** The body as text, for the duplicate-name checks of pointers into it. */
+  text: string;
+}
+
+export type McpMessage =
+  | ToolCall
+  /** Anything else: forwarded as it came. `listId`: the id of a `tools/list` request, whose answer teaches the route's annotations. */
+  | { kind: 'pass'; id: JsonRpcId; listId: string | number | null }
+  | { kind: 'refused'; id: JsonRpcId; refusal: Refusal };
+
+/**
+ * Classifies a POST body. Refused (never forwarded, no state): a body that
+ * is not UTF-8 JSON; a batch holding a `tools/call` (batching left the
+ * protocol in 2025-06-18, and one HTTP answer cannot carry several
+ * decisions); a repeated member name in the message or its params (JSON.parse
+ * keeps the last copy, an upstream may act on the first: a `method` or a
+ * tool `name` read two ways would let a side-effecting call pass as another);
+ * a `tools/call` without an id, without a string name, or with arguments or
+ * `_meta` that are not objects.
+ */
+export function readMessage(body: Uint8Array): McpMessage {
+  let text: string;
+  let doc: unknown;
+  try {
+    text = new TextDecoder('utf-8', { fatal: true }).decode(body);
+    doc = JSON.parse(text);
+  } catch {
+    return bad(null, 'the body is not JSON (an mcp route carries JSON-RPC messages)');
+  }
+  if (Array.isArray(doc)) {
+    for (let i = 0; i < doc.length; i++) {
+      if (duplicateOnPointerPath(text, [String(i), 'params', 'name']) !== null) return bad(null, `batch element ${i} has a member name more than once`);
+      const m = doc[i] as { method?: unknown } | null;
+      if (m !== null && typeof m === 'object' && m.method === 'tools/call') {
+        return bad(null, 'a JSON-RPC batch may not carry tools/call: each call needs a decision and an answer of its own; send it as a single message');
+      }
+    }
+    return { kind: 'pass', id: null, listId: null };
+  }
+  if (doc === null || typeof doc !== 'object') return bad(null, 'the body is not a JSON-RPC message (an object) or batch');
+  const msg = doc as Record<string, unknown>;
+  const id = isId(msg.id) ? msg.id : null;
+  const repeated = duplicateOnPointerPath(text, ['params', 'name']);
+  if (repeated !== null) return bad(id, `the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the message`);
+  if (msg.method === 'tools/list') return { kind: 'pass', id, listId: isId(msg.id) ? msg.id : null };
+  // A response (the agent's answer to a server request) is not answered: its id is the server's.
+  if (msg.method !== 'tools/call') return { kind: 'pass', id: typeof msg.method === 'string' ? id : null, listId: null };
+
+  if (!isId(msg.id)) return bad(null, 'a tools/call must be a request with a string or integer id (a notification cannot be answered or replayed)');
+  const params = msg.params;
+  if (!isObject(params)) return bad(id, 'tools/call params must be an object');
+  const name = params.name;
+  if (typeof name !== 'string' || name.length === 0) return bad(id, 'tools/call params.name must be a non-empty string');
+  // The name scopes the key and labels logs: no control characters, bounded.
+  if (name.length > 256 || /[\u0000-\u001f\u007f]/.test(name)) return bad(id, 'tools/call params.name must be at most 256 characters without control characters');
+  if (params.arguments !== undefined && !isObject(params.arguments)) return bad(id, 'tools/call params.arguments must be an object');
+  if (params._meta !== undefined && !isObject(params._meta)) return bad(id, 'tools/call params._meta must be an object');
+  for (const inner of ['_meta', 'arguments']) {
+    const r = duplicateOnPointerPath(text, ['params', inner, '']);
+    if (r !== null) return bad(id, `the object at "${r.object}" has the member ${JSON.stringify(r.name.slice(0, 64))} more than once, so parsers disagree on the call`);
+  }
+  const argsDigest = argumentsDigest(body);
+  if (argsDigest === null) {
+    return bad(id, 'the message repeats a member name in some object (names compared case-insensitively) or nests deeper than 128 levels, so parsers disagree on the call');
+  }
+  return { kind: 'call', id: msg.id, name, args: (params.arguments as Record<string, unknown>) ?? {}, argsDigest, params, meta: (params._meta as Record<string, unknown>) ?? {}, text };
+}
+
+/**
+ * The digest of the call's `arguments` from the raw text (../../core/fingerprint.ts
+ * bodyDigest): members sorted and whitespace gone, so the same call written
+ * with another key order or spacing has one fingerprint, but number literals
+ * kept as written (JSON.parse reads 9007199254740993 and 9007199254740992,
+ * 1e400 and null, -0 and 0, 1.0 and 1 as one value; an upstream with exact
+ * decimals reads two). The JSON-RPC id, `_meta` (progress tokens, the fence)
+ * and the session do not enter it. Null when an object anywhere in the
+ * message repeats a member name (JSON.parse keeps the last copy, other
+ * parsers the first: two calls would share one canonical form).
+ */
+export function argumentsDigest(body: Uint8Array): string | null {
+  const digest = bodyDigest({ json: ['/params/arguments'] }, body, '');
+  return digest.startsWith('json:') ? digest : null;
+}
+
+export function isObject(v: unknown): v is Record<string, unknown> {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
+/** JSON-RPC 2.0 §4: a string or a number; fencegate takes integers only (a fractional id is "SHOULD NOT"). */
+function isId(v: unknown): v is string | number {
+  return typeof v === 'string' || (typeof v === 'number' && Number.isSafeInteger(v));
+}
+
+function bad(id: JsonRpcId, detail: string): McpMessage {
+  return { kind: 'refused', id, refusal: { code: 'invalid-request', detail } };
+}

@@ -1,0 +1,95 @@
+/**
+ * Server-sent events (WHATWG HTML §9.2), split into whole events as the
+ * bytes come, each with its exact text (to forward as it came) and its
+ * `data` (the JSON-RPC message an MCP server puts there). Lines end in CRLF,
+ * LF or CR; an empty line ends an event. Pure: no I/O; a whole event is
+ * bounded by `limit` UTF-8 bytes, one under construction by `limit`
+ * characters.
+ */
+export interface SseEvent {
+  /** The event as received, its terminating empty line included. */
+  raw: string;
+  /** The `data` lines joined with "\n"; null when the event has none (a comment, a `retry:`). */
+  data: string | null;
+}
+
+export class SseSplitter {
+  private readonly decoder = new TextDecoder('utf-8');
+  private buffer = '';
+  /** Where the scan for the event's end resumes (all before it is whole lines of the current event). */
+  private scanned = 0;
+  private data: string[] = [];
+  private ended = false;
+
+  constructor(private readonly limit: number) {}
+
+  /** The events completed by `chunk`; null once one event would pass the limit (nothing more should be read). */
+  push(chunk: Uint8Array): SseEvent[] | null {
+    this.buffer += this.decoder.decode(chunk, { stream: true });
+    return this.drain();
+  }
+
+  /** At the end of the stream: an unterminated last event is dropped, as an EventSource does. */
+  end(): SseEvent[] {
+    this.buffer += this.decoder.decode();
+    this.ended = true;
+    return this.drain() ?? [];
+  }
+
+  private drain(): SseEvent[] | null {
+    const out: SseEvent[] = [];
+    for (;;) {
+      const line = this.nextLine();
+      if (line === null) break;
+      if (line.text === '') {
+        const raw = this.buffer.slice(0, line.end);
+        // In UTF-8 bytes, as each event completes: a chunk may carry a whole
+        // event larger than the limit, and the stored answer's bound is bytes.
+        if (utf8Length(raw) > this.limit) return null;
+        this.buffer = this.buffer.slice(line.end);
+        this.scanned = 0;
+        out.push({ raw, data: this.data.length > 0 ? this.data.join('\n') : null });
+        this.data = [];
+        continue;
+      }
+      this.scanned = line.end;
+      const colon = line.text.indexOf(':');
+      const field = colon === -1 ? line.text : line.text.slice(0, colon);
+      if (field !== 'data') continue;
+      let value = colon === -1 ? '' : line.text.slice(colon + 1);
+      if (value.startsWith(' ')) value = value.slice(1);
+      this.data.push(value);
+    }
+    if (this.buffer.length > this.limit) return null;
+    return out;
+  }
+
+  /** The next whole line from `scanned`, or null; a CR at the very end waits (an LF may follow it). */
+  private nextLine(): { text: string; end: number } | null {
+    const b = this.buffer;
+    for (let i = this.scanned; i < b.length; i++) {
+      const c = b.charCodeAt(i);
+      if (c === 10) return { text: b.slice(this.scanned, i), end: i + 1 };
+      if (c === 13) {
+        if (i + 1 === b.length && !this.ended) return null;
+        return { text: b.slice(this.scanned, i), end: b.charCodeAt(i + 1) === 10 ? i + 2 : i + 1 };
+      }
+    }
+    return null;
+  }
+}
+
+/** The UTF-8 length of `text` (a lone surrogate counts 3, as TextEncoder writes U+FFFD). */
+function utf8Length(text: string): number {
+  let n = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c < 0xdc00 && i + 1 < text.length && (text.charCodeAt(i + 1) & 0xfc00) === 0xdc00) {
+      n += 4;
+      i++;
+    } else n += 3;
+  }
+  return n;
+}

@@ -1,0 +1,204 @@
+/**
+ * `fencedMcp`: an MCP client whose every `tools/call` carries the lease's
+ * fence, entity and a stable idempotency key in `params._meta`, as
+ * `fencedFetch` carries them in headers (DESIGN §6.4; the `_meta` names and
+ * JSON-RPC codes are the MCP route's contract, docs/mcp.md).
+ *
+ * The SDK is not imported: the client is structural (`{ callTool }`), so an
+ * `@modelcontextprotocol/sdk` `Client`, or anything shaped like it, fits.
+ */
+import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
+import { createStep, type FenceContext, type FenceOptions } from './fenced-fetch.js';
+// One table for both sides of the wire: the gateway's MCP route reads these names and sends these codes.
+import { MCP_META } from '../protocol/mcp.js';
+
+/** The route's `data.type`s that mean "a newer owner holds the fence" (sent with -32001 / -32002, src/protocol/mcp.ts). */
+const FENCE_LOST_TYPES = new Set(['stale-fence', 'fence-expired']);
+
+/** The parameters of `tools/call`, as far as `fencedMcp` needs them. */
+export interface McpToolCallParams {
+  name: string;
+  arguments?: Record<string, unknown>;
+  _meta?: Record<string, unknown>;
+  [extra: string]: unknown;
+}
+
+/** The request options of the SDK's `callTool`, as far as `fencedMcp` needs them. */
+export interface McpRequestOptionsLike {
+  signal?: AbortSignal;
+  timeout?: number;
+  [extra: string]: unknown;
+}
+
+/** Anything with the SDK `Client`'s `callTool` (the SDK is never imported here). */
+export interface McpClientLike {
+  callTool(params: McpToolCallParams, resultSchema?: any, options?: any): Promise<unknown>;
+}
+
+export interface FencedMcpCallParams extends McpToolCallParams {
+  /**
+   * The step's name; default `mcp:<tool name>`. The idempotency key is
+   * `<jobKey>:<step>`, the same rule as `fencedFetch`, so a retry of the step
+   * (in this attempt or a later one) sends the same key and the gateway
+   * replays. Two different calls of one tool in one job need two step names:
+   * without them they share a key, and the second is a replay of the first
+   * (or refused as `idempotency-key-reused` if its arguments differ).
+   * Never sent to the server.
+   */
+  step?: string;
+}
+
+export interface FencedMcp<C extends McpClientLike = McpClientLike> {
+  callTool(
+    params: FencedMcpCallParams,
+    resultSchema?: Parameters<C['callTool']>[1],
+    options?: Parameters<C['callTool']>[2],
+  ): Promise<Awaited<ReturnType<C['callTool']>>>;
+}
+
+export type FencedMcpOptions = Pick<FenceOptions, 'fenceSigner'>;
+
+/**
+ * The server (the gateway's MCP route, or the tool server behind it) refused
+ * the call with a JSON-RPC error that is not lease loss: `code` is the
+ * route's `data.type` (e.g. `idempotency-key-reused`, `entity-busy`) or
+ * `jsonrpc_error`; `data` is the error's data as sent.
+ */
+export class McpRefusalError extends Error {
+  override name = 'McpRefusalError';
+  readonly code: string;
+  readonly rpcCode: number;
+  readonly data: unknown;
+  constructor(message: string, rpcCode: number, data: unknown, options?: { cause?: unknown }) {
+    super(message, options);
+    this.rpcCode = rpcCode;
+    this.data = data;
+    const type = (data as { type?: unknown } | null | undefined)?.type;
+    this.code = typeof type === 'string' ? type : 'jsonrpc_error';
+  }
+}
+
+interface RpcErrorLike {
+  code: number;
+  message?: string;
+  data?: unknown;
+}
+
+/** A JSON-RPC error (an answer, or the SDK's own McpError): numeric code in the reserved range. */
+function asRpcError(err: unknown): RpcErrorLike | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'number' && code <= -32000 && code >= -32768 ? (err as RpcErrorLike) : undefined;
+}
+
+const dataType = (data: unknown) => {
+  const type = (data as { type?: unknown } | null | undefined)?.type;
+  return typeof type === 'string' ? type : undefined;
+};
+
+/**
+ * The SDK reuses -32001 (its RequestTimeout) for its own client-side timeout,
+ * with `data: { timeout }` or `{ maxTotalTimeout }` and no `type`: that is
+ * "no answer", never "stale fence".
+ */
+function isLocalTimeout(e: RpcErrorLike): boolean {
+  const d = e.data as Record<string, unknown> | null | undefined;
+  return e.code === -32001 && dataType(d) === undefined && d != null && (typeof d.timeout === 'number' || typeof d.maxTotalTimeout === 'number');
+}
+
+/**
+ * Lease loss is the route's `data.type`, never a code alone: MCP servers
+ * use -32002 for "resource not found", and the SDK -32001 for its own
+ * timeout, so a code alone could mark a healthy lease lost.
+ */
+function isFenceLost(e: RpcErrorLike): boolean {
+  const type = dataType(e.data);
+  return type !== undefined && FENCE_LOST_TYPES.has(type);
+}
+
+/** As in fencedFetch: errors that prove the request never left this machine. */
+const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'UND_ERR_CONNECT_TIMEOUT']);
+const netCode = (err: unknown) => {
+  const code = (err as { cause?: { code?: unknown } } | null)?.cause?.code;
+  return typeof code === 'string' ? code : undefined;
+};
+
+/**
+ * Builds a fenced MCP client for one attempt (in a handler: `ctx.mcp(client)`).
+ * Each `callTool` checks the lease (throws `OwnershipUnknownError` or
+ * `LeaseLostError` and sends nothing), adds the three `_meta` fields
+ * (overwriting any the caller set; other `_meta` such as a progress token
+ * stay; a `params.idempotencyKey` is dropped), aborts with the lease, and maps the answer:
+ *
+ * - a JSON-RPC error (the route sends -32001 / -32002) with `data.type` `stale-fence` /
+ *   `fence-expired`: the lease is lost (`markLost`, then `LeaseLostError`,
+ *   as `fencedFetch` does for a 409 stale-fence);
+ * - the SDK's own timeout, or a connection broken after sending:
+ *   `OutcomeUnknownError` (retry only under the same step);
+ * - any other JSON-RPC error: `McpRefusalError` with its `data`.
+ *
+ * @example
+ * const tickets = fencedMcp(client, fenceCtx);
+ * await tickets.callTool({ name: 'create_ticket', arguments: { title: 'Printer on fire' } });
+ * await tickets.callTool({ name: 'create_ticket', step: 'ticket-2', arguments: { title: 'Second one' } });
+ */
+export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext, options: FencedMcpOptions = {}): FencedMcp<C> {
+  // The step gives the same lease gate, key, signed fence, event and in-flight
+  // record as fencedFetch: one rule for both.
+  const step = createStep(ctx, options.fenceSigner ? { fenceSigner: options.fenceSigner } : {});
+
+  return {
+    async callTool(params, resultSchema, requestOptions): Promise<Awaited<ReturnType<C['callTool']>>> {
+      // A caller's (or a model's) params.idempotencyKey is dropped: the key is `<jobKey>:<step>`, sent in
+      // _meta, and the route refuses a call whose two keys differ (docs/mcp.md "_meta fields").
+      const { step: stepName, idempotencyKey: _dropped, ...wire } = params;
+      if (typeof wire.name !== 'string' || wire.name.length === 0) {
+        throw new LeaseError('invalid_input', 'callTool: params.name must be a non-empty string');
+      }
+      const name = stepName ?? `mcp:${wire.name}`;
+      type Result = Awaited<ReturnType<C['callTool']>>;
+      return step<Result>(name, async ({ idempotencyKey, fence, fenceKey, signal }): Promise<Result> => {
+        const callerOptions = (requestOptions ?? {}) as McpRequestOptionsLike;
+        const callerSignal = callerOptions.signal;
+        const signals = [signal, callerSignal].filter((s): s is AbortSignal => s != null);
+        const sent: McpToolCallParams = {
+          ...wire,
+          _meta: {
+            ...wire._meta,
+            [MCP_META.fence]: fence,
+            [MCP_META.entity]: fenceKey,
+            [MCP_META.idempotencyKey]: idempotencyKey,
+          },
+        };
+        try {
+          return (await client.callTool(sent, resultSchema, { ...callerOptions, signal: AbortSignal.any(signals) })) as Result;
+        } catch (err) {
+          if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new LeaseLostError('the lease ended', { cause: err });
+          if (callerSignal?.aborted) throw err;
+          const rpc = asRpcError(err);
+          if (rpc && isFenceLost(rpc)) {
+            ctx.markLost('stale_fence');
+            throw new LeaseLostError(`the gateway refused fence ${ctx.fencingToken} for ${ctx.fenceKey}: a newer owner holds it`, {
+              cause: err,
+            });
+          }
+          // -32000 is the SDK's ConnectionClosed: the request may have landed.
+          if (rpc && (isLocalTimeout(rpc) || rpc.code === -32000)) {
+            throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} got no answer; it may have taken effect, retry only with the same step`, {
+              cause: err,
+            });
+          }
+          if (rpc) {
+            throw new McpRefusalError(`step ${name}: tools/call ${wire.name} refused: ${rpc.message ?? `JSON-RPC error ${rpc.code}`}`, rpc.code, rpc.data, {
+              cause: err,
+            });
+          }
+          const net = netCode(err);
+          if (net !== undefined && !NOT_SENT.has(net)) {
+            throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} failed after it may have been sent`, { cause: err });
+          }
+          throw err;
+        }
+      });
+    },
+  };
+}

@@ -1,0 +1,276 @@
+/**
+ * dispatchToolCalls against a real SQLite job store on a temp file: the
+ * allow-list, schema refusals, limits from config only, idempotent
+ * re-dispatch, the three plan shapes, and stage chains.
+ */
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { z } from 'zod';
+import { advanceStage, dispatchToolCalls, followStages, MAX_PLAN_CALLS, toolJobKey, type StagePayload, type ToolsInput } from '../../src/lease/dispatch.js';
+import { toolKinds } from '../../src/lease/dispatch/tools.js';
+import { LeaseConfigError } from '../../src/lease/errors.js';
+import { LeaseEvents } from '../../src/lease/events.js';
+import type { Job, JobStore } from '../../src/lease/types.js';
+import { sqliteDatabase, type TestDatabase } from './helpers/stores.js';
+
+const tools = {
+  create_ticket: { schema: z.object({ title: z.string().min(1) }), leaseMs: 20_000, maxRunMs: 45_000, maxAttempts: 2 },
+  search_tickets: { schema: z.object({ q: z.string() }).strict(), leaseMs: 5_000, maxRunMs: 10_000, maxAttempts: 5, deadlineMs: 60_000 },
+  write_report: {
+    schema: z.object({ topic: z.string() }),
+    leaseMs: 30_000,
+    maxRunMs: 120_000,
+    maxAttempts: 3,
+    stages: ['outline', { name: 'draft', maxRunMs: 600_000 }, 'publish'],
+  },
+} satisfies ToolsInput;
+
+let db: TestDatabase;
+let store: JobStore;
+beforeAll(async () => {
+  db = await sqliteDatabase();
+  store = await db.open();
+});
+afterAll(async () => {
+  await db?.dispose();
+});
+
+const count = async () => Number((await db.sql<{ n: number }>('SELECT count(*) AS n FROM tool_jobs'))[0]!.n);
+
+describe('dispatchToolCalls', () => {
+  test('the three plan shapes give the same job; one answer per call, in order', async () => {
+    const shapes = [
+      { name: 'create_ticket', arguments: { title: 'Printer on fire' } },
+      { id: 'call_1', type: 'function', function: { name: 'create_ticket', arguments: '{"title":"Printer on fire"}' } },
+      { type: 'tool_use', id: 'toolu_1', name: 'create_ticket', input: { title: 'Printer on fire' } },
+    ];
+    for (const [i, call] of shapes.entries()) {
+      const [answer] = await dispatchToolCalls(store, [call], { tools, runId: `shapes-${i}` });
+      expect(answer).toMatchObject({ status: 'enqueued', kind: 'create_ticket', key: `shapes-${i}:0:create_ticket` });
+      const job = await store.get((answer as { jobId: number }).jobId);
+      expect(job).toMatchObject({ kind: 'create_ticket', idempotencyKey: `shapes-${i}:0:create_ticket`, payload: { title: 'Printer on fire' }, maxAttempts: 2 });
+    }
+  });
+
+  test('only allow-listed tools are enqueued; a refusal enqueues nothing', async () => {
+    const before = await count();
+    const answers = await dispatchToolCalls(
+      store,
+      [
+        { name: 'delete_everything', arguments: {} },
+        { name: 'constructor', arguments: {} },
+        { name: '__proto__', arguments: {} },
+        { name: 'toString' },
+        { function: { name: 'create_ticket', arguments: '{not json' } },
+        { name: 'create_ticket', arguments: 'a string' },
+        { arguments: {} },
+        'create_ticket',
+      ],
+      { tools, runId: 'allow' },
+    );
+    expect(answers.map((a) => a.status === 'refused' && a.code)).toEqual([
+      'unknown_tool',
+      'unknown_tool',
+      'unknown_tool',
+      'unknown_tool',
+      'invalid_call',
+      'invalid_call',
+      'invalid_call',
+      'invalid_call',
+    ]);
+    expect(await count()).toBe(before);
+
+    // Negative control: with the tool in the allow-list, the same call is enqueued.
+    const [ok] = await dispatchToolCalls(store, [{ name: 'delete_everything', arguments: {} }], {
+      tools: { ...tools, delete_everything: { schema: z.object({}), leaseMs: 5_000, maxRunMs: 5_000, maxAttempts: 1 } },
+      runId: 'allow',
+    });
+    expect(ok).toMatchObject({ status: 'enqueued', kind: 'delete_everything' });
+  });
+
+  test("arguments that fail the kind's schema are refused with the issue, never the values; valid ones pass", async () => {
+    const before = await count();
+    const answers = await dispatchToolCalls(
+      store,
+      [
+        { name: 'create_ticket', arguments: { title: '' } },
+        { name: 'create_ticket', arguments: { title: 42 } },
+        { name: 'search_tickets', arguments: { q: 'x', secret: 'hunter2' } }, // .strict(): unknown keys refused
+      ],
+      { tools, runId: 'schema' },
+    );
+    expect(answers).toEqual([
+      { status: 'refused', code: 'invalid_arguments', reason: expect.stringContaining('title') },
+      { status: 'refused', code: 'invalid_arguments', reason: expect.stringContaining('title') },
+      { status: 'refused', code: 'invalid_arguments', reason: expect.stringMatching(/secret|unrecognized/i) },
+    ]);
+    expect(JSON.stringify(answers)).not.toContain('hunter2');
+    expect(await count()).toBe(before);
+    // Negative control: the valid form of each is enqueued.
+    const good = await dispatchToolCalls(store, [{ name: 'create_ticket', arguments: { title: 'ok' } }, { name: 'search_tickets', arguments: { q: 'x' } }], {
+      tools,
+      runId: 'schema',
+    });
+    expect(good.map((a) => a.status)).toEqual(['enqueued', 'enqueued']);
+  });
+
+  test('lease, stage time limit and attempts come from the config; what the model writes about them is ignored', async () => {
+    const plan = [
+      {
+        name: 'create_ticket',
+        arguments: { title: 'x', leaseMs: 99_999_999, maxAttempts: 1000 },
+        leaseMs: 99_999_999,
+        ttl: 99_999_999,
+        maxAttempts: 1000,
+        retries: 1000,
+        deadlineMs: 1,
+      },
+    ];
+    // Its own job kind, so the claim below can only pick this job.
+    const limited = { ...tools, create_ticket: { ...tools.create_ticket, kind: 'ticket-limits' } } satisfies ToolsInput;
+    const [answer] = await dispatchToolCalls(store, plan, { tools: limited, runId: 'limits' });
+    const job = (await store.get((answer as { jobId: number }).jobId))!;
+    // The check: stored limits are the config's, and the stored payload is the schema's output (extras stripped).
+    const fromConfigOnly = (j: Job) => j.maxAttempts === 2 && j.deadlineAt === null && JSON.stringify(j.payload) === '{"title":"x"}';
+    expect(fromConfigOnly(job)).toBe(true);
+
+    // The lease a worker claims it with is the config's too (toolKinds feeds runWorker/claim).
+    const kinds = toolKinds(limited);
+    expect(kinds).toMatchObject({ 'ticket-limits': { leaseMs: 20_000, maxRunMs: 45_000 }, 'write_report.draft': { leaseMs: 30_000, maxRunMs: 600_000 } });
+    expect(Object.keys(toolKinds(limited, ['ticket-limits']))).toEqual(['ticket-limits']);
+    const leaseMsByKind = Object.fromEntries(Object.entries(kinds).map(([k, v]) => [k, v.leaseMs]));
+    const { lease } = await store.claim({ workerId: 'w', kinds: ['ticket-limits'], leaseMsByKind });
+    expect(lease).toMatchObject({ id: job.id, leaseMs: 20_000 });
+    expect(Math.abs(lease!.leaseUntil.getTime() - Date.now() - 20_000)).toBeLessThan(2_000);
+
+    // Negative control: a dispatcher that passed the plan's fields on would store them, and the check catches it.
+    const leaky = await store.enqueue({ kind: 'create_ticket', idempotencyKey: 'leaky', payload: plan[0]!.arguments, maxAttempts: plan[0]!.maxAttempts, deadlineMs: plan[0]!.deadlineMs });
+    expect(fromConfigOnly(leaky.job)).toBe(false);
+  });
+
+  test('dispatching the same plan twice is idempotent: the second answers duplicate with the same jobs', async () => {
+    const plan = [
+      { name: 'create_ticket', arguments: { title: 'a' } },
+      { name: 'create_ticket', arguments: { title: 'b' } },
+      { name: 'search_tickets', arguments: { q: 'a' } },
+    ];
+    const first = await dispatchToolCalls(store, plan, { tools, runId: 'twice' });
+    const before = await count();
+    const second = await dispatchToolCalls(store, plan, { tools, runId: 'twice' });
+    expect(first.map((a) => a.status)).toEqual(['enqueued', 'enqueued', 'enqueued']);
+    expect(second.map((a) => a.status)).toEqual(['duplicate', 'duplicate', 'duplicate']);
+    expect(second.map((a) => 'jobId' in a && a.jobId)).toEqual(first.map((a) => 'jobId' in a && a.jobId));
+    expect(first.map((a) => 'key' in a && a.key)).toEqual(['twice:0:create_ticket', 'twice:1:create_ticket', 'twice:2:search_tickets']);
+    expect(await count()).toBe(before);
+
+    // The same position under the same run with other arguments is a conflict, not a silent duplicate.
+    const [conflict] = await dispatchToolCalls(store, [{ name: 'create_ticket', arguments: { title: 'changed' } }], { tools, runId: 'twice' });
+    expect(conflict).toMatchObject({ status: 'refused', code: 'key_conflict' });
+
+    // Negative control: another run id is another set of jobs (the key is what makes it idempotent).
+    const other = await dispatchToolCalls(store, plan, { tools, runId: 'twice-b' });
+    expect(other.map((a) => a.status)).toEqual(['enqueued', 'enqueued', 'enqueued']);
+  });
+
+  test('an invalid allow-list fails naming the field; a bad runId or plan is a programming error', async () => {
+    await expect(dispatchToolCalls(store, [], { tools: { t: { schema: z.object({}), leaseMs: 0, maxRunMs: 1, maxAttempts: 1 } }, runId: 'r' })).rejects.toThrow(
+      /tools\.t\.leaseMs/,
+    );
+    await expect(dispatchToolCalls(store, [], { tools: { t: { schema: {} as never, leaseMs: 1, maxRunMs: 1, maxAttempts: 1 } }, runId: 'r' })).rejects.toBeInstanceOf(
+      LeaseConfigError,
+    );
+    await expect(dispatchToolCalls(store, [], { tools, runId: 'has space' })).rejects.toThrow(/runId/);
+    await expect(dispatchToolCalls(store, {} as never, { tools, runId: 'r' })).rejects.toThrow(/array/);
+  });
+});
+
+describe('plan bounds and keys', () => {
+  test('a plan past MAX_PLAN_CALLS enqueues the first 256 and refuses the rest, naming the limit', async () => {
+    const before = await count();
+    const plan = Array.from({ length: 300 }, (_, i) => ({ name: 'create_ticket', arguments: { title: `t${i}` } }));
+    const answers = await dispatchToolCalls(store, plan, { tools, runId: 'long-plan' });
+    expect(answers).toHaveLength(300);
+    expect(answers.slice(0, MAX_PLAN_CALLS).every((a) => a.status === 'enqueued')).toBe(true);
+    expect(answers.slice(MAX_PLAN_CALLS).every((a) => a.status === 'refused' && a.code === 'too_many_calls' && /at most 256/.test(a.reason))).toBe(true);
+    expect((await count()) - before).toBe(MAX_PLAN_CALLS);
+  });
+
+  test('the job key is unambiguous: a ":" in the runId is percent-encoded, so no two (runId, index, tool, stage) share a key', () => {
+    // The parts that collide when joined with ":" as they are (`x:3:4:u` both times).
+    const a = toolJobKey('x:3', 4, 'u');
+    const b = toolJobKey('x', 3, '4', 'u');
+    expect(a).toBe('x%3A3:4:u');
+    expect(a).not.toBe(b);
+    expect(toolJobKey('a%3Ab', 0, 't')).not.toBe(toolJobKey('a:b', 0, 't'));
+    // Negative control: the plain join the key used to be.
+    const plain = (r: string, i: number, t: string, st = '') => (st === '' ? `${r}:${i}:${t}` : `${r}:${i}:${t}:${st}`);
+    expect(plain('x:3', 4, 'u')).toBe(plain('x', 3, '4', 'u'));
+  });
+});
+
+describe('stages', () => {
+  /** Claims and completes the one queued job of `kind` with `result`. */
+  async function finish(kind: string, result: unknown): Promise<Job> {
+    const { lease } = await store.claim({ workerId: 'stage-worker', kinds: [kind] });
+    expect(lease).not.toBeNull();
+    expect((await store.complete(lease!, result)).ok).toBe(true);
+    return (await store.get(lease!.id))!;
+  }
+
+  test('each stage is its own job with its own key, limits and result; the next is enqueued only after the previous commits', async () => {
+    const [answer] = await dispatchToolCalls(store, [{ name: 'write_report', arguments: { topic: 'fences' } }], { tools, runId: 'report' });
+    expect(answer).toMatchObject({ status: 'enqueued', kind: 'write_report.outline', key: 'report:0:write_report:outline' });
+    const outlineId = (answer as { jobId: number }).jobId;
+
+    // Not committed yet: nothing to advance.
+    expect(await advanceStage(store, tools, outlineId)).toEqual({ status: 'not_ready', state: 'queued' });
+    const { lease } = await store.claim({ workerId: 'lost-owner', kinds: ['write_report.outline'] });
+    await db.expireLease(lease!.id);
+    expect((await store.complete(lease!, { outline: 'from a lost owner' })).ok).toBe(false);
+    expect(await advanceStage(store, tools, outlineId)).toMatchObject({ status: 'not_ready' });
+
+    await finish('write_report.outline', { outline: ['a', 'b'] });
+    const next = await advanceStage(store, tools, outlineId);
+    expect(next).toMatchObject({ status: 'enqueued', stage: 'draft', kind: 'write_report.draft', key: 'report:0:write_report:draft' });
+    expect(await advanceStage(store, tools, outlineId)).toMatchObject({ status: 'duplicate', stage: 'draft' }); // idempotent
+    const draft = (await store.get((next as { jobId: number }).jobId))!;
+    expect(draft.maxAttempts).toBe(3);
+    expect(draft.payload).toEqual({
+      arguments: { topic: 'fences' },
+      chain: { runId: 'report', index: 0, tool: 'write_report', stage: 'draft', stageIndex: 1, stages: ['outline', 'draft', 'publish'] },
+      previous: { stage: 'outline', jobId: outlineId, result: { outline: ['a', 'b'] } },
+    } satisfies StagePayload);
+
+    const draftDone = await finish('write_report.draft', { text: 'draft' });
+    const publish = await advanceStage(store, tools, draftDone.id);
+    expect(publish).toMatchObject({ status: 'enqueued', stage: 'publish' });
+    const published = await finish('write_report.publish', { url: '/r/1' });
+    expect(await advanceStage(store, tools, published.id)).toEqual({ status: 'none', reason: 'last_stage' });
+    const plain = await dispatchToolCalls(store, [{ name: 'create_ticket', arguments: { title: 'p' } }], { tools, runId: 'report-plain' });
+    expect(await advanceStage(store, tools, (plain[0] as { jobId: number }).jobId)).toEqual({ status: 'none', reason: 'not_a_stage' });
+  });
+
+  test('re-dispatching the plan repairs a chain stalled between a commit and the next enqueue; followStages advances on result_committed', async () => {
+    const plan = [{ name: 'write_report', arguments: { topic: 'crash' } }];
+    await dispatchToolCalls(store, plan, { tools, runId: 'stalled' });
+    await finish('write_report.outline', { outline: 'x' }); // the worker "crashed" before advancing
+    const before = await count();
+    const [again] = await dispatchToolCalls(store, plan, { tools, runId: 'stalled' });
+    expect(again).toMatchObject({ status: 'duplicate', kind: 'write_report.outline' });
+    expect(await count()).toBe(before + 1);
+    const draftKey = toolJobKey('stalled', 0, 'write_report', 'draft');
+    expect(await db.sql('SELECT kind FROM tool_jobs WHERE idempotency_key = ?', [draftKey])).toEqual([{ kind: 'write_report.draft' }]);
+
+    const events = new LeaseEvents();
+    const errors: unknown[] = [];
+    const off = followStages(events, store, tools, (e) => errors.push(e));
+    const draft = await finish('write_report.draft', { text: 'y' });
+    events.emit({ type: 'result_committed', at: new Date(), workerId: 'w', jobId: draft.id, kind: draft.kind, fencingToken: draft.fencingToken, resultSha256: '' });
+    off();
+    const publishKey = toolJobKey('stalled', 0, 'write_report', 'publish');
+    for (let i = 0; i < 50 && (await db.sql('SELECT id FROM tool_jobs WHERE idempotency_key = ?', [publishKey])).length === 0; i++) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    expect(await db.sql('SELECT kind FROM tool_jobs WHERE idempotency_key = ?', [publishKey])).toEqual([{ kind: 'write_report.publish' }]);
+    expect(errors).toEqual([]);
+  });
+});

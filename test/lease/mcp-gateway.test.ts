@@ -1,0 +1,123 @@
+/**
+ * `ctx.mcp` end to end through the real gateway's `mcp` route (started as
+ * `fencegate serve` starts it, on loopback) in front of the real MCP server
+ * of helpers/mcp-server.ts, whose own test-only fencing check is OFF: here
+ * the gateway alone reads `_meta` and refuses the stale owner.
+ */
+import type { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { LeaseLostError } from '../../src/lease/errors.js';
+import type { McpClientLike } from '../../src/lease/mcp.js';
+import { runWorker } from '../../src/lease/runner/run-worker.js';
+import type { RunWorkerOptions } from '../../src/lease/runner/options.js';
+import type { JobContext, LeaseWorker } from '../../src/lease/runner/types.js';
+import type { JobStore } from '../../src/lease/types.js';
+import { rejectionRows, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { connectClient, startTicketServer, type TicketServer } from './helpers/mcp-server.js';
+import { TS_EXEC_ARGV } from './helpers/node.js';
+import { sqliteDatabase, type TestDatabase } from './helpers/stores.js';
+
+function gate() {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => (open = resolve));
+  return { open, opened };
+}
+
+describe('fencedMcp through the gateway mcp route', () => {
+  let db: TestDatabase;
+  let store: JobStore;
+  let server: TicketServer;
+  let gateway: TestGateway;
+  let client: Client;
+  /** Negative control: the same route with the checks switched off for create_ticket. */
+  let unchecked: TestGateway;
+  let uncheckedClient: Client;
+  const workers: LeaseWorker[] = [];
+
+  beforeAll(async () => {
+    db = await sqliteDatabase();
+    store = await db.open();
+    server = await startTicketServer();
+    server.fencing = false;
+    const route = (tools: Record<string, unknown>) => ({ name: 'tickets', protocol: 'mcp', match: { path: '/mcp' }, upstream: new URL(server.url).origin, tools });
+    gateway = await startTestGateway({ routes: [route({ search_tickets: { readOnly: true } })] });
+    client = await connectClient(`${gateway.url}/mcp`);
+    unchecked = await startTestGateway({ routes: [route({ search_tickets: { readOnly: true }, create_ticket: { fence: 'off', idempotency: 'off' } })] });
+    uncheckedClient = await connectClient(`${unchecked.url}/mcp`);
+  });
+  afterEach(async () => {
+    await Promise.all(workers.splice(0).map((w) => w.stop({ release: true })));
+  });
+  afterAll(async () => {
+    await client?.close();
+    await uncheckedClient?.close();
+    await gateway?.close();
+    await unchecked?.close();
+    await server?.close();
+    await db?.dispose();
+  });
+
+  async function start(options: Pick<RunWorkerOptions, 'handlers' | 'workerId'>) {
+    const worker = await runWorker({ store, leaseMs: 600, heartbeatMs: 100, maxMissedHeartbeats: 3, jitterMs: 50, pollIntervalMs: 25, threadExecArgv: TS_EXEC_ARGV, ...options });
+    workers.push(worker);
+    return worker;
+  }
+
+  /** W1's call leaves, hangs on the wire until W2 has committed, then lands late. */
+  async function scenario(kind: string, via: Client) {
+    const { job } = await store.enqueue({ kind, idempotencyKey: `${kind}-1`, payload: { title: `ticket for ${kind}` } });
+    const onTheWire = gate();
+    const land = gate();
+    let w1Error: unknown;
+    const slow: McpClientLike = {
+      async callTool(params, schema, options) {
+        onTheWire.open();
+        await land.opened;
+        return via.callTool(params, schema, { ...options, signal: undefined });
+      },
+    };
+    const create = (c: McpClientLike) => async (ctx: JobContext) =>
+      ctx.mcp(c).callTool({ name: 'create_ticket', arguments: ctx.job.payload as { title: string } });
+    const w1 = await start({
+      workerId: 'W1',
+      handlers: {
+        [kind]: async (ctx) => {
+          try {
+            return await create(slow)(ctx);
+          } catch (err) {
+            w1Error = err;
+            throw err;
+          }
+        },
+      },
+    });
+    await onTheWire.opened;
+    await db.expireLease(job.id);
+    const w2 = await start({ workerId: 'W2', handlers: { [kind]: create(via) } });
+    await w2.events.waitFor('result_committed', (e) => e.jobId === job.id);
+    const rejected = w1.events.waitFor('result_rejected', (e) => e.jobId === job.id && e.fencingToken === 1);
+    land.open();
+    await rejected;
+    return { job, w1Error, tickets: server.tickets.filter((t) => t.key === `${job.jobKey}:mcp:create_ticket`) };
+  }
+
+  test("the gateway refuses W1's late tools/call (stale-fence, in the audit log); one ticket, W2's result stored", async () => {
+    const { job, w1Error, tickets } = await scenario('ticket', client);
+    expect(w1Error).toBeInstanceOf(LeaseLostError);
+    expect(tickets).toEqual([expect.objectContaining({ fence: '2' })]);
+    expect(rejectionRows(gateway.sqlite, 'stale-fence')).toEqual([
+      expect.objectContaining({ entity: job.jobKey, presented_fence: 1, current_fence: 2, idempotency_key: `${job.jobKey}:mcp:create_ticket` }),
+    ]);
+    expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', fencingToken: 2 });
+
+    // A read-only tool passes undecided, with no fence at all.
+    const found = await client.callTool({ name: 'search_tickets', arguments: { q: 'ticket for ticket' } });
+    expect(found.content).toEqual([{ type: 'text', text: JSON.stringify([tickets[0]!.id]) }]);
+  });
+
+  test('negative control: with fence and idempotency off for create_ticket, the late call reaches the tool: two tickets', async () => {
+    const { tickets } = await scenario('ticket-unchecked', uncheckedClient);
+    expect(tickets.map((t) => t.fence).sort()).toEqual(['1', '2']);
+    expect(rejectionRows(unchecked.sqlite, 'stale-fence')).toEqual([]);
+  });
+});
