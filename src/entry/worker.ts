@@ -5,6 +5,11 @@
  * names, `fetch` for the upstream, secrets from Worker secrets (`env`), and
  * the sweeper on the cron trigger.
  *
+ * Two things a Worker is not told, so the gateway cannot act on them here
+ * (docs/deploy-workers.md): whether a failed upstream `fetch` sent anything
+ * (every thrown error is outcome_unknown), and the caller's `Connection`
+ * header (workerd drops it before `fetch` runs; the fields it named arrive).
+ *
  * Nothing here may import Node-only modules (better-sqlite3, pg, undici,
  * node:fs): wrangler bundles this file and everything it reaches.
  */

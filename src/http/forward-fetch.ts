@@ -1,4 +1,4 @@
-import { BodyBuffer, causeCode, declaredLength, START_DEADLINE_PASSED, type Forwarder, type UpstreamRequest, type UpstreamResult } from './forward.js';
+import { BodyBuffer, causeCode, declaredLength, START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from './forward.js';
 
 /**
  * Node-style error codes (Node's fetch puts them in `cause.code`) that only a
@@ -36,6 +36,13 @@ export interface FetchForwarderOptions {
   decodedEncodings?: readonly string[];
   /** The `fetch` to use. Default `globalThis.fetch`. */
   fetch?: (request: Request) => Promise<Response>;
+  /**
+   * Test only (a negative control): classifies what `fetch` threw instead of
+   * `classifyFetchError`, e.g. to show that a test catches a classification
+   * that would call a reset after sending "refused".
+   * @internal
+   */
+  classifyError?: (err: unknown, timedOut: boolean) => UpstreamResult;
 }
 
 /**
@@ -46,18 +53,27 @@ export interface FetchForwarderOptions {
  * - It CAN tell a response (any status, stored as the upstream's answer) and
  *   a timeout (our `AbortSignal`: `unknown`, `timedOut`).
  * - On Workers it CANNOT tell "connection refused" from "reset after the
- *   request was sent": workerd throws the same `Error: Network connection
- *   lost.` for both (and `internal error` for a failed DNS lookup), with no
- *   code, and it reads the request body before it connects, so even a
- *   streamed body does not reveal whether anything left. Every thrown error
- *   is therefore `unknown` (a 504, the record `outcome_unknown`): never a
- *   blind re-send, at the price of an operator or an `onUnknown: "retry"`
- *   route when the upstream was merely down.
+ *   request was sent". Probed under workerd (test/workers/upstream-errors.workerd.ts,
+ *   docs/deploy-workers.md has the table): a refused connect, a reset on
+ *   accept, and an RST or FIN after the whole request arrived all throw the
+ *   same `Error` with message `Network connection lost.` and own properties
+ *   `remote: true, retryable: true`, no `code`, no `cause`; workerd reads the
+ *   request body in every one of them (a stream is pulled even when the
+ *   connect is refused). A failed DNS lookup, an untrusted TLS certificate
+ *   and an answer that is not HTTP (the upstream had the request) all throw
+ *   `internal error; reference = <id>` with `remote: true`. `retryable` is
+ *   workerd's "the connection broke", not "nothing was delivered". The one
+ *   difference is in workerd's own log (`connect(): Connection refused`),
+ *   which the Worker cannot read. So every thrown error is `unknown` (a 504,
+ *   the record `outcome_unknown`): never a blind re-send, at the price of an
+ *   operator or an `onUnknown: "retry"` route when the upstream was merely
+ *   down.
  * - Two cases are known to be "nothing sent", hence `refused` (502, record
  *   released, retry safe): a Node-style error code of a failed connect
- *   (Node's own `fetch`), and Cloudflare's edge statuses 521/522/523/525/526
- *   with `server: cloudflare` (an upstream proxied by Cloudflare whose
- *   origin never got the request). Its 520 and 524 are `unknown`.
+ *   (Node's own `fetch`: ECONNREFUSED, a DNS failure, a connect timeout), and
+ *   Cloudflare's edge statuses 521/522/523/525/526 with `server: cloudflare`
+ *   (an upstream proxied by Cloudflare whose origin never got the request).
+ *   Its 520 and 524 are `unknown`.
  *
  * The body is read chunk by chunk and counted (decoded bytes, the ones
  * stored): past `maxResponseBytes` the stream is cancelled and the answer is
@@ -72,10 +88,15 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
   const decoded = new Set((options.decodedEncodings ?? (IS_WORKERS ? ['gzip', 'br'] : ['gzip', 'x-gzip', 'deflate', 'br'])).map((e) => e.toLowerCase()));
   const acceptEncoding = [...decoded].join(', ');
   const doFetch = options.fetch ?? ((input: Request) => globalThis.fetch(input));
+  const classify = options.classifyError ?? classifyFetchError;
 
-  return {
-    async forward(req: UpstreamRequest): Promise<UpstreamResult> {
-      const signal = AbortSignal.timeout(req.timeoutMs);
+  type StreamIf = (status: number, headers: [string, string][]) => boolean;
+  const run = async (req: UpstreamRequest, streamIf: StreamIf | null): Promise<UpstreamResult | StreamedAnswer> => {
+    // A timer of our own rather than AbortSignal.timeout: a streamed answer's body outlives the deadline.
+    const deadline = new AbortController();
+    const timer = setTimeout(() => deadline.abort(new DOMException('the upstream deadline passed', 'TimeoutError')), req.timeoutMs);
+    const signal = deadline.signal;
+    try {
       let request: Request;
       try {
         const headers = new Headers();
@@ -115,17 +136,33 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
           }
         }
         const headers = withoutDecodedEncoding(out, decoded);
+        if (streamIf !== null && streamIf(res.status, headers)) return { kind: 'stream', status: res.status, headers, body: res.body ?? new ReadableStream({ start: (c) => c.close() }) };
         const body = await readLimited(res, req.maxResponseBytes, headers);
         if (body === null) return { kind: 'too-large', status: res.status, limit: req.maxResponseBytes };
         return { kind: 'response', status: res.status, headers, body };
       } catch (err) {
-        const code = errorCode(err);
-        if (NOT_CONNECTED.has(code)) return { kind: 'refused', error: code };
-        const timedOut = signal.aborted;
-        return { kind: 'unknown', error: timedOut ? 'timeout' : code, timedOut };
+        // Thrown by fetch itself, or while reading the answer's body.
+        return classify(err, signal.aborted);
       }
-    },
+    } finally {
+      clearTimeout(timer);
+    }
   };
+  return {
+    forward: (req) => run(req, null) as Promise<UpstreamResult>,
+    forwardStreaming: (req, streamIf) => run(req, streamIf),
+  };
+}
+
+/**
+ * What an error thrown by `fetch` (or by reading its answer) means for the
+ * record: `refused` only for a Node-style code that only a failed connect
+ * raises; everything else, workerd's errors included (see above), `unknown`.
+ */
+export function classifyFetchError(err: unknown, timedOut: boolean): UpstreamResult {
+  const code = errorCode(err);
+  if (NOT_CONNECTED.has(code)) return { kind: 'refused', error: code };
+  return { kind: 'unknown', error: timedOut ? 'timeout' : code, timedOut };
 }
 
 /**

@@ -15,6 +15,7 @@ import { createServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { deflateSync, gzipSync } from 'node:zlib';
 import type { TestProject } from 'vitest/node';
+import { startFaultUpstreams, type FaultUrls } from './fault-upstream.js';
 
 interface Call {
   seq: number;
@@ -115,8 +116,11 @@ export async function setup(project: TestProject): Promise<() => Promise<void>> 
 
   project.provide('upstreamUrl', `http://127.0.0.1:${port}`);
   project.provide('refusedUrl', `http://127.0.0.1:${refusedPort}`);
+  const faults = await startFaultUpstreams();
+  project.provide('faultUrls', faults.urls);
 
   return async () => {
+    await faults.close();
     for (const s of sockets) s.destroy();
     await new Promise<void>((resolve) => server!.close(() => resolve()));
   };
@@ -126,5 +130,7 @@ declare module 'vitest' {
   export interface ProvidedContext {
     upstreamUrl: string;
     refusedUrl: string;
+    /** Upstreams that fail on purpose (fault-upstream.ts). */
+    faultUrls: FaultUrls;
   }
 }

@@ -6,10 +6,11 @@
  * Runs under the main (Node) vitest config; needs no network.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync, rmSync } from 'node:fs';
+import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROOT } from '../helpers/child.js';
+import { rawRequest } from '../helpers/raw-http.js';
 import { freePort, startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { contractRoutes, describeHttpContract } from '../replicas/contract.js';
 import { tempDir } from '../helpers/temp.js';
@@ -34,9 +35,9 @@ interface Proc {
   exited: Promise<number | null>;
 }
 
-/** Spawns wrangler in its own process group, so that stopping it also stops its workerd. */
-function runWrangler(args: string[], dir: string): Proc {
-  const child = spawn(process.execPath, [WRANGLER, ...args], { cwd: ROOT, env: wranglerEnv(dir), stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+/** Spawns wrangler (in `cwd`, default the repository) in its own process group, so that stopping it also stops its workerd. */
+function runWrangler(args: string[], dir: string, cwd = ROOT): Proc {
+  const child = spawn(process.execPath, [WRANGLER, ...args], { cwd, env: wranglerEnv(dir), stdio: ['ignore', 'pipe', 'pipe'], detached: true });
   let out = '';
   child.stdout!.setEncoding('utf8').on('data', (c: string) => (out += c));
   child.stderr!.setEncoding('utf8').on('data', (c: string) => (out += c));
@@ -111,6 +112,7 @@ describe('wrangler dev --local serves the HTTP contract', () => {
       store: { d1: 'DB' },
       routes: contractRoutes(upstream.url, `http://127.0.0.1:${await freePort()}`, {
         upstreamHeaders: { authorization: { env: 'UPSTREAM_TOKEN', prefix: 'Bearer ' } },
+        stripHeaders: ['x-strip-me'],
       }),
     };
     dev = runWrangler(
@@ -133,8 +135,9 @@ describe('wrangler dev --local serves the HTTP contract', () => {
   }, 30_000);
 
   // The contract every deployment shape answers. workerd cannot tell a
-  // refused connection from a reset after sending (src/http/forward-fetch.ts):
-  // a refused upstream is outcome_unknown here, never a blind retry.
+  // refused connection from a reset after sending (src/http/forward-fetch.ts,
+  // the probe in upstream-errors.workerd.ts): a refused upstream is
+  // outcome_unknown here, never a blind retry (docs/deploy-workers.md).
   describeHttpContract(() => ({ gatewayUrl: url, upstream, refusedUpstream: 'outcome-unknown' }));
 
   it('forwards a payment once; the retry is replayed with Idempotent-Replayed: true', async () => {
@@ -215,6 +218,74 @@ describe('wrangler dev --local serves the HTTP contract', () => {
       upstream.behave(null);
     }
   });
+  it('documented limit: workerd drops Connection before the Worker sees it, so a field it names reaches the upstream; stripHeaders removes one', async () => {
+    const entity = uniq('tool-job');
+    const key = uniq('pay');
+    const res = await rawRequest(url, {
+      path: '/payments/charges',
+      headers: [
+        ['Connection', 'keep-alive, x-secret-hop'],
+        ['X-Secret-Hop', '1'],
+        ['Keep-Alive', 'timeout=5'],
+        ['X-Strip-Me', 'secret'],
+        ['Content-Type', 'application/json'],
+        ['X-Execution-Fence', '1'],
+        ['X-Fence-Entity', entity],
+        ['Idempotency-Key', key],
+      ],
+      body: '{"amount":1200}',
+    });
+    expect(res.status, res.text).toBe(201);
+    const [call] = upstream.callsFor(key);
+    // The limit (docs/deploy-workers.md): Node strips it (RFC 9110 §7.6.1); here it arrives.
+    expect(call!.headers['x-secret-hop']).toBe('1');
+    expect(call!.headers['keep-alive']).toBeUndefined();
+    expect(call!.headers['x-strip-me']).toBeUndefined();
+  });
+});
+
+describe('what a Worker sees of hop-by-hop fields under wrangler dev --local (probe)', () => {
+  let dir: string;
+  let dev: Proc | null = null;
+  let url: string;
+
+  beforeAll(async () => {
+    dir = tempDir('fencegate-echo-').dir;
+    // A Worker that answers with the request headers it was given.
+    writeFileSync(join(dir, 'echo.js'), 'export default { fetch(r) { const h = {}; r.headers.forEach((v, k) => (h[k] = v)); return Response.json(h); } };\n');
+    writeFileSync(join(dir, 'wrangler.toml'), 'name = "echo"\nmain = "echo.js"\ncompatibility_date = "2026-04-01"\n');
+    const [port, inspectorPort] = [await freePort(), await freePort()];
+    url = `http://127.0.0.1:${port}`;
+    dev = runWrangler(['dev', '--local', '--ip', '127.0.0.1', '--port', String(port), '--inspector-port', String(inspectorPort), '--show-interactive-dev-session=false', '--log-level', 'warn'], dir, dir);
+    await waitUntilServing(url, dev);
+  }, 120_000);
+
+  afterAll(async () => {
+    await stop(dev);
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  }, 30_000);
+
+  it('Connection, Keep-Alive and TE never reach the Worker; the field Connection named does', async () => {
+    const res = await rawRequest(url, {
+      path: '/x',
+      headers: [
+        ['Connection', 'keep-alive, x-secret-hop'],
+        ['X-Secret-Hop', '1'],
+        ['Keep-Alive', 'timeout=5'],
+        ['TE', 'trailers'],
+        ['Proxy-Connection', 'keep-alive'],
+      ],
+    });
+    expect(res.status).toBe(200);
+    const seen = JSON.parse(res.text) as Record<string, string>;
+    console.log(`PROBE connection wrangler-dev ${JSON.stringify(seen)}`);
+    expect(seen.connection).toBeUndefined();
+    expect(seen['keep-alive']).toBeUndefined();
+    expect(seen.te).toBeUndefined();
+    expect(seen['x-secret-hop']).toBe('1');
+    // Not removed by workerd; the gateway's own list drops it (src/http/forward.ts HOP_BY_HOP).
+    expect(seen['proxy-connection']).toBe('keep-alive');
+  });
 });
 
 describe('the Workers bundle', () => {
@@ -231,7 +302,8 @@ describe('the Workers bundle', () => {
       const { sources } = JSON.parse(readFileSync(join(out, 'worker.js.map'), 'utf8')) as { sources: string[] };
       expect(sources.filter((s) => /node_modules\/(better-sqlite3|pg|pg-[a-z-]+|undici)\//.test(s))).toEqual([]);
       expect(sources.some((s) => s.endsWith('src/store/d1/gateway-store.ts'))).toBe(true);
-      expect(sources.filter((s) => /src\/(store\/(sqlite|postgres)|http\/forward-undici|store\/migrations)/.test(s))).toEqual([]);
+      // The Node stores' folders (sqlite/, postgres/); the SQL text D1 shares with SQLite (sqlite-dialect/) may come along.
+      expect(sources.filter((s) => /src\/(store\/(sqlite|postgres)\/|http\/forward-undici|store\/migrations)/.test(s))).toEqual([]);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
