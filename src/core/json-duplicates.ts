@@ -12,7 +12,9 @@
  * A scanner, not a parser: `text` must be JSON that JSON.parse accepted (the
  * caller parses first), so it only skips values and reads names. It walks
  * the text once, without recursion (a deeply nested body cannot exhaust the
- * stack) and without building the document.
+ * stack) and without building the document. It also hands back the text of
+ * the value a pointer names (`scanPointer`), so that a number can be read
+ * from its lexeme rather than from the double JSON.parse made of it.
  */
 
 /** Where the repeat is: the pointer of the object (`""` for the root) and the repeated name. */
@@ -22,13 +24,38 @@ export interface DuplicateMember {
 }
 
 /**
+ * A member name as Go's encoding/json and .NET's System.Text.Json (with
+ * case-insensitive binding) compare it: without regard to case, under
+ * Unicode simple folding, so `ſ` (U+017F) is `s` and `K` (U+212A, Kelvin) is
+ * `k` to them. Lower- then upper-casing puts every such orbit on one string;
+ * it also joins a few names those parsers keep apart (`ß` and `ss`), which
+ * only refuses more bodies, never fewer.
+ */
+export function foldName(name: string): string {
+  return name.toLowerCase().toUpperCase();
+}
+
+/**
  * The first repeated member name in an object on the path of `tokens` (the
  * unescaped reference tokens of the pointer), or null.
  *
  * @example
  * duplicateOnPointerPath('{"order":{"id":"a","id":"b"}}', ['order', 'id']) // { object: '/order', name: 'id' }
  */
-export function duplicateOnPointerPath(text: string, tokens: string[]): DuplicateMember | null {
+export function duplicateOnPointerPath(text: string, tokens: string[], fold: (name: string) => string = foldName): DuplicateMember | null {
+  const found = scanPointer(text, tokens, fold);
+  return 'duplicate' in found ? found.duplicate : null;
+}
+
+/**
+ * What `tokens` name in `text`: a repeated member on the way, the value's
+ * text as written (`start`..`end`, a number's lexeme intact), or nothing.
+ * `fold` is how names are compared (foldName; the negative controls of
+ * test/gateway/interop-fold.test.ts pass a weaker one).
+ */
+export type PointerScan = { duplicate: DuplicateMember } | { start: number; end: number } | { absent: true };
+
+export function scanPointer(text: string, tokens: string[], fold: (name: string) => string = foldName): PointerScan {
   let i = 0;
   const end = text.length;
   const skipWhitespace = () => {
@@ -59,6 +86,7 @@ export function duplicateOnPointerPath(text: string, tokens: string[]): Duplicat
     // A number, true, false or null.
     while (i < end && !',]} \t\n\r'.includes(text[i]!)) i++;
   };
+  const absent = { absent: true } as const;
 
   for (let depth = 0; depth < tokens.length; depth++) {
     const token = tokens[depth]!;
@@ -66,7 +94,7 @@ export function duplicateOnPointerPath(text: string, tokens: string[]): Duplicat
     if (text[i] === '{') {
       i++;
       skipWhitespace();
-      if (text[i] === '}') return null;
+      if (text[i] === '}') return absent;
       const names = new Set<string>();
       let next = -1;
       for (;;) {
@@ -74,11 +102,11 @@ export function duplicateOnPointerPath(text: string, tokens: string[]): Duplicat
         const start = i;
         skipString();
         const name = JSON.parse(text.slice(start, i)) as string;
-        // Compared case-folded: Go's encoding/json and ASP.NET Core match
-        // member names without regard to case (the last one wins), so
-        // `"customer"` and `"Customer"` are one member to them.
-        const folded = name.toLowerCase();
-        if (names.has(folded)) return { object: pointerOf(tokens.slice(0, depth)), name };
+        // Compared folded (foldName): to Go's encoding/json and ASP.NET Core
+        // `"customer"`, `"Customer"` and `"cuſtomer"` are one member, and the
+        // last one wins.
+        const folded = fold(name);
+        if (names.has(folded)) return { duplicate: { object: pointerOf(tokens.slice(0, depth)), name } };
         names.add(folded);
         skipWhitespace();
         i++; // ':'
@@ -89,27 +117,30 @@ export function duplicateOnPointerPath(text: string, tokens: string[]): Duplicat
         if (text[i] !== ',') break; // '}'
         i++;
       }
-      if (next === -1) return null;
+      if (next === -1) return absent;
       i = next;
     } else if (text[i] === '[') {
       // JSON.parse's array has own properties "0", "1", …: only those name an element.
-      if (!/^(0|[1-9][0-9]*)$/.test(token)) return null;
+      if (!/^(0|[1-9][0-9]*)$/.test(token)) return absent;
       const index = Number(token);
       i++;
       skipWhitespace();
-      if (text[i] === ']') return null;
+      if (text[i] === ']') return absent;
       for (let k = 0; k < index; k++) {
         skipValue();
         skipWhitespace();
-        if (text[i] !== ',') return null;
+        if (text[i] !== ',') return absent;
         i++;
         skipWhitespace();
       }
     } else {
-      return null;
+      return absent;
     }
   }
-  return null;
+  skipWhitespace();
+  const start = i;
+  skipValue();
+  return { start, end: i };
 }
 
 function pointerOf(tokens: string[]): string {

@@ -1,7 +1,7 @@
 import type { HeaderReader } from './inbound.js';
 import type { RouteConfig } from '../config/schema.js';
-import { duplicateOnPointerPath } from '../core/json-duplicates.js';
-import { parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
+import { duplicateOnPointerPath, scanPointer } from '../core/json-duplicates.js';
+import { checkKey, parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
 import type { Refusal } from '../protocol/problem.js';
 
 /** What the headers (and path) of a proxied request say, once parsed (DESIGN §3.3). */
@@ -12,6 +12,8 @@ export interface Command {
   key: string | null;
   /** From the header or the path; a JSON-pointer entity is read after the body. */
   entity: string | null;
+  /** With `keyScope`: the scope header's value (./key-scope.ts). */
+  keyScope: string | null;
 }
 
 export type CommandResult = { ok: true; command: Command } | { ok: false; refusal: Refusal };
@@ -42,9 +44,10 @@ export function parseCommand(route: RouteConfig, headers: HeaderReader, params: 
   if (route.idempotency !== 'off') {
     const raw = headers.get(route.idempotencyHeader);
     if (raw === null) {
-      if (route.idempotency === 'required') return refuse('missing-idempotency-key', `this route requires the ${route.idempotencyHeader} header`);
+      // With `idempotencyKeyFrom` the body may still hold it (keyFromJson).
+      if (route.idempotency === 'required' && route.idempotencyKeyFrom === undefined) return refuse('missing-idempotency-key', `this route requires the ${route.idempotencyHeader} header`);
     } else {
-      const parsed = parseIdempotencyKey(raw);
+      const parsed = parseIdempotencyKey(raw, route.maxKeyLength);
       if (!parsed.ok) return refuse('invalid-idempotency-key', `${route.idempotencyHeader}: ${parsed.reason}`);
       key = parsed.value;
     }
@@ -68,7 +71,17 @@ export function parseCommand(route: RouteConfig, headers: HeaderReader, params: 
       entity = parsed.value;
     }
   }
-  return { ok: true, command: { fence, signedFence, key, entity } };
+  let keyScope: string | null = null;
+  if (route.keyScope !== undefined && route.idempotency !== 'off') {
+    const name = route.keyScope.header;
+    const raw = headers.get(name);
+    // Without it, callers that share no other scope would share one key space.
+    if (raw === null) return refuse('invalid-request', `this route scopes idempotency keys by the ${name} header, which is missing`);
+    const parsed = raw.includes(', ') ? { ok: false as const, reason: 'the header was sent more than once' } : parseEntity(raw);
+    if (!parsed.ok) return refuse('invalid-request', `${name} (the key scope): ${parsed.reason.replace('the entity', 'the value')}`);
+    keyScope = parsed.value;
+  }
+  return { ok: true, command: { fence, signedFence, key, entity, keyScope } };
 }
 
 /**
@@ -79,35 +92,98 @@ export function parseCommand(route: RouteConfig, headers: HeaderReader, params: 
  * than the one fenced (../core/json-duplicates.ts).
  */
 export function entityFromJson(pointer: string, body: Uint8Array): { ok: true; entity: string | null } | { ok: false; refusal: Refusal } {
+  const read = stringAtPointer(pointer, body);
+  if (!read.ok) return { ok: false, refusal: { code: 'invalid-entity', detail: `body ${pointer}: ${read.reason}, so parsers disagree on the entity` } };
+  if (read.value === null) return { ok: true, entity: null };
+  const parsed = parseEntity(read.value);
+  if (!parsed.ok) return { ok: false, refusal: { code: 'invalid-entity', detail: `body ${pointer}: ${parsed.reason}` } };
+  return { ok: true, entity: parsed.value };
+}
+
+/**
+ * With `idempotencyKeyFrom: { json }`: the key from the body, under the
+ * refusal of a repeated member name (the upstream must read the key the
+ * gateway stored under) and the key rules of a header key. What the gateway
+ * and the upstream read there must be one key, so (400
+ * `invalid-idempotency-key`, README "Key rules"):
+ * - a string is the key; an integer is the key as written, a plain decimal
+ *   within ±(2^53−1): `1.0`, `1e0` and `-0` are refused, never read as `1`
+ *   or `0`, and a larger integer is refused, not rounded to a double;
+ * - any other value there (a fraction, `true`, an object, an array) is
+ *   refused, not taken as "no key": the client meant to send one;
+ * - `null` or nothing there is no key in the body;
+ * - with a key header too, the two must be the same key, or the gateway
+ *   would store under one key while an upstream that reads the other
+ *   deduplicates by it.
+ * No key anywhere on a key-required route: 400 `missing-idempotency-key`.
+ */
+export function keyFromJson(route: RouteConfig, key: string | null, body: Uint8Array): { ok: true; key: string | null } | { ok: false; refusal: Refusal } {
+  if (route.idempotencyKeyFrom === undefined || route.idempotency === 'off') return { ok: true, key };
+  const pointer = route.idempotencyKeyFrom.json;
+  const invalid = (detail: string) => ({ ok: false as const, refusal: { code: 'invalid-idempotency-key' as const, detail: `body ${pointer}: ${detail}` } });
+  const read = keyAtPointer(pointer, body);
+  if (!read.ok) return invalid(read.reason);
+  if (read.value === null) {
+    if (key !== null || route.idempotency !== 'required') return { ok: true, key };
+    return { ok: false, refusal: { code: 'missing-idempotency-key', detail: `this route requires the ${route.idempotencyHeader} header or a string at ${pointer} in a JSON body` } };
+  }
+  const checked = checkKey(read.value, route.maxKeyLength);
+  if (!checked.ok) return invalid(checked.reason);
+  if (key !== null && key !== checked.value) return invalid(`the ${route.idempotencyHeader} header names another key than the body; send one of them, or the same key in both`);
+  return { ok: true, key: checked.value };
+}
+
+/** A plain decimal integer, no fraction, exponent or `-0`: read as written, it is one key to every parser. */
+const PLAIN_INTEGER = /^(0|-?[1-9][0-9]*)$/;
+
+/** The key the body holds at `pointer`, from its text as written; null when the body is not JSON or holds none (or null) there. */
+function keyAtPointer(pointer: string, body: Uint8Array): { ok: true; value: string | null } | { ok: false; reason: string } {
+  let text: string;
+  try {
+    text = new TextDecoder('utf-8', { fatal: true }).decode(body);
+    JSON.parse(text);
+  } catch {
+    return { ok: true, value: null };
+  }
+  const found = scanPointer(text, tokensOf(pointer));
+  if ('duplicate' in found) return { ok: false, reason: `${repeatReason(found.duplicate)}, so parsers disagree on the key` };
+  if ('absent' in found) return { ok: true, value: null };
+  const lexeme = text.slice(found.start, found.end);
+  if (lexeme.startsWith('"')) return { ok: true, value: JSON.parse(lexeme) as string };
+  if (lexeme === 'null') return { ok: true, value: null };
+  if (PLAIN_INTEGER.test(lexeme) && Number.isSafeInteger(Number(lexeme))) return { ok: true, value: lexeme };
+  const what = lexeme === 'true' || lexeme === 'false' ? 'a boolean' : lexeme.startsWith('{') ? 'an object' : lexeme.startsWith('[') ? 'an array' : 'a number that is not a plain integer within ±(2^53-1) (no fraction, exponent or -0)';
+  return { ok: false, reason: `the key is ${what}; send a string or an integer` };
+}
+
+function tokensOf(pointer: string): string[] {
+  return pointer === '' ? [] : pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+}
+
+function repeatReason(r: { object: string; name: string }): string {
+  return `the object at "${r.object}" has the member ${JSON.stringify(r.name.slice(0, 64))} more than once (names compared case-insensitively)`;
+}
+
+/** The string (or safe integer, as decimal text) at `pointer`; null when the body is not JSON or holds none there. */
+function stringAtPointer(pointer: string, body: Uint8Array): { ok: true; value: string | null } | { ok: false; reason: string } {
   let doc: unknown;
   let text: string;
   try {
     text = new TextDecoder('utf-8', { fatal: true }).decode(body);
     doc = JSON.parse(text);
   } catch {
-    return { ok: true, entity: null };
+    return { ok: true, value: null };
   }
-  const tokens = pointer === '' ? [] : pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+  const tokens = tokensOf(pointer);
   const repeated = duplicateOnPointerPath(text, tokens);
-  if (repeated !== null) {
-    return {
-      ok: false,
-      refusal: {
-        code: 'invalid-entity',
-        detail: `body ${pointer}: the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the entity`,
-      },
-    };
-  }
+  if (repeated !== null) return { ok: false, reason: repeatReason(repeated) };
   let node: unknown = doc;
   for (const t of tokens) {
-    if (node === null || typeof node !== 'object' || !Object.prototype.hasOwnProperty.call(node, t)) return { ok: true, entity: null };
+    if (node === null || typeof node !== 'object' || !Object.prototype.hasOwnProperty.call(node, t)) return { ok: true, value: null };
     node = (node as Record<string, unknown>)[t];
   }
   if (typeof node === 'number' && Number.isSafeInteger(node)) node = String(node);
-  if (typeof node !== 'string') return { ok: true, entity: null };
-  const parsed = parseEntity(node);
-  if (!parsed.ok) return { ok: false, refusal: { code: 'invalid-entity', detail: `body ${pointer}: ${parsed.reason}` } };
-  return { ok: true, entity: parsed.value };
+  return { ok: true, value: typeof node === 'string' ? node : null };
 }
 
 function refuse(code: Refusal['code'], detail: string): CommandResult {

@@ -23,12 +23,16 @@ export function settle(
   switch (result.kind) {
     case 'response': {
       const passthrough = responseFrom({ status: result.status, headers: result.headers, body: result.body }, 'hop-by-hop');
+      const headLength = base.audit.method === 'HEAD' ? declaredLengthOf(result.headers) : null;
+      if (headLength !== null) setHeader(passthrough, 'content-length', headLength);
       if (route.releaseStatuses.includes(result.status)) {
         // 429 / 503 and the like mean "not processed": safe to retry.
         return { finish: { ...base, outcome: 'released' }, response: passthrough, decision: 'forwarded-released' };
       }
       const keep = new Set(route.replayHeaders.map((h) => h.toLowerCase()));
-      const stored: StoredResponse = { status: result.status, headers: result.headers.filter(([n]) => keep.has(n.toLowerCase())), body: result.body };
+      const kept = result.headers.filter(([n]) => keep.has(n.toLowerCase()));
+      const headers: [string, string][] = headLength === null ? kept : [...kept.filter(([n]) => n.toLowerCase() !== 'content-length'), ['content-length', headLength]];
+      const stored: StoredResponse = { status: result.status, headers, body: result.body };
       return { finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention }, response: passthrough, decision: 'forwarded' };
     }
     case 'refused':
@@ -128,4 +132,16 @@ export function responseFrom(stored: StoredResponse, filter: 'hop-by-hop' | null
 export function setHeader(reply: Reply, name: string, value: string): void {
   reply.headers = reply.headers.filter(([n]) => n !== name);
   reply.headers.push([name, value]);
+}
+
+/**
+ * A HEAD answer's `Content-Length` (RFC 9110 §9.3.2: the length a GET would
+ * have had). It is hop-by-hop for every other answer, where the gateway
+ * frames the body it writes; a HEAD answer has no body, so without this the
+ * caller would be told nothing, or 0, about the resource's size. Kept only in
+ * canonical form: one decimal, no list.
+ */
+function declaredLengthOf(headers: [string, string][]): string | null {
+  const values = headers.filter(([n]) => n.toLowerCase() === 'content-length').map(([, v]) => v.trim());
+  return values.length === 1 && /^(0|[1-9][0-9]{0,15})$/.test(values[0]!) ? values[0]! : null;
 }

@@ -42,14 +42,23 @@ export function parseEntity(raw: string): Parsed<string> {
   return { ok: true, value: raw };
 }
 
+/** A route's `maxKeyLength` by default, and the most it may be set to. */
+export const DEFAULT_MAX_KEY_LENGTH = 255;
+export const MAX_KEY_LENGTH_LIMIT = 1024;
+
 /**
- * `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header): an RFC 8941
- * sf-string (`"abc"`, with `\"` and `\\` escapes) is unquoted; a bare token is
- * taken as it is. 1–255 printable ASCII characters after unquoting. A bare
- * value may not contain `"` or `,` (a comma is how HTTP joins repeated
- * headers, so a key with a comma must be sent as an sf-string).
+ * `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header: the value is
+ * an RFC 8941 sf-string). A quoted value (`"abc"`, with `\"` and `\\`
+ * escapes) is unquoted, and every character inside the quotes is the key's,
+ * spaces at either end included: `" padded key "` is the key ` padded key `.
+ * A bare value is taken as it is, for the many clients that send one; it may
+ * not contain `"` or `,` (a comma is how HTTP joins repeated headers, so a key
+ * with a comma must be quoted), nor start or end with a space: HTTP strips
+ * whitespace around a field value (RFC 9110 §5.5), so such spaces were never
+ * part of what the client meant and a parser that kept them would read
+ * another key than the upstream. Then the key rules of `checkKey`.
  */
-export function parseIdempotencyKey(raw: string): Parsed<string> {
+export function parseIdempotencyKey(raw: string, maxLength = DEFAULT_MAX_KEY_LENGTH): Parsed<string> {
   let key: string;
   if (raw.startsWith('"')) {
     const unq = unquoteSfString(raw);
@@ -57,17 +66,113 @@ export function parseIdempotencyKey(raw: string): Parsed<string> {
     key = unq;
   } else {
     if (/[",]/.test(raw)) return { ok: false, reason: 'an unquoted key may not contain `"` or `,` (several keys were sent, or the key needs quoting)' };
+    if (raw !== raw.trim()) return { ok: false, reason: 'an unquoted key has leading or trailing spaces, which HTTP does not count as part of a header value; send the key as a quoted string to keep them' };
     key = raw;
   }
+  return checkKey(key, maxLength);
+}
+
+/**
+ * The rules every key obeys, however it arrived (a header, or a JSON body
+ * field with `idempotencyKeyFrom`): 1–`maxLength` printable ASCII characters
+ * (RFC 9110 VCHAR and the space), not exactly `.` or `..`.
+ */
+export function checkKey(key: string, maxLength = DEFAULT_MAX_KEY_LENGTH): Parsed<string> {
   if (key.length === 0) return { ok: false, reason: 'the key is empty' };
-  if (key.length > 255) return { ok: false, reason: 'the key is longer than 255 characters' };
+  if (key.length > maxLength) return { ok: false, reason: `the key is longer than ${maxLength} characters` };
   if (!PRINTABLE.test(key)) return { ok: false, reason: 'the key must be printable ASCII' };
-  if (key !== key.trim()) return { ok: false, reason: 'the key has leading or trailing spaces' };
   // URLs resolve a path segment "." or ".." away (also when written %2E), so
   // the admin API (GET /v1/idempotency/:key, …/resolve) could never name the
   // record: an outcome_unknown one could not be settled.
   if (key === '.' || key === '..') return { ok: false, reason: 'the keys "." and ".." cannot be named in a URL path (the admin API looks records up by key)' };
   return { ok: true, value: key };
+}
+
+/**
+ * A key as a header value that `parseIdempotencyKey` reads back as the same
+ * key: bare when it can be, else an sf-string (`echoKey`).
+ */
+export function formatIdempotencyKey(key: string): string {
+  if (/^[\x21\x23-\x2b\x2d-\x7e]+$/.test(key)) return key;
+  return `"${key.replace(/["\\]/g, '\\$&')}"`;
+}
+
+/**
+ * Headers the gateway writes itself or HTTP frames a message with. A key read
+ * from one of them is not the key the upstream sees: the gateway replaces a
+ * caller's `X-Request-Id` with its own id upstream (../http/request-id.ts),
+ * sets `X-Fence-Entity` and the fence header from what it decided, writes its
+ * own trace context (`traceparent`, `tracestate`) when tracing is on, drops
+ * the caller's `Authorization` when it checks caller auth, drops a route's
+ * `stripHeaders`, and a hop-by-hop header never reaches the upstream. With
+ * `onUnknown: "retry"` an upstream that deduplicates by the header would
+ * then see two ids for one key. So such a key header is refused at start-up
+ * (`keyHeaderCollision`), and so is such a `keyScope` header
+ * (`keyScopeCollision`): the gateway would scope the key by one tenant while
+ * the upstream acts for the tenant it is sent.
+ */
+const GATEWAY_HEADERS = ['x-request-id', 'x-fence-entity', 'idempotent-replayed', 'traceparent', 'tracestate'];
+const FRAMING_HEADERS = ['host', 'content-length', 'content-type', 'content-encoding', 'transfer-encoding', 'connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate'];
+
+/**
+ * Response headers that mean something to a client or a cache besides the
+ * key (`echoKey` would write the key into them): cookies, redirects, caching,
+ * content metadata, authentication challenges, CORS and security policy.
+ */
+const RESPONSE_SIGNIFICANT = ['set-cookie', 'set-cookie2', 'location', 'content-location', 'refresh', 'link', 'vary', 'etag', 'last-modified', 'cache-control', 'expires', 'age', 'date', 'retry-after', 'www-authenticate', 'authentication-info', 'strict-transport-security', 'alt-svc', 'clear-site-data', 'server', 'allow'];
+const RESPONSE_SIGNIFICANT_PREFIXES = ['content-', 'access-control-', 'cross-origin-', 'x-frame-', 'x-content-'];
+
+/** What `keyHeaderCollision` needs of a route (a subset of its config). */
+export interface KeyHeaderRoute {
+  idempotency: string;
+  idempotencyHeader: string;
+  fenceHeader: string;
+  entity: { header: string } | object;
+  upstreamHeaders: Record<string, unknown>;
+  stripHeaders?: string[];
+  keyScope?: { header: string } | undefined;
+  echoKey?: boolean;
+}
+
+/** Whether the gateway checks caller auth (it then drops the caller's `Authorization` upstream). */
+export interface CollisionContext {
+  auth: boolean;
+}
+
+/** Why a route's `idempotencyHeader` cannot carry its key unchanged to the upstream, or null. */
+export function keyHeaderCollision(route: KeyHeaderRoute, context: CollisionContext = { auth: false }): string | null {
+  if (route.idempotency === 'off') return null;
+  const name = route.idempotencyHeader.toLowerCase();
+  const said = `"${route.idempotencyHeader}"`;
+  if (route.keyScope !== undefined && name === route.keyScope.header.toLowerCase()) return `${said} is also this route's keyScope header`;
+  return rewrittenHeader(name, said, route, context);
+}
+
+/** Why a route's `keyScope.header` cannot carry its value unchanged to the upstream, or null. */
+export function keyScopeCollision(route: KeyHeaderRoute, context: CollisionContext = { auth: false }): string | null {
+  if (route.keyScope === undefined || route.idempotency === 'off') return null;
+  return rewrittenHeader(route.keyScope.header.toLowerCase(), `"${route.keyScope.header}"`, route, context);
+}
+
+/** Why `echoKey` may not write the key into the route's key header on answers, or null. */
+export function echoKeyCollision(route: KeyHeaderRoute): string | null {
+  if (route.echoKey !== true || route.idempotency === 'off') return null;
+  const name = route.idempotencyHeader.toLowerCase();
+  if (RESPONSE_SIGNIFICANT.includes(name) || RESPONSE_SIGNIFICANT_PREFIXES.some((p) => name.startsWith(p))) {
+    return `"${route.idempotencyHeader}" means something else in a response (cookies, redirects, caching, content or security metadata); echoKey would write the key into it. Use Idempotency-Key or another header of your own, or leave echoKey off`;
+  }
+  return null;
+}
+
+function rewrittenHeader(name: string, said: string, route: KeyHeaderRoute, context: CollisionContext): string | null {
+  if (GATEWAY_HEADERS.includes(name)) return `${said} is a header the gateway writes itself (its own X-Request-Id, X-Fence-Entity and trace context), so the upstream would not see the value sent; use Idempotency-Key or another header of your own`;
+  if (name === route.fenceHeader.toLowerCase()) return `${said} is also this route's fenceHeader`;
+  if ('header' in route.entity && name === route.entity.header.toLowerCase()) return `${said} is also this route's entity header`;
+  if (FRAMING_HEADERS.includes(name)) return `${said} frames the HTTP message (or is hop-by-hop) and does not reach the upstream as sent`;
+  if (context.auth && name === 'authorization') return `${said} carries the caller's credentials, which the gateway checks and does not forward`;
+  if ((route.stripHeaders ?? []).some((h) => h.toLowerCase() === name)) return `${said} is in this route's stripHeaders, so it never reaches the upstream`;
+  if (Object.keys(route.upstreamHeaders).some((h) => h.toLowerCase() === name)) return `${said} is replaced by this route's upstreamHeaders`;
+  return null;
 }
 
 /** RFC 8941 §4.2.5: the whole input must be exactly one sf-string. */

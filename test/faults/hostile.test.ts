@@ -169,7 +169,8 @@ describe('duplicate headers', () => {
  * Reference for `Idempotency-Key` (draft-ietf-httpapi-idempotency-key-header,
  * RFC 8941 sf-string, DESIGN §3): after HTTP trimmed the value, a quoted
  * string is unquoted (`\"` and `\\` only); a bare value may not contain `"`
- * or `,`; the key is 1–255 printable ASCII characters without outer spaces.
+ * or `,`; the key is 1–255 printable ASCII characters (a quoted one may
+ * start or end with a space).
  */
 function referenceKey(raw: string): string | null {
   const v = ows(raw);
@@ -179,10 +180,11 @@ function referenceKey(raw: string): string | null {
     if (m === null) return null;
     key = m[1]!.replace(/\\(["\\])/g, '$1');
   } else {
-    if (/[",]/.test(v)) return null;
+    if (/[",]/.test(v) || v !== v.trim()) return null;
     key = v;
   }
-  if (key.length < 1 || key.length > 255 || !/^[\x20-\x7e]+$/.test(key) || key !== key.trim()) return null;
+  // Spaces inside the quotes are the key's (RFC 8941 sf-string), at its ends too.
+  if (key.length < 1 || key.length > 255 || !/^[\x20-\x7e]+$/.test(key)) return null;
   if (key === '.' || key === '..') return null; // not addressable in the admin API's path
   return key;
 }

@@ -1,0 +1,45 @@
+import type { Config, RouteConfig } from '../config/schema.js';
+import { formatIdempotencyKey } from '../protocol/headers.js';
+import type { Reply } from './inbound.js';
+import type { Logger } from './logger.js';
+import { setHeader } from './settle.js';
+
+/**
+ * Whose key a key is (DESIGN §3.5: the store compares keys within a scope).
+ * Always the route's; with caller auth, the caller's within it; with
+ * `keyScope`, also the scope header's value (a tenant), so that callers who
+ * share one credential, or none, do not share one key space. The parts are
+ * joined with NUL, which no route name, header value or (in practice) caller
+ * id contains; the `key-scope:` mark keeps a scope value from ever reading as
+ * a caller id.
+ */
+export function keyScopeOf(route: RouteConfig, caller: string | null, keyScope: string | null): string {
+  const base = caller === null ? route.name : `${route.name}\u0000${caller}`;
+  return keyScope === null ? base : `${base}\u0000key-scope:${keyScope}`;
+}
+
+/**
+ * One warning line at start-up per route whose keys are global: no caller
+ * auth, so any two callers that pick one key (`1`, an order number) share its
+ * stored answer, and one caller can read another's replay. `keyScope` alone
+ * does not end that: without auth its header is whatever the caller sends,
+ * so a caller who sends another tenant's value is in that tenant's key space
+ * and is handed its replays. It scopes keys only when a trusted proxy in
+ * front sets the header and drops the client's own copy (README "Key rules").
+ */
+export function warnGlobalKeys(config: Config, logger: Logger): void {
+  if (config.auth !== undefined) return;
+  for (const route of config.routes) {
+    if (route.idempotency === 'off') continue;
+    const reason =
+      route.keyScope === undefined
+        ? 'no auth and no keyScope: every caller of this route shares one key space; configure auth or keyScope'
+        : `no auth: the keyScope header ${route.keyScope.header} is whatever the caller sends, so a caller can use another tenant's key space; it must be set by a trusted proxy that strips the client's copy, or configure auth`;
+    logger.warn('global-keys', { route: route.name, reason });
+  }
+}
+
+/** With `echoKey`: the key in the route's key header, on first and replayed answers, in a form that reads back as the same key. */
+export function echoKey(reply: Reply, route: RouteConfig, key: string | null): void {
+  if (route.echoKey && key !== null) setHeader(reply, route.idempotencyHeader.toLowerCase(), formatIdempotencyKey(key));
+}
