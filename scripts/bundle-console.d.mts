@@ -6,5 +6,6 @@ export interface ConsoleSources {
 }
 export declare const CONSOLE_DIR: string;
 export declare const GENERATED: string;
+export declare const SCRIPTS: string[];
 export declare function readSources(dir?: string): ConsoleSources;
 export declare function render(sources: ConsoleSources): string;

@@ -1,4 +1,5 @@
 import { Hono, type MiddlewareHandler } from 'hono';
+import { basePath } from 'hono/route';
 import type { RouteConfig } from '../config/schema.js';
 import { parseDuration } from '../core/duration.js';
 import { ERROR_CODES, type ErrorCode } from '../protocol/codes.js';
@@ -7,7 +8,7 @@ import type { GatewayStore, RejectionQuery } from '../store/types.js';
 import { EXPORT_MEDIA_TYPES, exportFormatOf, rejectionExport } from './audit/export.js';
 import { rejectionJson } from './audit/format.js';
 import { latestHistory, recordJson, registerAuditRoutes } from './audit/routes.js';
-import { consoleResponse } from './console/page.js';
+import { consoleResponse, type ConsoleMode } from './console/page.js';
 
 export { rejectionJson };
 
@@ -46,8 +47,14 @@ export function createAdminApp(options: AdminOptions): Hono {
     return c.json({ code, status: spec.status, title: spec.title, retryable: spec.retryable });
   });
 
-  // The console: a static page, no data in it; its API calls carry the operator's token.
-  app.get('/console', () => consoleResponse());
+  // The console: a static page, no data in it; its API calls carry the
+  // operator's token. Whether there is a token to ask for is rendered into
+  // the page, so that it never has to ask the (audited) API first.
+  const mode: ConsoleMode = !options.enabled ? 'off' : options.guard ? 'auth' : 'open';
+  // `<adminPrefix>` itself answers here; the page's API paths are relative,
+  // so it sends the browser on to `<adminPrefix>/` first.
+  app.get('/', (c) => (c.req.path.endsWith('/') ? consoleResponse(mode) : c.redirect(`${c.req.path}/`, 308)));
+  app.get('/console', () => consoleResponse(mode));
 
   const disabled = () => problem({ code: 'admin-disabled', detail: 'the admin API answers only on a loopback listener until caller authentication is configured' });
   const { metrics } = options;
@@ -111,18 +118,24 @@ export function createAdminApp(options: AdminOptions): Hono {
 
   registerAuditRoutes(app, { store, problem, routes: options.routes ?? [] });
 
-  app.all('*', () => problem({ code: 'not-found', detail: 'no such admin endpoint' }));
+  app.all('*', (c) => {
+    // `<adminPrefix>/`: the console. Hono mounts this app's `/` on the prefix
+    // without its slash, so the slashed form reaches this catch-all.
+    if (c.req.method === 'GET' && c.req.path === `${basePath(c)}/`) return consoleResponse(mode);
+    return problem({ code: 'not-found', detail: 'no such admin endpoint' });
+  });
   return app;
 }
 
 /**
- * `entity`, `reason`, `caller`; `since` / `until` as ISO 8601 or as a
+ * `entity`, `reason`, `caller`, `tool` (an MCP tool name: rows of plain
+ * routes, whose tool is null, never match); `since` / `until` as ISO 8601 or as a
  * duration back from now (`2h`); `limit` 1–1000 (default 100); `cursor`.
  * Returns the query, or a message naming the bad parameter.
  */
 export function parseRejectionQuery(params: URLSearchParams, now = Date.now()): RejectionQuery | string {
   const q: RejectionQuery = { limit: 100 };
-  for (const name of ['entity', 'reason', 'caller'] as const) {
+  for (const name of ['entity', 'reason', 'caller', 'tool'] as const) {
     const v = params.get(name);
     if (v !== null && v !== '') q[name] = v;
   }

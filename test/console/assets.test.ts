@@ -4,11 +4,11 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Script } from 'node:vm';
 import { afterAll, describe, expect, it } from 'vitest';
-import { GENERATED, CONSOLE_DIR, readSources, render } from '../../scripts/bundle-console.mjs';
-import { CONSOLE_HTML, consoleResponse } from '../../src/http/console/page.js';
+import { GENERATED, CONSOLE_DIR, SCRIPTS, readSources, render } from '../../scripts/bundle-console.mjs';
+import { CONSOLE_HTML, CONSOLE_PAGES, consoleResponse } from '../../src/http/console/page.js';
 import { tempDir } from '../helpers/temp.js';
 
-// The console's real files (console.html, .css, .js) and the module the build
+// The console's real files (console.html, .css, the scripts) and the module the build
 // bundles them into. The page itself is driven in Chromium by console.test.ts.
 
 const tmp = tempDir('fencegate-console-assets-');
@@ -35,7 +35,7 @@ function lintScript(js: string): string[] {
 /** The page template: the only script and style are the bundled ones, no inline handlers, nothing loaded from elsewhere. */
 function lintTemplate(html: string): string[] {
   const problems: string[] = [];
-  for (const marker of ['__STYLE__', '__SCRIPT__', '__REASONS__']) {
+  for (const marker of ['__STYLE__', '__SCRIPT__', '__REASONS__', '__AUTH__']) {
     if (html.split(marker).length !== 2) problems.push(`${marker} not exactly once`);
   }
   if ((html.match(/<script\b/gi) ?? []).length !== 1 || !html.includes('<script>__SCRIPT__</script>')) problems.push('a script other than <script>__SCRIPT__</script>');
@@ -61,12 +61,18 @@ describe('console assets', () => {
     expect(r.status).toBe(0);
   });
 
-  it('console.js passes `node --check` and compiles as a classic browser script', () => {
+  it('every script passes `node --check` and compiles as a classic browser script', () => {
+    expect(SCRIPTS[0]).toBe('console.js');
+    for (const name of SCRIPTS) {
+      const file = join(CONSOLE_DIR, name);
+      const r = spawnSync(process.execPath, ['--check', file], { encoding: 'utf8' });
+      expect(r.stderr).toBe('');
+      expect(r.status).toBe(0);
+      expect(() => new Script(readFileSync(file, 'utf8'), { filename: file })).not.toThrow();
+      // Each its own strict IIFE (the bundle is checked as a whole by the lint below).
+      expect(readFileSync(file, 'utf8')).toMatch(/^\(function \(\) \{\n {2}'use strict';[\s\S]*\}\)\(\);\n$/);
+    }
     const file = join(CONSOLE_DIR, 'console.js');
-    const r = spawnSync(process.execPath, ['--check', file], { encoding: 'utf8' });
-    expect(r.stderr).toBe('');
-    expect(r.status).toBe(0);
-    expect(() => new Script(readFileSync(file, 'utf8'), { filename: file })).not.toThrow();
     // Negative control: a syntax error is caught by both.
     const broken = join(tmp.dir, 'broken.js');
     writeFileSync(broken, readFileSync(file, 'utf8').replace('function token()', 'function token('));
@@ -105,6 +111,17 @@ describe('console assets', () => {
     expect(policy).toContain(`style-src 'sha256-${sha(style)}'`);
     // Negative control: the file's bytes alone (without the leading newline) hash to something else.
     expect(policy).not.toContain(sha(js));
-    expect(page).not.toMatch(/__(STYLE|SCRIPT|REASONS)__/);
+    expect(page).not.toMatch(/__(STYLE|SCRIPT|REASONS|AUTH)__/);
+  });
+
+  it('the pages for the three admin modes differ only in <body data-auth>, so one CSP covers them all', async () => {
+    expect(CONSOLE_HTML).toBe(CONSOLE_PAGES.open);
+    for (const mode of ['auth', 'open', 'off'] as const) {
+      const res = await consoleResponse(mode);
+      const page = await res.text();
+      expect(page).toContain(`<body data-auth="${mode}">`);
+      expect(page.replace(`<body data-auth="${mode}">`, '<body>')).toBe(CONSOLE_PAGES.open.replace('<body data-auth="open">', '<body>'));
+      expect(res.headers.get('content-security-policy')).toBe((await consoleResponse()).headers.get('content-security-policy'));
+    }
   });
 });

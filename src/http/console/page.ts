@@ -1,17 +1,30 @@
 /**
  * The operator console: one static HTML page with plain JavaScript, served at
- * `<adminPrefix>/console`. It holds no data itself; every call goes to the
- * `/v1` audit API with the bearer token the operator signs in with (kept in
- * sessionStorage: gone when the tab closes). Everything from the server is
- * written with `textContent`, never as HTML: entities, keys and paths are
- * chosen by callers. The script and style are inline, allowed by their hashes
- * in the Content-Security-Policy (see `consoleResponse`).
+ * `<adminPrefix>/` (and `<adminPrefix>/console`). It holds no data itself;
+ * every call goes to the `/v1` audit API with the bearer token the operator
+ * signs in with (kept in sessionStorage: gone when the tab closes).
+ * Everything from the server is written with `textContent`, never as HTML:
+ * entities, keys and paths are chosen by callers. The script and style are
+ * inline, allowed by their hashes in the Content-Security-Policy (see
+ * `consoleResponse`).
  *
- * The page, its style and its script are real files next to this one
- * (console.html, console.css, console.js), bundled into assets.generated.ts
- * by scripts/bundle-console.mjs at build time: Workers have no file system.
+ * The page, its style and its scripts are real files next to this one
+ * (console.html, console.css, console.js, chart.js, rejections.js), bundled
+ * into assets.generated.ts by scripts/bundle-console.mjs at build time:
+ * Workers have no file system.
  */
 import { CONSOLE_CSS, CONSOLE_JS, CONSOLE_TEMPLATE } from './assets.generated.js';
+
+/**
+ * How the admin API this page talks to is guarded, rendered into the page
+ * (`<body data-auth>`) so that the page knows it before its first request:
+ * asking the API would itself be an audited call, and with auth on, a call
+ * before sign-in is an `unauthorized` row in the audit log.
+ * - `auth`: bearer tokens; the page calls nothing until the operator signs in.
+ * - `open`: no auth configured, the API answers without a token (loopback only).
+ * - `off`: the `/v1` API is disabled (no auth, not loopback); the page calls nothing.
+ */
+export type ConsoleMode = 'auth' | 'open' | 'off';
 
 // The inline blocks begin on a line of their own; the CSP hashes below cover
 // exactly these bytes.
@@ -30,11 +43,14 @@ const fill = (template: string, marker: string, text: string) => {
   return before + text + after;
 };
 
-export const CONSOLE_HTML = fill(
-  fill(fill(CONSOLE_TEMPLATE, '__REASONS__', REASONS.map((r) => `<option>${r}</option>`).join('')), '__STYLE__', STYLE),
-  '__SCRIPT__',
-  SCRIPT,
-);
+const render = (mode: ConsoleMode) =>
+  fill(fill(fill(fill(CONSOLE_TEMPLATE, '__REASONS__', REASONS.map((r) => `<option>${r}</option>`).join('')), '__AUTH__', mode), '__STYLE__', STYLE), '__SCRIPT__', SCRIPT);
+
+/** The page for each mode; they differ only in `data-auth` (the CSP hashes cover the script and style, the same in all three). */
+export const CONSOLE_PAGES: Readonly<Record<ConsoleMode, string>> = { auth: render('auth'), open: render('open'), off: render('off') };
+
+/** The page as an admin API without caller auth serves it (loopback, `wrangler dev` with FENCEGATE_ADMIN=on). */
+export const CONSOLE_HTML = CONSOLE_PAGES.open;
 
 let csp: Promise<string> | null = null;
 
@@ -48,9 +64,11 @@ async function sha256Base64(text: string): Promise<string> {
 /**
  * The page, with a CSP that allows exactly its own inline script and style
  * (by hash), API calls to this origin, and nothing else: no framing, no
- * plugins, no form posts elsewhere.
+ * plugins, no form posts elsewhere. Exports are fetched with the token and
+ * saved through an `<a download>` on a blob URL: a download, not a fetch
+ * or an image, so the policy needs nothing more for it.
  */
-export async function consoleResponse(): Promise<Response> {
+export async function consoleResponse(mode: ConsoleMode = 'open'): Promise<Response> {
   csp ??= (async () =>
     [
       "default-src 'none'",
@@ -62,7 +80,7 @@ export async function consoleResponse(): Promise<Response> {
       "form-action 'none'",
       "frame-ancestors 'none'",
     ].join('; '))();
-  return new Response(CONSOLE_HTML, {
+  return new Response(CONSOLE_PAGES[mode], {
     headers: {
       'content-type': 'text/html; charset=utf-8',
       'content-security-policy': await csp,

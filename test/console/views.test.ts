@@ -1,0 +1,234 @@
+import { readFileSync } from 'node:fs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { command, expectProblem, paymentsRoute, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { launchBrowser, skipReason, type Browser } from './browser.js';
+
+// The console's views in headless Chromium, on a loopback gateway without
+// caller auth (no sign-in): the refusals chart, counts, search, export, the
+// entity view with an in-flight request, and resolving a record.
+
+// Browser globals, only ever used inside page.evaluate / waitForFunction callbacks.
+declare const document: any;
+type HTMLElement = any;
+
+const HOUR = 3_600_000;
+
+describe.skipIf(skipReason !== null)('console views in headless Chromium, loopback without auth', () => {
+  let up: FakeUpstream;
+  let gw: TestGateway;
+  let browser: Browser;
+  let page: any;
+  let problems: string[];
+  let all: any[];
+
+  /** The rejection log as the audit API shows it, newest first. */
+  const log = async (query = '') => (await gw.admin(`/v1/rejections?limit=1000${query}`)).body.items as any[];
+  const shownIds = () => page.$$eval('#rej-table tbody tr', (trs: HTMLElement[]) => trs.map((tr) => Number(tr.getAttribute('data-id'))));
+  const ids = (rows: any[]) => rows.map((r) => Number(r.id));
+  const search = async (fields: Record<string, string>) => {
+    for (const id of ['rej-entity', 'rej-caller', 'rej-key', 'rej-request', 'rej-route']) await page.fill(`#${id}`, fields[id] ?? '');
+    await page.selectOption('#rej-reason', fields['rej-reason'] ?? '');
+    await searchNow();
+  };
+  /** Clicks Search and waits for that load to finish. */
+  const searchNow = async () => {
+    const loads = Number(await page.getAttribute('#rej-count', 'data-loads'));
+    await page.click('#rej-search');
+    await page.waitForFunction((n: number) => Number(document.getElementById('rej-count').getAttribute('data-loads')) > n, loads);
+  };
+
+  beforeAll(async () => {
+    up = await startUpstream();
+    gw = await startTestGateway({ routes: [paymentsRoute(up.url), paymentsRoute(up.url, { name: 'refunds', match: { path: '/refunds/*', methods: ['POST'] } })] });
+    const send = (path: string, fence: number, entity: string, key: string, extra: Record<string, unknown> = {}) => command(gw.url, path, { fence, entity, key, ...extra });
+    expect((await send('/payments/charges', 5, 'job:1', 'k-1')).status).toBe(201);
+    expect((await send('/refunds/r', 9, 'job:2', 'k-2')).status).toBe(201);
+    await expectProblem(await send('/payments/charges', 4, 'job:1', 'late-a', { headers: { 'x-request-id': 'client-req-77' } }), 409, 'stale-fence');
+    await expectProblem(await send('/payments/charges', 3, 'job:1', 'late-b'), 409, 'stale-fence');
+    await expectProblem(await send('/refunds/r', 2, 'job:2', 'late-c'), 409, 'stale-fence');
+    // The same key with another body: reused.
+    await expectProblem(await send('/payments/charges', 5, 'job:1', 'k-1', { body: '{"amount":1}' }), 422, 'idempotency-key-reused');
+    await expectProblem(await send('/refunds/r', 9, 'job:2', 'k-2', { body: '{"amount":1}' }), 422, 'idempotency-key-reused');
+    await gw.sqlite.recordRejection({ reason: 'fence-expired', entity: 'job:3', presentedFence: 1n, currentFence: null, idempotencyKey: 'k-old', detail: 'the fence expired some while before this request arrived at the gateway', audit: { requestId: 'req-expired-1', clientRequestId: null, caller: 'carol', method: 'POST', path: '/payments/charges/with/a/rather/long/path', payloadSha256: 'cd'.repeat(32) } });
+    // Two rows from three hours ago: outside the 1 h window, inside 6 h.
+    gw.sqlite.db.prepare('UPDATE rejections SET at = at - 3 * ? WHERE id IN (1, 4)').run(HOUR);
+    all = await log();
+    expect(all.length).toBe(6);
+    // An outcome_unknown record for the resolve form.
+    up.behave(() => ({ kind: 'reset' }));
+    await expectProblem(await send('/refunds/r', 10, 'job:2', 'pay-9'), 504, 'upstream-timeout');
+    up.behave(null);
+
+    browser = await launchBrowser();
+    ({ page, problems } = await browser.page());
+  }, 120_000);
+
+  afterAll(async () => {
+    await browser?.close();
+    await gw?.close();
+    await up?.close();
+  });
+
+  it('works without sign-in and says why', { timeout: 60_000 }, async () => {
+    const requests: string[] = [];
+    page.on('request', (r: any) => requests.push(new URL(r.url()).pathname));
+    await page.goto(`${gw.url}/_fencegate/`);
+    await page.waitForSelector('body[data-loaded="true"]');
+    expect(await page.textContent('#whoami')).toBe('no auth configured: loopback only');
+    expect(await page.isVisible('#signin')).toBe(false);
+    expect(requests.filter((p) => p.includes('/v1/')).sort()).toEqual(['/_fencegate/v1/idempotency', '/_fencegate/v1/operator-actions', '/_fencegate/v1/rejections']);
+    // The default window (24 h) holds every row.
+    expect((await shownIds()).sort()).toEqual(ids(all).sort());
+    expect(problems).toEqual([]);
+  });
+
+  it('charts refusals by reason over the chosen window, with counts that match the log', { timeout: 60_000 }, async () => {
+    const chartTotals = () =>
+      page.$$eval('#chart svg rect[data-reason]', (rs: HTMLElement[]) => {
+        const t: Record<string, number> = {};
+        for (const r of rs) t[r.getAttribute('data-reason')] = (t[r.getAttribute('data-reason')] ?? 0) + Number(r.getAttribute('data-count'));
+        return t;
+      });
+    const byReason = (rows: any[]) => rows.reduce((t: Record<string, number>, r) => ((t[r.reason] = (t[r.reason] ?? 0) + 1), t), {});
+    const recent = await log('&since=1h');
+    expect(recent.length).toBe(4);
+    for (const [window, rows] of [['1h', recent], ['6h', all]] as const) {
+      await page.selectOption('#rej-window', window);
+      await searchNow();
+      expect((await shownIds()).sort()).toEqual(ids(rows).sort());
+      expect(await chartTotals()).toEqual(byReason(rows));
+      const legend = await page.$$eval('#chart .legend [data-reason]', (s: HTMLElement[]) => Object.fromEntries(s.map((e) => [e.getAttribute('data-reason'), Number(e.getAttribute('data-total'))])));
+      expect(legend).toEqual(byReason(rows));
+      const counts = await page.$$eval('#count-reason tbody tr', (trs: HTMLElement[]) => Object.fromEntries(trs.map((tr) => [tr.cells[0].textContent, Number(tr.cells[1].textContent)])));
+      expect(counts).toEqual(byReason(rows));
+    }
+    // 6 h: the two old rows sit in the first bars, the rest in the last.
+    const bars = await page.$$eval('#chart svg rect[data-reason]', (rs: HTMLElement[]) => rs.map((r) => Number(r.getAttribute('x'))));
+    expect(Math.min(...bars)).toBeLessThan(500);
+    expect(Math.max(...bars)).toBeGreaterThan(900);
+    const callers = await page.$$eval('#count-caller tbody tr', (trs: HTMLElement[]) => trs.map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent]));
+    expect(callers).toEqual([['(anonymous)', '5'], ['carol', '1']]);
+    const routes = await page.$$eval('#count-route tbody tr', (trs: HTMLElement[]) => trs.map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent]));
+    expect(routes).toEqual([['POST /payments/charges', '3'], ['POST /refunds/r', '2'], ['POST /payments/charges/with/a/rather/long/path', '1']]);
+    await browser.screenshot(page, 'open-chart-6h');
+  });
+
+  it('searches by entity, key, request id, route, caller and reason', { timeout: 60_000 }, async () => {
+    const cases: [Record<string, string>, (r: any) => boolean][] = [
+      [{ 'rej-entity': 'job:2' }, (r) => r.entity === 'job:2'],
+      [{ 'rej-reason': 'idempotency-key-reused' }, (r) => r.reason === 'idempotency-key-reused'],
+      [{ 'rej-caller': 'carol' }, (r) => r.caller === 'carol'],
+      [{ 'rej-key': 'late-' }, (r) => (r.idempotency_key ?? '').includes('late-')],
+      // The caller's X-Request-Id, and the gateway's own id of another row.
+      [{ 'rej-request': 'client-req-77' }, (r) => r.client_request_id === 'client-req-77'],
+      [{ 'rej-request': all.find((r) => r.reason === 'idempotency-key-reused').request_id }, (r) => r.request_id === all.find((x) => x.reason === 'idempotency-key-reused').request_id],
+      [{ 'rej-route': '/refunds/' }, (r) => r.path.startsWith('/refunds/')],
+      // Server-side and browser-side filters together.
+      [{ 'rej-entity': 'job:1', 'rej-key': 'late-b' }, (r) => r.entity === 'job:1' && r.idempotency_key === 'late-b'],
+    ];
+    for (const [fields, keep] of cases) {
+      await search(fields);
+      const expected = ids(all.filter(keep));
+      expect(expected.length, JSON.stringify(fields)).toBeGreaterThan(0);
+      expect(expected.length, JSON.stringify(fields)).toBeLessThan(all.length);
+      expect(await shownIds(), JSON.stringify(fields)).toEqual(expected);
+    }
+    // A row's details show every field in full, the payload digest and request id included.
+    await search({ 'rej-caller': 'carol' });
+    await page.click('#rej-table tbody tr');
+    expect(await page.textContent('#rej-detail dd[data-field="payload_sha256"]')).toBe('cd'.repeat(32));
+    expect(await page.textContent('#rej-detail dd[data-field="request_id"]')).toBe('req-expired-1');
+    await browser.screenshot(page, 'open-search-detail');
+  });
+
+  it('exports the current filter as CSV and NDJSON (the download is the API export, narrowed by the browser-side filters)', { timeout: 60_000 }, async () => {
+    const download = async (button: string) => {
+      const [d] = await Promise.all([page.waitForEvent('download'), page.click(button)]);
+      return { name: d.suggestedFilename() as string, text: readFileSync(await d.path(), 'utf8') };
+    };
+    // API-side filters only: the files are exactly the API's exports.
+    await search({ 'rej-entity': 'job:1' });
+    const csv = await download('#rej-csv');
+    expect(csv.name).toMatch(/^fencegate-rejections-.*\.csv$/);
+    expect(csv.text).toBe(await (await fetch(`${gw.url}/_fencegate/v1/rejections?since=6h&entity=job%3A1&format=csv`)).text());
+    expect(csv.text.split('\r\n')[0]).toContain('payload_sha256,request_id');
+    const nd = await download('#rej-ndjson');
+    expect(nd.text.trim().split('\n').map((l) => JSON.parse(l).id)).toEqual(all.filter((r) => r.entity === 'job:1').map((r) => r.id));
+    // A browser-side filter (key) too: only the rows the table shows.
+    await search({ 'rej-entity': 'job:1', 'rej-key': 'late-' });
+    const shown = (await shownIds()).map(String);
+    expect(shown.length).toBe(2);
+    const nd2 = await download('#rej-ndjson');
+    expect(nd2.text.trim().split('\n').map((l) => JSON.parse(l).id)).toEqual(shown);
+    const csv2 = (await download('#rej-csv')).text.split('\r\n');
+    expect(csv2[0]).toBe(csv.text.split('\r\n')[0]);
+    expect(csv2.slice(1, -1).map((l) => l.split(',')[0])).toEqual(shown);
+    expect(csv2.at(-1)).toBe('');
+  });
+
+  it('keeps table cells on one line at 1400 px (no word broken mid-way)', { timeout: 30_000 }, async () => {
+    await search({});
+    const broken = await page.$$eval('#rej-table td, #rej-table th, #count-route td', (cells: HTMLElement[]) =>
+      cells.filter((c) => {
+        if (c.textContent === '') return false;
+        const range = document.createRange();
+        range.selectNodeContents(c);
+        const lines = new Set([...range.getClientRects()].map((r: any) => Math.round(r.top)));
+        return lines.size > 1;
+      }).map((c) => c.textContent));
+    expect(broken).toEqual([]);
+    // And the table fits the page: no column pushed out of sight.
+    expect(await page.$eval('#rejections .scroll', (d: HTMLElement) => d.scrollWidth - d.clientWidth)).toBeLessThanOrEqual(0);
+    // Negative control: the old rule (break-all) in a narrow cell does break the digest.
+    const wraps = await page.evaluate(() => {
+      const td = document.querySelector('#rej-table tbody tr td.mono');
+      td.style.whiteSpace = 'normal';
+      td.style.wordBreak = 'break-all';
+      // A table cell's max-width does not bind; a block's width does.
+      td.style.display = 'block';
+      td.style.width = '6rem';
+      const range = document.createRange();
+      range.selectNodeContents(td);
+      const lines = new Set([...range.getClientRects()].map((r: any) => Math.round(r.top))).size;
+      td.removeAttribute('style');
+      return lines;
+    });
+    expect(wraps).toBeGreaterThan(1);
+  });
+
+  it('shows an entity: current fence, fence history as a timeline, and a request in flight', { timeout: 60_000 }, async () => {
+    const gate = up.gate();
+    up.behave(() => ({ kind: 'hold', gate: gate.promise }));
+    const held = command(gw.url, '/payments/charges', { fence: 6, entity: 'job:1', key: 'k-held' });
+    await up.waitFor(() => up.inflight === 1, 'the held request reaches the upstream');
+    await page.fill('#ent-input', 'job:1');
+    await page.click('#ent-go');
+    await page.waitForSelector('#ent-info:not([hidden])');
+    expect(await page.textContent('#ent-fence')).toBe('6');
+    expect(await page.textContent('#ent-inflight')).toMatch(/^yes, until \d{4}-\d\d-\d\dT/);
+    expect(await page.$$eval('#ent-timeline circle', (cs: HTMLElement[]) => cs.map((c) => c.getAttribute('data-fence')))).toEqual(['5', '6']);
+    await browser.screenshot(page, 'open-entity-inflight');
+    gate.open();
+    up.behave(null);
+    expect((await held).status).toBe(201);
+  });
+
+  it('resolves an outcome_unknown record as released without sign-in (operator anonymous)', { timeout: 60_000 }, async () => {
+    await page.click('#unk-refresh');
+    await page.waitForSelector('#unk-table button.resolve[data-key="pay-9"]');
+    await page.click('#unk-table button.resolve[data-key="pay-9"]');
+    await page.selectOption('#res-outcome', 'released');
+    expect(await page.isVisible('#res-response')).toBe(false);
+    await page.fill('#res-note', 'no refund at the provider');
+    await page.click('#res-submit');
+    await page.waitForFunction(() => document.getElementById('status').textContent === 'resolved pay-9 as released by anonymous');
+    await page.waitForSelector('#unk-empty:not([hidden])');
+    const action = await page.$$eval('#act-table tbody tr:first-child td', (tds: HTMLElement[]) => tds.map((td) => td.textContent));
+    expect(action.slice(1, 3)).toEqual(['resolve-released', 'pay-9']);
+    expect(action[6]).toBe('(anonymous)');
+    expect((await gw.sqlite.getRecords('pay-9')).filter((r) => r.state === 'outcome_unknown')).toEqual([]);
+    await browser.screenshot(page, 'open-resolved');
+    expect(problems).toEqual([]);
+  });
+});
