@@ -7,6 +7,10 @@ import { createUndiciForwarder } from '../http/forward-undici.js';
 import type { Forwarder } from '../http/forward.js';
 import { createGateway, type Gateway } from '../http/gateway.js';
 import { createJsonLogger, type Logger } from '../http/logger.js';
+import { createMetrics } from '../http/metrics.js';
+import { createPromBackend } from '../http/metrics-node.js';
+import { loadTracing } from '../http/tracing.js';
+import type { Registry } from 'prom-client';
 import { createNodeListener } from './node-listener.js';
 import { openStore } from './open-store.js';
 import { SWEEP_KINDS, type GatewayStore } from '../store/types.js';
@@ -29,6 +33,8 @@ export interface StartOptions {
   store?: GatewayStore;
   forwarder?: Forwarder;
   env?: Record<string, string | undefined>;
+  /** The prom-client Registry `/metrics` serves (default: a new one); register your own metrics in it too. */
+  registry?: Registry;
 }
 
 export function isLoopback(host: string): boolean {
@@ -53,7 +59,11 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const forwarder = options.forwarder ?? createUndiciForwarder();
   let gateway: Gateway;
   try {
-    gateway = createGateway({ config, store, forwarder, logger, admin, env: options.env });
+    // prom-client on Node (one registry, with the process metrics); the same names as the text backend.
+    const metrics = createMetrics({ backend: createPromBackend(options.registry ? { registry: options.registry } : {}), routes: config.routes.map((r) => r.name) });
+    // Spans from the first request when @opentelemetry/api is installed.
+    await loadTracing();
+    gateway = createGateway({ config, store, forwarder, logger, admin, env: options.env, metrics });
   } catch (err) {
     if (options.forwarder === undefined) await forwarder.close?.();
     if (options.store === undefined) await store.close();

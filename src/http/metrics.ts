@@ -1,34 +1,14 @@
 /**
- * Prometheus metrics, hand-written text exposition (format 0.0.4): no
- * dependency, and the same code runs on Node and Workers. Every label set is
- * bounded: route names come from the config, outcomes from the table below.
+ * What the gateway counts, on any backend: the hand-written text exposition
+ * (./metrics-text.ts, the default, no dependency, Workers and Node alike) or
+ * prom-client (./metrics-node.ts, the Node entry). Names and labels are in
+ * ./metrics-spec.ts; docs/metrics.md is the reference.
  */
-import { SWEEP_BACKLOG_CAP } from '../store/sweep.js';
 import { SWEEP_KINDS, type SweepKind, type SweepResult } from '../store/types.js';
+import { decisionOutcomeOf, FENCEGATE_VERSION, KNOWN_COARSE, KNOWN_REASONS, knownDecisionSeries, outcomeOf, rejectionReasonOf, SPECS } from './metrics-spec.js';
+import { createTextBackend, type MetricBackend } from './metrics-text.js';
 
-/** The `outcome` label, per proxy decision (the decision codes of the log line). */
-const OUTCOMES: Record<string, string> = {
-  forwarded: 'accepted',
-  'forwarded-released': 'accepted',
-  replayed: 'replayed',
-  'stale-fence': 'stale',
-  'idempotency-key-reused': 'mismatch',
-  'idempotency-in-progress': 'in_progress',
-  'entity-busy': 'busy',
-  'outcome-unknown': 'unknown',
-  'upstream-unavailable': 'upstream_error',
-  'upstream-timeout': 'upstream_error',
-  'upstream-response-too-large': 'upstream_error',
-  'upstream-response-too-large-released': 'upstream_error',
-  unauthorized: 'unauthorized',
-  forbidden: 'forbidden',
-  'invalid-fence-signature': 'invalid_signature',
-  'fence-expired': 'fence_expired',
-  'store-unavailable': 'store_error',
-  'admission-expired': 'admission_expired',
-  'no-route': 'no_route',
-  'internal-error': 'internal_error',
-};
+export { outcomeOf, decisionOutcomeOf, rejectionReasonOf } from './metrics-spec.js';
 
 /** The sweeper's kinds of row → the `kind` label of its metrics. */
 const SWEEP_LABELS: Record<SweepKind, string> = {
@@ -40,135 +20,136 @@ const SWEEP_LABELS: Record<SweepKind, string> = {
   oldOperatorActions: 'operator_actions',
 };
 
-/** Decision code → `outcome` label; 400s and 413 are `invalid`. */
-export function outcomeOf(decision: string): string {
-  return OUTCOMES[decision.replace(/-after-takeover$/, '')] ?? 'invalid';
-}
-
-const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
-const OVERHEAD_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5];
-
-class Histogram {
-  readonly counts: number[];
-  sum = 0;
-  count = 0;
-  constructor(readonly buckets: number[]) {
-    this.counts = new Array(buckets.length).fill(0);
-  }
-  observe(v: number): void {
-    this.sum += v;
-    this.count++;
-    for (let i = 0; i < this.buckets.length; i++) if (v <= this.buckets[i]!) this.counts[i]!++;
-  }
-}
-
 export interface RequestObservation {
   route: string | null;
   decision: string;
   status: number;
   totalMs: number;
   upstreamMs: number | undefined;
+  /** An mcp route's tools/call: the tool's name (or `_unlisted`, ./mcp/pipeline.ts keeps the set bounded). */
+  tool?: string;
 }
 
 export interface Gauges {
   inflight: number;
   /** From the store; absent when the store could not answer (then `fencegate_store_up 0`). */
   stats?: { rejections: number; outcomeUnknown: number } | null;
+  /** A PostgreSQL store's pool (pg's `totalCount`, `idleCount`, `waitingCount`); absent for other stores. */
+  pool?: { total: number; idle: number; waiting: number };
 }
+
+/** A store call's end: `discarded` is a finish the store refused (the record had another owner). */
+export type StoreCallResult = 'ok' | 'error' | 'discarded';
 
 export interface Metrics {
   observe(o: RequestObservation): void;
+  /** One admit or finish call to the store, how long it took and how it ended. */
+  storeCall(op: 'admit' | 'finish', ms: number, result: StoreCallResult): void;
   /** One sweep's result (rows swept, backlog left) and how long it took. */
   swept(r: SweepResult, durationMs: number): void;
   /** A sweep that failed (its batches before the fault are committed). */
   sweepFailed(): void;
-  render(gauges: Gauges): string;
+  render(gauges: Gauges): string | Promise<string>;
+  /** The Content-Type of `render()`. */
+  readonly contentType: string;
+}
+
+export interface MetricsOptions {
+  /** Default: the text backend. */
+  backend?: MetricBackend;
+  /** Route names: their known series start at zero. */
+  routes?: readonly string[];
+  /** The `node` label of fencegate_build_info. Default: the runtime's `process.versions.node`, or "". */
+  nodeVersion?: string;
 }
 
 /**
  * @example
- * const metrics = createMetrics();
+ * const metrics = createMetrics({ routes: ['payments'] });
  * metrics.observe({ route: 'payments', decision: 'forwarded', status: 201, totalMs: 12, upstreamMs: 10 });
- * metrics.render({ inflight: 0, stats: { rejections: 3, outcomeUnknown: 0 } });
+ * await metrics.render({ inflight: 0, stats: { rejections: 3, outcomeUnknown: 0 } });
  */
-export function createMetrics(): Metrics {
-  const requests = new Map<string, number>();
-  const upstream = new Map<string, Histogram>();
-  const overhead = new Map<string, Histogram>();
-  const swept = new Map<SweepKind, number>(SWEEP_KINDS.map((k) => [k, 0]));
-  const sweeps = { ok: 0, failed: 0 };
-  let lastSweep: { backlog: SweepResult['backlog']; seconds: number } | null = null;
-  const hist = (m: Map<string, Histogram>, route: string, buckets: number[]) => {
-    let h = m.get(route);
-    if (h === undefined) m.set(route, (h = new Histogram(buckets)));
-    return h;
+export function createMetrics(options: MetricsOptions = {}): Metrics {
+  const b = options.backend ?? createTextBackend();
+  const m = {
+    requests: b.metric(SPECS.requests),
+    decisions: b.metric(SPECS.decisions),
+    rejections: b.metric(SPECS.rejections),
+    toolCalls: b.metric(SPECS.toolCalls),
+    total: b.metric(SPECS.total),
+    upstream: b.metric(SPECS.upstream),
+    overhead: b.metric(SPECS.overhead),
+    store: b.metric(SPECS.store),
+    storeErrors: b.metric(SPECS.storeErrors),
+    lateFinishes: b.metric(SPECS.lateFinishes),
+    inflight: b.metric(SPECS.inflight),
+    storeUp: b.metric(SPECS.storeUp),
+    rejectionRows: b.metric(SPECS.rejectionRows),
+    unknownRecords: b.metric(SPECS.unknownRecords),
+    sweeps: b.metric(SPECS.sweeps),
+    swept: b.metric(SPECS.swept),
+    buildInfo: b.metric(SPECS.buildInfo),
   };
+  // Known series at zero: an alert on increase(...) sees the first event.
+  for (const route of options.routes ?? []) {
+    for (const o of KNOWN_COARSE) m.requests.inc([route, o], 0);
+    for (const [o, status] of knownDecisionSeries()) m.decisions.inc([route, o, status], 0);
+    for (const r of KNOWN_REASONS) m.rejections.inc([route, r], 0);
+  }
+  for (const op of ['admit', 'finish']) m.storeErrors.inc([op], 0);
+  m.lateFinishes.inc([], 0);
+  m.sweeps.inc(['ok'], 0);
+  m.sweeps.inc(['failed'], 0);
+  for (const k of SWEEP_KINDS) m.swept.inc([SWEEP_LABELS[k]], 0);
+  m.buildInfo.set([FENCEGATE_VERSION, options.nodeVersion ?? (globalThis as { process?: { versions?: { node?: string } } }).process?.versions?.node ?? ''], 1);
+  // Shown from the first sweep (before it there is no backlog to tell), and a pool only for a store that has one.
+  let lastSweep: { backlog: ReturnType<MetricBackend['metric']>; seconds: ReturnType<MetricBackend['metric']> } | null = null;
+  let pool: ReturnType<MetricBackend['metric']> | null = null;
+
   return {
+    contentType: b.contentType,
     observe(o) {
       const route = o.route ?? '';
-      const k = `${route}\u0000${outcomeOf(o.decision)}`;
-      requests.set(k, (requests.get(k) ?? 0) + 1);
-      if (o.upstreamMs !== undefined) hist(upstream, route, LATENCY_BUCKETS).observe(o.upstreamMs / 1000);
+      m.requests.inc([route, outcomeOf(o.decision)]);
+      m.decisions.inc([route, decisionOutcomeOf(o.decision), String(o.status)]);
+      const reason = rejectionReasonOf(o.decision);
+      if (reason !== null) m.rejections.inc([route, reason]);
+      if (o.tool !== undefined) m.toolCalls.inc([route, o.tool, outcomeOf(o.decision)]);
+      m.total.observe([route], o.totalMs / 1000);
+      if (o.upstreamMs !== undefined) m.upstream.observe([route], o.upstreamMs / 1000);
       // Overhead: everything but the upstream exchange (parsing, store, waits for the serial slot).
-      hist(overhead, route, OVERHEAD_BUCKETS).observe(Math.max(0, o.totalMs - (o.upstreamMs ?? 0)) / 1000);
+      m.overhead.observe([route], Math.max(0, o.totalMs - (o.upstreamMs ?? 0)) / 1000);
+    },
+    storeCall(op, ms, result) {
+      m.store.observe([op], ms / 1000);
+      if (result === 'error') m.storeErrors.inc([op]);
+      if (result === 'discarded') m.lateFinishes.inc([]);
     },
     swept(r, durationMs) {
-      for (const k of SWEEP_KINDS) swept.set(k, swept.get(k)! + r[k]);
-      sweeps.ok++;
-      lastSweep = { backlog: { ...r.backlog }, seconds: durationMs / 1000 };
+      for (const k of SWEEP_KINDS) m.swept.inc([SWEEP_LABELS[k]], r[k]);
+      m.sweeps.inc(['ok']);
+      lastSweep ??= { backlog: b.metric(SPECS.backlog), seconds: b.metric(SPECS.sweepSeconds) };
+      for (const k of SWEEP_KINDS) lastSweep.backlog.set([SWEEP_LABELS[k]], r.backlog[k]);
+      lastSweep.seconds.set([], durationMs / 1000);
     },
     sweepFailed() {
-      sweeps.failed++;
+      m.sweeps.inc(['failed']);
     },
     render(g) {
-      const out: string[] = [];
-      out.push('# HELP fencegate_requests_total Proxied requests by route and outcome.', '# TYPE fencegate_requests_total counter');
-      for (const [k, n] of [...requests].sort()) {
-        const [route, outcome] = k.split('\u0000') as [string, string];
-        out.push(`fencegate_requests_total{route="${esc(route)}",outcome="${outcome}"} ${n}`);
-      }
-      renderHistogram(out, 'fencegate_upstream_duration_seconds', 'Upstream exchange time, response body included.', upstream);
-      renderHistogram(out, 'fencegate_overhead_duration_seconds', 'Time the gateway adds: total minus the upstream exchange.', overhead);
-      out.push('# HELP fencegate_inflight_requests Proxied requests being handled now.', '# TYPE fencegate_inflight_requests gauge', `fencegate_inflight_requests ${g.inflight}`);
-      out.push('# HELP fencegate_store_up Whether the store answered this scrape.', '# TYPE fencegate_store_up gauge', `fencegate_store_up ${g.stats ? 1 : 0}`);
+      m.inflight.set([], g.inflight);
+      m.storeUp.set([], g.stats ? 1 : 0);
       if (g.stats) {
-        out.push('# HELP fencegate_rejection_log_rows Rows in the rejection log.', '# TYPE fencegate_rejection_log_rows gauge', `fencegate_rejection_log_rows ${g.stats.rejections}`);
-        out.push(
-          '# HELP fencegate_outcome_unknown_records Idempotency records waiting for an operator.',
-          '# TYPE fencegate_outcome_unknown_records gauge',
-          `fencegate_outcome_unknown_records ${g.stats.outcomeUnknown}`,
-        );
+        m.rejectionRows.set([], g.stats.rejections);
+        m.unknownRecords.set([], g.stats.outcomeUnknown);
+      } else {
+        m.rejectionRows.reset();
+        m.unknownRecords.reset();
       }
-      out.push('# HELP fencegate_sweeps_total Sweeps run, by result.', '# TYPE fencegate_sweeps_total counter');
-      out.push(`fencegate_sweeps_total{result="ok"} ${sweeps.ok}`, `fencegate_sweeps_total{result="failed"} ${sweeps.failed}`);
-      out.push(
-        '# HELP fencegate_swept_rows_total Rows the sweeper deleted (dead_records: in-progress records whose lock expired, marked outcome_unknown).',
-        '# TYPE fencegate_swept_rows_total counter',
-      );
-      for (const k of SWEEP_KINDS) out.push(`fencegate_swept_rows_total{kind="${SWEEP_LABELS[k]}"} ${swept.get(k)}`);
-      if (lastSweep !== null) {
-        const last: { backlog: SweepResult['backlog']; seconds: number } = lastSweep;
-        out.push(
-          `# HELP fencegate_sweep_backlog_rows Rows still past their retention when the last sweep stopped (0: it caught up; counted up to ${SWEEP_BACKLOG_CAP}).`,
-          '# TYPE fencegate_sweep_backlog_rows gauge',
-        );
-        for (const k of SWEEP_KINDS) out.push(`fencegate_sweep_backlog_rows{kind="${SWEEP_LABELS[k]}"} ${last.backlog[k]}`);
-        out.push('# HELP fencegate_sweep_duration_seconds How long the last sweep took.', '# TYPE fencegate_sweep_duration_seconds gauge', `fencegate_sweep_duration_seconds ${last.seconds}`);
+      if (g.pool !== undefined) {
+        pool ??= b.metric(SPECS.pool);
+        for (const state of ['total', 'idle', 'waiting'] as const) pool.set([state], g.pool[state]);
       }
-      return out.join('\n') + '\n';
+      return b.render();
     },
   };
-}
-
-function renderHistogram(out: string[], name: string, help: string, m: Map<string, Histogram>): void {
-  out.push(`# HELP ${name} ${help}`, `# TYPE ${name} histogram`);
-  for (const [route, h] of [...m].sort(([a], [b]) => (a < b ? -1 : 1))) {
-    const r = `route="${esc(route)}"`;
-    h.buckets.forEach((le, i) => out.push(`${name}_bucket{${r},le="${le}"} ${h.counts[i]}`));
-    out.push(`${name}_bucket{${r},le="+Inf"} ${h.count}`, `${name}_sum{${r}} ${h.sum}`, `${name}_count{${r}} ${h.count}`);
-  }
-}
-
-function esc(v: string): string {
-  return v.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n');
 }

@@ -6,6 +6,7 @@
 import { randomUUID } from 'node:crypto';
 import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
 import type { InFlightRequest, LeaseEvent } from './events.js';
+import { startToolSpan } from './tracing.js';
 
 /** Header names; the gateway's defaults (configurable per route there, so here too). */
 export interface FenceHeaderNames {
@@ -197,11 +198,14 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
     });
 
     const settled = ctx.started?.({ step, idempotencyKey: key, requestId, startedAt: new Date() });
+    const span = startToolSpan({ ...ctx, step, idempotencyKey: key, requestId, method: (rest.method ?? 'GET').toUpperCase(), url });
+    span.inject(headers);
     let res: Response;
     try {
       res = await doFetch(url, { ...rest, headers, signal: AbortSignal.any(signals) });
     } catch (err) {
       settled?.();
+      span.end(null, err);
       if (ctx.signal.aborted) throw ctx.signal.reason instanceof Error ? ctx.signal.reason : new LeaseLostError('the lease ended', { cause: err });
       if (callerSignal?.aborted) throw err;
       if (timeout?.aborted) {
@@ -216,6 +220,7 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
     settled?.();
 
     const refusal = await isFenceRefusal(res);
+    span.end(res.status, undefined, refusal !== undefined ? 'stale-fence' : res.headers.get('idempotent-replayed') === 'true' ? 'replayed' : undefined);
     if (refusal !== undefined) {
       ctx.markLost('stale_fence');
       throw new LeaseLostError(`the gateway refused fence ${ctx.fencingToken} for ${ctx.fenceKey}: a newer owner holds it`, {
@@ -254,10 +259,15 @@ export function createStep(ctx: FenceContext, options: FenceOptions = {}): StepF
       requestId,
     });
     const settled = ctx.started?.({ step: name, idempotencyKey: key, requestId, startedAt: new Date() });
+    const span = startToolSpan({ ...ctx, step: name, idempotencyKey: key, requestId });
+    let error: unknown;
     try {
       return await action({ idempotencyKey: key, fence, fenceKey: ctx.fenceKey, requestId, signal: ctx.signal });
+    } catch (err) {
+      throw (error = err);
     } finally {
       settled?.();
+      span.end(null, error);
     }
   };
 }

@@ -24,5 +24,41 @@ export {
 // Signed fences (DESIGN §7): `fenceSigner: createFenceSigner({ secret }, { graceSeconds: 5 })`.
 export { createFenceSigner, mintFence, type FenceClaimsInput, type FenceSigningKey } from '../protocol/fence-token.js';
 export { LeaseEvents, type InFlightRequest, type LeaseEvent, type LeaseEventMap, type LeaseEventOf, type LeaseEventType } from './events.js';
-export type { KindCounters, KindGauges, LeaseMetrics } from './metrics.js';
+export type { KindCounters, KindGauges, LeaseMetrics, LossCause } from './metrics.js';
+// Prometheus (prom-client) and OpenTelemetry (optional peer): docs/metrics.md.
+export { leaseMetricsRegistry, type LeaseMetricsRegistryOptions } from './prometheus.js';
+export { loadTracing } from './tracing.js';
 export { backoffMs, canStartAction, checkLeaseTiming, type BackoffPolicy, type LeaseTiming } from './timing.js';
+// MCP (docs/mcp.md): the fence, entity and step key in each tools/call's `_meta`.
+export {
+  fencedMcp,
+  McpRefusalError,
+  type FencedMcp,
+  type FencedMcpCallParams,
+  type FencedMcpOptions,
+  type McpClientLike,
+  type McpRequestOptionsLike,
+  type McpToolCallParams,
+} from './mcp.js';
+export { MCP_ERROR_CODES, MCP_META } from '../protocol/mcp.js';
+export {
+  advanceStage,
+  dispatchToolCalls,
+  followStages,
+  parseTools,
+  toolJobKey,
+  toolKinds,
+  type AdvanceAnswer,
+  type AnthropicToolUse,
+  type DispatchAnswer,
+  type DispatchOptions,
+  type OpenAiToolCall,
+  type PlainToolCall,
+  type ProposedToolCall,
+  type RefusalCode,
+  type StagePayload,
+  type ToolConfig,
+  type ToolLimits,
+  type ToolsInput,
+  type ToolStageConfig,
+} from './dispatch.js';

@@ -2,7 +2,10 @@
  * Counters and gauges per job kind. Counters are derived from the runner's
  * own events, so they can never disagree with what was emitted.
  */
-import type { LeaseEvent, LeaseEvents } from './events.js';
+import type { LeaseEvent, LeaseEventOf, LeaseEvents } from './events.js';
+
+export type LossCause = LeaseEventOf<'heartbeat_lost'>['cause'];
+export const LOSS_CAUSES: readonly LossCause[] = ['zero_rows', 'unconfirmed', 'stalled', 'stale_fence', 'thread_exit'];
 
 export interface KindCounters {
   claimed: number;
@@ -13,6 +16,8 @@ export interface KindCounters {
   extendsFailed: number;
   /** Leases this worker lost (zero rows, unconfirmed, stalled, stale fence). */
   leasesLost: number;
+  /** `leasesLost` by cause: `zero_rows` and `unconfirmed` are the lease running out (or a newer owner), `stale_fence` the gateway's word. */
+  lostByCause: Record<LossCause, number>;
   ownershipUnknown: number;
   toolRequests: number;
   committed: number;
@@ -41,6 +46,7 @@ const zero = (): KindCounters => ({
   heartbeatsOk: 0,
   extendsFailed: 0,
   leasesLost: 0,
+  lostByCause: { zero_rows: 0, unconfirmed: 0, stalled: 0, stale_fence: 0, thread_exit: 0 },
   ownershipUnknown: 0,
   toolRequests: 0,
   committed: 0,
@@ -63,6 +69,7 @@ function count(c: KindCounters, e: LeaseEvent): void {
       break;
     case 'heartbeat_lost':
       c.leasesLost++;
+      c.lostByCause[e.cause]++;
       break;
     case 'ownership_unknown':
       c.ownershipUnknown++;

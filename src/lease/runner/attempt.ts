@@ -22,6 +22,7 @@ import { LeaseCell, LeaseStatus, type LossCause } from '../heartbeat/cell.js';
 import { leaseKey, type FromThread } from '../heartbeat/protocol.js';
 import { sha256Json } from '../store-common.js';
 import { backoffMs, monotonicMs } from '../timing.js';
+import { startAttemptSpan, type AttemptSpan } from '../tracing.js';
 import type { JobErrorInfo, JobStore, Lease } from '../types.js';
 import { classify } from './classify.js';
 import { fenceContext, jobContext } from './job-context.js';
@@ -44,6 +45,8 @@ export interface Attempt {
   lossReported: boolean;
   /** External actions started and not yet settled, for ownership_unknown. */
   inFlight: Set<InFlightRequest>;
+  /** Its trace span (../tracing.ts; a no-op without OpenTelemetry). */
+  span: AttemptSpan;
 }
 
 /** What an attempt needs from its worker, and nothing more. */
@@ -78,7 +81,9 @@ function fields(ctx: AttemptContext, a: Attempt) {
 }
 
 /** Starts a claimed attempt: watched by the heartbeats, its handler running, its stage timer set. */
-export function startAttempt(ctx: AttemptContext, lease: Lease, claimSentAt: number): Attempt {
+export function startAttempt(outer: AttemptContext, lease: Lease, claimSentAt: number): Attempt {
+  // The attempt's own events also tell its span how it ended.
+  const ctx: AttemptContext = Object.create(outer, { emit: { value: (e: LeaseEvent) => (a.span.note(e), outer.emit(e)) } });
   const kind = ctx.config.kinds[lease.kind]!;
   const a: Attempt = {
     key: leaseKey(lease),
@@ -91,6 +96,7 @@ export function startAttempt(ctx: AttemptContext, lease: Lease, claimSentAt: num
     ended: false,
     lossReported: false,
     inFlight: new Set(),
+    span: startAttemptSpan(lease, ctx.workerId, claimSentAt),
   };
   // Conservative: the database's now was no earlier than when we sent the claim.
   a.cell.confirmedUntil = claimSentAt + lease.leaseMs;
@@ -171,7 +177,7 @@ async function runHandler(ctx: AttemptContext, a: Attempt): Promise<Outcome> {
     reportLoss(ctx, a);
   });
   try {
-    return { ok: true, value: await handler.run(jobContext(ctx, a, fence)) };
+    return { ok: true, value: await a.span.run(async () => handler.run(jobContext(ctx, a, fence))) };
   } catch (error) {
     return { ok: false, error };
   }
@@ -193,6 +199,7 @@ function endAttempt(ctx: AttemptContext, a: Attempt): { lost: boolean } | undefi
 }
 
 function free(ctx: AttemptContext, a: Attempt): void {
+  a.span.end();
   ctx.active.delete(a.key);
   ctx.freed();
 }

@@ -6,6 +6,7 @@
 import { JobError, LeaseLostError, OwnershipUnknownError } from '../errors.js';
 import { createFencedFetch, createStep, type FenceContext } from '../fenced-fetch.js';
 import { LeaseStatus } from '../heartbeat/cell.js';
+import { fencedMcp } from '../mcp.js';
 import { canStartAction, monotonicMs } from '../timing.js';
 import type { Attempt, AttemptContext } from './attempt.js';
 import type { JobContext } from './types.js';
@@ -93,5 +94,6 @@ export function jobContext(ctx: AttemptContext, a: Attempt, fence: FenceContext)
       ...(config.fenceSigner ? { fenceSigner: config.fenceSigner } : {}),
     }),
     step: createStep(fence, config.fenceSigner ? { fenceSigner: config.fenceSigner } : {}),
+    mcp: (client) => fencedMcp(client, fence, config.fenceSigner ? { fenceSigner: config.fenceSigner } : {}),
   };
 }

@@ -1,4 +1,5 @@
 import type { FencedFetch, StepFn } from '../fenced-fetch.js';
+import type { FencedMcp, McpClientLike } from '../mcp.js';
 import type { LeaseEvents } from '../events.js';
 import type { LeaseMetrics } from '../metrics.js';
 import type { PayloadSchema } from './options.js';
@@ -32,6 +33,12 @@ export interface JobContext<P = unknown> {
   signal: AbortSignal;
   fencedFetch: FencedFetch;
   step: StepFn;
+  /**
+   * Wraps an MCP client (e.g. the SDK's `Client`) so that each `callTool`
+   * carries this attempt's fence, entity and step key in `params._meta`
+   * (see `fencedMcp`), signed with the worker's `fenceSigner` if any.
+   */
+  mcp<C extends McpClientLike>(client: C): FencedMcp<C>;
 }
 
 /**

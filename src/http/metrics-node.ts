@@ -1,0 +1,64 @@
+/**
+ * The gateway's metrics in a prom-client Registry (Node only: the Workers
+ * bundle never reaches this file). The same names and labels as the text
+ * backend (./metrics-spec.ts), plus prom-client's default process metrics
+ * (`process_*`, `nodejs_*`), all in one registry that `/metrics` serves.
+ */
+import { collectDefaultMetrics, Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { MetricSpec } from './metrics-spec.js';
+import type { MetricBackend, Series } from './metrics-text.js';
+
+export interface PromBackendOptions {
+  /** Default: a new Registry. */
+  registry?: Registry;
+  /** Register prom-client's default process metrics in it. Default true. */
+  processMetrics?: boolean;
+}
+
+/**
+ * @example
+ * const registry = new Registry();
+ * const metrics = createMetrics({ backend: createPromBackend({ registry }), routes: ['payments'] });
+ * // registry.metrics() is what /metrics serves; add your own metrics to it.
+ */
+export function createPromBackend(options: PromBackendOptions = {}): MetricBackend & { registry: Registry } {
+  const registry = options.registry ?? new Registry();
+  if (options.processMetrics ?? true) collectDefaultMetrics({ register: registry });
+  const made = new Map<string, Series>();
+  return {
+    registry,
+    contentType: registry.contentType,
+    metric(spec) {
+      let s = made.get(spec.name);
+      if (s === undefined) made.set(spec.name, (s = series(spec, registry)));
+      return s;
+    },
+    render: () => registry.metrics(),
+  };
+}
+
+function series(spec: MetricSpec, registry: Registry): Series {
+  const common = { name: spec.name, help: spec.help, labelNames: [...spec.labels], registers: [registry] };
+  // Children per label values, cached: a label object per call would cost on every request.
+  const children = new Map<string, any>();
+  const metric: any =
+    spec.type === 'counter' ? new Counter(common) : spec.type === 'gauge' ? new Gauge(common) : new Histogram({ ...common, buckets: [...spec.buckets!] });
+  const child = (values: readonly string[]) => {
+    if (values.length === 0) return metric;
+    const k = values.join('\u0000');
+    let c = children.get(k);
+    if (c === undefined) children.set(k, (c = metric.labels(...values)));
+    return c;
+  };
+  return {
+    inc: (values, by = 1) => child(values).inc(by),
+    set: (values, value) => child(values).set(value),
+    observe: (values, value) => child(values).observe(value),
+    reset() {
+      metric.reset();
+      children.clear();
+      // prom-client shows an unlabelled gauge as 0 after a reset: NaN says "not known this scrape" instead.
+      if (spec.type === 'gauge' && spec.labels.length === 0) metric.set(Number.NaN);
+    },
+  };
+}
