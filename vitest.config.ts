@@ -9,6 +9,8 @@ export default defineConfig({
     // files run in parallel, tests inside a file run in order.
     fileParallelism: true,
     maxWorkers: 2,
+    // The PostgreSQL skip notice, once per run instead of once per worker.
+    globalSetup: ['test/helpers/postgres-notice.setup.ts'],
     // In CI a JSON report too, summed by .ci/summary.mjs into one closing line.
     reporters: process.env.CI ? ['default', 'json'] : ['default'],
     outputFile: { json: 'test-results/vitest-node.json' },

@@ -1,4 +1,4 @@
-import type { z } from 'zod';
+import { explainIssues } from './explain.js';
 import { ConfigSchema, type Config } from './schema.js';
 
 /** A configuration that does not validate; `message` names every bad field. */
@@ -17,12 +17,13 @@ export class ConfigError extends Error {
 /**
  * Validates a parsed JSON configuration once, at start-up.
  * @throws ConfigError with one line per problem, each naming the field
- *   (e.g. `routes[0].timeoutMs: Too small: expected number to be >=1`).
+ *   (e.g. `routes[0].timeoutMs: Too small: expected number to be >=1`,
+ *   `routes[0]: unknown key "timeoutMS" (did you mean "timeoutMs"?)`; see ./explain.ts).
  */
 export function parseConfig(input: unknown): Config {
   const result = ConfigSchema.safeParse(input);
   if (result.success) return result.data;
-  const issues = result.error.issues.map((i) => `${fieldPath(i.path) || '(root)'}: ${i.message}`);
+  const issues = explainIssues(result.error.issues, input, ConfigSchema);
   throw new ConfigError(`invalid configuration:\n  ${issues.join('\n  ')}`, issues, { cause: result.error });
 }
 
@@ -35,13 +36,4 @@ export function parseConfigText(text: string, source = 'config'): Config {
     throw new ConfigError(`${source} is not valid JSON: ${(err as Error).message}`, [], { cause: err });
   }
   return parseConfig(json);
-}
-
-function fieldPath(path: readonly PropertyKey[] | z.core.$ZodIssue['path']): string {
-  let out = '';
-  for (const seg of path) {
-    if (typeof seg === 'number') out += `[${seg}]`;
-    else out += out ? `.${String(seg)}` : String(seg);
-  }
-  return out;
 }

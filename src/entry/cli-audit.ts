@@ -12,39 +12,14 @@ import { rejectionPages } from '../http/audit/export.js';
 import { CSV_HEADER, csvLine, ndjsonLine, rejectionJson, tableHeader, tableLine, visibleText, type RejectionJson } from '../http/audit/format.js';
 import { SCOPES } from '../http/middleware/auth/verify.js';
 import type { GatewayStore } from '../store/types.js';
+import { CliError, gatewayFetch, parseUrlFlag, reportError, UsageError } from './cli-errors.js';
+import { AUDIT_HELP, TOKEN_HELP } from './cli-help.js';
+import { REJECTION_REASONS } from './cli-reasons.js';
 import { openStore } from './open-store.js';
 
-export const AUDIT_HELP = `fencegate audit — read the rejection log
+export { AUDIT_HELP, TOKEN_HELP };
 
-Usage:
-  fencegate audit --url URL [--token T] [filters] [--format table|csv|ndjson]
-  fencegate audit (--db PATH | --config FILE) [filters] [--format table|csv|ndjson]
-
-Against a running gateway (--url, token from --token or FENCEGATE_TOKEN, with
-the fencegate:audit scope), or straight against its store (--db, or the store
-of --config). Every matching row is streamed, newest first.
-
-Filters:
-  --entity E        only this entity
-  --reason R        stale-fence, idempotency-key-reused, outcome-unknown,
-                    invalid-fence-signature, fence-expired, unauthorized,
-                    forbidden, late-finish
-  --caller C        only this caller (token sub)
-  --since T         ISO 8601 time, or a duration back from now (2h, 30m, 7d)
-  --until T         same
-  --limit N         at most N rows (default: all)
-  --admin-prefix P  the gateway's adminPrefix (default /_fencegate, or the config's)
-`;
-
-export const TOKEN_HELP = `fencegate token — mint a development JWT from the configured HS256 secret
-
-Usage:
-  fencegate token --config FILE --sub NAME [--scope "fencegate:proxy fencegate:audit"] [--ttl 1h]
-
-Signs with auth.secret (HS256) and the config's issuer and audience. Prints the
-token on stdout. For development and tests: production tokens come from your
-identity provider.
-`;
+export { REJECTION_REASONS };
 
 /** `fencegate audit`. Returns the exit code. */
 export async function auditCommand(argv: string[]): Promise<number> {
@@ -58,6 +33,7 @@ export async function auditCommand(argv: string[]): Promise<number> {
       entity: { type: 'string' },
       reason: { type: 'string' },
       caller: { type: 'string' },
+      tool: { type: 'string' },
       since: { type: 'string' },
       until: { type: 'string' },
       limit: { type: 'string' },
@@ -70,9 +46,15 @@ export async function auditCommand(argv: string[]): Promise<number> {
   const format = values.format!;
   if (format !== 'table' && format !== 'csv' && format !== 'ndjson') return usage('--format must be table, csv or ndjson');
   if (values.limit !== undefined && !/^[1-9]\d{0,9}$/.test(values.limit)) return usage('--limit must be a positive integer');
+  if (values.reason !== undefined && !(REJECTION_REASONS as string[]).includes(values.reason)) {
+    // `stale_fence` for `stale-fence`: the log's reasons are the problem codes, with hyphens.
+    const hyphens = values.reason.toLowerCase().replace(/_/g, '-');
+    const hint = (REJECTION_REASONS as string[]).includes(hyphens) ? ` (did you mean ${hyphens}?)` : '';
+    return usage(`--reason "${values.reason}" is not a reason${hint}; one of: ${REJECTION_REASONS.join(', ')}`);
+  }
 
   const filters = new URLSearchParams();
-  for (const name of ['entity', 'reason', 'caller', 'since', 'until'] as const) if (values[name] !== undefined) filters.set(name, values[name]!);
+  for (const name of ['entity', 'reason', 'caller', 'tool', 'since', 'until'] as const) if (values[name] !== undefined) filters.set(name, values[name]!);
   // The same validation as the API: a bad --since fails here, naming the flag.
   const query = parseRejectionQuery(filters);
   if (typeof query === 'string') return usage(`--${query}`);
@@ -89,7 +71,7 @@ export async function auditCommand(argv: string[]): Promise<number> {
     const config = values.config === undefined ? null : readConfig(values.config);
     const prefix = values['admin-prefix'] ?? config?.adminPrefix ?? '/_fencegate';
     const token = values.token ?? process.env.FENCEGATE_TOKEN;
-    const url = new URL(`${prefix}/v1/rejections`, values.url);
+    const url = new URL(`${prefix}/v1/rejections`, parseUrlFlag('--url', values.url));
     // Absolute times, so that the gateway's clock and ours agree on the window.
     if (query.since) filters.set('since', query.since.toISOString());
     if (query.until) filters.set('until', query.until.toISOString());
@@ -97,12 +79,8 @@ export async function auditCommand(argv: string[]): Promise<number> {
     filters.forEach((v, k) => url.searchParams.set(k, v));
     // A limit over one page: stream everything and stop reading at `max`.
     if (max > 1000) url.searchParams.delete('limit');
-    const res = await fetch(url, { headers: { accept: 'application/x-ndjson', ...(token ? { authorization: `Bearer ${token}` } : {}) } });
-    if (!res.ok || res.body === null) {
-      // The answer may echo what a caller sent; it goes to a terminal.
-      process.stderr.write(`fencegate: ${res.status} ${visibleText(`${res.statusText}: ${(await res.text()).slice(0, 2000)}`)}\n`);
-      return 1;
-    }
+    const res = await gatewayFetch(url, { headers: { accept: 'application/x-ndjson', ...(token ? { authorization: `Bearer ${token}` } : {}) } });
+    if (!res.ok || res.body === null) throw new CliError(await answerProblem(res, token !== undefined && token !== ''));
     await write(header);
     let n = 0;
     let rest = '';
@@ -151,6 +129,7 @@ export async function tokenCommand(argv: string[]): Promise<number> {
     },
   });
   if (values.help) return out(TOKEN_HELP, 0);
+  const usage = (message: string) => reportError(new UsageError(message), 'token');
   if (values.config === undefined) return usage('token needs --config FILE (its auth.secret signs the token)');
   if (values.sub === undefined || values.sub === '') return usage('token needs --sub NAME');
   const ttl = parseDuration(values.ttl!);
@@ -159,9 +138,13 @@ export async function tokenCommand(argv: string[]): Promise<number> {
   const unknown = scopes.filter((s) => !(SCOPES as readonly string[]).includes(s));
   if (unknown.length > 0) return usage(`unknown scope ${unknown.join(', ')} (expected ${SCOPES.join(', ')})`);
   const config = readConfig(values.config);
-  if (config.auth === undefined) return usage(`${values.config} has no "auth" section`);
+  if (config.auth === undefined) {
+    throw new CliError(
+      `${values.config} has no "auth" section: that gateway checks no tokens, so none is needed (without auth its admin API answers on a loopback listener, e.g. fencegate audit --url http://127.0.0.1:${config.listen.port})`,
+    );
+  }
   const keys = verificationKeys(config.auth, process.env, 'auth');
-  if (keys.secret === null) return usage('auth has no HS256 secret: tokens for public keys come from whoever holds the private key');
+  if (keys.secret === null) throw new CliError('auth has no HS256 secret: tokens for public keys come from whoever holds the private key');
   const issuer = Array.isArray(config.auth.issuer) ? config.auth.issuer[0]! : config.auth.issuer;
   const token = await new SignJWT({ scope: scopes.join(' ') })
     .setProtectedHeader({ alg: 'HS256', typ: 'JWT' })
@@ -197,6 +180,25 @@ function out(text: string, code: number): number {
 }
 
 function usage(message: string): number {
-  process.stderr.write(`fencegate: ${message}\n`);
-  return 2;
+  return reportError(new UsageError(message), 'audit');
+}
+
+/**
+ * A refusal from the gateway in one line: status, the problem's detail
+ * (made visible: it may echo what a caller sent, and goes to a terminal),
+ * and what to do about a 401 or 403.
+ */
+export async function answerProblem(res: Response, hadToken: boolean): Promise<string> {
+  const text = (await res.text()).slice(0, 2000);
+  let detail = text;
+  try {
+    const p = JSON.parse(text) as { detail?: unknown; title?: unknown };
+    if (typeof p.detail === 'string') detail = p.detail;
+    else if (typeof p.title === 'string') detail = p.title;
+  } catch {
+    // not JSON: the text as it is
+  }
+  const hint =
+    res.status === 401 ? (hadToken ? ' (the token was refused: mint a new one, or check issuer and audience)' : ' (pass --token T or set FENCEGATE_TOKEN)') : res.status === 403 ? ' (the token lacks the scope this needs)' : '';
+  return `${res.status} ${res.statusText}: ${visibleText(detail).replace(/\s+/g, ' ')}${hint}`;
 }

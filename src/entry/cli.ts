@@ -1,39 +1,21 @@
 #!/usr/bin/env node
 import { parseArgs } from 'node:util';
-import { ConfigError } from '../config/load.js';
 import { readConfig } from '../config/read-file.js';
 import type { Config } from '../config/schema.js';
-import { createJsonLogger, type LogLevel } from '../http/logger.js';
+import { createJsonLogger, type Logger, type LogLevel } from '../http/logger.js';
+import { migrateLeasePostgresUrl, migrateLeaseSqlite } from '../lease/migrate.js';
 import { migrateSqlite, openSqlite } from '../store/sqlite/index.js';
 import { auditCommand, tokenCommand } from './cli-audit.js';
+import { reportError, UsageError } from './cli-errors.js';
+import { HELP, MIGRATE_HELP, SERVE_HELP } from './cli-help.js';
+import { resolveUnknownCommand } from './cli-resolve.js';
 import { startGateway } from './node.js';
-
-const HELP = `fencegate — a fencing-aware side-effect gateway
-
-Usage:
-  fencegate serve   --config FILE [--port N] [--db PATH | --database-url URL]
-  fencegate migrate (--config FILE | --db PATH | --database-url URL)
-  fencegate audit   (--url URL [--token T] | --db PATH | --config FILE) [--entity E] [--reason R]
-                    [--caller C] [--since 2h] [--until T] [--limit N] [--format table|csv|ndjson]
-  fencegate token   --config FILE --sub NAME [--scope "fencegate:proxy fencegate:audit"] [--ttl 1h]
-  fencegate --help  (fencegate audit --help, fencegate token --help: their options)
-
-Options:
-  --config FILE        JSON configuration (see README: Configuration)
-  --port N             override listen.port
-  --db PATH            use this SQLite file as the store (overrides store)
-  --database-url URL   use this PostgreSQL database (also DATABASE_URL)
-  --help               show this text
-
-Environment:
-  FENCEGATE_LOG_LEVEL  info (default) | warn | error | silent
-  FENCEGATE_TOKEN      bearer token for fencegate audit --url (keeps it out of ps)
-`;
 
 async function main(argv: string[]): Promise<number> {
   // Subcommands with options of their own.
   if (argv[0] === 'audit') return auditCommand(argv.slice(1));
   if (argv[0] === 'token') return tokenCommand(argv.slice(1));
+  if (argv[0] === 'resolve-unknown') return resolveUnknownCommand(argv.slice(1));
   const { values, positionals } = parseArgs({
     args: argv,
     allowPositionals: true,
@@ -42,19 +24,23 @@ async function main(argv: string[]): Promise<number> {
       port: { type: 'string' },
       db: { type: 'string' },
       'database-url': { type: 'string' },
+      lease: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
   });
   const command = positionals[0];
+  if (command !== undefined && command !== 'serve' && command !== 'migrate' && command !== 'help') return usage(`unknown command "${command}"`);
+  if (positionals.length > 1) return usage(`unexpected argument "${positionals[1]}"`, command);
   if (values.help || command === undefined || command === 'help') {
-    process.stdout.write(HELP);
+    process.stdout.write(command === 'serve' ? SERVE_HELP : command === 'migrate' ? MIGRATE_HELP : HELP);
     return command === undefined && !values.help ? 2 : 0;
   }
   const logger = createJsonLogger({ level: (process.env.FENCEGATE_LOG_LEVEL as LogLevel | undefined) ?? 'info' });
 
   if (command === 'migrate') {
     const store = storeFrom(values);
-    if (store === null) return usage('migrate needs --config, --db or --database-url');
+    if (store === null) return usage('migrate needs --config, --db or --database-url', 'migrate');
+    if (values.lease) return migrateLease(store, logger);
     if ('sqlite' in store) {
       const db = openSqlite(store.sqlite);
       const applied = migrateSqlite(db);
@@ -69,20 +55,20 @@ async function main(argv: string[]): Promise<number> {
       logger.info('migrated', { store: 'postgres', applied });
       return 0;
     }
-    return usage('store.d1 is migrated with wrangler: npx wrangler d1 migrations apply DB --local');
+    return usage('store.d1 is migrated with wrangler: npx wrangler d1 migrations apply DB --local', 'migrate');
   }
 
   if (command === 'serve') {
-    if (values.config === undefined) return usage('serve needs --config FILE');
+    if (values.config === undefined) return usage('serve needs --config FILE', 'serve');
     const config = readConfig(values.config);
     if (values.port !== undefined) {
-      if (!/^\d{1,5}$/.test(values.port) || Number(values.port) > 65535) return usage('--port must be a number from 0 to 65535');
+      if (!/^\d{1,5}$/.test(values.port) || Number(values.port) > 65535) return usage('--port must be a number from 0 to 65535', 'serve');
       config.listen.port = Number(values.port);
     }
     const store = storeFrom(values, config);
     if (store !== null) config.store = store;
     const running = await startGateway({ config, logger });
-    logger.info('listening', { url: running.url, store: running.gateway.store.kind, routes: config.routes.map((r) => r.name) });
+    logger.info('listening', { url: running.url, console: `${running.url}${config.adminPrefix}/`, store: running.gateway.store.kind, routes: config.routes.map((r) => r.name) });
     let stopping = false;
     const stop = (signal: string) => {
       if (stopping) {
@@ -109,6 +95,26 @@ async function main(argv: string[]): Promise<number> {
   return usage(`unknown command "${command}"`);
 }
 
+/**
+ * `fencegate migrate --lease`: the lease module's own schema (DESIGN §6,
+ * migrations/lease/, ledger fencegate_lease_migrations) on the store's
+ * database, and nothing of the gateway's.
+ */
+async function migrateLease(store: Config['store'], logger: Logger): Promise<number> {
+  if ('d1' in store) return usage('--lease needs a SQLite or PostgreSQL store: the lease module has no D1 store', 'migrate');
+  if ('sqlite' in store) {
+    const db = openSqlite(store.sqlite);
+    try {
+      logger.info('migrated', { store: 'sqlite', schema: 'lease', applied: migrateLeaseSqlite(db) });
+    } finally {
+      db.close();
+    }
+    return 0;
+  }
+  logger.info('migrated', { store: 'postgres', schema: 'lease', applied: await migrateLeasePostgresUrl(store.postgres) });
+  return 0;
+}
+
 function storeFrom(values: { config?: string; db?: string; 'database-url'?: string }, config?: Config): Config['store'] | null {
   if (values.db !== undefined) return { sqlite: values.db, synchronous: config && 'sqlite' in config.store ? config.store.synchronous : 'FULL' };
   const url = values['database-url'] ?? process.env.DATABASE_URL;
@@ -118,18 +124,27 @@ function storeFrom(values: { config?: string; db?: string; 'database-url'?: stri
   return null;
 }
 
-function usage(message: string): number {
-  process.stderr.write(`fencegate: ${message}\n\n${HELP}`);
-  return 2;
+/** A usage error: one line naming the command's help (exit 2, see ./cli-errors.ts). */
+function usage(message: string, command?: string): number {
+  return reportError(new UsageError(message), command);
 }
 
-main(process.argv.slice(2)).then(
+const argv = process.argv.slice(2);
+let settled = false;
+// A command whose promise never settles while nothing else keeps the process
+// alive would otherwise end with exit code 0 and no word: say so, and fail.
+process.once('beforeExit', () => {
+  if (settled) return;
+  process.stderr.write('fencegate: the command stopped before it finished (a promise that never settled; FENCEGATE_DEBUG=1 and a bug report help)\n');
+  process.exit(1);
+});
+main(argv).then(
   (code) => {
+    settled = true;
     if (code >= 0) process.exit(code);
   },
   (err) => {
-    if (err instanceof ConfigError) process.stderr.write(`fencegate: ${err.message}\n`);
-    else process.stderr.write(`fencegate: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
-    process.exit(1);
+    settled = true;
+    process.exit(reportError(err, ['serve', 'migrate', 'audit', 'token', 'resolve-unknown'].find((c) => c === argv[0])));
   },
 );

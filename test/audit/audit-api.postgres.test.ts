@@ -152,7 +152,7 @@ describe.skipIf(!POSTGRES_URL)('audit API on the PostgreSQL store', () => {
     expect(rows.at(-1)).toMatchObject({ presented_fence: '1' });
     const csv = await (await v1(`/rejections?entity=${entity}-0&format=csv&limit=3`, { headers: auditor })).text();
     const csvLines = csv.split('\r\n');
-    expect(csvLines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,detail');
+    expect(csvLines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,tool,detail');
     expect(csvLines.slice(1, -1)).toHaveLength(3);
     expect(csvLines[1]).toContain(`,stale-fence,${entity}-0,2500,,k-2500,c,POST,/p,`);
   });

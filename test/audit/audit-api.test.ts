@@ -68,7 +68,7 @@ describe('GET /v1/rejections', () => {
     const one = (await json(await v1(gw, '/rejections?reason=idempotency-key-reused'))).items[0];
     expect(one).toEqual({
       id: '13', at: expect.any(String), reason: 'idempotency-key-reused', entity: 'e-0', presented_fence: '100', current_fence: '101',
-      idempotency_key: 'key-100', caller: 'caller-0', method: 'POST', path: '/payments/100', payload_sha256: 'ab'.repeat(32), request_id: 'req-100', client_request_id: null, detail: null,
+      idempotency_key: 'key-100', caller: 'caller-0', method: 'POST', path: '/payments/100', payload_sha256: 'ab'.repeat(32), request_id: 'req-100', client_request_id: null, tool: null, detail: null,
     });
 
     for (const bad of ['since=yesterday', 'limit=0', 'limit=1001', 'cursor=abc', 'format=xml']) {
@@ -126,7 +126,7 @@ describe('exports: NDJSON and CSV streams', () => {
     expect(res.headers.get('content-type')).toBe('text/csv; charset=utf-8');
     const text = await res.text();
     const lines = text.split('\r\n');
-    expect(lines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,detail');
+    expect(lines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,tool,detail');
     expect(lines[1]).toContain(`2,`);
     expect(lines[1]).toContain(',"a,""quoted"" entity",2,3,"\'=HYPERLINK(""http://x.invalid"")",caller-0,POST,"/p?a=1,2",');
     expect(lines[2]).toMatch(/^1,[^,]+,stale-fence,plain,1,2,key-1,caller-1,POST,\/payments\/1,/);
@@ -300,7 +300,8 @@ describe('GET /metrics', () => {
       expect(text).toContain(`fencegate_requests_total{route="payments",outcome="${outcome}"} ${n}\n`);
     }
     expect(text).toMatch(/^fencegate_upstream_duration_seconds_count\{route="payments"\} 2$/m);
-    expect(text).toMatch(/^fencegate_upstream_duration_seconds_bucket\{route="payments",le="\+Inf"\} 2$/m);
+    // Label order is not part of the format: prom-client (the Node entry) writes `le` first, the text backend last.
+    expect(text).toMatch(/^fencegate_upstream_duration_seconds_bucket\{(route="payments",le="\+Inf"|le="\+Inf",route="payments")\} 2$/m);
     expect(text).toMatch(/^fencegate_overhead_duration_seconds_count\{route="payments"\} 7$/m);
     expect(text).toMatch(/^fencegate_inflight_requests 0$/m);
     expect(text).toMatch(/^fencegate_store_up 1$/m);

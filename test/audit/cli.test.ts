@@ -95,9 +95,9 @@ describe('fencegate audit', () => {
     const table = await runNode([CLI, 'audit', '--url', gw.url, '--token', audit, '--limit', '2']);
     expect(table.code, table.stderr).toBe(0);
     const t = table.stdout.trimEnd().split('\n');
-    expect(t[0]).toMatch(/^id\s+at\s+reason\s+entity\s+presented_fence\s+current_fence\s+idempotency_key\s+caller\s+path$/);
+    expect(t[0]).toMatch(/^id\s+at\s+reason\s+entity\s+presented_fence\s+current_fence\s+idempotency_key\s+caller\s+method\s+path\s+detail$/);
     expect(t).toHaveLength(3);
-    expect(t[1]).toMatch(/stale-fence\s+tool-job:2\s+1\s+9\s+f\s+billing\s+\/payments\/x$/);
+    expect(t[1]).toMatch(/stale-fence\s+tool-job:2\s+1\s+9\s+f\s+billing\s+POST\s+\/payments\/x(\s+\S.*)?$/);
 
     // Without a token: the gateway's 401, exit 1 (and the attempt is itself logged).
     const denied = await runNode([CLI, 'audit', '--url', gw.url]);

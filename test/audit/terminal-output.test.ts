@@ -44,6 +44,7 @@ function row(o: Partial<RejectionJson> = {}): RejectionJson {
     payload_sha256: null,
     request_id: 'r',
     client_request_id: null,
+    tool: null,
     detail: HOSTILE,
     ...o,
   };

@@ -1,15 +1,16 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
+import { POSTGRES_SKIP_NOTICE } from './postgres-notice.js';
 
 /** The PostgreSQL server for tests; CI sets it, a fresh laptop may not. */
 export const POSTGRES_URL = process.env.FENCEGATE_TEST_POSTGRES_URL;
 
+// Said once per run by the globalSetup (./postgres-notice.setup.ts), which
+// sets FENCEGATE_PG_SKIP_NOTICE for the workers; a run without that setup
+// (another vitest config) still hears it, once per process.
 if (!POSTGRES_URL && !process.env.FENCEGATE_PG_SKIP_NOTICE) {
   process.env.FENCEGATE_PG_SKIP_NOTICE = '1';
-  console.warn(
-    '[fencegate] FENCEGATE_TEST_POSTGRES_URL is not set: the PostgreSQL suites are SKIPPED. ' +
-      'Set it (e.g. postgres://postgres@127.0.0.1:5432/test) to run them; CI always does.',
-  );
+  console.warn(POSTGRES_SKIP_NOTICE);
 }
 
 export interface TestSchema {

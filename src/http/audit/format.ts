@@ -17,6 +17,8 @@ export function rejectionJson(r: RejectionRow) {
     request_id: r.requestId,
     /** The caller's X-Request-Id; `request_id` is always the gateway's own. */
     client_request_id: r.clientRequestId ?? null,
+    /** The MCP tool of a refused tools/call; null for a plain route. */
+    tool: r.tool ?? null,
     detail: r.detail ?? null,
   };
 }
@@ -37,6 +39,7 @@ export const CSV_COLUMNS = [
   'payload_sha256',
   'request_id',
   'client_request_id',
+  'tool',
   'detail',
 ] as const satisfies readonly (keyof RejectionJson)[];
 
@@ -103,7 +106,11 @@ const TABLE: [keyof RejectionJson, number][] = [
   ['current_fence', 19],
   ['idempotency_key', 24],
   ['caller', 16],
+  ['method', 7],
   ['path', 28],
+  // Last: refusals before admission (401, 403, a bad signature) have no
+  // entity, fence or key; the detail is what tells them apart.
+  ['detail', 60],
 ];
 
 /** A fixed-width text table, one line per row, so it streams too. Long cells end in `…`. */

@@ -5,6 +5,7 @@ import type { Refusal } from '../../protocol/problem.js';
 import type { FenceHistoryRow, GatewayStore, OperatorAction, RecordInfo, RecordState, Resolution } from '../../store/types.js';
 import { readBody } from '../body.js';
 import { newRequestId } from '../request-id.js';
+import { registerBulkResolve } from './bulk-resolve.js';
 
 export interface AuditRouteOptions {
   store: GatewayStore;
@@ -137,6 +138,8 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
     }
     return c.json({ action: actionJson(result.action) });
   });
+
+  registerBulkResolve(app, { store, problem });
 
   app.get('/v1/operator-actions', async (c) => {
     const p = page(c);

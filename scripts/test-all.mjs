@@ -1,0 +1,52 @@
+// `npm test` (after the build): the Node suite, then the Workers suite (in
+// workerd), each writing a vitest JSON report, then one closing line summed
+// over both: "tests: N passed, M failed, K skipped". The exit code is
+// non-zero when either run failed, also when the Node run failed first: the
+// Workers run still goes, so that the summary covers everything.
+//
+// The reports are the ones .ci/summary.mjs reads in CI
+// (test-results/vitest-node.json, test-results/vitest-workerd.json).
+// Arguments (`npm test -- test/gateway/`) go to the Node run only, and the
+// Workers run is left out.
+import { spawnSync } from 'node:child_process';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
+
+const runs = [
+  { name: 'node', args: ['run', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest-node.json'], report: 'test-results/vitest-node.json' },
+  {
+    name: 'workerd',
+    args: ['run', '-c', 'vitest.workers.config.mts', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest-workerd.json'],
+    report: 'test-results/vitest-workerd.json',
+  },
+];
+
+const extra = process.argv.slice(2);
+const selected = extra.length > 0 ? [{ ...runs[0], args: [...runs[0].args, ...extra] }] : runs;
+const vitest = new URL('../node_modules/vitest/vitest.mjs', import.meta.url).pathname;
+
+let passed = 0;
+let failed = 0;
+let skipped = 0;
+let exit = 0;
+const notes = [];
+for (const run of selected) {
+  // A report left from an earlier run must not be counted for this one.
+  rmSync(run.report, { force: true });
+  const r = spawnSync(process.execPath, [vitest, ...run.args], { stdio: 'inherit', env: process.env });
+  if (r.status !== 0) exit = 1;
+  if (!existsSync(run.report)) {
+    notes.push(`the ${run.name} run wrote no report (exit ${r.status ?? r.signal})`);
+    failed++;
+    exit = 1;
+    continue;
+  }
+  const j = JSON.parse(readFileSync(run.report, 'utf8'));
+  passed += j.numPassedTests;
+  failed += j.numFailedTests;
+  skipped += j.numPendingTests + (j.numTodoTests ?? 0);
+  // A file that failed to load fails no test, but fails the run.
+  if (j.numFailedTestSuites > 0 && j.numFailedTests === 0) notes.push(`${j.numFailedTestSuites} ${run.name} test file(s) failed to run`);
+}
+for (const n of notes) console.log(n);
+console.log(`tests: ${passed} passed, ${failed} failed, ${skipped} skipped`);
+process.exit(exit !== 0 || failed > 0 || passed === 0 ? 1 : 0);
