@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { parseDuration } from '../core/duration.js';
+import { DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT } from '../protocol/headers.js';
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
 
@@ -32,6 +33,9 @@ export const DEFAULT_REPLAY_HEADERS = [
   'idempotency-key',
 ];
 
+/** RFC 6901, naming something below the root (`/a/b`, `~0` for `~`, `~1` for `/`). */
+const JsonPointer = z.string().regex(/^(\/([^~]|~[01])*)+$/, 'must be a JSON pointer (RFC 6901) below the root, e.g. "/request_id"');
+
 const Entity = z.union([
   z.strictObject({ header: HeaderName }),
   z.strictObject({ path: z.string().regex(/^:[A-Za-z_][A-Za-z0-9_]*$/, 'must name a path parameter, e.g. ":invoice"') }),
@@ -43,6 +47,33 @@ const UpstreamHeader = z.union([
   z.string(),
   z.strictObject({ env: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be an environment variable name'), prefix: z.string().default('') }),
 ]);
+
+/**
+ * An `mcp` route's per-tool policy (docs/mcp.md): each field overrides the
+ * route's. `entity.json` points into the `tools/call` params
+ * (`/arguments/invoice_id`, `/_meta/...`). `readOnly: true` passes the tool
+ * through undecided; it wins over the server's `readOnlyHint`.
+ */
+export const McpToolSchema = z.strictObject({
+  fence: z.enum(['required', 'optional', 'off']).optional(),
+  idempotency: z.enum(['required', 'optional', 'off']).optional(),
+  entity: z.union([z.strictObject({ header: HeaderName }), z.strictObject({ json: z.string().regex(/^(\/.*)?$/, 'must be a JSON pointer (RFC 6901) into params, e.g. "/arguments/invoice_id"') })]).optional(),
+  mode: z.enum(['serial', 'concurrent']).optional(),
+  timeoutMs: ms(600_000).min(1).optional(),
+  retention: Duration.optional(),
+  onUnknown: z.enum(['reject', 'retry']).optional(),
+  readOnly: z.boolean().optional(),
+});
+
+/** An `mcp` route's methods when `match.methods` is left out: JSON-RPC POSTs, the server's event stream, the session's end. */
+export const MCP_DEFAULT_METHODS = ['POST', 'GET', 'DELETE'] as const;
+
+function mcpMethodDefaults(route: unknown): unknown {
+  if (typeof route !== 'object' || route === null || (route as { protocol?: unknown }).protocol !== 'mcp') return route;
+  const match = (route as { match?: unknown }).match;
+  if (typeof match !== 'object' || match === null || 'methods' in match) return route;
+  return { ...route, match: { ...match, methods: [...MCP_DEFAULT_METHODS] } };
+}
 
 export const RouteSchema = z.strictObject({
   /** Unique; scopes idempotency keys and labels logs and metrics. */
@@ -96,6 +127,20 @@ export const RouteSchema = z.strictObject({
   /** Upstream statuses that mean "not processed": the record is released, not stored. */
   releaseStatuses: z.array(z.number().int().min(100).max(599)).default([429, 503]),
   errors: z.enum(['problem', 'stripe']).default('problem'),
+  /** `mcp`: an MCP Streamable HTTP endpoint; only `tools/call` is decided (docs/mcp.md). */
+  protocol: z.enum(['http', 'mcp']).default('http'),
+  /** `mcp` routes: per-tool policy by tool name, `"*"` for every tool not named. */
+  tools: z.record(z.string().min(1).max(256), McpToolSchema).default({}),
+  /** Longest key accepted (400 invalid-idempotency-key past it). */
+  maxKeyLength: z.number().int().min(1).max(MAX_KEY_LENGTH_LIMIT).default(DEFAULT_MAX_KEY_LENGTH),
+  /** Where the key is read when the request has no key header: a JSON pointer into the body. */
+  idempotencyKeyFrom: z.strictObject({ json: JsonPointer }).optional(),
+  /** What of the body the fingerprint covers: all its bytes (`raw`), some JSON fields, or all but some. */
+  fingerprint: z.union([z.literal('raw'), z.strictObject({ json: z.array(JsonPointer).min(1) }), z.strictObject({ ignore: z.array(JsonPointer) })]).default('raw'),
+  /** Keys are per route (and caller); this header adds one more part to their scope. */
+  keyScope: z.strictObject({ header: HeaderName }).optional(),
+  /** Send the key back in the key header on first and replayed answers. */
+  echoKey: z.boolean().default(false),
 });
 
 const StoreSchema = z.union([
@@ -200,7 +245,7 @@ export const ConfigSchema = z
       .prefault({}),
     /** `<adminPrefix>/metrics`: Prometheus text; audit scope (or loopback without auth) unless public. */
     metrics: z.strictObject({ enabled: z.boolean().default(true), public: z.boolean().default(false) }).prefault({}),
-    routes: z.array(RouteSchema).min(1),
+    routes: z.array(z.preprocess(mcpMethodDefaults, RouteSchema)).min(1),
   })
   .superRefine((config, ctx) => {
     const seen = new Set<string>();
@@ -209,6 +254,28 @@ export const ConfigSchema = z
       seen.add(route.name);
       if ('path' in route.entity && !route.match.path.split('/').includes(route.entity.path)) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'entity', 'path'], message: `"${route.entity.path}" is not a parameter of match.path "${route.match.path}"` });
+      }
+      const collision = { auth: config.auth !== undefined };
+      const keyHeader = keyHeaderCollision(route, collision);
+      if (keyHeader !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'idempotencyHeader'], message: keyHeader });
+      const scopeHeader = keyScopeCollision(route, collision);
+      if (scopeHeader !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'keyScope', 'header'], message: scopeHeader });
+      const echoed = echoKeyCollision(route);
+      if (echoed !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'echoKey'], message: echoed });
+      if (route.protocol === 'mcp') {
+        // An MCP route reads its key from the JSON-RPC message and fingerprints the tool call (docs/mcp.md): these would be silently unused.
+        const unused = { keyScope: route.keyScope !== undefined, fingerprint: route.fingerprint !== 'raw', idempotencyKeyFrom: route.idempotencyKeyFrom !== undefined, echoKey: route.echoKey };
+        for (const [field, set] of Object.entries(unused)) {
+          if (set) ctx.addIssue({ code: 'custom', path: ['routes', i, field], message: `does not apply to an mcp route ("protocol": "mcp"): its key comes from the header or the call's _meta and its fingerprint covers the tool name and arguments (docs/mcp.md); remove it` });
+        }
+      }
+      if (route.protocol !== 'mcp' && Object.keys(route.tools).length > 0) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'tools'], message: 'only an mcp route ("protocol": "mcp") has tools' });
+      }
+      // Streamable HTTP has POST, GET and DELETE only; any other method would pass through undecided (docs/mcp.md).
+      const foreign = route.protocol === 'mcp' ? route.match.methods.filter((m) => m !== 'POST' && m !== 'GET' && m !== 'DELETE') : [];
+      if (foreign.length > 0) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'methods'], message: `an mcp route takes only POST, GET and DELETE (not ${foreign.join(', ')})` });
       }
       if (route.match.path.startsWith(`${config.adminPrefix}/`) || route.match.path === config.adminPrefix) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `overlaps the admin prefix ${config.adminPrefix}` });

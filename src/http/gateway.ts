@@ -10,9 +10,11 @@ import type { Forwarder } from './forward.js';
 import type { IncomingLike } from './body.js';
 import type { Inbound, Reply } from './inbound.js';
 import { errorText, silentLogger, type Logger } from './logger.js';
-import { createMetrics } from './metrics.js';
+import { createMetrics, type Metrics } from './metrics.js';
 import { createProxyHandler } from './proxy.js';
 import { createSecurity } from './security.js';
+import { timeStore } from './store-timing.js';
+import { loadTracing } from './tracing.js';
 
 export interface GatewayOptions {
   config: Config;
@@ -23,6 +25,8 @@ export interface GatewayOptions {
   logger?: Logger;
   /** Serve the `/v1` admin API. Default true; the Node entry turns it off on non-loopback listeners unless `auth` is configured. */
   admin?: boolean;
+  /** Where the metrics go. Default: the text backend (no dependency); the Node entry passes prom-client's (./metrics-node.ts). */
+  metrics?: Metrics;
 }
 
 export interface Gateway {
@@ -69,7 +73,9 @@ export function createGateway(options: GatewayOptions): Gateway {
   const problemBase = problemBaseOf(config);
   const env = options.env ?? (globalThis as any).process?.env ?? {};
   const upstreamHeaders = resolveUpstreamHeaders(config, env);
-  const metrics = createMetrics();
+  const metrics = options.metrics ?? createMetrics({ routes: config.routes.map((r) => r.name) });
+  // Spans only once @opentelemetry/api has loaded (if it is installed); startGateway waits for it.
+  void loadTracing();
   // Caller auth (step 2) and signed fences (step 3), when configured.
   const { auth, checkSignedFence } = createSecurity({ config, store, logger, problemBase, env, observe: metrics.observe });
   // Callers are told apart, but an unsigned fence is a number any of them
@@ -81,7 +87,7 @@ export function createGateway(options: GatewayOptions): Gateway {
 
   const proxy = createProxyHandler({
     config,
-    store,
+    store: timeStore(store, metrics),
     forwarder,
     logger,
     problemBase,
@@ -96,8 +102,12 @@ export function createGateway(options: GatewayOptions): Gateway {
   let drained: (() => void) | null = null;
   const app = new Hono();
   const renderMetrics = async () => {
+    // A PostgreSQL store's pool (pg.Pool counts), read as it is (no store code involved), and
+    // before the stats query, which itself may wait for a client of that pool.
+    const pool = (store as { pool?: { totalCount?: unknown; idleCount?: unknown; waitingCount?: unknown } }).pool;
+    const counts = typeof pool?.waitingCount === 'number' ? { total: Number(pool.totalCount), idle: Number(pool.idleCount), waiting: pool.waitingCount } : undefined;
     const stats = await store.auditStats().catch(() => null);
-    return metrics.render({ inflight: active, stats });
+    return metrics.render({ inflight: active, stats, ...(counts ? { pool: counts } : {}) });
   };
   app.route(
     config.adminPrefix,
@@ -112,10 +122,13 @@ export function createGateway(options: GatewayOptions): Gateway {
   );
   const counted = async (request: Inbound): Promise<Reply> => {
     active++;
+    let reply: Reply | undefined;
     try {
-      return await proxy(request);
+      return (reply = await proxy(request));
     } finally {
-      if (--active === 0) drained?.();
+      const release = () => void (--active === 0 && drained?.());
+      if (reply?.settled) reply.settled.then(release, release);
+      else release();
     }
   };
   const internalError = (pathname: string, err: unknown): Reply => {
@@ -230,5 +243,5 @@ function nodeIncoming(c: Context): IncomingLike | undefined {
 }
 
 function webResponse(reply: Reply): Response {
-  return new Response(reply.body, { status: reply.status, headers: reply.headers });
+  return new Response(reply.stream ?? reply.body, { status: reply.status, headers: reply.headers });
 }

@@ -1,12 +1,13 @@
 import { randomUUID } from 'node:crypto';
 import type { Config, RouteConfig } from '../config/schema.js';
-import { fingerprint, sha256Hex } from '../core/fingerprint.js';
+import { bodyDigest, fingerprint, sha256Hex } from '../core/fingerprint.js';
 import type { Refusal } from '../protocol/problem.js';
 import type { Admission, AdmitInput, AuditInfo, GatewayStore } from '../store/types.js';
 import { admissionRefusal, admitWithWaits, storeEntity } from './admit.js';
 import { readBody } from './body.js';
 import type { Inbound, Reply } from './inbound.js';
-import { entityFromJson, parseCommand } from './command.js';
+import { entityFromJson, keyFromJson, parseCommand } from './command.js';
+import { echoKey, keyScopeOf, warnGlobalKeys } from './key-scope.js';
 import { renderRefusal, toReply } from './errors.js';
 import { START_DEADLINE_PASSED, type Forwarder, type UpstreamResult } from './forward.js';
 import { errorText, type Logger } from './logger.js';
@@ -19,6 +20,9 @@ import type { SignedFenceCheck } from './signed-fence.js';
 import { forwardBudget, lockSafetyMs } from './lock-budget.js';
 import { finishWithRetries, responseFrom, setHeader, settle } from './settle.js';
 import { joinUrl, upstreamHeaders } from './upstream-request.js';
+import { createMcpHandler } from './mcp/pipeline.js';
+import { logRefusal, presentedHeader } from './refusal-log.js';
+import { startRequestSpan, upstreamAttributes } from './tracing.js';
 
 
 export interface ProxyDeps {
@@ -34,7 +38,7 @@ export interface ProxyDeps {
   /** With `fence.signed`: verifies the fence JWS (and logs its refusal); the header is then never read as an integer. */
   checkSignedFence?: SignedFenceCheck;
   /** Called once per answered request (metrics). */
-  observe?: (o: { route: string | null; decision: string; status: number; totalMs: number; upstreamMs: number | undefined }) => void;
+  observe?: (o: { route: string | null; decision: string; status: number; totalMs: number; upstreamMs: number | undefined; tool?: string }) => void;
 }
 
 /** Per-decision log line (DESIGN §3.11: ids, codes, durations; no bodies). */
@@ -62,7 +66,9 @@ interface Trace {
 export function createProxyHandler(deps: ProxyDeps) {
   const router = createRouter(deps.config.routes);
   const folded = createFoldedRouter(deps.config.routes);
+  const mcp = createMcpHandler(deps);
   const { store, logger } = deps;
+  warnGlobalKeys(deps.config, logger);
 
   return async function proxy(req: Inbound): Promise<Reply> {
     const started = performance.now();
@@ -75,14 +81,18 @@ export function createProxyHandler(deps: ProxyDeps) {
     const { requestId, clientRequestId } = requestIds(req);
     // The path is cut for the log as for the rejection log: any caller can send a 16 KB one.
     const trace: Trace = { request_id: requestId, ...(clientRequestId !== null ? { client_request_id: clientRequestId } : {}), route: null, method: req.method, path: cutText(url.pathname, REJECTION_TEXT_LIMITS.path) };
+    const span = startRequestSpan(req.headers, req.method, trace.path, requestId);
     const done = (res: Reply, decision: string): Reply => {
       setHeader(res, 'x-request-id', requestId);
+      span.end(trace, decision, res.status);
       const totalMs = round(performance.now() - started);
       logger.info('decision', { ...trace, decision, status: res.status, total_ms: totalMs });
       deps.observe?.({ route: trace.route, decision, status: res.status, totalMs, upstreamMs: trace.upstream_ms });
       return res;
     };
-    const refuse = (route: RouteConfig | null, refusal: Refusal): Reply => {
+    const refuse = async (route: RouteConfig | null, refusal: Refusal): Promise<Reply> => {
+      // A malformed or missing fence, entity or key goes to the rejection log too (./refusal-log.ts, DESIGN §3.11).
+      if (route !== null) await logRefusal(deps, refusal, { requestId, clientRequestId, caller: req.caller, method: req.method, path: url.pathname, payloadSha256: '' }, presentedHeader(route, refusal.code, req.headers));
       refusal.extras = { ...refusal.extras, request_id: requestId };
       return done(toReply(renderRefusal(refusal, route?.errors ?? null, deps.problemBase)), refusal.code);
     };
@@ -106,6 +116,8 @@ export function createProxyHandler(deps: ProxyDeps) {
     //    First what the HTTP parser let through but the upstream would read otherwise.
     const shape = requestShapeProblem(req.headers, url.pathname);
     if (shape !== null) return refuse(route, { code: 'invalid-request', detail: shape });
+    // An MCP endpoint: JSON-RPC in the body, only tools/call decided (./mcp/pipeline.ts).
+    if (route.protocol === 'mcp') return mcp({ req, route, params: matched.params, pathname: url.pathname, search: url.search, requestId, clientRequestId, trace: { ...trace }, started, span });
     const parsed = parseCommand(route, req.headers, matched.params, { signedFences: deps.checkSignedFence !== undefined });
     if (!parsed.ok) return refuse(route, parsed.refusal);
     let { fence, key, entity } = parsed.command;
@@ -123,6 +135,9 @@ export function createProxyHandler(deps: ProxyDeps) {
       if (!fromBody.ok) return refuse(route, fromBody.refusal);
       entity = fromBody.entity;
     }
+    const bodyKey = keyFromJson(route, key, body);
+    if (!bodyKey.ok) return refuse(route, bodyKey.refusal);
+    key = bodyKey.key;
     if (entity === null && (fence !== null || signedFence !== null || route.fence === 'required')) {
       return refuse(route, { code: 'missing-entity', detail: `a fence needs an entity (${describeEntity(route)})` });
     }
@@ -140,12 +155,12 @@ export function createProxyHandler(deps: ProxyDeps) {
       trace.fence = fence.toString();
     }
     const input: AdmitInput = {
-      scope: caller === null ? route.name : `${route.name}\u0000${caller}`,
+      scope: keyScopeOf(route, caller, parsed.command.keyScope),
       key,
       entity: storeEntity(entity, caller, deps.config),
       fence,
       // With the entity: the same key for another entity is 422, never that entity's replay.
-      fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', payloadSha256, entity),
+      fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', bodyDigest(route.fingerprint, body, payloadSha256, req.headers.get('content-type') ?? ''), entity),
       mode: route.mode,
       ownerToken: randomUUID(),
       lockMs: route.timeoutMs + route.lockMarginMs,
@@ -157,9 +172,12 @@ export function createProxyHandler(deps: ProxyDeps) {
     // 5. Admission, re-run after bounded waits (serial slot; Prefer: wait).
     let admission: Admission;
     let admissionSentAt: number;
+    const admitSpan = span.phase('fencegate.admit');
     try {
       ({ admission, sentAt: admissionSentAt } = await admitWithWaits(store, input, route, req));
+      admitSpan.end({ 'fencegate.admission': admission.outcome, 'fencegate.takeover': admission.outcome === 'forward' && admission.takeover });
     } catch (err) {
+      admitSpan.end({ 'fencegate.admission': 'store-error' }, err);
       logger.error('store-error', { request_id: requestId, route: route.name, phase: 'admit', error: errorText(err) });
       return refuse(route, { code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
     }
@@ -167,6 +185,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     if (admission.outcome === 'replay') {
       const res = responseFrom(admission.response, null);
       setHeader(res, 'idempotent-replayed', 'true');
+      echoKey(res, route, key);
       return done(res, 'replayed');
     }
     if (admission.outcome !== 'forward') return refuse(route, admissionRefusal(admission, { fence, key, entity }));
@@ -186,11 +205,12 @@ export function createProxyHandler(deps: ProxyDeps) {
     if (budget === null) {
       result = { kind: 'refused', error: START_DEADLINE_PASSED };
     } else {
+      const forwardSpan = span.phase('fencegate.forward', { 'http.request.method': req.method, 'url.path': trace.path });
       try {
         result = await deps.forwarder.forward({
           url: joinUrl(route.upstream, pathAndQuery),
           method: req.method,
-          headers: upstreamHeaders(req.headers, route, deps, { requestId, entity, fence }),
+          headers: forwardSpan.inject(upstreamHeaders(req.headers, route, deps, { requestId, entity, fence })),
           body: body.byteLength > 0 ? body : null,
           timeoutMs: budget.timeoutMs,
           maxResponseBytes: route.maxResponseBytes,
@@ -202,6 +222,7 @@ export function createProxyHandler(deps: ProxyDeps) {
         logger.error('forward-error', { request_id: requestId, route: route.name, error: errorText(err) });
         result = { kind: 'unknown', error: 'forwarder-error', timedOut: false };
       }
+      forwardSpan.end(upstreamAttributes(result));
     }
     trace.upstream_ms = round(performance.now() - upstreamStarted);
 
@@ -222,8 +243,11 @@ export function createProxyHandler(deps: ProxyDeps) {
 
     // 7. Finish, conditional on the owner token.
     const { finish, response, decision } = settle(result, route, base, deps.problemBase, requestId, budget?.timeoutMs ?? route.timeoutMs);
+    const finishSpan = span.phase('fencegate.finish', { 'fencegate.finish': finish.outcome });
     const recorded = await finishWithRetries(store, finish, logger, requestId, lockEnds);
+    finishSpan.end({ 'fencegate.recorded': recorded === null ? 'store-error' : recorded });
     if (recorded === false) logger.warn('late-finish-discarded', { request_id: requestId, route: route.name, idempotency_key: key });
+    echoKey(response, route, key);
     return done(response, admission.takeover ? `${decision}-after-takeover` : decision);
   };
 }

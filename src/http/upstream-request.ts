@@ -17,6 +17,10 @@ export function upstreamHeaders(
   command: { requestId: string; entity: string | null; fence: bigint | null },
 ): Record<string, string> {
   // `Connection` may not strip what the gateway decided with (../http/forward.ts connectionTokens).
+  // On Workers a request that came over HTTP arrives without `Connection`
+  // (workerd's server drops it and keeps the fields it named), so nothing is
+  // stripped here for it: the route's stripHeaders is the remedy there
+  // (docs/deploy-workers.md, Hop-by-hop fields).
   const conn = connectionTokens(incoming.get('connection'), reliedOn(route));
   const strip = new Set(route.stripHeaders.map((h) => h.toLowerCase()));
   if (deps.stripAuthorization) strip.add('authorization');
@@ -37,6 +41,7 @@ export function upstreamHeaders(
 function reliedOn(route: RouteConfig): string[] {
   const names = ['content-type', 'content-encoding', 'x-fence-entity', 'x-request-id', route.fenceHeader, route.idempotencyHeader];
   if ('header' in route.entity) names.push(route.entity.header);
+  if (route.keyScope !== undefined) names.push(route.keyScope.header);
   return names;
 }
 
