@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import type { Config, RouteConfig } from '../config/schema.js';
 import { parsePreferWait } from '../protocol/headers.js';
 import { retryAfterSeconds, type Refusal } from '../protocol/problem.js';
@@ -26,6 +27,15 @@ export function storeEntity(entity: string | null, caller: string | null, config
  * answer this is was sent. The lock it granted is measured from there
  * (./lock-budget.ts); a time taken after the await would miss the pause.
  */
+/**
+ * What an admission takes from the route (a tool's policy already merged in
+ * for MCP): the mode, a fresh owner token, and a record lock that outlives
+ * any live attempt (`timeoutMs + lockMarginMs`, DESIGN §3.5).
+ */
+export function routeAdmission(route: Pick<RouteConfig, 'mode' | 'timeoutMs' | 'lockMarginMs' | 'retention' | 'onUnknown'>): Pick<AdmitInput, 'mode' | 'ownerToken' | 'lockMs' | 'retentionMs' | 'onUnknown'> {
+  return { mode: route.mode, ownerToken: randomUUID(), lockMs: route.timeoutMs + route.lockMarginMs, retentionMs: route.retention, onUnknown: route.onUnknown };
+}
+
 export async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Inbound): Promise<{ admission: Admission; sentAt: number }> {
   const start = Date.now();
   const preferWait = parsePreferWait(req.headers.get('prefer') ?? undefined);

@@ -1,9 +1,8 @@
-import { randomUUID } from 'node:crypto';
 import type { Config, RouteConfig } from '../config/schema.js';
 import { bodyDigest, fingerprint, sha256Hex } from '../core/fingerprint.js';
 import type { Refusal } from '../protocol/problem.js';
 import type { Admission, AdmitInput, AuditInfo, GatewayStore } from '../store/types.js';
-import { admissionRefusal, admitWithWaits, storeEntity } from './admit.js';
+import { admissionRefusal, admitWithWaits, routeAdmission, storeEntity } from './admit.js';
 import { readBody } from './body.js';
 import type { Inbound, Reply } from './inbound.js';
 import { entityFromJson, keyFromJson, parseCommand } from './command.js';
@@ -161,11 +160,7 @@ export function createProxyHandler(deps: ProxyDeps) {
       fence,
       // With the entity: the same key for another entity is 422, never that entity's replay.
       fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', bodyDigest(route.fingerprint, body, payloadSha256, req.headers.get('content-type') ?? ''), entity),
-      mode: route.mode,
-      ownerToken: randomUUID(),
-      lockMs: route.timeoutMs + route.lockMarginMs,
-      retentionMs: route.retention,
-      onUnknown: route.onUnknown,
+      ...routeAdmission(route),
       audit,
     };
 

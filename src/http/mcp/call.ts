@@ -1,8 +1,7 @@
-import { randomUUID } from 'node:crypto';
 import { fingerprint, sha256Hex } from '../../core/fingerprint.js';
 import type { Refusal } from '../../protocol/problem.js';
 import type { Admission, AdmitInput, AuditInfo } from '../../store/types.js';
-import { admissionRefusal, admitWithWaits, storeEntity } from '../admit.js';
+import { admissionRefusal, admitWithWaits, routeAdmission, storeEntity } from '../admit.js';
 import { START_DEADLINE_PASSED, type StreamedAnswer, type UpstreamResult } from '../forward.js';
 import type { Inbound, Reply } from '../inbound.js';
 import { forwardBudget, lockSafetyMs } from '../lock-budget.js';
@@ -77,11 +76,7 @@ export async function decideCall(deps: ProxyDeps, call: ToolCall, policy: ToolPo
     // The path and query as a plain route's (../proxy.ts), the tool and its arguments as written;
     // not the JSON-RPC id, not _meta (progress tokens, the fence), not the session.
     fingerprint: fingerprint('POST', ctx.pathname + ctx.search, 'application/json', sha256Hex(new TextEncoder().encode(`${tool}\u0000${call.argsDigest}`)), entity),
-    mode: route.mode,
-    ownerToken: randomUUID(),
-    lockMs: route.timeoutMs + route.lockMarginMs,
-    retentionMs: route.retention,
-    onUnknown: route.onUnknown,
+    ...routeAdmission(route),
     audit,
   };
 
