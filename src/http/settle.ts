@@ -111,8 +111,11 @@ export async function finishWithRetries(store: GatewayStore, finish: FinishInput
         logger.error('store-error', { request_id: requestId, phase: 'finish', outcome: finish.outcome, attempts: attempt + 1, error: errorText(err) });
         return null;
       }
-      // The last attempt falls on the deadline itself.
-      await new Promise((r) => setTimeout(r, Math.min(delays[Math.min(attempt, delays.length - 1)]!, left)));
+      // Jittered within [half, all] of the step: callers that failed together
+      // (one group, one outage) do not all come back in the same turn and
+      // regroup. The last attempt falls on the deadline itself.
+      const step = delays[Math.min(attempt, delays.length - 1)]!;
+      await new Promise((r) => setTimeout(r, Math.min(step * (0.5 + Math.random() / 2), left)));
     }
   }
 }

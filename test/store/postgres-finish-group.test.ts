@@ -166,3 +166,149 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL finish group commit', () => {
     expect((await unrelated) - t0).toBeGreaterThan(1_000);
   });
 });
+
+/**
+ * A group's bounds and its fall-backs: by bytes (a group's bodies go as one
+ * hex text literal, which past V8's longest string fails every element), a
+ * group the driver could not send goes again one by one, and close() drains
+ * the finishes already queued.
+ */
+describe.skipIf(!POSTGRES_URL)('PostgreSQL finish group: bytes, unsent groups, close', () => {
+  beforeAll(async () => {
+    schema = await createTestSchema('fg_fgroup_b');
+    store = await createPostgresStore({ connectionString: schema.url, poolSize: 8 });
+  });
+  afterAll(async () => {
+    await store?.close();
+    await schema?.drop();
+  });
+
+  const KiB = 1024;
+  const isMany = (text: string) => text.includes('fencegate_finish_many(');
+  /**
+   * The schema's pool as a store context. `limitChars` scales V8's longest
+   * string down for the test: a grouped statement whose bodies would make a
+   * longer hex literal fails as node-postgres does, with a RangeError thrown
+   * before anything is sent. `failMany` makes the next grouped statements
+   * fail with the given error, before sending.
+   */
+  function context(o: { limitChars?: number; failMany?: () => Error | null } = {}): PgContext {
+    const base = poolQuery(schema.pool as never, () => false);
+    return {
+      query: async (text, values, prepared) => {
+        if (isMany(text)) {
+          const bodies = values[7] as (Uint8Array | null)[];
+          const chars = bodies.reduce((n, b) => n + (b === null ? 4 : 4 + 2 * b.byteLength), 2);
+          if (o.limitChars !== undefined && chars > o.limitChars) throw new RangeError('Invalid string length');
+          const err = o.failMany?.();
+          if (err) throw err;
+        }
+        return base(text, values, prepared);
+      },
+      table: qualifier(null),
+    };
+  }
+  const noWakeups = { notifyChannel: null, notify: () => {} };
+  const withBody = (c: AdmitInput, bytes: number, fill: number) =>
+    completed(c, { response: { status: 200, headers: [], body: new Uint8Array(bytes).fill(fill) } } as Partial<FinishInput>);
+  /** Three 100 KiB answers and one tiny one, finished in one burst. */
+  async function burst(finish: ReturnType<typeof createFinish>) {
+    const cmds = await admitted(4);
+    const inputs = cmds.map((c, i) => withBody(c, i < 3 ? 100 * KiB : 1, i + 1));
+    const settled = await Promise.allSettled(inputs.map((f) => finish(f)));
+    return { cmds, settled, states: await Promise.all(cmds.map(stateOf)) };
+  }
+  // 250 Ki characters: one 100 KiB body (200 Ki hex) fits, two do not.
+  const limitChars = 250 * KiB;
+
+  it('three large answers and a tiny one in one burst: each large one goes alone, all are recorded', async () => {
+    const finish = createFinish(context({ limitChars }), noWakeups, { maxGroupBytes: 64 * KiB, aloneAboveBytes: 16 * KiB });
+    const { cmds, settled, states } = await burst(finish);
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled']);
+    expect(states.every((s) => s.record === 'completed' && s.slot === null)).toBe(true);
+    expect(finish.group.stats).toMatchObject({ roundTrips: 4, elements: 4, grouped: 0, rerunAlone: 0 });
+    // The body went through the one-element statement (binary) intact.
+    const replay = await store.admit({ ...cmds[1]!, ownerToken: `o-${randomUUID()}` });
+    expect(replay).toMatchObject({ outcome: 'replay', response: { body: new Uint8Array(100 * KiB).fill(2) } });
+  });
+
+  it('small answers still group, up to the byte cap', async () => {
+    const finish = createFinish(context({ limitChars }), noWakeups, { maxGroupBytes: 64 * KiB, aloneAboveBytes: 16 * KiB });
+    const cmds = await admitted(12);
+    const results = await Promise.all(cmds.map((c) => finish(withBody(c, 10 * KiB, 3))));
+    expect(results.every((r) => r.recorded)).toBe(true);
+    // 10 KiB each, 64 KiB a group: at most 6 together, so at least 2 round trips; not 12.
+    const g = finish.group.stats;
+    expect(g.largest).toBeLessThanOrEqual(6);
+    expect(g.largest).toBeGreaterThan(1);
+    expect(g.roundTrips).toBeGreaterThanOrEqual(2);
+    expect(g.roundTrips).toBeLessThan(12);
+  });
+
+  it('negative control: without the byte cap they share one statement, which fails them all, the tiny one too', async () => {
+    const finish = createFinish(context({ limitChars }), noWakeups, { maxGroupBytes: Infinity, aloneAboveBytes: Infinity, unsent: () => false });
+    const { settled, states } = await burst(finish);
+    expect(finish.group.stats).toMatchObject({ roundTrips: 1, grouped: 4 });
+    expect(settled.every((s) => s.status === 'rejected' && s.reason instanceof RangeError)).toBe(true);
+    for (const s of states) expect(s.record).toBe('in_progress');
+  });
+
+  it('without the byte cap, the unsent group goes again one by one and all are recorded', async () => {
+    const finish = createFinish(context({ limitChars }), noWakeups, { maxGroupBytes: Infinity, aloneAboveBytes: Infinity });
+    const { settled, states } = await burst(finish);
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled']);
+    expect(states.every((s) => s.record === 'completed')).toBe(true);
+    expect(finish.group.stats).toMatchObject({ roundTrips: 5, grouped: 4, rerunAlone: 4 });
+  });
+
+  it('a group that fails before it is sent re-runs its elements one by one; a connection error does not', async () => {
+    let next: Error | null = null;
+    const once = () => ((e) => ((next = null), e))(next);
+    const finish = createFinish(context({ failMany: once }), noWakeups);
+    next = new TypeError('cannot serialise');
+    let cmds = await admitted(5);
+    let settled = await Promise.allSettled(cmds.map((c) => finish(completed(c))));
+    expect(settled.every((s) => s.status === 'fulfilled')).toBe(true);
+    for (const c of cmds) expect(await stateOf(c)).toEqual({ record: 'completed', slot: null });
+    expect(finish.group.stats).toMatchObject({ roundTrips: 6, grouped: 5, rerunAlone: 5 });
+    // A connection lost may have taken the group's COMMIT with it: its callers hear it, nothing runs again.
+    next = new Error('Connection terminated unexpectedly');
+    cmds = await admitted(3);
+    settled = await Promise.allSettled(cmds.map((c) => finish(completed(c))));
+    expect(settled.every((s) => s.status === 'rejected' && /Connection terminated/.test(String(s.reason)))).toBe(true);
+    expect(finish.group.stats.rerunAlone).toBe(5);
+  });
+
+  it('negative control: without the re-run, a group that failed before it was sent fails every element', async () => {
+    let next: Error | null = new TypeError('cannot serialise');
+    const once = () => ((e) => ((next = null), e))(next);
+    const finish = createFinish(context({ failMany: once }), noWakeups, { unsent: () => false });
+    const cmds = await admitted(5);
+    const settled = await Promise.allSettled(cmds.map((c) => finish(completed(c))));
+    expect(settled.every((s) => s.status === 'rejected')).toBe(true);
+    for (const c of cmds) expect(await stateOf(c)).toEqual({ record: 'in_progress', slot: c.ownerToken });
+  });
+
+  /** Three finishes queued in one turn, then close() in the same turn. */
+  async function closeWithQueued(drain: boolean) {
+    const s = await createPostgresStore({ connectionString: schema.url, poolSize: 4, migrate: false });
+    if (!drain) groupOf(s).idle = () => Promise.resolve();
+    const cmds = await Promise.all([fresh(), fresh(), fresh()].map(async (c) => (await s.admit(c), c)));
+    const answers = Promise.allSettled(cmds.map((c) => s.finish(completed(c))));
+    await s.close();
+    return { cmds, settled: await answers, after: await s.finish(completed(cmds[0]!)).catch((e: Error) => e) };
+  }
+
+  it('close() lets the finishes already queued go out: all three recorded; a later finish is refused', async () => {
+    const { cmds, settled, after } = await closeWithQueued(true);
+    expect(settled).toEqual(Array(3).fill({ status: 'fulfilled', value: { recorded: true } }));
+    for (const c of cmds) expect(await stateOf(c)).toEqual({ record: 'completed', slot: null });
+    expect(String(after)).toMatch(/closed/);
+  });
+
+  it('negative control: a close() that does not wait for the group refuses them', async () => {
+    const { cmds, settled } = await closeWithQueued(false);
+    expect(settled.every((s) => s.status === 'rejected' && /closed/.test(String(s.reason)))).toBe(true);
+    for (const c of cmds) expect(await stateOf(c)).toEqual({ record: 'in_progress', slot: c.ownerToken });
+  });
+});

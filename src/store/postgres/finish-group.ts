@@ -9,6 +9,25 @@ export interface GroupSender<I, O> {
   many(inputs: I[]): Promise<Settled<O>[]>;
 }
 
+/** How big a group may grow, and what to do when one fails before it was sent. */
+export interface GroupLimits<I> {
+  /** Elements per group (64: see below). */
+  maxGroup?: number;
+  /** An element's weight (for the finish: its body's bytes); 0 when not given. */
+  weigh?: (input: I) => number;
+  /** A group's total weight; an element that would take it past this waits for the next round trip. */
+  maxWeight?: number;
+  /** An element heavier than this always goes alone, through `one`. */
+  aloneAbove?: number;
+  /**
+   * True when a group's failure as a whole happened before its statement
+   * went out (the driver could not serialise it): nothing of it reached the
+   * database, so its elements may go again, one by one. A connection or
+   * server error is never such a failure: the group may have committed.
+   */
+  unsent?: (err: unknown) => boolean;
+}
+
 interface Pending<I, O> {
   input: I;
   resolve: (value: O) => void;
@@ -28,20 +47,40 @@ interface Pending<I, O> {
  * makes the groups, not more connections; and two groups never hold each
  * other's rows (no deadlock between finishes of one gateway).
  *
- * A group is bounded (`maxGroup`) so that one statement stays short and, on
- * PostgreSQL, its subtransactions fit the backend's subxid cache (64).
+ * A group is bounded by count (`maxGroup`) so that one statement stays short
+ * and, on PostgreSQL, its subtransactions fit the backend's subxid cache
+ * (64); and by weight (`maxWeight`, `aloneAbove`) so that its parameters stay
+ * far below what the driver can build: a group's array parameter becomes one
+ * text literal, and a few large elements in one would pass V8's longest
+ * string and fail every element of the group, again on each retry.
+ * Elements leave in arrival order.
  */
 export class RoundTripGroup<I, O> {
   private queue: Pending<I, O>[] = [];
   private busy = false;
   private idleWaiters: (() => void)[] = [];
-  /** Round trips made, elements sent, and how many of them went in a group of more than one: for tests and metrics. */
-  readonly stats = { roundTrips: 0, elements: 0, grouped: 0, largest: 0 };
+  private readonly maxGroup: number;
+  private readonly weigh: (input: I) => number;
+  private readonly maxWeight: number;
+  private readonly aloneAbove: number;
+  private readonly unsent: (err: unknown) => boolean;
+  /**
+   * Round trips made, elements sent, how many of them went in a group of
+   * more than one, the largest group, and how many elements went again one
+   * by one after their group failed before it was sent: for tests and metrics.
+   */
+  readonly stats = { roundTrips: 0, elements: 0, grouped: 0, largest: 0, rerunAlone: 0 };
 
   constructor(
     private readonly sender: GroupSender<I, O>,
-    private readonly maxGroup = 64,
-  ) {}
+    limits: GroupLimits<I> = {},
+  ) {
+    this.maxGroup = limits.maxGroup ?? 64;
+    this.weigh = limits.weigh ?? (() => 0);
+    this.maxWeight = limits.maxWeight ?? Infinity;
+    this.aloneAbove = limits.aloneAbove ?? Infinity;
+    this.unsent = limits.unsent ?? (() => false);
+  }
 
   run(input: I): Promise<O> {
     return new Promise<O>((resolve, reject) => {
@@ -50,7 +89,7 @@ export class RoundTripGroup<I, O> {
         // One turn of the event loop first, as the SQLite group does: the
         // calls of this turn leave together.
         this.busy = true;
-        setImmediate(() => this.next());
+        setImmediate(() => void this.next());
       }
     });
   }
@@ -61,31 +100,67 @@ export class RoundTripGroup<I, O> {
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
-  private next(): void {
-    const items = this.queue.splice(0, this.maxGroup);
+  private async next(): Promise<void> {
+    const items = this.take();
     if (items.length === 0) {
       this.busy = false;
       for (const wake of this.idleWaiters.splice(0)) wake();
       return;
     }
+    try {
+      if (items.length === 1) await this.alone(items[0]!);
+      else await this.together(items);
+    } finally {
+      void this.next();
+    }
+  }
+
+  /** The next group: the queue's head, and those after it while they fit. */
+  private take(): Pending<I, O>[] {
+    if (this.queue.length === 0) return [];
+    let weight = this.weigh(this.queue[0]!.input);
+    let n = 1;
+    if (weight <= this.aloneAbove) {
+      for (; n < this.queue.length && n < this.maxGroup; n++) {
+        const w = this.weigh(this.queue[n]!.input);
+        if (w > this.aloneAbove || weight + w > this.maxWeight) break;
+        weight += w;
+      }
+    }
+    return this.queue.splice(0, n);
+  }
+
+  private count(n: number): void {
     this.stats.roundTrips++;
-    this.stats.elements += items.length;
-    this.stats.largest = Math.max(this.stats.largest, items.length);
-    const sent =
-      items.length === 1
-        ? this.sender.one(items[0]!.input).then(
-            (value): Settled<O>[] => [{ ok: true, value }],
-            (error: Error): Settled<O>[] => [{ ok: false, error }],
-          )
-        : ((this.stats.grouped += items.length), this.sender.many(items.map((p) => p.input)));
-    sent
-      .then(
-        (settled) => items.forEach((p, i) => settle(p, settled[i] ?? { ok: false, error: new Error('the grouped statement returned fewer rows than it was sent') })),
-        // The statement failed as a whole (connection lost, the database
-        // stopped): nothing of the group committed, every caller hears it.
-        (err) => items.forEach((p) => p.reject(err)),
-      )
-      .finally(() => this.next());
+    this.stats.elements += n;
+    this.stats.largest = Math.max(this.stats.largest, n);
+  }
+
+  private alone(p: Pending<I, O>): Promise<void> {
+    this.count(1);
+    return this.sender.one(p.input).then(p.resolve, p.reject);
+  }
+
+  private async together(items: Pending<I, O>[]): Promise<void> {
+    this.count(items.length);
+    this.stats.grouped += items.length;
+    let settled: Settled<O>[];
+    try {
+      settled = await this.sender.many(items.map((p) => p.input));
+    } catch (err) {
+      if (this.unsent(err)) {
+        // Nothing went out: each element goes again alone, one round trip
+        // at a time, so that one that cannot be sent fails only itself.
+        this.stats.rerunAlone += items.length;
+        for (const p of items) await this.alone(p);
+        return;
+      }
+      // The statement failed as a whole (connection lost, the database
+      // stopped): nothing of the group committed, every caller hears it.
+      for (const p of items) p.reject(err);
+      return;
+    }
+    items.forEach((p, i) => settle(p, settled[i] ?? { ok: false, error: new Error('the grouped statement returned fewer rows than it was sent') }));
   }
 }
 

@@ -1,5 +1,5 @@
 import { entityTopic, recordTopic, type FinishInput, type FinishResult } from '../types.js';
-import { RoundTripGroup, type Settled } from './finish-group.js';
+import { RoundTripGroup, type GroupLimits, type Settled } from './finish-group.js';
 import type { PgContext } from './query.js';
 import { logText } from './rejections.js';
 import { encodeNullable, encodeText } from './text.js';
@@ -9,6 +9,14 @@ import { topicHash, type PgWakeups } from './wakeups.js';
 const CHANNEL = 14;
 /** SQLSTATE deadlock_detected. */
 const DEADLOCK = '40P01';
+/**
+ * A group's bodies go as one `bytea[]` parameter, which node-postgres sends
+ * as a hex text literal (twice the bytes) built in one string: a group stays
+ * far below V8's longest string (about 512 Mi characters). A larger body goes
+ * alone, as a single Buffer, which the driver sends in binary.
+ */
+const MAX_GROUP_BYTES = 8 * 1024 * 1024;
+const ALONE_ABOVE_BYTES = 1024 * 1024;
 
 /**
  * The finish (DESIGN §3.7): fencegate_finish (./sql/finish.sql) settles the
@@ -22,12 +30,14 @@ const DEADLOCK = '40P01';
  * a faulty element fails only its caller, the others commit in the group's
  * one transaction. Every caller is answered after that COMMIT, and only
  * then are this replica's waiters woken, per entity and per record, as the
- * NOTIFYs of the committed elements wake the other replicas'.
+ * NOTIFYs of the committed elements wake the other replicas'. A group is
+ * bounded by its bytes as well as its count (above); one that the driver
+ * could not serialise, so never sent, goes again one element at a time.
  */
 export function createFinish(
   ctx: PgContext,
   wakeups: Pick<PgWakeups, 'notifyChannel' | 'notify'>,
-  options: { maxGroup?: number } = {},
+  options: { maxGroup?: number; maxGroupBytes?: number; aloneAboveBytes?: number; unsent?: GroupLimits<FinishInput>['unsent'] } = {},
 ): ((input: FinishInput) => Promise<FinishResult>) & { group: RoundTripGroup<FinishInput, boolean> } {
   // $1 scope $2 key $3 entity $4 owner $5 outcome $6 status $7 headers $8 body $9 retention_ms
   // $10 caller $11 method $12 path $13 payload_sha256 $14 request_id $15 channel $16 entity topic $17 record topic
@@ -65,7 +75,13 @@ export function createFinish(
         );
       },
     },
-    options.maxGroup,
+    {
+      maxGroup: options.maxGroup,
+      weigh: finishBytes,
+      maxWeight: options.maxGroupBytes ?? MAX_GROUP_BYTES,
+      aloneAbove: options.aloneAboveBytes ?? ALONE_ABOVE_BYTES,
+      unsent: options.unsent ?? unsentFault,
+    },
   );
 
   const finish = async (input: FinishInput): Promise<FinishResult> => {
@@ -76,6 +92,23 @@ export function createFinish(
     return { recorded };
   };
   return Object.assign(finish, { group });
+}
+
+/** The bytes a finish adds to its group's text parameters: its body (twice, in hex) dominates; its headers too. */
+function finishBytes(input: FinishInput): number {
+  if (input.outcome !== 'completed') return 0;
+  let n = input.response.body.byteLength;
+  for (const [name, value] of input.response.headers) n += name.length + value.length;
+  return n;
+}
+
+/**
+ * A fault of the driver's serialisation (a string past V8's longest, a value
+ * it cannot convert) is thrown before the statement is written: a RangeError
+ * or TypeError without a SQLSTATE. A connection or server error is never one.
+ */
+function unsentFault(err: unknown): boolean {
+  return (err instanceof RangeError || err instanceof TypeError) && !('code' in err);
 }
 
 /** fencegate_finish's twenty parameters for one finish, in order. */

@@ -66,6 +66,8 @@ export class PostgresGatewayStore implements GatewayStore {
   private readonly sweeper: ReturnType<typeof createSweep>;
   private readonly audit: AuditStore;
   private closing: Promise<void> | null = null;
+  /** Set by close() once the finish group is idle: from then on finishes are refused too. */
+  private refusing = false;
 
   /** Use `createPostgresStore`, which migrates and starts the listener. */
   constructor(init: {
@@ -91,7 +93,9 @@ export class PostgresGatewayStore implements GatewayStore {
     this.channel = this.wakeups.channel;
     const ctx: PgContext = { query: poolQuery(this.pool, () => this.closing !== null), table: qualifier(init.schema) };
     this.admission = createAdmit(ctx);
-    this.finishing = createFinish(ctx, this.wakeups);
+    // Finishes are refused only once close() drained their group: a finish
+    // settles a request that was admitted before (DESIGN §3.7).
+    this.finishing = createFinish({ ...ctx, query: poolQuery(this.pool, () => this.refusing) }, this.wakeups);
     this.rejections = createRejectionLog(ctx);
     this.reads = createReads(ctx);
     this.sweeper = createSweep(ctx, () => this.closing !== null);
@@ -148,9 +152,16 @@ export class PostgresGatewayStore implements GatewayStore {
     return this.sweeper(options);
   }
 
-  /** Idempotent: wakes every waiter, stops the listener, ends the pool if the store opened it. */
+  /**
+   * Idempotent: refuses new admissions and reads at once, lets the finishes
+   * already queued in the group go out and be answered (as the SQLite store
+   * drains its group) before refusing finishes too, then wakes every waiter,
+   * stops the listener, ends the pool if the store opened it.
+   */
   close(): Promise<void> {
     this.closing ??= (async () => {
+      await this.finishing.group.idle();
+      this.refusing = true;
       await this.wakeups.close();
       if (this.ownsPool) await this.pool.end();
     })();
