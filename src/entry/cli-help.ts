@@ -101,7 +101,7 @@ e.g. it was down. Needs the fencegate:admin scope when the gateway has auth.
 
 Options:
   --route NAME      the route's name in the config
-  --from T, --to T  ISO 8601 times, or durations back from now (2h, 30m)
+  --from T, --to T  ISO 8601 times with Z or an offset, or durations back from now (2h, 30m)
   --note TEXT       why, kept in every operator-action row
   --dry-run         count and list the records, change nothing
   --admin-prefix P  the gateway's adminPrefix (default /_fencegate)

@@ -57,11 +57,23 @@ export async function resolveUnknownCommand(argv: string[]): Promise<number> {
   return 0;
 }
 
-/** An ISO 8601 time or a duration back from `now`, in epoch milliseconds. */
+/** A date, or a date and time of day with its offset (`Z` or `±HH:MM`). */
+const ISO_TIME = /^\d{4}-\d{2}-\d{2}(?:T\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})?)?$/i;
+
+/**
+ * An ISO 8601 time or a duration back from `now`, in epoch milliseconds. A
+ * time of day must carry its offset: JavaScript reads `2026-05-01T10:00` as
+ * the local time of the machine running the CLI (a date alone as UTC), so the
+ * window would silently shift by the machine's zone.
+ */
 function timeFlag(flag: string, value: string, now: number): number {
   const ago = parseDuration(value);
   if (ago !== null) return now - ago;
-  const t = /^\d{4}-\d{2}-\d{2}/.test(value) ? Date.parse(value) : NaN;
+  const iso = ISO_TIME.exec(value);
+  const t = iso ? Date.parse(value) : NaN;
   if (Number.isNaN(t)) throw new UsageError(`${flag} "${value}" is not an ISO 8601 time or a duration such as 2h`);
+  if (value.includes('T') && iso![1] === undefined) {
+    throw new UsageError(`${flag} "${value}" has a time of day but no offset: add Z (UTC) or one such as +02:00`);
+  }
   return t;
 }

@@ -203,6 +203,14 @@ export interface ResolveInput {
   operator: string | null;
   note: string | null;
   requestId: string;
+  /**
+   * The `createdAt` of the record the operator decided on (as `listRecords` /
+   * `getRecords` returned it, ms precision). Given, only that attempt is
+   * settled: a record of a later attempt with the same key (released, then
+   * retried into outcome_unknown again) is refused with `changed`, never
+   * released or overwritten in its place. Omitted: whichever record holds the key.
+   */
+  createdAt?: Date;
 }
 
 export interface OperatorAction {
@@ -228,7 +236,9 @@ export interface OperatorAction {
 export type ResolveResult =
   | { ok: true; action: OperatorAction }
   | { ok: false; reason: 'not-found' }
-  | { ok: false; reason: 'not-outcome-unknown'; state: RecordState };
+  | { ok: false; reason: 'not-outcome-unknown'; state: RecordState }
+  /** Still outcome_unknown, but another attempt's record: its `createdAt` is not `ResolveInput.createdAt`. */
+  | { ok: false; reason: 'changed'; createdAt: Date };
 
 export interface OperatorActionPage {
   /** Newest first. */

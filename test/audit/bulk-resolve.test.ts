@@ -208,6 +208,64 @@ describe('POST /v1/idempotency/resolve-unknown', () => {
     expect(control.effects).toBe(3); // the confirmed payment was forwarded again
   });
 
+  /**
+   * Between the listing and the bulk's write, another operator releases the
+   * listed record and a retry with the key is forwarded and times out: a NEW
+   * outcome_unknown record, an attempt the bulk call never saw. The bulk call
+   * names the listed attempt by its createdAt. `withoutCreatedAt` is the
+   * negative control: the resolution names no attempt, and the new one is
+   * released in its place.
+   */
+  async function replacedMeanwhile(withoutCreatedAt: boolean) {
+    let gw!: TestGateway;
+    let up!: FakeUpstream;
+    let raced = false;
+    const wrapStore = (inner: GatewayStore): GatewayStore =>
+      new Proxy(inner, {
+        get(target, prop, receiver) {
+          if (prop === 'resolveRecord') {
+            return async (input: Parameters<GatewayStore['resolveRecord']>[0]) => {
+              if (!raced && input.key === 'n1') {
+                raced = true;
+                const other = await target.resolveRecord({ scope: input.scope, key: 'n1', resolution: { outcome: 'released' }, operator: 'ops-bob', note: 'single', requestId: 'other' });
+                expect(other.ok).toBe(true);
+                await unknowns(gw, up, ['n1']); // the retry: forwarded, then outcome_unknown again
+              }
+              if (withoutCreatedAt) {
+                const { createdAt: _dropped, ...rest } = input;
+                return target.resolveRecord(rest);
+              }
+              return target.resolveRecord(input);
+            };
+          }
+          return Reflect.get(target, prop, receiver);
+        },
+      });
+    const s = await setup({ wrapStore });
+    gw = s.gw;
+    up = s.up;
+    await unknowns(gw, up, ['n1', 'n2']);
+    const body = await (await bulk(gw, window())).json();
+    const state = stateOf(gw, 'n1');
+    const retry = await command(gw.url, '/payments/charges', { fence: 1, entity: 'tool-job:n1', key: 'n1' });
+    return { body, state, retry: retry.status, effects: up.effects, actions: actions(gw).map((a) => `${a.key}:${a.operator ?? 'bulk'}`) };
+  }
+
+  it('a record a later attempt replaced meanwhile is skipped, the new attempt kept (negative control: without createdAt it is released)', async () => {
+    const real = await replacedMeanwhile(false);
+    expect(real.body).toMatchObject({ matched: 2, resolved: 1, skipped: 1, keys: ['n2'] });
+    expect(real.state).toBe('outcome_unknown');
+    expect(real.retry).toBe(409); // the new attempt's outcome is still unknown: not forwarded again
+    expect(real.effects).toBe(3); // n1, n2, and n1's retry
+    expect(real.actions.sort()).toEqual(['n1:ops-bob', 'n2:bulk']);
+
+    const control = await replacedMeanwhile(true);
+    expect(control.body).toMatchObject({ resolved: 2, skipped: 0 });
+    expect(control.state).toBeNull();
+    expect(control.retry).toBe(201);
+    expect(control.effects).toBe(4); // the retry's possible side effect, forwarded a second time
+  });
+
   it(`at most ${BULK_RESOLVE_MAX} per call; "more" says whether others are left`, async () => {
     const { gw, up } = await setup();
     await unknowns(gw, up, ['seed']);
@@ -223,4 +281,25 @@ describe('POST /v1/idempotency/resolve-unknown', () => {
     expect(second).toMatchObject({ resolved: 5, more: false });
     expect(gw.sqlite.db.prepare("SELECT count(*) AS n FROM idempotency_records WHERE state = 'outcome_unknown'").get()).toEqual({ n: 0 });
   }, 120_000);
+
+  it('the one-key resolve with "created_at": a stale attempt 409 and nothing changes; the listed one resolves; a bad one 400', async () => {
+    const { gw, up } = await setup();
+    const resolve = (body: unknown) =>
+      fetch(`${gw.url}/_fencegate/v1/idempotency/s1/resolve`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    await unknowns(gw, up, ['s1']);
+    const firstSeen: string = (await gw.admin('/v1/idempotency')).body.items[0].created_at;
+    expect((await resolve({ outcome: 'released', created_at: firstSeen })).status).toBe(200);
+    await unknowns(gw, up, ['s1']); // a retry: a new attempt, outcome_unknown again
+    const listed: string = (await gw.admin('/v1/idempotency')).body.items[0].created_at;
+    expect(listed).not.toBe(firstSeen);
+
+    const before = snapshot(gw.sqlite);
+    const stale = await expectProblem(await resolve({ outcome: 'released', created_at: firstSeen }), 409, 'not-outcome-unknown');
+    expect(stale).toMatchObject({ state: 'outcome_unknown', created_at: listed });
+    await expectProblem(await resolve({ outcome: 'released', created_at: 'yesterday' }), 400, 'invalid-request');
+    expect(snapshot(gw.sqlite)).toBe(before);
+    // Control: the created_at the listing shows for the record now resolves it.
+    expect((await resolve({ outcome: 'released', created_at: listed })).status).toBe(200);
+    expect(stateOf(gw, 's1')).toBeNull();
+  });
 });

@@ -44,6 +44,10 @@ describe('one-line errors with an exit code', () => {
     ['token on a gateway without auth', ['token', '--config', noAuth, '--sub', 'x'], 1, /^fencegate: .*no-auth\.json has no "auth" section: that gateway checks no tokens, so none is needed \(without auth its admin API answers on a loopback listener, e\.g\. fencegate audit --url http:\/\/127\.0\.0\.1:8181\)\n$/],
     ['resolve-unknown without --route', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--from', '2h', '--to', '1m'], 2, /^fencegate: resolve-unknown needs --route NAME \(fencegate resolve-unknown --help\)\n$/],
     ['resolve-unknown with a bad --from', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', 'monday', '--to', '1m'], 2, /^fencegate: --from "monday" is not an ISO 8601 time or a duration such as 2h/],
+    ['resolve-unknown with a time of day and no offset', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', '2026-05-01T00:00', '--to', '1m'], 2, /^fencegate: --from "2026-05-01T00:00" has a time of day but no offset: add Z \(UTC\) or one such as \+02:00/],
+    ['resolve-unknown --to without offset', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', '2026-05-01', '--to', '2026-05-01T10:00:00.5'], 2, /^fencegate: --to "2026-05-01T10:00:00.5" has a time of day but no offset/],
+    // Control: the same times with Z / an offset pass the flag check (and reach for the gateway).
+    ['resolve-unknown with Z and +02:00', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', '2026-05-01T00:00Z', '--to', '2026-05-01T10:00:00.5+02:00'], 1, /^fencegate: cannot reach the gateway at http:\/\/127\.0\.0\.1:1/],
   ])('%s', async (_name, args, code, line) => {
     const r = await runNode([CLI, ...args]);
     expect(r.code, r.stderr).toBe(code);

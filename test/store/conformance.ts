@@ -289,6 +289,48 @@ export async function checkSerialExclusive(store: GatewayStore, workers = 4, rou
 // ---------------------------------------------------------------------------
 // The suite
 
+/**
+ * A resolution names the attempt the operator saw by its createdAt: after a
+ * release, a retry with the key is admitted and also ends outcome_unknown
+ * (a NEW record); resolving with the first attempt's createdAt must leave
+ * that record alone. Returns the violations; `withCreatedAt: false` is the
+ * negative control (the resolution names no attempt).
+ */
+export async function checkResolveAttempt(store: GatewayStore, withCreatedAt = true): Promise<string[]> {
+  const violations: string[] = [];
+  const first = command({ entity: null, fence: null, mode: 'concurrent' });
+  const unknown = async (input: AdmitInput) => {
+    if ((await store.admit(input)).outcome !== 'forward') violations.push('the attempt was not forwarded');
+    await store.finish(finishOf(input, 'unknown'));
+    const [rec] = await store.getRecords(input.key!);
+    return rec!;
+  };
+  const seen = await unknown(first);
+  const released = await store.resolveRecord({ scope: first.scope, key: first.key!, createdAt: seen.createdAt, resolution: { outcome: 'released' }, operator: 'ops', note: null, requestId: `req-${uid()}` });
+  if (!released.ok) violations.push(`resolving the attempt seen was refused: ${released.reason}`);
+  await sleep(5); // another millisecond: the retry's created_at differs
+  const retry = await unknown({ ...first, ownerToken: `owner-${uid()}`, audit: audit() });
+  // What the store itself hands out is what a resolution names an attempt by.
+  const listed = (await store.listRecords({ state: 'outcome_unknown', limit: 1000 })).items.find((r) => r.key === first.key);
+  if (listed?.createdAt.getTime() !== retry.createdAt.getTime()) violations.push('listRecords and getRecords disagree on createdAt');
+  for (const resolution of [{ outcome: 'released' } as const, { outcome: 'completed', response: response(), retentionMs: 60_000 } as const]) {
+    const stale = await store.resolveRecord({ scope: first.scope, key: first.key!, ...(withCreatedAt ? { createdAt: seen.createdAt } : {}), resolution, operator: 'ops', note: null, requestId: `req-${uid()}` });
+    if (stale.ok) violations.push(`a ${resolution.outcome} resolution of the stale attempt settled the retry's record`);
+    else if (stale.reason !== 'changed' || stale.createdAt.getTime() !== retry.createdAt.getTime()) violations.push(`stale attempt: ${JSON.stringify(stale)}`);
+    const now = await store.getRecords(first.key!);
+    if (now.length !== 1 || now[0]!.state !== 'outcome_unknown' || now[0]!.createdAt.getTime() !== retry.createdAt.getTime()) {
+      violations.push(`the retry's record was changed: ${JSON.stringify(now.map((r) => r.state))}`);
+      return violations;
+    }
+  }
+  const right = await store.resolveRecord({ scope: first.scope, key: first.key!, createdAt: listed!.createdAt, resolution: { outcome: 'completed', response: response(), retentionMs: 60_000 }, operator: 'ops', note: null, requestId: `req-${uid()}` });
+  if (!right.ok) violations.push(`resolving the retry by its own createdAt was refused: ${JSON.stringify(right)}`);
+  if ((await store.getRecords(first.key!))[0]?.state !== 'completed') violations.push('the retry was not completed');
+  const logged = (await store.listOperatorActions({ limit: 1000 })).items.filter((a) => a.key === first.key).map((a) => a.action);
+  if (logged.join() !== 'resolve-completed,resolve-released') violations.push(`operator actions: ${logged.join()}`);
+  return violations;
+}
+
 export function describeGatewayStoreConformance(name: string, makeHarness: HarnessFactory): void {
   describe(`GatewayStore conformance: ${name}`, () => {
     let h: ConformanceHarness;
@@ -825,6 +867,12 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       });
     });
 
+    describe('resolveRecord: the attempt the operator saw (createdAt)', () => {
+      it('a stale createdAt settles nothing and keeps the later attempt; its own createdAt resolves it', async () => {
+        expect(await checkResolveAttempt(store)).toEqual([]);
+      });
+    });
+
     describe('sweep', () => {
       it('deletes expired completed records, turns dead in_progress locks into outcome_unknown, keeps live ones', async () => {
         const expired = command({ retentionMs: SHORT, entity: null, fence: null });
@@ -1237,6 +1285,11 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect((await checkStaleFence(bad)).length).toBeGreaterThan(0);
         const race = await checkFenceRace(bad, shuffled(Array.from({ length: 60 }, (_, i) => BigInt(i + 1)), 7), 8);
         expect(race.violations.some((v) => v.includes('was forwarded although'))).toBe(true);
+      });
+
+      it('a resolution without createdAt settles the later attempt in place of the one seen', async () => {
+        const v = await checkResolveAttempt(store, false);
+        expect(v.some((x) => x.includes("settled the retry's record"))).toBe(true);
       });
 
       it('dropping the key makes the single-forward check report duplicates', async () => {

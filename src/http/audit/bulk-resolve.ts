@@ -39,8 +39,10 @@ export interface BulkResolveOptions {
  * Built only from the store's audit methods: the candidates come from
  * `listRecords` (newest first, so the walk stops at the first record older
  * than `from`), and each is settled by `resolveRecord`, the same conditional
- * write as the one-key resolve: a record that left outcome_unknown meanwhile
- * (a retry, another operator) is counted as skipped, never overwritten. Each
+ * write as the one-key resolve, naming the listed attempt by its createdAt: a
+ * record that left outcome_unknown meanwhile (a retry, another operator), or
+ * that a new attempt replaced after a release, is counted as skipped, never
+ * overwritten. Each
  * resolution writes its own operator-action row; the shared bulk id in its
  * note ties them together.
  */
@@ -73,7 +75,8 @@ export function registerBulkResolve(app: Hono, options: BulkResolveOptions): voi
     let resolved = 0;
     let skipped = 0;
     for (const r of records) {
-      const result = await store.resolveRecord({ scope: r.scope, key: r.key, resolution: { outcome: 'released' }, operator, note, requestId: newRequestId() });
+      // `createdAt`: the attempt listed, in the window; a later one with the key is not this call's to release.
+      const result = await store.resolveRecord({ scope: r.scope, key: r.key, createdAt: r.createdAt, resolution: { outcome: 'released' }, operator, note, requestId: newRequestId() });
       if (result.ok) {
         resolved++;
         if (keys.length < KEYS_SHOWN) keys.push(r.key);

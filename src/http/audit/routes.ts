@@ -33,6 +33,11 @@ const ResolveBody = z
       .refine((r) => r.body === undefined || r.body_base64 === undefined, 'give "body" or "body_base64", not both')
       .optional(),
     note: z.string().max(2000).optional(),
+    /**
+     * The record's `created_at` as the listing showed it: only that attempt is
+     * resolved, not a later one that reused the key after a release.
+     */
+    created_at: z.iso.datetime({ offset: true, error: 'must be the record\'s created_at, e.g. 2026-05-01T10:00:00.123Z' }).optional(),
   })
   .superRefine((b, ctx) => {
     if (b.outcome === 'completed' && b.response === undefined) ctx.addIssue({ code: 'custom', path: ['response'], message: 'completed needs the response the upstream gave' });
@@ -87,7 +92,7 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
     try {
       json = JSON.parse(new TextDecoder().decode(read.body));
     } catch {
-      return problem({ code: 'invalid-request', detail: 'the body must be JSON: {"outcome": "completed" | "released", "response"?, "scope"?, "note"?}' });
+      return problem({ code: 'invalid-request', detail: 'the body must be JSON: {"outcome": "completed" | "released", "response"?, "scope"?, "note"?, "created_at"?}' });
     }
     const parsed = ResolveBody.safeParse(json);
     if (!parsed.success) {
@@ -131,9 +136,14 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
       operator: c.get('caller')?.id ?? null,
       note: b.note ?? null,
       requestId: newRequestId(),
+      ...(b.created_at !== undefined ? { createdAt: new Date(b.created_at) } : {}),
     });
     if (!result.ok) {
       if (result.reason === 'not-found') return problem({ code: 'not-found', detail: 'no record with this idempotency key in this scope' });
+      if (result.reason === 'changed') {
+        const createdAt = result.createdAt.toISOString();
+        return problem({ code: 'not-outcome-unknown', detail: `the outcome_unknown record with this key is another attempt (created_at ${createdAt}), not the one given`, extras: { state: 'outcome_unknown', created_at: createdAt } });
+      }
       return problem({ code: 'not-outcome-unknown', detail: `the record is ${result.state}, not outcome_unknown`, extras: { state: result.state } });
     }
     return c.json({ action: actionJson(result.action) });

@@ -75,7 +75,8 @@
     ev.preventDefault();
     var r = state.resolving;
     if (!r) return;
-    var body = { scope: r.scope, outcome: $('res-outcome').value };
+    // created_at: the attempt on screen, not a later one that reused the key after a release.
+    var body = { scope: r.scope, created_at: r.created_at, outcome: $('res-outcome').value };
     if (body.outcome === 'completed') {
       body.response = {
         status: Number($('res-status').value),

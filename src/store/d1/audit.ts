@@ -2,17 +2,17 @@ import type { AuditStore, RecordState } from '../types.js';
 import { d1Binder, type D1DatabaseLike } from './binding.js';
 import { toAction, toFenceHistoryPage, toPage, toRecordPage } from '../sqlite-dialect/rows.js';
 import { D1, NOW_MS } from '../sqlite-dialect/statements.js';
-import { ACTION_COLUMNS, auditStatements, INSERT_ACTION, UNKNOWN_RECORD } from '../sqlite-dialect/audit.js';
+import { ACTION_COLUMNS, auditStatements, INSERT_ACTION, unknownRecord } from '../sqlite-dialect/audit.js';
 
 const Q = {
   ...auditStatements(D1),
-  // @scope @key — the state the resolution was decided on (same batch).
-  state: 'SELECT state FROM idempotency_records WHERE scope = @scope AND key = @key',
-  // @scope @key @action @status @operator @note @request_id — logged first, from
-  // the record as it is, and only if it is the operator's to settle.
+  // @scope @key — the state (and attempt) the resolution was decided on (same batch).
+  state: 'SELECT state, created_at FROM idempotency_records WHERE scope = @scope AND key = @key',
+  // @scope @key @created_at @action @status @operator @note @request_id — logged first,
+  // from the record as it is, and only if it is the operator's to settle.
   logAction: `${INSERT_ACTION}
     SELECT ${NOW_MS}, @action, scope, key, entity, fence, fingerprint, ${D1.int('status')}, @operator, @note, @request_id
-    FROM idempotency_records WHERE ${UNKNOWN_RECORD}
+    FROM idempotency_records WHERE ${unknownRecord(D1)}
     RETURNING ${ACTION_COLUMNS}`,
 } as const;
 
@@ -20,8 +20,9 @@ const Q = {
  * The audit half of the D1 store (DESIGN §4.1), the same reads and the same one
  * write as the SQLite store's. `resolveRecord` is one `batch()`: the state
  * read, the operator-action row and the conditional update (or delete) all
- * in one transaction, each conditional on `state = 'outcome_unknown'`, so a
- * record that a late finish completed in between is never overwritten.
+ * in one transaction, each conditional on `state = 'outcome_unknown'` (and,
+ * given, on the operator's `created_at`), so a record that a late finish
+ * completed in between, or a later attempt's record, is never overwritten.
  */
 export function createD1Audit(db: D1DatabaseLike): AuditStore {
   const st = d1Binder(db);
@@ -41,18 +42,20 @@ export function createD1Audit(db: D1DatabaseLike): AuditStore {
     async resolveRecord(input) {
       const r = input.resolution;
       const { scope, key } = input;
+      const created_at = input.createdAt === undefined ? null : input.createdAt.getTime();
       const action = r.outcome === 'completed' ? 'resolve-completed' : 'resolve-released';
       const status = r.outcome === 'completed' ? r.response.status : null;
       const [seen, logged] = await db.batch([
         st(Q.state, { scope, key }),
-        st(Q.logAction, { scope, key, action, status, operator: input.operator, note: input.note, request_id: input.requestId }),
+        st(Q.logAction, { scope, key, created_at, action, status, operator: input.operator, note: input.note, request_id: input.requestId }),
         r.outcome === 'completed'
-          ? st(Q.complete, { scope, key, status: r.response.status, headers: JSON.stringify(r.response.headers), body: r.response.body, retention_ms: r.retentionMs })
-          : st(Q.release, { scope, key }),
+          ? st(Q.complete, { scope, key, created_at, status: r.response.status, headers: JSON.stringify(r.response.headers), body: r.response.body, retention_ms: r.retentionMs })
+          : st(Q.release, { scope, key, created_at }),
       ]);
-      const state = (seen?.results?.[0] as { state: RecordState } | undefined)?.state;
-      if (state === undefined) return { ok: false, reason: 'not-found' };
-      if (state !== 'outcome_unknown') return { ok: false, reason: 'not-outcome-unknown', state };
+      const rec = seen?.results?.[0] as { state: RecordState; created_at: number } | undefined;
+      if (rec === undefined) return { ok: false, reason: 'not-found' };
+      if (rec.state !== 'outcome_unknown') return { ok: false, reason: 'not-outcome-unknown', state: rec.state };
+      if (created_at !== null && Number(rec.created_at) !== created_at) return { ok: false, reason: 'changed', createdAt: new Date(Number(rec.created_at)) };
       const row = logged?.results?.[0] as Record<string, unknown> | undefined;
       if (row === undefined) throw new Error('d1 resolveRecord: the operator action was not written');
       return { ok: true, action: toAction(row) };

@@ -15,8 +15,10 @@ const MAX_BIGINT = (1n << 63n) - 1n;
  * record and the operator-action row written from what it returned, so the
  * resolution and its log commit together or not at all, and a record that a
  * late finish (or a takeover) changed in between is never overwritten: the
- * row lock and READ COMMITTED's re-check of `state = 'outcome_unknown'` on
- * the newest row version decide, not a read in TypeScript.
+ * row lock and READ COMMITTED's re-check of `state = 'outcome_unknown'` (and,
+ * given, of the operator's created_at: the attempt the operator saw, not a
+ * later one with the same key) on the newest row version decide, not a read
+ * in TypeScript.
  *
  * Text columns hold the escaped form of ./text.ts (scopes carry U+0000 once
  * caller auth is on); everything is encoded on the way in and decoded on the
@@ -26,6 +28,8 @@ const MAX_BIGINT = (1n << 63n) - 1n;
 export function createPostgresAudit(ctx: PgContext): AuditStore {
   const t = ctx.table;
   const records = t('idempotency_records');
+  // $1 scope $2 key — the record's state and attempt (created_at in epoch ms, as text).
+  const seen = `SELECT state, ${createdMs('created_at')}::text AS ms FROM ${records} WHERE scope = $1 AND key = $2`;
   const Q = {
     // $1 entity $2 cursor (fence, exclusive, or NULL) $3 limit
     history: `SELECT fence::text AS fence, at, caller, request_id FROM ${t('fence_history')}
@@ -38,34 +42,35 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
       WHERE state = $1 AND ($2::bigint IS NULL
         OR (created_at, scope, key) < (timestamptz 'epoch' + $2::bigint::double precision * interval '1 microsecond', $3::text, $4::text))
       ORDER BY created_at DESC, scope DESC, key DESC LIMIT $5`,
-    // $1 scope $2 key $3 status $4 headers $5 body $6 retention_ms $7 operator $8 note $9 request_id.
-    // `seen`: the state in the statement's snapshot, to say why nothing matched.
+    // $1 scope $2 key $3 status $4 headers $5 body $6 retention_ms $7 operator $8 note $9 request_id
+    // $10 created_at in epoch ms (or NULL). `seen`, `seen_ms`: the record in the statement's
+    // snapshot, to say why nothing matched.
     complete: `WITH done AS (
         UPDATE ${records} r SET state = 'completed', status = $3, headers = $4::jsonb, body = $5, locked_until = NULL,
           expires_at = now() + $6::double precision * interval '1 millisecond'
-        WHERE r.scope = $1 AND r.key = $2 AND r.state = 'outcome_unknown'
+        WHERE r.scope = $1 AND r.key = $2 AND r.state = 'outcome_unknown' AND ($10::bigint IS NULL OR ${createdMs('r.created_at')} = $10::bigint)
         RETURNING r.scope, r.key, r.entity, r.fence, r.fingerprint, r.status
       ), logged AS (
         INSERT INTO ${t('operator_actions')} (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)
         SELECT now(), 'resolve-completed', scope, key, entity, fence, fingerprint, status, $7, $8, $9 FROM done
         RETURNING *
       )
-      SELECT ${ACTION_COLUMNS}, (SELECT state FROM ${records} WHERE scope = $1 AND key = $2) AS seen
-      FROM (VALUES (1)) AS one LEFT JOIN logged l ON true`,
-    // $1 scope $2 key $3 operator $4 note $5 request_id
+      SELECT ${ACTION_COLUMNS}, s.state AS seen, s.ms AS seen_ms
+      FROM (VALUES (1)) AS one LEFT JOIN logged l ON true LEFT JOIN (${seen}) s ON true`,
+    // $1 scope $2 key $3 operator $4 note $5 request_id $6 created_at in epoch ms (or NULL)
     release: `WITH done AS (
         DELETE FROM ${records} r
-        WHERE r.scope = $1 AND r.key = $2 AND r.state = 'outcome_unknown'
+        WHERE r.scope = $1 AND r.key = $2 AND r.state = 'outcome_unknown' AND ($6::bigint IS NULL OR ${createdMs('r.created_at')} = $6::bigint)
         RETURNING r.scope, r.key, r.entity, r.fence, r.fingerprint
       ), logged AS (
         INSERT INTO ${t('operator_actions')} (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)
         SELECT now(), 'resolve-released', scope, key, entity, fence, fingerprint, NULL::integer, $3, $4, $5 FROM done
         RETURNING *
       )
-      SELECT ${ACTION_COLUMNS}, (SELECT state FROM ${records} WHERE scope = $1 AND key = $2) AS seen
-      FROM (VALUES (1)) AS one LEFT JOIN logged l ON true`,
+      SELECT ${ACTION_COLUMNS}, s.state AS seen, s.ms AS seen_ms
+      FROM (VALUES (1)) AS one LEFT JOIN logged l ON true LEFT JOIN (${seen}) s ON true`,
     // $1 scope $2 key — only to explain a refusal whose snapshot still said outcome_unknown.
-    state: `SELECT state FROM ${records} WHERE scope = $1 AND key = $2`,
+    state: seen,
     // $1 cursor (id, exclusive, or NULL) $2 limit
     actions: `SELECT ${ACTION_COLUMNS} FROM ${t('operator_actions')} l
       WHERE ($1::bigint IS NULL OR l.id < $1::bigint) ORDER BY l.id DESC LIMIT $2`,
@@ -117,18 +122,25 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
               ...who,
             ]
           : [scope, key, ...who];
-      const { rows } = await ctx.query<ActionRow & { seen: RecordState | null }>(r.outcome === 'completed' ? Q.complete : Q.release, values);
+      const createdMsValue = input.createdAt === undefined ? null : String(input.createdAt.getTime());
+      const { rows } = await ctx.query<ActionRow & { seen: RecordState | null; seen_ms: string | null }>(
+        r.outcome === 'completed' ? Q.complete : Q.release,
+        [...values, createdMsValue],
+      );
       const row = rows[0]!;
       if (row.id !== null) return { ok: true, action: toAction(row) };
-      let state = row.seen;
-      if (state === 'outcome_unknown') {
+      let rec = row.seen === null ? undefined : { state: row.seen, ms: row.seen_ms! };
+      if (rec?.state === 'outcome_unknown' && (createdMsValue === null || rec.ms === createdMsValue)) {
         // The snapshot still saw it unknown, but a concurrent finish or
         // takeover committed first and the conditional statement refused: the
         // decision is made; this read only names the state for the answer.
-        state = (await ctx.query<{ state: RecordState }>(Q.state, [scope, key])).rows[0]?.state ?? null;
+        rec = (await ctx.query<{ state: RecordState; ms: string }>(Q.state, [scope, key])).rows[0];
       }
-      if (state === null) return { ok: false, reason: 'not-found' };
-      return { ok: false, reason: 'not-outcome-unknown', state };
+      if (rec === undefined) return { ok: false, reason: 'not-found' };
+      if (rec.state === 'outcome_unknown' && createdMsValue !== null && rec.ms !== createdMsValue) {
+        return { ok: false, reason: 'changed', createdAt: new Date(Number(rec.ms)) };
+      }
+      return { ok: false, reason: 'not-outcome-unknown', state: rec.state };
     },
 
     async listOperatorActions(page) {
@@ -143,6 +155,13 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
     },
   };
 }
+
+/**
+ * A created_at as epoch ms, truncated as the driver's Date of it is (the
+ * `createdAt` that listRecords and getRecords return, which a resolution
+ * names its attempt by): timestamptz keeps µs, the Date only ms.
+ */
+const createdMs = (column: string): string => `(extract(epoch FROM date_trunc('milliseconds', ${column})) * 1000)::bigint`;
 
 /** The operator_actions columns as the store returns them (bigints as text), from the alias `l`. */
 const ACTION_COLUMNS = `l.id::text AS id, l.at, l.action, l.scope, l.key, l.entity, l.fence::text AS fence, l.fingerprint, l.status,

@@ -11,8 +11,14 @@ export const ACTION_COLUMNS =
   'CAST(id AS TEXT) AS id, at, action, scope, key, entity, CAST(fence AS TEXT) AS fence, fingerprint, status, operator, note, request_id';
 /** The insert of an operator-action row; each store gives its values. */
 export const INSERT_ACTION = 'INSERT INTO operator_actions (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)';
-/** @scope @key — only an outcome_unknown record is the operator's to settle. */
-export const UNKNOWN_RECORD = "scope = @scope AND key = @key AND state = 'outcome_unknown'";
+/**
+ * @scope @key @created_at (ms, or NULL) — only an outcome_unknown record is the
+ * operator's to settle, and, given its created_at, only the attempt the
+ * operator saw: a later attempt with the same key is another request's
+ * outcome, not the one the operator decided on.
+ */
+export const unknownRecord = (d: Spelling): string =>
+  `scope = @scope AND key = @key AND state = 'outcome_unknown' AND (@created_at IS NULL OR created_at = ${d.int('created_at')})`;
 
 export function auditStatements(d: Spelling) {
   return {
@@ -24,10 +30,10 @@ export function auditStatements(d: Spelling) {
     records: `SELECT ${RECORD_COLUMNS} FROM idempotency_records
       WHERE state = @state AND (@after_at IS NULL OR (created_at, scope, key) < (${d.int('after_at')}, @after_scope, @after_key))
       ORDER BY created_at DESC, scope DESC, key DESC LIMIT ${d.int('limit')}`,
-    // @scope @key @status @headers @body @retention_ms
-    complete: completeRecord(d, UNKNOWN_RECORD),
-    // @scope @key
-    release: `DELETE FROM idempotency_records WHERE ${UNKNOWN_RECORD}`,
+    // @scope @key @created_at @status @headers @body @retention_ms
+    complete: completeRecord(d, unknownRecord(d)),
+    // @scope @key @created_at
+    release: `DELETE FROM idempotency_records WHERE ${unknownRecord(d)}`,
     // @cursor (id, or NULL) @limit
     actions: `SELECT ${ACTION_COLUMNS} FROM operator_actions
       WHERE (@cursor IS NULL OR id < ${d.int('cursor')}) ORDER BY operator_actions.id DESC LIMIT ${d.int('limit')}`,

@@ -18,7 +18,7 @@ export function createSqliteAudit(db: SqliteDatabase, lock: WriteLock = new Writ
   const q = {
     history: s(text.history),
     records: s(text.records),
-    record: s('SELECT state, entity, fence, fingerprint FROM idempotency_records WHERE scope = ? AND key = ?'),
+    record: s('SELECT state, entity, fence, fingerprint, created_at FROM idempotency_records WHERE scope = ? AND key = ?'),
     complete: s(text.complete),
     release: s(text.release),
     // The values of the record as read in the same transaction.
@@ -29,15 +29,22 @@ export function createSqliteAudit(db: SqliteDatabase, lock: WriteLock = new Writ
   };
 
   const resolveTx = db.transaction((input: ResolveInput): ResolveResult => {
-    const rec = q.record.get(input.scope, input.key) as { state: RecordState; entity: string | null; fence: bigint | null; fingerprint: string } | undefined;
+    const rec = q.record.get(input.scope, input.key) as
+      | { state: RecordState; entity: string | null; fence: bigint | null; fingerprint: string; created_at: bigint }
+      | undefined;
     if (rec === undefined) return { ok: false, reason: 'not-found' };
     if (rec.state !== 'outcome_unknown') return { ok: false, reason: 'not-outcome-unknown', state: rec.state };
+    // The same condition is in the write (../sqlite-dialect/audit.ts); this read, in the same
+    // transaction, only tells `changed` from success.
+    const createdAt = input.createdAt === undefined ? null : BigInt(input.createdAt.getTime());
+    if (createdAt !== null && rec.created_at !== createdAt) return { ok: false, reason: 'changed', createdAt: new Date(Number(rec.created_at)) };
     const r = input.resolution;
+    const which = { scope: input.scope, key: input.key, created_at: createdAt };
     if (r.outcome === 'completed') {
       const body = Buffer.from(r.response.body.buffer, r.response.body.byteOffset, r.response.body.byteLength);
-      q.complete.run({ scope: input.scope, key: input.key, status: r.response.status, headers: JSON.stringify(r.response.headers), body, retention_ms: r.retentionMs });
+      q.complete.run({ ...which, status: r.response.status, headers: JSON.stringify(r.response.headers), body, retention_ms: r.retentionMs });
     } else {
-      q.release.run({ scope: input.scope, key: input.key });
+      q.release.run(which);
     }
     const row = q.logAction.get({
       action: r.outcome === 'completed' ? 'resolve-completed' : 'resolve-released',
