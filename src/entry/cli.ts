@@ -70,12 +70,19 @@ async function main(argv: string[]): Promise<number> {
     const running = await startGateway({ config, logger });
     logger.info('listening', { url: running.url, console: `${running.url}${config.adminPrefix}/`, store: running.gateway.store.kind, routes: config.routes.map((r) => r.name) });
     let stopping = false;
+    let stoppingAt = 0;
     const stop = (signal: string) => {
       if (stopping) {
+        // One Ctrl-C reaches every process of the terminal's group, so a
+        // gateway run by a wrapper (`npm start`) gets it twice within
+        // milliseconds: only a signal sent again later forces the exit
+        // (and gives up the finishes that the graceful close waits for).
+        if (performance.now() - stoppingAt < 1000) return;
         logger.warn('forced-exit', { signal });
         process.exit(1);
       }
       stopping = true;
+      stoppingAt = performance.now();
       logger.info('shutting-down', { signal, inflight: running.gateway.inflight() });
       running.close().then(
         () => {

@@ -102,6 +102,51 @@ describe('clean shutdown', () => {
   });
 });
 
+describe('a signal delivered twice at once (Ctrl-C through a wrapper such as npm start)', () => {
+  async function holdOne() {
+    const up = await upstream();
+    const tmp = tempDir();
+    cleanups.push(() => tmp.cleanup());
+    const db = join(tmp.dir, 'gw.db');
+    const config = writeJson(join(tmp.dir, 'config.json'), { store: { sqlite: db }, routes: [paymentsRoute(up.url)] });
+    const child = await startGatewayChild([CLI, 'serve', '--config', config, '--port', '0']);
+    cleanups.unshift(() => void child.proc.kill('SIGKILL'));
+    const gate = up.gate();
+    up.behave(() => ({ kind: 'hold', gate: gate.promise }));
+    const inFlight = command(child.url, '/payments/charges', { fence: 1, entity: 'e', key: 'k' });
+    await up.waitForCalls(1);
+    return { child, gate, inFlight, db };
+  }
+
+  it('is one shutdown: the held request still completes and is recorded, the process exits 0', async () => {
+    const { child, gate, inFlight, db } = await holdOne();
+    child.proc.kill('SIGINT');
+    child.proc.kill('SIGINT');
+    await child.waitForLine((l) => l.msg === 'shutting-down', 'shutting-down');
+    await new Promise((r) => setTimeout(r, 200));
+    gate.open();
+    expect((await inFlight).status).toBe(201);
+    expect(await child.exited).toEqual({ code: 0, signal: null });
+    const conn = new Database(db, { readonly: true });
+    try {
+      expect(conn.prepare("SELECT state FROM idempotency_records WHERE key = 'k'").get()).toEqual({ state: 'completed' });
+    } finally {
+      conn.close();
+    }
+  });
+
+  it('control: the same signal sent again a second later forces the exit (code 1), before the held request is done', async () => {
+    const { child, gate, inFlight } = await holdOne();
+    child.proc.kill('SIGINT');
+    await child.waitForLine((l) => l.msg === 'shutting-down', 'shutting-down');
+    await new Promise((r) => setTimeout(r, 1200));
+    child.proc.kill('SIGINT');
+    expect(await child.exited).toEqual({ code: 1, signal: null });
+    gate.open();
+    await inFlight.catch(() => undefined);
+  });
+});
+
 describe('clean shutdown of a large answer', () => {
   it('close() while a 16 MiB answer is in flight: the caller receives all of it', async () => {
     const up = await upstream();
