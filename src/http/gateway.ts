@@ -74,6 +74,7 @@ export function createGateway(options: GatewayOptions): Gateway {
   const env = options.env ?? (globalThis as any).process?.env ?? {};
   const upstreamHeaders = resolveUpstreamHeaders(config, env);
   const metrics = options.metrics ?? createMetrics({ routes: config.routes.map((r) => r.name) });
+  store.observeGroups?.((size, syncMs) => metrics.storeGroup(size, syncMs));
   // Spans only once @opentelemetry/api has loaded (if it is installed); startGateway waits for it.
   void loadTracing();
   // Caller auth (step 2) and signed fences (step 3), when configured.

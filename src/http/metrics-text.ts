@@ -52,6 +52,9 @@ export function createTextBackend(): MetricBackend {
         }
         return v;
       };
+      // An unlabelled histogram is one series from the start, as prom-client
+      // shows it (its count at 0 before the first observation).
+      if (spec.type === 'histogram' && spec.labels.length === 0) at([]);
       return {
         inc: (labels, by = 1) => void (at(labels).value += by),
         set: (labels, value) => void (at(labels).value = value),

@@ -45,6 +45,8 @@ export interface Metrics {
   observe(o: RequestObservation): void;
   /** One admit or finish call to the store, how long it took and how it ended. */
   storeCall(op: 'admit' | 'finish', ms: number, result: StoreCallResult): void;
+  /** One SQLite group committed: how many decisions, and its WAL sync's time (null: no sync of its own). */
+  storeGroup(size: number, syncMs: number | null): void;
   /** One sweep's result (rows swept, backlog left) and how long it took. */
   swept(r: SweepResult, durationMs: number): void;
   /** A sweep that failed (its batches before the fault are committed). */
@@ -80,6 +82,8 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
     upstream: b.metric(SPECS.upstream),
     overhead: b.metric(SPECS.overhead),
     store: b.metric(SPECS.store),
+    groupSize: b.metric(SPECS.groupSize),
+    groupSync: b.metric(SPECS.groupSync),
     storeErrors: b.metric(SPECS.storeErrors),
     lateFinishes: b.metric(SPECS.lateFinishes),
     inflight: b.metric(SPECS.inflight),
@@ -124,6 +128,10 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
       m.store.observe([op], ms / 1000);
       if (result === 'error') m.storeErrors.inc([op]);
       if (result === 'discarded') m.lateFinishes.inc([]);
+    },
+    storeGroup(size, syncMs) {
+      m.groupSize.observe([], size);
+      if (syncMs !== null) m.groupSync.observe([], syncMs / 1000);
     },
     swept(r, durationMs) {
       for (const k of SWEEP_KINDS) m.swept.inc([SWEEP_LABELS[k]], r[k]);

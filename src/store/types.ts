@@ -270,6 +270,8 @@ export interface AuditStore {
 export interface GatewayStore extends AuditStore {
   /** Backend name for logs and metrics: `sqlite`, `postgres`, `d1`. */
   readonly kind: string;
+  /** A store that commits decisions in groups (SQLite) tells `observer` of each group committed: its size and its WAL sync's time (null when it waited for none). */
+  observeGroups?(observer: (size: number, syncMs: number | null) => void): void;
   /** DESIGN §3.5 in one transaction. */
   admit(input: AdmitInput): Promise<Admission>;
   /** DESIGN §3.7, conditional on the owner token; also frees the serial slot it held. */

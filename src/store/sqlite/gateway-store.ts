@@ -240,6 +240,10 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     });
   }
 
+  observeGroups(observer: (size: number, syncMs: number | null) => void): void {
+    if (this.group !== null) this.group.observer = observer;
+  }
+
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;

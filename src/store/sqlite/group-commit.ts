@@ -99,6 +99,8 @@ export class GroupCommit {
   private idleWaiters: (() => void)[] = [];
   /** Transactions committed (or failed), decisions run, syncs waited for: for tests and metrics. */
   readonly stats = { groups: 0, decisions: 0, fallbacks: 0, syncs: 0 };
+  /** Told of each group that committed: its size, and its WAL sync's time when it waited for one (metrics). */
+  observer: ((size: number, syncMs: number | null) => void) | null = null;
   readonly lock: WriteLock;
   private readonly onBegin: () => void;
   private readonly maxGroup: number;
@@ -236,12 +238,15 @@ export class GroupCommit {
     }
     const settle = results !== null ? () => items.forEach((item, i) => item.resolve(results![i])) : () => items[0]!.reject(groupError);
     if (this.sync === undefined) {
+      if (results !== null) this.observer?.(items.length, null);
       settle();
       return this.wakeIdle();
     }
     this.unsynced++;
     this.stats.syncs++;
+    const syncStarted = performance.now();
     this.sync((err) => {
+      if (err === null && results !== null) this.observer?.(items.length, performance.now() - syncStarted);
       this.unsynced--;
       if (err !== null && this.failed === null) {
         this.failed = new Error(`the SQLite store stopped: syncing its WAL failed (${err.message}); restart the gateway once the disk is healthy`);
