@@ -33,12 +33,11 @@
 // (and `base-postgres` when a database URL is set). --replicas N adds
 // `fg-postgres-xN`.
 import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { latency, load, loadCpu, pinned, startNode, throughput } from './lib.mjs';
+import { freePort, latency, load, loadCpu, pinned, startNode, throughput, waitReady } from './lib.mjs';
 import { option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -55,13 +54,6 @@ const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-'));
 const stops = [];
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
-async function freePort() {
-  const s = createServer();
-  await new Promise((r) => s.listen(0, '127.0.0.1', r));
-  const { port } = s.address();
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 async function startFencegate(name, store, upstream, route = {}, server = join(root, 'dist/entry/cli.js'), cpu = 0) {
   const port = await freePort();
@@ -223,17 +215,6 @@ async function main() {
   console.log(`\n(written to bench/results/${written}; p50/p99 @50 are autocannon's whole milliseconds, @1 are hrtime-precise)`);
 }
 
-async function waitReady(url) {
-  for (let i = 0; i < 200; i++) {
-    try {
-      const res = await fetch(`${url}/_fencegate/health`);
-      await res.arrayBuffer();
-      if (res.status < 500) return;
-    } catch {}
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`${url} never became ready`);
-}
 
 main().catch(async (err) => {
   console.error(err);

@@ -2,6 +2,7 @@
 // load generator (bench/load.mjs: autocannon for throughput, a precise
 // sequential latency loop) run in a pinned process of its own.
 import { spawn, spawnSync } from 'node:child_process';
+import { createServer } from 'node:net';
 import { closeSync, openSync } from 'node:fs';
 import { once } from 'node:events';
 import { cpus } from 'node:os';
@@ -98,4 +99,26 @@ export function throughput(url, { connections, seconds, prefix }) {
 /** Sequential requests on one keep-alive connection per URL, in turn, timed with hrtime: sub-millisecond percentiles. */
 export function latency(url, { requests, prefix, warmup = 200 }) {
   return load({ kind: 'latency', urls: list(url), requests, prefix, warmup });
+}
+
+/** A port free on loopback now (the server started next takes it). */
+export async function freePort() {
+  const s = createServer();
+  await new Promise((r) => s.listen(0, '127.0.0.1', r));
+  const { port } = s.address();
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+/** Waits until `url`'s admin health answers (a gateway, or a server that mimics the path). */
+export async function waitReady(url) {
+  for (let i = 0; i < 200; i++) {
+    try {
+      const res = await fetch(`${url}/_fencegate/health`);
+      await res.arrayBuffer();
+      if (res.status < 500) return;
+    } catch {}
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`${url} never became ready`);
 }

@@ -11,13 +11,12 @@
 // per-round ratios), and p50 at one connection with what fencegate adds.
 // Options: --seconds N (default 6), --latency N (default 2000), --rounds N (default 3).
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
 import { Pool } from 'undici';
-import { startNode } from './lib.mjs';
+import { freePort, startNode, waitReady } from './lib.mjs';
 import { option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -44,13 +43,6 @@ function call() {
 }
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' };
 
-async function freePort() {
-  const s = createServer();
-  await new Promise((r) => s.listen(0, '127.0.0.1', r));
-  const { port } = s.address();
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 async function startFencegate(name, synchronous, upstream) {
   const port = await freePort();
@@ -66,17 +58,6 @@ async function startFencegate(name, synchronous, upstream) {
   return startNode(join(root, 'dist/entry/cli.js'), { args: ['serve', '--config', file], cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port });
 }
 
-async function waitReady(url) {
-  for (let i = 0; i < 200; i++) {
-    try {
-      const res = await fetch(`${url}/_fencegate/health`);
-      await res.arrayBuffer();
-      if (res.status < 500) return;
-    } catch {}
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`${url} never became ready`);
-}
 
 async function throughput(url, connections, duration) {
   // A refusal is a 200 with a JSON-RPC error: counted as an error too.
