@@ -3,6 +3,13 @@ import { parseDuration } from '../core/duration.js';
 import { DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT } from '../protocol/headers.js';
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
+/**
+ * A top-level JWT claim name: no path (`a.b` is the claim named "a.b", not
+ * `b` inside `a`), printable ASCII without spaces, so that it can be named
+ * in a 403's detail and `WWW-Authenticate`. Namespaced claims such as
+ * `https://example.com/tenant` fit.
+ */
+const ClaimName = z.string().regex(/^[\x21-\x7e]{1,256}$/, 'must be a top-level claim name: 1 to 256 printable ASCII characters, no spaces');
 
 const Duration = z
   .union([z.string(), z.number()])
@@ -137,8 +144,12 @@ export const RouteSchema = z.strictObject({
   idempotencyKeyFrom: z.strictObject({ json: JsonPointer }).optional(),
   /** What of the body the fingerprint covers: all its bytes (`raw`), some JSON fields, or all but some. */
   fingerprint: z.union([z.literal('raw'), z.strictObject({ json: z.array(JsonPointer).min(1) }), z.strictObject({ ignore: z.array(JsonPointer) })]).default('raw'),
-  /** Keys are per route (and caller); this header adds one more part to their scope. */
-  keyScope: z.strictObject({ header: HeaderName }).optional(),
+  /**
+   * Keys are per route (and caller); this adds one more part to their scope:
+   * a header's value, or a claim of the caller's verified bearer token (a
+   * top-level claim name, e.g. a tenant id `tid`; needs `auth`).
+   */
+  keyScope: z.union([z.strictObject({ header: HeaderName }), z.strictObject({ claim: ClaimName })]).optional(),
   /** Send the key back in the key header on first and replayed answers. */
   echoKey: z.boolean().default(false),
 });
@@ -260,6 +271,9 @@ export const ConfigSchema = z
       if (keyHeader !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'idempotencyHeader'], message: keyHeader });
       const scopeHeader = keyScopeCollision(route, collision);
       if (scopeHeader !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'keyScope', 'header'], message: scopeHeader });
+      if (route.keyScope !== undefined && 'claim' in route.keyScope && config.auth === undefined) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'keyScope', 'claim'], message: 'a claim scope needs "auth": without caller authentication there is no verified token to read the claim from' });
+      }
       const echoed = echoKeyCollision(route);
       if (echoed !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'echoKey'], message: echoed });
       if (route.protocol === 'mcp') {

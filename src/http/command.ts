@@ -3,6 +3,7 @@ import type { RouteConfig } from '../config/schema.js';
 import { duplicateOnPointerPath, scanPointer } from '../core/json-duplicates.js';
 import { checkKey, parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
 import type { Refusal } from '../protocol/problem.js';
+import { missingClaim } from './middleware/auth/middleware.js';
 
 /** What the headers (and path) of a proxied request say, once parsed (DESIGN §3.3). */
 export interface Command {
@@ -12,7 +13,7 @@ export interface Command {
   key: string | null;
   /** From the header or the path; a JSON-pointer entity is read after the body. */
   entity: string | null;
-  /** With `keyScope`: the scope header's value (./key-scope.ts). */
+  /** With `keyScope`: the scope header's value, or the verified token's claim (./key-scope.ts). */
   keyScope: string | null;
 }
 
@@ -23,7 +24,12 @@ export type CommandResult = { ok: true; command: Command } | { ok: false; refusa
  * entity (when it comes from a header or the path). Nothing is stored yet,
  * so a refusal here changes no state.
  */
-export function parseCommand(route: RouteConfig, headers: HeaderReader, params: Record<string, string>, options: { signedFences?: boolean } = {}): CommandResult {
+export function parseCommand(
+  route: RouteConfig,
+  headers: HeaderReader,
+  params: Record<string, string>,
+  options: { signedFences?: boolean; claims?: Readonly<Record<string, string>> | null } = {},
+): CommandResult {
   let fence: bigint | null = null;
   let signedFence: string | null = null;
   if (route.fence !== 'off') {
@@ -72,7 +78,16 @@ export function parseCommand(route: RouteConfig, headers: HeaderReader, params: 
     }
   }
   let keyScope: string | null = null;
-  if (route.keyScope !== undefined && route.idempotency !== 'off') {
+  if (route.keyScope === undefined || route.idempotency === 'off') {
+    // No scope beyond the route (and caller).
+  } else if ('claim' in route.keyScope) {
+    // The auth middleware refused a token without it (403, logged); this is
+    // the last word, so a request that got here some other way without the
+    // claim is refused too, never scoped by nothing.
+    const lacking = missingClaim({ claims: options.claims ?? {} }, route.keyScope.claim);
+    if (lacking !== null) return refuse('forbidden', `${lacking}, which this route's keyScope needs`);
+    keyScope = options.claims![route.keyScope.claim]!;
+  } else {
     const name = route.keyScope.header;
     const raw = headers.get(name);
     // Without it, callers that share no other scope would share one key space.

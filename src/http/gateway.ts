@@ -153,6 +153,7 @@ export function createGateway(options: GatewayOptions): Gateway {
         return req.signal;
       },
       caller: auth ? auth.callerOf(c) : null,
+      claims: auth ? auth.claimsOf(c) : null,
     });
     return webResponse(reply);
   };

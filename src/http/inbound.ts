@@ -26,6 +26,8 @@ export interface Inbound {
   readonly signal: AbortSignal;
   /** The authenticated caller (scopes keys, named in the rejection log); null without auth. */
   caller: string | null;
+  /** The verified token's claims that a route's `keyScope.claim` names (./key-scope.ts); absent or null without auth. */
+  claims?: Readonly<Record<string, string>> | null;
 }
 
 /** The answer, before any server writes it. Header names are lower case. */

@@ -7,15 +7,25 @@ import { setHeader } from './settle.js';
 /**
  * Whose key a key is (DESIGN §3.5: the store compares keys within a scope).
  * Always the route's; with caller auth, the caller's within it; with
- * `keyScope`, also the scope header's value (a tenant), so that callers who
- * share one credential, or none, do not share one key space. The parts are
- * joined with NUL, which no route name, header value or (in practice) caller
- * id contains; the `key-scope:` mark keeps a scope value from ever reading as
- * a caller id.
+ * `keyScope`, also the scope header's value or the verified token's claim
+ * (a tenant), so that callers who share one credential, or none, or one
+ * `sub` across tenants, do not share one key space. The parts are joined
+ * with NUL, which no route name, scope value or (in practice) caller id
+ * contains; the `key-scope:` (header) and `key-claim:` (claim) marks keep a
+ * scope value from ever reading as a caller id, or a claim's value as the
+ * same text sent in a header.
  */
 export function keyScopeOf(route: RouteConfig, caller: string | null, keyScope: string | null): string {
   const base = caller === null ? route.name : `${route.name}\u0000${caller}`;
-  return keyScope === null ? base : `${base}\u0000key-scope:${keyScope}`;
+  if (keyScope === null) return base;
+  const mark = route.keyScope !== undefined && 'claim' in route.keyScope ? 'key-claim:' : 'key-scope:';
+  return `${base}\u0000${mark}${keyScope}`;
+}
+
+/** The token claim that scopes this route's keys (`keyScope: { claim }`), or null: none, a header scope, or no keys. */
+export function claimScopeOf(route: RouteConfig | null): string | null {
+  if (route === null || route.keyScope === undefined || !('claim' in route.keyScope) || route.idempotency === 'off') return null;
+  return route.keyScope.claim;
 }
 
 /**
@@ -31,6 +41,8 @@ export function warnGlobalKeys(config: Config, logger: Logger): void {
   if (config.auth !== undefined) return;
   for (const route of config.routes) {
     if (route.idempotency === 'off') continue;
+    // A claim scope needs auth (the config refuses it without), so it never gets here.
+    if (route.keyScope !== undefined && 'claim' in route.keyScope) continue;
     const reason =
       route.keyScope === undefined
         ? 'no auth and no keyScope: every caller of this route shares one key space; configure auth or keyScope'

@@ -117,7 +117,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     if (shape !== null) return refuse(route, { code: 'invalid-request', detail: shape });
     // An MCP endpoint: JSON-RPC in the body, only tools/call decided (./mcp/pipeline.ts).
     if (route.protocol === 'mcp') return mcp({ req, route, params: matched.params, pathname: url.pathname, search: url.search, requestId, clientRequestId, trace: { ...trace }, started, span });
-    const parsed = parseCommand(route, req.headers, matched.params, { signedFences: deps.checkSignedFence !== undefined });
+    const parsed = parseCommand(route, req.headers, matched.params, { signedFences: deps.checkSignedFence !== undefined, claims: req.claims ?? null });
     if (!parsed.ok) return refuse(route, parsed.refusal);
     let { fence, key, entity } = parsed.command;
     const { signedFence } = parsed.command;

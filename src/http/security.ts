@@ -7,6 +7,7 @@ import { renderRefusal, toResponse } from './errors.js';
 import type { Logger } from './logger.js';
 import { createTokenVerifier, jwtAuth, type AuthRefusal } from './middleware/auth/index.js';
 import type { RequestObservation } from './metrics.js';
+import { claimScopeOf } from './key-scope.js';
 import { normalizePath } from './path.js';
 import { clientRequestIdOf } from './request-id.js';
 import { createRouter } from './router.js';
@@ -22,6 +23,8 @@ export interface Security {
     /** `/metrics`: `fencegate:audit`. */
     metrics: MiddlewareHandler;
     callerOf: (c: Context) => string | null;
+    /** The verified token's claims that a route's `keyScope.claim` names (./key-scope.ts); null without a caller. */
+    claimsOf: (c: Context) => Readonly<Record<string, string>> | null;
   } | null;
   checkSignedFence: SignedFenceCheck | undefined;
 }
@@ -57,6 +60,8 @@ export function createSecurity(options: SecurityOptions): Security {
       audience: config.auth.audience,
       clockToleranceSec: config.auth.clockTolerance / 1000,
       callerClaim: config.auth.callerClaim,
+      // Only the claims some route scopes keys by are kept on the caller, never the whole payload.
+      claims: config.routes.flatMap((r) => (r.keyScope !== undefined && 'claim' in r.keyScope ? [r.keyScope.claim] : [])),
     });
 
     // Refusals are logged for auditors: who (if the token was valid), what, why; never the token.
@@ -83,6 +88,7 @@ export function createSecurity(options: SecurityOptions): Security {
       verify,
       scope: 'fencegate:proxy',
       when: (c) => routeOf(c) !== null,
+      claim: (c) => claimScopeOf(routeOf(c)),
       render: (c, refusal) => toResponse(renderRefusal(refusal, routeOf(c)?.errors ?? null, problemBase)),
       onRefused: (c, r) => onRefused(() => routeOf(c)?.name ?? null)(c, r),
     });
@@ -94,7 +100,7 @@ export function createSecurity(options: SecurityOptions): Security {
       onRefused: onRefused(null),
     });
     const metrics = jwtAuth({ verify, scope: 'fencegate:audit', render: adminRender, onRefused: onRefused(null) });
-    return { auth: { proxy, admin, metrics, callerOf: (c) => c.get('caller')?.id ?? null }, checkSignedFence };
+    return { auth: { proxy, admin, metrics, callerOf: (c) => c.get('caller')?.id ?? null, claimsOf: (c) => c.get('caller')?.claims ?? null }, checkSignedFence };
   } catch (err) {
     if (err instanceof KeyConfigError) throw new ConfigError(`invalid configuration:\n  ${err.message}`, [err.message], { cause: err });
     throw err;

@@ -41,7 +41,7 @@ export function upstreamHeaders(
 function reliedOn(route: RouteConfig): string[] {
   const names = ['content-type', 'content-encoding', 'x-fence-entity', 'x-request-id', route.fenceHeader, route.idempotencyHeader];
   if ('header' in route.entity) names.push(route.entity.header);
-  if (route.keyScope !== undefined) names.push(route.keyScope.header);
+  if (route.keyScope !== undefined && 'header' in route.keyScope) names.push(route.keyScope.header);
   return names;
 }
 

@@ -130,7 +130,7 @@ export interface KeyHeaderRoute {
   entity: { header: string } | object;
   upstreamHeaders: Record<string, unknown>;
   stripHeaders?: string[];
-  keyScope?: { header: string } | undefined;
+  keyScope?: { header: string } | { claim: string } | undefined;
   echoKey?: boolean;
 }
 
@@ -144,13 +144,13 @@ export function keyHeaderCollision(route: KeyHeaderRoute, context: CollisionCont
   if (route.idempotency === 'off') return null;
   const name = route.idempotencyHeader.toLowerCase();
   const said = `"${route.idempotencyHeader}"`;
-  if (route.keyScope !== undefined && name === route.keyScope.header.toLowerCase()) return `${said} is also this route's keyScope header`;
+  if (route.keyScope !== undefined && 'header' in route.keyScope && name === route.keyScope.header.toLowerCase()) return `${said} is also this route's keyScope header`;
   return rewrittenHeader(name, said, route, context);
 }
 
-/** Why a route's `keyScope.header` cannot carry its value unchanged to the upstream, or null. */
+/** Why a route's `keyScope.header` cannot carry its value unchanged to the upstream, or null (always null for a claim scope: no header). */
 export function keyScopeCollision(route: KeyHeaderRoute, context: CollisionContext = { auth: false }): string | null {
-  if (route.keyScope === undefined || route.idempotency === 'off') return null;
+  if (route.keyScope === undefined || !('header' in route.keyScope) || route.idempotency === 'off') return null;
   return rewrittenHeader(route.keyScope.header.toLowerCase(), `"${route.keyScope.header}"`, route, context);
 }
 

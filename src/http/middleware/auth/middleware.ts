@@ -1,4 +1,5 @@
 import type { Context, MiddlewareHandler } from 'hono';
+import { parseEntity } from '../../../protocol/headers.js';
 import { renderProblem, type Refusal } from '../../../protocol/problem.js';
 import { newRequestId } from '../../request-id.js';
 import { hasScope, SCOPES, type Caller, type Scope, type TokenVerifier } from './verify.js';
@@ -6,7 +7,7 @@ import { hasScope, SCOPES, type Caller, type Scope, type TokenVerifier } from '.
 /** A refused request, as handed to `onRefused` for the rejection log. Never the token. */
 export interface AuthRefusal {
   code: 'unauthorized' | 'forbidden';
-  /** Why, safe to log: "expired", "wrong audience", "missing scope fencegate:proxy", … */
+  /** Why, safe to log: "expired", "wrong audience", "missing scope fencegate:proxy", "no string claim tid", … */
   why: string;
   /** The verified caller (403 only); a 401's claims are not trusted, so null. */
   callerId: string | null;
@@ -27,6 +28,13 @@ export interface JwtAuthOptions {
   when?: (c: Context) => boolean;
   /** `realm` of `WWW-Authenticate`. Default `fencegate`. */
   realm?: string;
+  /**
+   * The claim this request needs on the token besides the scope (a route's
+   * `keyScope.claim`), or null. The verifier must keep it (its `claims`
+   * option). A token without it as a string (or integer), or whose value
+   * breaks the key-scope rules, is refused 403 `forbidden`.
+   */
+  claim?: (c: Context) => string | null;
 }
 
 const BEARER = /^Bearer +([A-Za-z0-9\-._~+/]+=*) *$/i;
@@ -42,7 +50,7 @@ const BEARER = /^Bearer +([A-Za-z0-9\-._~+/]+=*) *$/i;
  * app.use('/v1/*', jwtAuth({ verify: createTokenVerifier({ keys, issuer, audience }), scope: 'fencegate:audit' }));
  */
 export function jwtAuth(options: JwtAuthOptions): MiddlewareHandler {
-  const { verify, when, onRefused } = options;
+  const { verify, when, onRefused, claim: claimOf } = options;
   if (typeof options.scope === 'string' && !(SCOPES as readonly string[]).includes(options.scope)) {
     throw new TypeError(`jwtAuth: unknown scope "${options.scope}" (expected one of ${SCOPES.join(', ')})`);
   }
@@ -60,21 +68,33 @@ export function jwtAuth(options: JwtAuthOptions): MiddlewareHandler {
     const token = header === undefined ? null : (BEARER.exec(header)?.[1] ?? null);
     let refusal: Omit<AuthRefusal, 'requestId' | 'tokenSha256'>;
     let challenge: string;
+    let detail: string;
     if (token === null) {
       refusal = { code: 'unauthorized', why: header === undefined ? 'no bearer token' : 'the Authorization header is not "Bearer <token>"', callerId: null };
       challenge = `Bearer realm="${realm}"`;
+      detail = `a valid bearer token is required (${refusal.why})`;
     } else {
       const check = await verify(token);
       if (check.ok && hasScope(check.caller, scope)) {
-        c.set('caller', check.caller);
-        return next();
+        const lacking = missingClaim(check.caller, claimOf?.(c) ?? null);
+        if (lacking === null) {
+          c.set('caller', check.caller);
+          return next();
+        }
+        // A valid token that cannot say whose keys these are: 403, before
+        // anything is stored (DESIGN §3.5), and logged like a missing scope.
+        refusal = { code: 'forbidden', why: lacking, callerId: check.caller.id };
+        challenge = `Bearer realm="${realm}", error="insufficient_scope", error_description="${lacking.replace(/["\\]/g, '')}"`;
+        detail = `${lacking}, which this route's keyScope needs`;
+      } else if (check.ok) {
+        refusal = { code: 'forbidden', why: `missing scope ${scope}`, callerId: check.caller.id };
+        challenge = `Bearer realm="${realm}", error="insufficient_scope", scope="${scope}"`;
+        detail = `this token lacks the scope ${scope}`;
+      } else {
+        refusal = { code: 'unauthorized', why: check.why, callerId: null };
+        challenge = `Bearer realm="${realm}", error="invalid_token", error_description="${check.why.replace(/["\\]/g, '')}"`;
+        detail = `a valid bearer token is required (${check.why})`;
       }
-      refusal = check.ok
-        ? { code: 'forbidden', why: `missing scope ${scope}`, callerId: check.caller.id }
-        : { code: 'unauthorized', why: check.why, callerId: null };
-      challenge = check.ok
-        ? `Bearer realm="${realm}", error="insufficient_scope", scope="${scope}"`
-        : `Bearer realm="${realm}", error="invalid_token", error_description="${check.why.replace(/["\\]/g, '')}"`;
     }
     const requestId = newRequestId();
     const full: AuthRefusal = { ...refusal, requestId, tokenSha256: token === null ? null : await shortHash(token) };
@@ -85,15 +105,28 @@ export function jwtAuth(options: JwtAuthOptions): MiddlewareHandler {
         // The refusal stands whether or not it could be logged.
       }
     }
-    const res = render(c, {
-      code: full.code,
-      detail: full.code === 'forbidden' ? `this token lacks the scope ${scope}` : `a valid bearer token is required (${full.why})`,
-      extras: { request_id: requestId },
-    });
+    const res = render(c, { code: full.code, detail, extras: { request_id: requestId } });
     res.headers.set('www-authenticate', challenge);
     res.headers.set('x-request-id', requestId);
     return res;
   };
+}
+
+/**
+ * Why the caller's token cannot scope keys by `claim`, or null when it can:
+ * the claim, as the verifier kept it, under the rules of a keyScope header's
+ * value (printable ASCII, at most 512 bytes, no spaces at either end), so a
+ * claim scope is bounded as a header scope is. The claim's value is never
+ * in the answer (it may be personal data).
+ */
+export function missingClaim(caller: Pick<Caller, 'claims'>, claim: string | null): string | null {
+  if (claim === null) return null;
+  // Own properties only: a claim named `constructor` is not Object's.
+  const value = Object.hasOwn(caller.claims, claim) ? caller.claims[claim] : undefined;
+  const name = JSON.stringify(claim).slice(1, -1);
+  if (value === undefined) return `the token has no string claim ${name}`;
+  const parsed = parseEntity(value);
+  return parsed.ok ? null : `the token's claim ${name}: ${parsed.reason.replace('the entity', 'the value')}`;
 }
 
 /** First 16 hex digits of sha256(token): enough to correlate, useless to replay. */

@@ -11,6 +11,13 @@ export interface Caller {
   /** Recorded in the rejection log; scopes idempotency keys. */
   id: string;
   scopes: ReadonlySet<string>;
+  /**
+   * The claims the verifier was asked to keep (`claims` option: those a
+   * route's `keyScope.claim` names), each a string claim, or an integer
+   * claim as its decimal text. A claim that is absent or of another type
+   * (object, array, boolean, fraction) is not here. Never the whole payload.
+   */
+  claims: Readonly<Record<string, string>>;
 }
 
 export type TokenCheck = { ok: true; caller: Caller } | { ok: false; why: string };
@@ -23,6 +30,8 @@ export interface TokenVerifierOptions {
   clockToleranceSec?: number;
   /** The claim that names the caller. Default `sub`. */
   callerClaim?: string;
+  /** Top-level claims to keep on the Caller (`caller.claims`), e.g. a tenant id for `keyScope.claim`. Default none. */
+  claims?: readonly string[];
 }
 
 export type TokenVerifier = (token: string) => Promise<TokenCheck>;
@@ -40,6 +49,7 @@ export type TokenVerifier = (token: string) => Promise<TokenCheck>;
 export function createTokenVerifier(options: TokenVerifierOptions): TokenVerifier {
   const { keys } = options;
   const claim = options.callerClaim ?? 'sub';
+  const kept = [...new Set(options.claims ?? [])];
   const verifyOptions = {
     algorithms: keys.algorithms,
     issuer: options.issuer,
@@ -64,8 +74,26 @@ export function createTokenVerifier(options: TokenVerifierOptions): TokenVerifie
     }
     const id = payload[claim];
     if (typeof id !== 'string' || id === '') return { ok: false, why: `no ${claim} claim` };
-    return { ok: true, caller: { id, scopes: scopesOf(payload) } };
+    return { ok: true, caller: { id, scopes: scopesOf(payload), claims: claimsOf(payload, kept) } };
   };
+}
+
+/**
+ * The named claims that are strings or integers (as decimal text: `42` and
+ * `"42"` are one tenant, as a JSON-pointer entity reads them). Anything else
+ * is left out, and the route that needs it refuses the request: a scope
+ * made of `[object Object]` or `true` would put unrelated tenants together.
+ */
+export function claimsOf(payload: JWTPayload, names: readonly string[]): Record<string, string> {
+  // No prototype: a claim named `__proto__` is a claim like any other.
+  const out: Record<string, string> = Object.create(null);
+  for (const name of names) {
+    if (!Object.hasOwn(payload, name)) continue;
+    const v = payload[name];
+    if (typeof v === 'string') out[name] = v;
+    else if (typeof v === 'number' && Number.isSafeInteger(v)) out[name] = String(v);
+  }
+  return out;
 }
 
 /** OAuth 2 `scope` (space-separated, RFC 8693 / 9068) or `scp` (string or array). */
