@@ -12,7 +12,19 @@ export default defineConfig(async () => {
       cloudflareTest({
         // Bindings, flags and compatibility date from the real wrangler.toml.
         wrangler: { configPath: './wrangler.toml' },
-        miniflare: { bindings: { TEST_MIGRATIONS: migrations } },
+        miniflare: {
+          bindings: { TEST_MIGRATIONS: migrations },
+          // Miniflare by default sends every subrequest through a JS proxy
+          // worker of its own (it drops CF-Connecting-IP). When the upstream
+          // fails, that worker's fetch handler rejects, workerd prints an
+          // "uncaught exception" for it, and the Worker under test gets the
+          // error tunnelled from another worker (with an extra `remote: true`).
+          // Off: the Worker's fetch goes to the network as on a deployment,
+          // the forwarder's own `cf-*` filter is the only one the tests see,
+          // and a green run prints no "uncaught exception". The env knob turns the
+          // proxy back on for the negative control of workerd-output.test.ts.
+          stripCfConnectingIp: process.env.FENCEGATE_TEST_MINIFLARE_OUTBOUND_PROXY === '1',
+        },
       }),
     ],
     test: {

@@ -56,12 +56,15 @@ export interface FetchForwarderOptions {
  *   request was sent". Probed under workerd (test/workers/upstream-errors.workerd.ts,
  *   docs/deploy-workers.md has the table): a refused connect, a reset on
  *   accept, and an RST or FIN after the whole request arrived all throw the
- *   same `Error` with message `Network connection lost.` and own properties
- *   `remote: true, retryable: true`, no `code`, no `cause`; workerd reads the
+ *   same `Error` with message `Network connection lost.` and own property
+ *   `retryable: true`, no `code`, no `cause`; workerd reads the
  *   request body in every one of them (a stream is pulled even when the
  *   connect is refused). A failed DNS lookup, an untrusted TLS certificate
  *   and an answer that is not HTTP (the upstream had the request) all throw
- *   `internal error; reference = <id>` with `remote: true`. `retryable` is
+ *   `internal error; reference = <id>` (no own property). Behind a proxy
+ *   worker (Miniflare's default outbound, so `wrangler dev`) both also carry
+ *   `remote: true`, the mark of an error tunnelled from another worker;
+ *   nothing here reads it. `retryable` is
  *   workerd's "the connection broke", not "nothing was delivered". The one
  *   difference is in workerd's own log (`connect(): Connection refused`),
  *   which the Worker cannot read. So every thrown error is `unknown` (a 504,
@@ -107,6 +110,10 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
         // The gateway reads (and stores) the body itself: ask only for codings
         // the runtime will decode, so the bytes we keep are the plain ones.
         headers.set('accept-encoding', acceptEncoding);
+        // The body is the buffered Uint8Array, never a JS ReadableStream: for
+        // one, workerd's own pump rejects on a refused connect where no code
+        // can catch it (an "uncaught exception" in its log); fetch's rejection
+        // already says all there is (test/workers/workerd-output.test.ts).
         request = new Request(req.url, { method: req.method, headers, body: req.body, redirect: 'manual', signal });
       } catch (err) {
         // Refused by the Request constructor (bad URL, bad header): nothing left.

@@ -1,7 +1,9 @@
 // Run by dns-failure.test.ts inside a network namespace of its own (unshare
 // -rn, loopback only), where every DNS lookup fails on this machine without
 // a packet leaving it. Prints one JSON line: what workerd's fetch (through
-// Miniflare, the workerd of wrangler dev) and Node's fetch threw.
+// Miniflare, the workerd of wrangler dev) and Node's fetch threw. Without
+// Miniflare's outbound proxy worker (as in vitest.workers.config.mts): the
+// Worker's fetch goes to the network itself, as on a deployment.
 import { Miniflare } from 'miniflare';
 
 const HOST = 'http://fencegate-dns-probe.invalid/x';
@@ -15,7 +17,7 @@ const script = `export default { async fetch() {
   }
 } }`;
 
-const mf = new Miniflare({ modules: true, script, compatibilityDate: '2026-04-01' });
+const mf = new Miniflare({ modules: true, script, compatibilityDate: '2026-04-01', stripCfConnectingIp: false });
 let workerd;
 try {
   workerd = await (await mf.dispatchFetch('http://localhost/')).json();
