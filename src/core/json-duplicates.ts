@@ -47,6 +47,9 @@ export function duplicateOnPointerPath(text: string, tokens: string[], fold: (na
   return 'duplicate' in found ? found.duplicate : null;
 }
 
+/** A plain decimal integer, no fraction, exponent or `-0`: read as written, it is one key (or tenant) to every parser. */
+export const PLAIN_INTEGER = /^(0|-?[1-9][0-9]*)$/;
+
 /**
  * What `tokens` name in `text`: a repeated member on the way, the value's
  * text as written (`start`..`end`, a number's lexeme intact), or nothing.

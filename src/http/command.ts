@@ -1,6 +1,6 @@
 import type { HeaderReader } from './inbound.js';
 import type { RouteConfig } from '../config/schema.js';
-import { duplicateOnPointerPath, scanPointer } from '../core/json-duplicates.js';
+import { duplicateOnPointerPath, PLAIN_INTEGER, scanPointer } from '../core/json-duplicates.js';
 import { checkKey, parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
 import type { Refusal } from '../protocol/problem.js';
 import { missingClaim } from './middleware/auth/middleware.js';
@@ -147,9 +147,6 @@ export function keyFromJson(route: RouteConfig, key: string | null, body: Uint8A
   if (key !== null && key !== checked.value) return invalid(`the ${route.idempotencyHeader} header names another key than the body; send one of them, or the same key in both`);
   return { ok: true, key: checked.value };
 }
-
-/** A plain decimal integer, no fraction, exponent or `-0`: read as written, it is one key to every parser. */
-const PLAIN_INTEGER = /^(0|-?[1-9][0-9]*)$/;
 
 /** The key the body holds at `pointer`, from its text as written; null when the body is not JSON or holds none (or null) there. */
 function keyAtPointer(pointer: string, body: Uint8Array): { ok: true; value: string | null } | { ok: false; reason: string } {

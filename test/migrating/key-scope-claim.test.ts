@@ -85,14 +85,14 @@ describe('keyScope: { claim }: keys per tenant of the verified token', () => {
     const g = gateway();
     const res = await g.command(P, { key: 'order-1', headers: bearer(await tenantToken({})) });
     const body = await expectProblem(res, 403, 'forbidden');
-    expect(body.detail).toBe("the token has no string claim tid, which this route's keyScope needs");
+    expect(body.detail).toBe("the token has no string or integer claim tid, which this route's keyScope needs");
     expect(res.headers.get('www-authenticate')).toMatch(/error="insufficient_scope"/);
     expect(records(g)).toEqual([]);
     expect(g.upstream.effects).toBe(0);
     const rows = rejectionRows(g.sqlite, 'forbidden') as unknown as { caller: string; detail: string }[];
     expect(rows).toHaveLength(1);
     expect(rows[0]!.caller).toBe('billing');
-    expect(rows[0]!.detail).toMatch(/^the token has no string claim tid; token sha256 [0-9a-f]{16}$/);
+    expect(rows[0]!.detail).toMatch(/^the token has no string or integer claim tid; token sha256 [0-9a-f]{16}$/);
   });
 
   it.each([
@@ -135,7 +135,7 @@ describe('keyScope: { claim }: keys per tenant of the verified token', () => {
     const res = await g.command(P, { key: 'order-1', headers: bearer(await tenantToken({})) });
     expect(res.status).toBe(403);
     const body = (await res.json()) as { error: { message: string } };
-    expect(body.error.message).toMatch(/no string claim tid/);
+    expect(body.error.message).toMatch(/no string or integer claim tid/);
     expect(g.upstream.effects).toBe(0);
   });
 

@@ -7,7 +7,7 @@ import { hasScope, SCOPES, type Caller, type Scope, type TokenVerifier } from '.
 /** A refused request, as handed to `onRefused` for the rejection log. Never the token. */
 export interface AuthRefusal {
   code: 'unauthorized' | 'forbidden';
-  /** Why, safe to log: "expired", "wrong audience", "missing scope fencegate:proxy", "no string claim tid", … */
+  /** Why, safe to log: "expired", "wrong audience", "missing scope fencegate:proxy", "no string or integer claim tid", … */
   why: string;
   /** The verified caller (403 only); a 401's claims are not trusted, so null. */
   callerId: string | null;
@@ -124,7 +124,7 @@ export function missingClaim(caller: Pick<Caller, 'claims'>, claim: string | nul
   // Own properties only: a claim named `constructor` is not Object's.
   const value = Object.hasOwn(caller.claims, claim) ? caller.claims[claim] : undefined;
   const name = JSON.stringify(claim).slice(1, -1);
-  if (value === undefined) return `the token has no string claim ${name}`;
+  if (value === undefined) return `the token has no string or integer claim ${name}`;
   const parsed = parseEntity(value);
   return parsed.ok ? null : `the token's claim ${name}: ${parsed.reason.replace('the entity', 'the value')}`;
 }

@@ -1,4 +1,5 @@
-import { decodeProtectedHeader, jwtVerify, type JWTPayload } from 'jose';
+import { base64url, decodeProtectedHeader, jwtVerify, type JWTPayload } from 'jose';
+import { PLAIN_INTEGER, scanPointer } from '../../../core/json-duplicates.js';
 import { FENCE_TYP, joseWhy } from '../../../protocol/fence-token.js';
 import type { VerificationKeys } from '../../../config/keys.js';
 
@@ -74,24 +75,32 @@ export function createTokenVerifier(options: TokenVerifierOptions): TokenVerifie
     }
     const id = payload[claim];
     if (typeof id !== 'string' || id === '') return { ok: false, why: `no ${claim} claim` };
-    return { ok: true, caller: { id, scopes: scopesOf(payload), claims: claimsOf(payload, kept) } };
+    return { ok: true, caller: { id, scopes: scopesOf(payload), claims: claimsOf(payload, kept, token) } };
   };
 }
 
 /**
- * The named claims that are strings or integers (as decimal text: `42` and
- * `"42"` are one tenant, as a JSON-pointer entity reads them). Anything else
- * is left out, and the route that needs it refuses the request: a scope
- * made of `[object Object]` or `true` would put unrelated tenants together.
+ * The named claims that are strings or integers, read from the verified
+ * payload's text as written (an integer as its decimal text: `42` and `"42"`
+ * are one tenant, as a JSON-pointer key reads them). A number that is not a
+ * plain integer within ±(2^53−1) as written (`-0`, `42.0`, `4.2e1`, a
+ * fraction that rounds to an integer), a claim name the payload repeats
+ * (parsers disagree on which one counts), or anything else is left out, and
+ * the route that needs it refuses the request: a scope made of `0` for `-0`,
+ * or of `[object Object]`, would put unrelated tenants together.
  */
-export function claimsOf(payload: JWTPayload, names: readonly string[]): Record<string, string> {
+export function claimsOf(payload: JWTPayload, names: readonly string[], token: string): Record<string, string> {
   // No prototype: a claim named `__proto__` is a claim like any other.
   const out: Record<string, string> = Object.create(null);
+  if (!names.some((name) => Object.hasOwn(payload, name))) return out;
+  const text = new TextDecoder().decode(base64url.decode(token.split('.')[1]!));
   for (const name of names) {
-    if (!Object.hasOwn(payload, name)) continue;
-    const v = payload[name];
-    if (typeof v === 'string') out[name] = v;
-    else if (typeof v === 'number' && Number.isSafeInteger(v)) out[name] = String(v);
+    // Claim names are compared exactly (JSON, RFC 7519 §4), not folded as body members are.
+    const found = scanPointer(text, [name], (n) => n);
+    if (!('start' in found)) continue;
+    const lexeme = text.slice(found.start, found.end);
+    if (lexeme.startsWith('"')) out[name] = JSON.parse(lexeme) as string;
+    else if (PLAIN_INTEGER.test(lexeme) && Number.isSafeInteger(Number(lexeme))) out[name] = lexeme;
   }
   return out;
 }
