@@ -167,6 +167,31 @@ FUNCTION fencegate_admit(
 ) RETURNS record LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
   -- body sha256 8768d05576686df1
 
+FUNCTION fencegate_admit_many(
+  p_scope text[],
+  p_key text[],
+  p_entity text[],
+  p_fence bigint[],
+  p_fingerprint text[],
+  p_serial boolean[],
+  p_owner text[],
+  p_lock_ms bigint[],
+  p_retention_ms bigint[],
+  p_retry_unknown boolean[],
+  p_caller text[],
+  p_method text[],
+  p_path text[],
+  p_payload_sha256 text[],
+  p_request_id text[],
+  p_client_request_id text[],
+  p_log_entity text[],
+  p_log_key text[],
+  p_tool text[],
+  p_lock_timeout_ms integer,
+  p_budget_ms integer
+) RETURNS TABLE(ord integer, outcome text, current_fence bigint, retry_after_ms bigint, takeover boolean, status integer, headers jsonb, body bytea, alone boolean, err_code text, err_message text) LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
+  -- body sha256 98023adc55a4bd9f
+
 FUNCTION fencegate_finish(
   p_scope text,
   p_key text,

@@ -1,4 +1,5 @@
 import type { Admission, AdmitInput } from '../types.js';
+import { RoundTripGroup, type GroupLimits, type Settled } from './finish-group.js';
 import type { PgContext } from './query.js';
 import { logText } from './rejections.js';
 import { decodeText, encodeNullable, encodeText } from './text.js';
@@ -13,43 +14,130 @@ interface AdmitRow {
   body: Buffer | null;
 }
 
+interface ManyRow extends AdmitRow {
+  alone: boolean;
+  err_code: string | null;
+  err_message: string | null;
+}
+
 /**
- * The admission (DESIGN §3.5): ONE statement calling fencegate_admit
- * (./sql/admit.sql), so the decision, its record and any refusal's rejection
- * row are one transaction and one round trip, and a dropped connection rolls
- * it back whole.
+ * How long a grouped element may wait for a row lock (another session's
+ * admission or finish holds its entity or record) before it is left to run
+ * alone, and how long a group may run before its remaining elements are: see
+ * ./sql/group_admit.sql. Far below deadlock_timeout (1 s by default).
  */
-export function createAdmit(ctx: PgContext): (input: AdmitInput) => Promise<Admission> {
+const LOCK_TIMEOUT_MS = 5;
+const BUDGET_MS = 25;
+
+export interface AdmitGroupOptions {
+  maxGroup?: number;
+  /** 0: a grouped element waits for row locks as a lone call does (tests: the clock control). */
+  lockTimeoutMs?: number;
+  /** null: no group-wide budget (tests). */
+  budgetMs?: number | null;
+}
+
+/**
+ * The admission (DESIGN §3.5): fencegate_admit (./sql/admit.sql) makes the
+ * decision, its record and any refusal's rejection row one transaction, and
+ * a dropped connection rolls it back whole.
+ *
+ * Grouped (./finish-group.ts, DESIGN §8.2) as the finish is: the admissions
+ * that arrive while one is on its way go together as ONE statement,
+ * fencegate_admit_many (./sql/group_admit.sql), each element in its own
+ * subtransaction (its rejection row in it too), so a faulty element fails
+ * only its caller; every caller is answered after the group's COMMIT. A lone
+ * admission is the plain fencegate_admit statement, whose signature stays
+ * the previous release's. Elements of one entity or key are decided in
+ * arrival order in the group's transaction, as sequential calls would be.
+ *
+ * An element decided in a group has its lock already partly spent when the
+ * group commits, by the time the elements after it took: the group function
+ * bounds that (a short lock_timeout, a time budget) and leaves an element
+ * that would wait for another session's row lock, or come after the budget,
+ * undecided (`alone`). Those run here again through the plain statement,
+ * after the group returned, in arrival order per entity and per key.
+ * Neither that nor the one-by-one re-run of a group the driver could not
+ * send is a retry of something that may have committed (./gateway-store.ts
+ * never retries an admission): the group's answer says the element's
+ * subtransaction rolled back, or nothing was sent.
+ */
+export function createAdmit(ctx: PgContext, options: AdmitGroupOptions = {}): ((input: AdmitInput) => Promise<Admission>) & { group: RoundTripGroup<AdmitInput, Admission> } {
   // $1 scope $2 key $3 entity $4 fence $5 fingerprint $6 serial $7 owner $8 lock_ms
   // $9 retention_ms $10 retry_unknown $11 caller $12 method $13 path $14 payload_sha256 $15 request_id
   // $16 client_request_id $17 log_entity $18 log_key $19 tool ($11–$19: the bounded rejection text)
-  const text = `SELECT * FROM ${ctx.table('fencegate_admit')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`;
+  const one = `SELECT * FROM ${ctx.table('fencegate_admit')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)`;
+  // The same nineteen, each an array with one element per admission; $20 lock_timeout_ms, $21 budget_ms.
+  const many =
+    `SELECT * FROM ${ctx.table('fencegate_admit_many')}(` +
+    `$1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::boolean[], $7::text[], $8::bigint[], $9::bigint[], $10::boolean[], ` +
+    `$11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[], $18::text[], $19::text[], ` +
+    `$20::integer, $21::integer) ORDER BY ord`;
+  const lockTimeoutMs = options.lockTimeoutMs ?? LOCK_TIMEOUT_MS;
+  const budgetMs = options.budgetMs === undefined ? BUDGET_MS : options.budgetMs;
 
-  return async (input) => {
-    const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
-    const { rows } = await ctx.query<AdmitRow>(text, [
-      encodeText(input.scope),
-      encodeNullable(input.key),
-      encodeNullable(input.entity),
-      input.fence === null ? null : input.fence.toString(),
-      encodeText(input.fingerprint),
-      input.mode === 'serial',
-      encodeText(input.ownerToken),
-      Math.ceil(input.lockMs),
-      Math.ceil(input.retentionMs),
-      input.onUnknown === 'retry',
-      a.caller,
-      a.method,
-      a.path,
-      a.payloadSha256,
-      a.requestId,
-      a.clientRequestId,
-      a.entity,
-      a.idempotencyKey,
-      a.tool,
-    ]);
-    return toAdmission(rows[0]!);
-  };
+  const group = new RoundTripGroup<AdmitInput, Admission>(
+    {
+      async one(input) {
+        const { rows } = await ctx.query<AdmitRow>(one, admitParams(input));
+        return toAdmission(rows[0]!);
+      },
+      async many(inputs) {
+        const params = inputs.map(admitParams);
+        const columns = [...params[0]!.map((_, c) => params.map((p) => p[c])), lockTimeoutMs, budgetMs];
+        const { rows } = await ctx.query<ManyRow>(many, columns);
+        return rows.map((r): Settled<Admission> => {
+          if (r.alone) return { alone: true };
+          if (r.err_code !== null) return { ok: false, error: Object.assign(new Error(r.err_message ?? 'fencegate_admit failed'), { code: r.err_code }) };
+          try {
+            return { ok: true, value: toAdmission(r) };
+          } catch (error) {
+            return { ok: false, error: error as Error };
+          }
+        });
+      },
+    },
+    { maxGroup: options.maxGroup, unsent: unsentFault, chain: names },
+  );
+
+  return Object.assign((input: AdmitInput) => group.run(input), { group });
+}
+
+/** The names an `alone` admission is ordered by: its entity and its key. */
+function names(input: AdmitInput): string[] {
+  const n: string[] = [];
+  if (input.entity !== null) n.push(`e\u0000${input.entity}`);
+  if (input.key !== null) n.push(`k\u0000${input.scope.length}\u0000${input.scope}${input.key}`);
+  return n;
+}
+
+/** As the finish's (./finish.ts): a driver fault thrown before the statement was written. */
+const unsentFault: GroupLimits<AdmitInput>['unsent'] = (err) => (err instanceof RangeError || err instanceof TypeError) && !('code' in err);
+
+/** fencegate_admit's nineteen parameters for one admission, in order. */
+function admitParams(input: AdmitInput): unknown[] {
+  const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
+  return [
+    encodeText(input.scope),
+    encodeNullable(input.key),
+    encodeNullable(input.entity),
+    input.fence === null ? null : input.fence.toString(),
+    encodeText(input.fingerprint),
+    input.mode === 'serial',
+    encodeText(input.ownerToken),
+    Math.ceil(input.lockMs),
+    Math.ceil(input.retentionMs),
+    input.onUnknown === 'retry',
+    a.caller,
+    a.method,
+    a.path,
+    a.payloadSha256,
+    a.requestId,
+    a.clientRequestId,
+    a.entity,
+    a.idempotencyKey,
+    a.tool,
+  ];
 }
 
 function toAdmission(row: AdmitRow): Admission {

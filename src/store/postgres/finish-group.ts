@@ -1,5 +1,10 @@
-/** One element's answer from a grouped round trip: its value, or the fault that failed it alone. */
-export type Settled<O> = { ok: true; value: O } | { ok: false; error: Error };
+/**
+ * One element's answer from a grouped round trip: its value, or the fault
+ * that failed it alone; or `alone`: the group did not decide it (nothing of
+ * it committed), it goes again by itself through `one` once the group has
+ * returned (the admission, ./admit.ts; the finish never answers so).
+ */
+export type Settled<O> = { ok: true; value: O } | { ok: false; error: Error } | { alone: true };
 
 /** How a group goes to the database: one element alone, or several in one statement. */
 export interface GroupSender<I, O> {
@@ -26,6 +31,13 @@ export interface GroupLimits<I> {
    * server error is never such a failure: the group may have committed.
    */
   unsent?: (err: unknown) => boolean;
+  /**
+   * For elements a group answered `alone`: the names (an entity, a key) an
+   * element shares with others. Those run alone one after the other in
+   * arrival order, each once the previous one with a common name was
+   * answered; the others at once. None when not given.
+   */
+  chain?: (input: I) => string[];
 }
 
 interface Pending<I, O> {
@@ -35,7 +47,8 @@ interface Pending<I, O> {
 }
 
 /**
- * Group commit for one kind of PostgreSQL statement (the finish, DESIGN §8):
+ * Group commit for one kind of PostgreSQL statement (the finish, the
+ * admission: DESIGN §8.2):
  * at most one round trip in flight; the calls that arrive in the same
  * event-loop turn, or while that round trip is out, go to the database
  * together as the next one, in one statement and so one transaction and one
@@ -64,12 +77,17 @@ export class RoundTripGroup<I, O> {
   private readonly maxWeight: number;
   private readonly aloneAbove: number;
   private readonly unsent: (err: unknown) => boolean;
+  private readonly chain: (input: I) => string[];
+  /** The last `alone` run per name (./admit.ts), and how many such runs are out. */
+  private readonly chains = new Map<string, Promise<void>>();
+  private aloneOut = 0;
   /**
    * Round trips made, elements sent, how many of them went in a group of
-   * more than one, the largest group, and how many elements went again one
-   * by one after their group failed before it was sent: for tests and metrics.
+   * more than one, the largest group, how many elements went again one by
+   * one after their group failed before it was sent, and how many went
+   * again alone because their group answered `alone`: for tests and metrics.
    */
-  readonly stats = { roundTrips: 0, elements: 0, grouped: 0, largest: 0, rerunAlone: 0 };
+  readonly stats = { roundTrips: 0, elements: 0, grouped: 0, largest: 0, rerunAlone: 0, deferred: 0 };
 
   constructor(
     private readonly sender: GroupSender<I, O>,
@@ -80,6 +98,7 @@ export class RoundTripGroup<I, O> {
     this.maxWeight = limits.maxWeight ?? Infinity;
     this.aloneAbove = limits.aloneAbove ?? Infinity;
     this.unsent = limits.unsent ?? (() => false);
+    this.chain = limits.chain ?? (() => []);
   }
 
   run(input: I): Promise<O> {
@@ -94,17 +113,21 @@ export class RoundTripGroup<I, O> {
     });
   }
 
-  /** Resolves once every call made so far has been answered. */
+  /** Resolves once every call made so far has been answered (those that went again `alone` too). */
   idle(): Promise<void> {
-    if (!this.busy) return Promise.resolve();
+    if (!this.busy && this.aloneOut === 0) return Promise.resolve();
     return new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
+
+  private wakeIfIdle(): void {
+    if (!this.busy && this.aloneOut === 0) for (const wake of this.idleWaiters.splice(0)) wake();
   }
 
   private async next(): Promise<void> {
     const items = this.take();
     if (items.length === 0) {
       this.busy = false;
-      for (const wake of this.idleWaiters.splice(0)) wake();
+      this.wakeIfIdle();
       return;
     }
     try {
@@ -160,11 +183,36 @@ export class RoundTripGroup<I, O> {
       for (const p of items) p.reject(err);
       return;
     }
-    items.forEach((p, i) => settle(p, settled[i] ?? { ok: false, error: new Error('the grouped statement returned fewer rows than it was sent') }));
+    items.forEach((p, i) => {
+      const s = settled[i] ?? { ok: false, error: new Error('the grouped statement returned fewer rows than it was sent') };
+      if ('alone' in s) this.again(p);
+      else if (s.ok) p.resolve(s.value);
+      else p.reject(s.error);
+    });
   }
-}
 
-function settle<I, O>(p: Pending<I, O>, s: Settled<O>): void {
-  if (s.ok) p.resolve(s.value);
-  else p.reject(s.error);
+  /**
+   * An element its group did not decide: alone, after the group returned
+   * (so after its COMMIT), behind the earlier ones of its names. Not awaited
+   * by the next group: such an element is one that met another session's
+   * row lock, and may wait for it as long as a lone call would.
+   */
+  private again(p: Pending<I, O>): void {
+    this.stats.deferred++;
+    this.aloneOut++;
+    const names = this.chain(p.input);
+    const before = names.map((n) => this.chains.get(n)).filter((b) => b !== undefined);
+    const done: Promise<void> = Promise.all(before)
+      .then(() => {
+        this.stats.roundTrips++;
+        return this.sender.one(p.input);
+      })
+      .then(p.resolve, p.reject)
+      .finally(() => {
+        for (const n of names) if (this.chains.get(n) === done) this.chains.delete(n);
+        this.aloneOut--;
+        this.wakeIfIdle();
+      });
+    for (const n of names) this.chains.set(n, done);
+  }
 }

@@ -153,13 +153,17 @@ export class PostgresGatewayStore implements GatewayStore {
   }
 
   /**
-   * Idempotent: refuses new admissions and reads at once, lets the finishes
-   * already queued in the group go out and be answered (as the SQLite store
-   * drains its group) before refusing finishes too, then wakes every waiter,
-   * stops the listener, ends the pool if the store opened it.
+   * Idempotent: refuses new admissions and reads at once (an admission still
+   * queued in its group is refused when the group goes out: nothing of it is
+   * written), waits for the admission group's round trip out and the
+   * admissions it left to run alone to be answered, lets the finishes
+   * already queued in their group go out and be answered (as the SQLite
+   * store drains its group) before refusing finishes too, then wakes every
+   * waiter, stops the listener, ends the pool if the store opened it.
    */
   close(): Promise<void> {
     this.closing ??= (async () => {
+      await this.admission.group.idle();
       await this.finishing.group.idle();
       this.refusing = true;
       await this.wakeups.close();
