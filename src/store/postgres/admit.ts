@@ -1,5 +1,5 @@
 import type { Admission, AdmitInput } from '../types.js';
-import { RoundTripGroup, type GroupLimits, type Settled } from './finish-group.js';
+import { RoundTripGroup, type Settled } from './finish-group.js';
 import type { PgContext } from './query.js';
 import { logText } from './rejections.js';
 import { decodeText, encodeNullable, encodeText } from './text.js';
@@ -97,7 +97,13 @@ export function createAdmit(ctx: PgContext, options: AdmitGroupOptions = {}): ((
         });
       },
     },
-    { maxGroup: options.maxGroup, unsent: unsentFault, chain: names },
+    // No `unsent`: an admission group's parameters are small and bounded
+    // (keys, entities and audit text are capped), so the driver cannot fail
+    // to build them; and pg raises a fault in parsing a returned row only at
+    // ReadyForQuery, after the COMMIT, where running committed admissions
+    // again would find their own records. A group that failed as a whole is
+    // every caller's fault (503), as a lost connection is.
+    { maxGroup: options.maxGroup, chain: names },
   );
 
   return Object.assign((input: AdmitInput) => group.run(input), { group });
@@ -110,9 +116,6 @@ function names(input: AdmitInput): string[] {
   if (input.key !== null) n.push(`k\u0000${input.scope.length}\u0000${input.scope}${input.key}`);
   return n;
 }
-
-/** As the finish's (./finish.ts): a driver fault thrown before the statement was written. */
-const unsentFault: GroupLimits<AdmitInput>['unsent'] = (err) => (err instanceof RangeError || err instanceof TypeError) && !('code' in err);
 
 /** fencegate_admit's nineteen parameters for one admission, in order. */
 function admitParams(input: AdmitInput): unknown[] {

@@ -140,6 +140,17 @@ export class RoundTripGroup<I, O> {
 
   /** The next group: the queue's head, and those after it while they fit. */
   private take(): Pending<I, O>[] {
+    // An element that shares a name (entity, key) with one still waiting to
+    // run alone goes behind it, not into this group: order per name holds
+    // across groups, not only within one.
+    if (this.chains.size > 0) {
+      const rest: Pending<I, O>[] = [];
+      for (const p of this.queue) {
+        if (this.chain(p.input).some((n) => this.chains.has(n))) this.again(p);
+        else rest.push(p);
+      }
+      this.queue = rest;
+    }
     if (this.queue.length === 0) return [];
     let weight = this.weigh(this.queue[0]!.input);
     let n = 1;
