@@ -35,7 +35,7 @@ export const SPECS = {
   upstream: spec('fencegate_upstream_duration_seconds', 'histogram', ['route'], 'Upstream exchange time, response body included.', LATENCY_BUCKETS),
   overhead: spec('fencegate_overhead_duration_seconds', 'histogram', ['route'], 'Time the gateway adds: total minus the upstream exchange.', FAST_BUCKETS),
   store: spec('fencegate_store_duration_seconds', 'histogram', ['op'], 'One store call (admit: one admission transaction; finish: one finish), errors included.', FAST_BUCKETS),
-  groupSize: spec('fencegate_store_group_size', 'histogram', [], 'SQLite group commit: decisions (admissions and finishes) committed together in one transaction.', [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
+  groupSize: spec('fencegate_store_group_size', 'histogram', [], 'Group commit: decisions committed together in one transaction (SQLite: admissions and finishes together; PostgreSQL: the admissions, or the finishes, of one statement).', [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
   groupSync: spec('fencegate_store_sync_duration_seconds', 'histogram', [], 'SQLite group commit at synchronous=FULL: the WAL fsync after a group, which its callers wait for.', FAST_BUCKETS),
   storeErrors: spec('fencegate_store_errors_total', 'counter', ['op'], 'Store calls that failed (a finish is retried while its lock lives).'),
   lateFinishes: spec('fencegate_late_finishes_total', 'counter', [], 'Finishes the store discarded: the record had passed to another owner (its lock expired first).'),

@@ -270,7 +270,7 @@ export interface AuditStore {
 export interface GatewayStore extends AuditStore {
   /** Backend name for logs and metrics: `sqlite`, `postgres`, `d1`. */
   readonly kind: string;
-  /** A store that commits decisions in groups (SQLite) tells `observer` of each group committed: its size and its WAL sync's time (null when it waited for none). */
+  /** A store that commits decisions in groups tells `observer` of each group committed: its size and its WAL sync's time (null when it waited for none; on PostgreSQL always, the COMMIT being inside the statement). SQLite groups admissions and finishes together; PostgreSQL groups each kind in a statement of its own. */
   observeGroups?(observer: (size: number, syncMs: number | null) => void): void;
   /** DESIGN §3.5 in one transaction. */
   admit(input: AdmitInput): Promise<Admission>;

@@ -86,6 +86,30 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
     for (const c of cmds) expect(await stateOf(c)).toEqual({ record: 'in_progress', fence: '1', slot: c.ownerToken });
   });
 
+  it('observeGroups hears each statement of admissions and of finishes (fencegate_store_group_size); a store not observed hears nothing', async () => {
+    const own = await createPostgresStore({ connectionString: schema.url, poolSize: 4 });
+    const sizes: number[] = [];
+    own.observeGroups((size, syncMs) => {
+      expect(syncMs).toBeNull();
+      sizes.push(size);
+    });
+    const cmds = Array.from({ length: 20 }, () => fresh());
+    const finishes = (own as unknown as { finishing: { group: RoundTripGroup<unknown, unknown> } }).finishing.group;
+    await Promise.all(cmds.map((c) => own.admit(c)));
+    await Promise.all(cmds.map((c) => own.finish({ scope: c.scope, key: c.key, entity: c.entity, ownerToken: c.ownerToken, outcome: 'completed', response: { status: 201, headers: [], body: new Uint8Array(0) }, retentionMs: 60_000, audit: c.audit })));
+    const a = groupOf(own).stats;
+    const f = finishes.stats;
+    await own.close();
+    // Every round trip observed once, its size its elements: 40 decisions in far fewer statements.
+    expect(sizes.length).toBe(a.roundTrips + f.roundTrips);
+    expect(sizes.reduce((x, y) => x + y, 0)).toBe(40);
+    expect(sizes.length).toBeLessThan(40);
+    // Control: the shared store of this file was never observed, and its groups told no one.
+    const before = sizes.length;
+    await store.admit(fresh());
+    expect(sizes.length).toBe(before);
+  });
+
   it('a lone admission is the plain fencegate_admit statement', async () => {
     const seen: string[] = [];
     const admit = admitVia({}, undefined, seen);

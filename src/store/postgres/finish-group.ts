@@ -164,7 +164,11 @@ export class RoundTripGroup<I, O> {
     return this.queue.splice(0, n);
   }
 
+  /** Told of each round trip's size (its statement's elements), for the group-size metric. */
+  observer: ((size: number) => void) | null = null;
+
   private count(n: number): void {
+    this.observer?.(n);
     this.stats.roundTrips++;
     this.stats.elements += n;
     this.stats.largest = Math.max(this.stats.largest, n);
@@ -215,7 +219,8 @@ export class RoundTripGroup<I, O> {
     const before = names.map((n) => this.chains.get(n)).filter((b) => b !== undefined);
     const done: Promise<void> = Promise.all(before)
       .then(() => {
-        this.stats.roundTrips++;
+        this.count(1);
+        this.stats.elements--; // counted once already, in its group
         return this.sender.one(p.input);
       })
       .then(p.resolve, p.reject)

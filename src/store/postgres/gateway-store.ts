@@ -152,6 +152,12 @@ export class PostgresGatewayStore implements GatewayStore {
     return this.sweeper(options);
   }
 
+  /** Each admission or finish statement's size; no sync time (the COMMIT is inside the statement). */
+  observeGroups(observer: (size: number, syncMs: number | null) => void): void {
+    this.admission.group.observer = (size) => observer(size, null);
+    this.finishing.group.observer = (size) => observer(size, null);
+  }
+
   /**
    * Idempotent: refuses new admissions and reads at once (an admission still
    * queued in its group is refused when the group goes out: nothing of it is
