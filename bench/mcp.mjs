@@ -8,22 +8,38 @@
 // Every call is a new command: a new io.fencegate/idempotency-key, a rising
 // fence, one of 1000 entities, in `_meta`. The direct server ignores `_meta`.
 // Reported: req/s at 50 connections and its ratio to direct (median of the
-// per-round ratios), and p50 at one connection with what fencegate adds.
-// Options: --seconds N (default 6), --latency N (default 2000), --rounds N (default 3).
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+// per-round ratios), and p50 at one connection with what fencegate adds:
+// against the direct run of the round, and (paired) against direct calls
+// alternated with the gateway's in the same loop, which the box's load
+// drift between runs does not move.
+// Options: --seconds N (default 6), --latency N (default 2000), --rounds N (default 3),
+// --targets direct,fg-normal (a subset, in that order; default all three),
+// --cpu-prof-dir DIR (each gateway process writes a V8 CPU profile there on
+// exit: `node --cpu-prof`), --help.
+// After the table, per gateway target: the median of the decision log's
+// total_ms (the gateway's time from routing to the answer) and upstream_ms
+// (the forward), for the one-connection runs: what the rest costs.
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
 import { Pool } from 'undici';
 import { freePort, startNode, waitReady } from './lib.mjs';
-import { option as opt } from './args.mjs';
+import { flag, option as opt } from './args.mjs';
+
+if (flag('help')) {
+  console.log('node bench/mcp.mjs [--seconds 6] [--latency 2000] [--rounds 3] [--targets direct,fg-normal,fg-full] [--cpu-prof-dir DIR]');
+  process.exit(0);
+}
 
 const here = dirname(fileURLToPath(import.meta.url));
 const root = join(here, '..');
 const seconds = Number(opt('seconds', 6));
 const latencyRequests = Number(opt('latency', 2000));
 const rounds = Number(opt('rounds', 3));
+const only = opt('targets', null)?.split(',') ?? null;
+const cpuProfDir = opt('cpu-prof-dir', null);
 const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-mcp-'));
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
@@ -55,9 +71,25 @@ async function startFencegate(name, synchronous, upstream) {
       routes: [{ name: 'tickets', protocol: 'mcp', match: { path: '/mcp' }, upstream }],
     }),
   );
-  return startNode(join(root, 'dist/entry/cli.js'), { args: ['serve', '--config', file], cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port });
+  const log = join(tmp, `${name}-${Date.now()}.log`);
+  const cli = join(root, 'dist/entry/cli.js');
+  // Node refuses --cpu-prof in NODE_OPTIONS: the flags go before the script in node's own argv.
+  const [script, ...args] = [...(cpuProfDir !== null ? ['--cpu-prof', `--cpu-prof-dir=${cpuProfDir}`] : []), cli, 'serve', '--config', file];
+  const gateway = await startNode(script, { args, cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: log, port });
+  started.add(gateway);
+  return { ...gateway, log };
 }
 
+/** Medians of the last `n` decision lines' total_ms and upstream_ms (the one-connection run's). */
+function breakdown(log, n) {
+  const lines = readFileSync(log, 'utf8').split('\n').filter((l) => l.includes('"decision"') && l.includes('total_ms'));
+  const rows = lines.slice(-n).map((l) => JSON.parse(l));
+  return { total: median(rows.map((r) => r.total_ms)), upstream: median(rows.map((r) => r.upstream_ms ?? 0)) };
+}
+
+
+/** Every child still running: stopped on a failure too, so that none outlives the benchmark. */
+const started = new Set();
 
 async function throughput(url, connections, duration) {
   // A refusal is a 200 with a JSON-RPC error: counted as an error too.
@@ -71,20 +103,29 @@ async function throughput(url, connections, duration) {
   return { rps: r.requests.average, errors: r.errors + r.timeouts + r.non2xx + refused };
 }
 
-async function latency(url, requests) {
-  const pool = new Pool(url, { connections: 1 });
-  const times = [];
+/**
+ * Sequential calls on one keep-alive connection. With `pairedUrl` (the
+ * direct server), each call alternates with one there: on a shared, noisy
+ * box both see the same moment's load, so the difference of their p50s is
+ * what the gateway adds, without the drift between runs.
+ */
+async function latency(url, requests, pairedUrl = null) {
+  const urls = pairedUrl === null ? [url] : [url, pairedUrl];
+  const pools = urls.map((u) => new Pool(u, { connections: 1 }));
+  const times = urls.map(() => []);
   let errors = 0;
   for (let i = 0; i < requests + 200; i++) {
-    const t = process.hrtime.bigint();
-    const res = await pool.request({ method: 'POST', path: '/mcp', headers: HEADERS, body: call() });
-    const text = await res.body.text();
-    if (res.statusCode !== 200 || text.includes('"error"')) errors++;
-    if (i >= 200) times.push(Number(process.hrtime.bigint() - t) / 1e6);
+    for (let k = 0; k < pools.length; k++) {
+      const t = process.hrtime.bigint();
+      const res = await pools[k].request({ method: 'POST', path: '/mcp', headers: HEADERS, body: call() });
+      const text = await res.body.text();
+      if (res.statusCode !== 200 || text.includes('"error"')) errors++;
+      if (i >= 200) times[k].push(Number(process.hrtime.bigint() - t) / 1e6);
+    }
   }
-  await pool.close();
-  times.sort((a, b) => a - b);
-  return { p50: times[Math.floor(times.length / 2)], errors };
+  await Promise.all(pools.map((p) => p.close()));
+  const p50 = (xs) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+  return { p50: p50(times[0]), pairedP50: pairedUrl === null ? null : p50(times[1]), errors };
 }
 
 const median = (xs) => {
@@ -94,37 +135,51 @@ const median = (xs) => {
 
 async function main() {
   const upstream = await startNode(join(here, 'servers/mcp-upstream.mjs'), { cpus: 1 });
+  started.add(upstream);
   const targets = [
     ['direct', async () => ({ url: upstream.url, stop: async () => {} })],
     ['fg-normal', () => startFencegate('normal', 'NORMAL', `${upstream.url}`)],
     ['fg-full', () => startFencegate('full', 'FULL', `${upstream.url}`)],
   ];
-  const runs = new Map(targets.map(([n]) => [n, []]));
+  const chosen = only === null ? targets : targets.filter(([n]) => only.includes(n));
+  const runs = new Map(chosen.map(([n]) => [n, []]));
   for (let round = 1; round <= rounds; round++) {
-    for (const [name, start] of targets) {
+    for (const [name, start] of chosen) {
       const t = await start();
       await waitReady(t.url);
-      await throughput(t.url, 50, 2);
-      const t50 = await throughput(t.url, 50, seconds);
-      const l1 = await latency(t.url, latencyRequests);
-      runs.get(name).push({ rps: t50.rps, p50_1c: l1.p50, errors: t50.errors + l1.errors });
+      // --seconds 0: the one-connection run alone (a profile of the latency path).
+      if (seconds > 0) await throughput(t.url, 50, 2);
+      const t50 = seconds > 0 ? await throughput(t.url, 50, seconds) : { rps: NaN, errors: 0 };
+      const l1 = await latency(t.url, latencyRequests, t.log === undefined ? null : upstream.url);
       await t.stop();
-      process.stderr.write(`round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, p50@1 ${l1.p50.toFixed(3)} ms, errors ${t50.errors + l1.errors}\n`);
+      const parts = t.log === undefined ? null : breakdown(t.log, latencyRequests);
+      const paired = l1.pairedP50 === null ? 0 : l1.p50 - l1.pairedP50;
+      runs.get(name).push({ rps: t50.rps, p50_1c: l1.p50, paired, errors: t50.errors + l1.errors, parts });
+      process.stderr.write(`round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, p50@1 ${l1.p50.toFixed(3)} ms${l1.pairedP50 === null ? '' : ` (direct alongside ${l1.pairedP50.toFixed(3)})`}, errors ${t50.errors + l1.errors}\n`);
     }
   }
   await upstream.stop();
-  const direct = runs.get('direct');
+  const direct = runs.get('direct') ?? null;
   console.log(`\nfencegate MCP benchmark — tools/call, ${seconds}s per run, median of ${rounds} interleaved rounds (ratios: median of per-round ratios)`);
-  console.log('| target | req/s @50 | × direct | p50 @1 (ms) | added p50 @1 (ms) | errors |');
-  console.log('|---|---:|---:|---:|---:|---:|');
+  console.log('| target | req/s @50 | × direct | p50 @1 (ms) | added p50 @1 (ms) | added p50 @1, paired (ms) | errors |');
+  console.log('|---|---:|---:|---:|---:|---:|---:|');
   for (const [name, rs] of runs) {
-    const ratio = median(rs.map((r, i) => r.rps / direct[i].rps));
-    const added = median(rs.map((r, i) => r.p50_1c - direct[i].p50_1c));
-    console.log(`| ${name} | ${median(rs.map((r) => r.rps)).toFixed(0)} | ${ratio.toFixed(2)} | ${median(rs.map((r) => r.p50_1c)).toFixed(3)} | ${added.toFixed(3)} | ${rs.reduce((n, r) => n + r.errors, 0)} |`);
+    const ratio = direct === null ? NaN : median(rs.map((r, i) => r.rps / direct[i].rps));
+    const added = direct === null ? NaN : median(rs.map((r, i) => r.p50_1c - direct[i].p50_1c));
+    console.log(`| ${name} | ${median(rs.map((r) => r.rps)).toFixed(0)} | ${ratio.toFixed(2)} | ${median(rs.map((r) => r.p50_1c)).toFixed(3)} | ${added.toFixed(3)} | ${median(rs.map((r) => r.paired)).toFixed(3)} | ${rs.reduce((n, r) => n + r.errors, 0)} |`);
+  }
+  console.log('\n| target @1 | total_ms (median) | upstream_ms (median) | total − upstream |');
+  console.log('|---|---:|---:|---:|');
+  for (const [name, rs] of runs) {
+    if (rs[0].parts === null) continue;
+    const total = median(rs.map((r) => r.parts.total));
+    const up = median(rs.map((r) => r.parts.upstream));
+    console.log(`| ${name} | ${total.toFixed(3)} | ${up.toFixed(3)} | ${(total - up).toFixed(3)} |`);
   }
 }
 
-main().catch((err) => {
+main().catch(async (err) => {
   console.error(err);
+  await Promise.all([...started].map((c) => c.stop()));
   process.exit(1);
 });

@@ -145,11 +145,11 @@ describe('bounds', () => {
   it('tool names no call could carry are not learnt from tools/list (over 256 characters, control characters)', () => {
     const a = new ToolAnnotations();
     const long = 'x'.repeat(257);
-    a.learn('r', { tools: [{ name: long, annotations: { readOnlyHint: true } }, { name: 'a\u0007b' }, { name: 'ok', annotations: { readOnlyHint: true } }, { name: 'y'.repeat(256) }] });
-    expect(a.known('r', long)).toBe(false);
-    expect(a.known('r', 'a\u0007b')).toBe(false);
-    expect(a.readOnly('r', 'ok')).toBe(true);
-    expect(a.known('r', 'y'.repeat(256))).toBe(true);
+    a.learn('r', '/mcp', { tools: [{ name: long, annotations: { readOnlyHint: true } }, { name: 'a\u0007b' }, { name: 'ok', annotations: { readOnlyHint: true } }, { name: 'y'.repeat(256) }] });
+    expect(a.known('r', '/mcp', long)).toBe(false);
+    expect(a.known('r', '/mcp', 'a\u0007b')).toBe(false);
+    expect(a.readOnly('r', '/mcp', 'ok')).toBe(true);
+    expect(a.known('r', '/mcp', 'y'.repeat(256))).toBe(true);
   });
 
   it('an mcp route with a method other than POST, GET and DELETE stops start-up', () => {

@@ -82,18 +82,18 @@ describe('tool policy and config', () => {
 
   it('an mcp route defaults to POST, GET and DELETE; tools override the route, then "*"', () => {
     expect(route.match.methods).toEqual(['POST', 'GET', 'DELETE']);
-    const p = toolPolicy(route, 'pay', new ToolAnnotations());
+    const p = toolPolicy(route, 'pay', new ToolAnnotations(), '/mcp');
     expect(p.route).toMatchObject({ timeoutMs: 500, entity: { json: '/arguments/invoice' }, mode: 'concurrent', fence: 'required' });
-    expect(toolPolicy(route, 'other', new ToolAnnotations()).route.timeoutMs).toBe(10_000);
+    expect(toolPolicy(route, 'other', new ToolAnnotations(), '/mcp').route.timeoutMs).toBe(10_000);
   });
 
   it('readOnlyHint makes a listed tool read-only unless the config says otherwise; unlisted tools are side-effecting', () => {
     const a = new ToolAnnotations();
-    expect(toolPolicy(route, 'search', a).readOnly).toBe(false);
-    a.learn('m', { tools: [{ name: 'search', annotations: { readOnlyHint: true } }, { name: 'pay', annotations: { readOnlyHint: true } }] });
-    expect(toolPolicy(route, 'search', a)).toMatchObject({ readOnly: true, readOnlyFrom: 'annotations' });
+    expect(toolPolicy(route, 'search', a, '/mcp').readOnly).toBe(false);
+    a.learn('m', '/mcp', { tools: [{ name: 'search', annotations: { readOnlyHint: true } }, { name: 'pay', annotations: { readOnlyHint: true } }] });
+    expect(toolPolicy(route, 'search', a, '/mcp')).toMatchObject({ readOnly: true, readOnlyFrom: 'annotations' });
     const strict = parseConfig({ store: { sqlite: ':memory:' }, routes: [{ ...route, match: { path: '/mcp' }, tools: { '*': { readOnly: false } } }] }).routes[0]!;
-    expect(toolPolicy(strict, 'search', a)).toMatchObject({ readOnly: false, readOnlyFrom: 'config' });
+    expect(toolPolicy(strict, 'search', a, '/mcp')).toMatchObject({ readOnly: false, readOnlyFrom: 'config' });
   });
 
   it('tools on a plain route stop start-up naming the field', () => {

@@ -36,9 +36,10 @@ export type McpMessage =
  * keeps the last copy, an upstream may act on the first: a `method` or a
  * tool `name` read two ways would let a side-effecting call pass as another);
  * a `tools/call` without an id, without a string name, or with arguments or
- * `_meta` that are not objects.
+ * `_meta` that are not objects; a method that is tools/call in another
+ * case or with whitespace (`isCallVariant`, replaceable by tests only).
  */
-export function readMessage(body: Uint8Array): McpMessage {
+export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) => boolean = looksLikeToolsCall): McpMessage {
   let text: string;
   let doc: unknown;
   try {
@@ -51,7 +52,7 @@ export function readMessage(body: Uint8Array): McpMessage {
     for (let i = 0; i < doc.length; i++) {
       if (duplicateOnPointerPath(text, [String(i), 'params', 'name']) !== null) return bad(null, `batch element ${i} has a member name more than once`);
       const m = doc[i] as { method?: unknown } | null;
-      if (m !== null && typeof m === 'object' && m.method === 'tools/call') {
+      if (m !== null && typeof m === 'object' && (m.method === 'tools/call' || isCallVariant(m.method))) {
         return bad(null, 'a JSON-RPC batch may not carry tools/call: each call needs a decision and an answer of its own; send it as a single message');
       }
     }
@@ -62,6 +63,9 @@ export function readMessage(body: Uint8Array): McpMessage {
   const id = isId(msg.id) ? msg.id : null;
   const repeated = duplicateOnPointerPath(text, ['params', 'name']);
   if (repeated !== null) return bad(id, `the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the message`);
+  if (msg.method !== 'tools/call' && isCallVariant(msg.method)) {
+    return bad(id, `the method ${JSON.stringify(String(msg.method).slice(0, 64))} is not tools/call as written, but an upstream may read it as one; send the method exactly as "tools/call"`);
+  }
   if (msg.method === 'tools/list') return { kind: 'pass', id, listId: isId(msg.id) ? msg.id : null };
   // A response (the agent's answer to a server request) is not answered: its id is the server's.
   if (msg.method !== 'tools/call') return { kind: 'pass', id: typeof msg.method === 'string' ? id : null, listId: null };
@@ -75,12 +79,14 @@ export function readMessage(body: Uint8Array): McpMessage {
   if (name.length > 256 || /[\u0000-\u001f\u007f]/.test(name)) return bad(id, 'tools/call params.name must be at most 256 characters without control characters');
   if (params.arguments !== undefined && !isObject(params.arguments)) return bad(id, 'tools/call params.arguments must be an object');
   if (params._meta !== undefined && !isObject(params._meta)) return bad(id, 'tools/call params._meta must be an object');
-  for (const inner of ['_meta', 'arguments']) {
-    const r = duplicateOnPointerPath(text, ['params', inner, '']);
-    if (r !== null) return bad(id, `the object at "${r.object}" has the member ${JSON.stringify(r.name.slice(0, 64))} more than once, so parsers disagree on the call`);
-  }
+  // One pass over the whole message finds every repeated name (argumentsDigest below);
+  // the scans that name the object run only to word the refusal of one that did.
   const argsDigest = argumentsDigest(body);
   if (argsDigest === null) {
+    for (const inner of ['_meta', 'arguments']) {
+      const r = duplicateOnPointerPath(text, ['params', inner, '']);
+      if (r !== null) return bad(id, `the object at "${r.object}" has the member ${JSON.stringify(r.name.slice(0, 64))} more than once, so parsers disagree on the call`);
+    }
     return bad(id, 'the message repeats a member name in some object (names compared case-insensitively) or nests deeper than 128 levels, so parsers disagree on the call');
   }
   return { kind: 'call', id: msg.id, name, args: (params.arguments as Record<string, unknown>) ?? {}, argsDigest, params, meta: (params._meta as Record<string, unknown>) ?? {}, text };
@@ -100,6 +106,21 @@ export function readMessage(body: Uint8Array): McpMessage {
 export function argumentsDigest(body: Uint8Array): string | null {
   const digest = bodyDigest({ json: ['/params/arguments'] }, body, '');
   return digest.startsWith('json:') ? digest : null;
+}
+
+/**
+ * A method that is `tools/call` in another case, or with whitespace or
+ * invisible characters around or inside it. Only the exact `tools/call` is
+ * decided; an upstream that folds case or trims (some JSON-RPC dispatchers
+ * do) would run such a variant as a call that no fence or key checked, so
+ * it is refused rather than passed (docs/mcp.md "What is decided, what passes").
+ */
+export function looksLikeToolsCall(method: unknown): boolean {
+  // No length cut: `tools/call` padded with a thousand spaces is still one to a server that trims.
+  if (typeof method !== 'string') return false;
+  const bare = method.replace(/[\s\u0000-\u001f\u007f-\u009f\u00ad\u200b-\u200f\u2060\ufeff]/g, '');
+  // Both folds: `ſ` (U+017F) upper-cases to `S`, so `toolſ/call` is one upstream's `TOOLS/CALL`.
+  return bare.toLowerCase() === 'tools/call' || bare.toUpperCase() === 'TOOLS/CALL';
 }
 
 export function isObject(v: unknown): v is Record<string, unknown> {

@@ -37,7 +37,8 @@ export interface McpRequest {
  * that is not read-only is decided (./call.ts); every other message, the
  * server's event stream (GET) and the session's end (DELETE) pass through
  * as they came, both ways, and nothing of them is stored. The route learns
- * its tools' `readOnlyHint`s from the `tools/list` answers that pass.
+ * its tools' `readOnlyHint`s from the `tools/list` answers that pass, per
+ * endpoint (path and query) as the call's decision reads them.
  */
 export function createMcpHandler(deps: ProxyDeps) {
   const annotations = new ToolAnnotations();
@@ -82,9 +83,11 @@ export function createMcpHandler(deps: ProxyDeps) {
     if (message.kind === 'pass') return answer(await pass(m, read.body, message.id, message.listId, done, trace));
 
     // A name the config lists or the upstream's list had, else one label for all: the metric's labels stay bounded.
-    toolLabel = route.tools[message.name] !== undefined || annotations.known(route.name, message.name) ? message.name : '_unlisted';
+    // What the upstream's lists taught is per endpoint: this path and query, where this call goes (./policy.ts).
+    const endpoint = m.pathname + m.search;
+    toolLabel = route.tools[message.name] !== undefined || annotations.known(route.name, endpoint, message.name) ? message.name : '_unlisted';
     trace.tool = message.name.slice(0, 128);
-    const policy = toolPolicy(route, message.name, annotations);
+    const policy = toolPolicy(route, message.name, annotations, endpoint);
     if (policy.readOnly) {
       trace.read_only = policy.readOnlyFrom;
       return answer(await pass(m, read.body, message.id, null, done, trace, 'passed-read-only'));
@@ -141,11 +144,11 @@ export function createMcpHandler(deps: ProxyDeps) {
     const httpStatus = req.method !== 'POST';
     switch (result.kind) {
       case 'stream': {
-        const stream = listId === null ? result.body : learning(result.body, route, listId);
+        const stream = listId === null ? result.body : learning(result.body, route, m.pathname + m.search, listId);
         return done(passthrough(result.status, result.headers, stream), decision);
       }
       case 'response':
-        if (listId !== null && result.status === 200) learnFrom(result.headers, result.body, route, listId);
+        if (listId !== null && result.status === 200) learnFrom(result.headers, result.body, route, m.pathname + m.search, listId);
         return done(passthrough(result.status, result.headers, result.status === 204 ? null : result.body), decision);
       case 'refused':
         return done(refusalReply({ code: 'upstream-unavailable', detail: `the message could not be sent to the upstream (${result.error}); nothing was sent` }, id, requestId, { httpStatus }), 'upstream-unavailable');
@@ -160,7 +163,7 @@ export function createMcpHandler(deps: ProxyDeps) {
   }
 
   /** The stream as it came, byte for byte, read on the way for the `tools/list` response. */
-  function learning(body: ReadableStream<Uint8Array>, route: RouteConfig, listId: string | number): ReadableStream<Uint8Array> {
+  function learning(body: ReadableStream<Uint8Array>, route: RouteConfig, endpoint: string, listId: string | number): ReadableStream<Uint8Array> {
     let splitter: SseSplitter | null = new SseSplitter(route.maxResponseBytes);
     return body.pipeThrough(
       new TransformStream<Uint8Array, Uint8Array>({
@@ -170,15 +173,15 @@ export function createMcpHandler(deps: ProxyDeps) {
           if (events === null) splitter = null;
           for (const e of events ?? []) {
             const msg = parseData(e.data);
-            if (isResponseTo(msg, listId)) annotations.learn(route.name, (msg as { result?: unknown }).result);
+            if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
           }
         },
       }),
     );
   }
 
-  function learnFrom(headers: [string, string][], body: Uint8Array, route: RouteConfig, listId: string | number): void {
+  function learnFrom(headers: [string, string][], body: Uint8Array, route: RouteConfig, endpoint: string, listId: string | number): void {
     const messages = isEventStream(headers) ? (eventsOf(body, route.maxResponseBytes) ?? []).map((e) => parseData(e.data)) : [parseData(new TextDecoder().decode(body))];
-    for (const msg of messages) if (isResponseTo(msg, listId)) annotations.learn(route.name, (msg as { result?: unknown }).result);
+    for (const msg of messages) if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
   }
 }
