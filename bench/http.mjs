@@ -31,16 +31,26 @@
 // another checkout's build (DIR/dist, e.g. a clone of the previous commit),
 // interleaved with this one's so that a refactor is measured in one run
 // (and `base-postgres` when a database URL is set). --replicas N adds
-// `fg-postgres-xN`.
+// `fg-postgres-xN`. --dist DIR serves this tree's targets from DIR instead
+// of dist/; --cpu-prof DIR [--cpu-prof-interval µs] runs every gateway under
+// `node --cpu-prof` (bench/profile-summary.mjs splits a profile by part;
+// bench/profile-http.mjs profiles the 50-connection run alone).
 import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { freePort, latency, load, loadCpu, pinned, startNode, throughput, waitReady } from './lib.mjs';
-import { option as opt } from './args.mjs';
+import { flag, option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
+// --help: the header comment above (targets and options), and nothing run.
+if (flag('help')) {
+  const { readFileSync } = await import('node:fs');
+  const text = readFileSync(fileURLToPath(import.meta.url), 'utf8').split('\nimport ')[0];
+  process.stdout.write(`${text.replace(/^\/\/ ?/gm, '')}\n`);
+  process.exit(0);
+}
 const root = join(here, '..');
 const seconds = Number(opt('seconds', 10));
 const latencyRequests = Number(opt('latency', 3000));
@@ -48,6 +58,15 @@ const rounds = Number(opt('rounds', 3));
 const only = opt('only', null)?.split(',');
 const base = opt('base', null);
 const replicas = Number(opt('replicas', 1));
+// --dist DIR: serve this tree's fencegate targets from DIR (a build made with
+// `tsc -p tsconfig.build.json --outDir DIR`) instead of dist/, so that a
+// measurement is not disturbed by a rebuild of dist/ while it runs.
+const dist = opt('dist', join(root, 'dist'));
+// --cpu-prof DIR: every gateway (fencegate targets, bare, control) runs
+// under `node --cpu-prof`, one .cpuprofile per start written into DIR
+// (bench/profile-summary.mjs splits one by part).
+const cpuProf = opt('cpu-prof', null);
+const nodeFlags = cpuProf ? ['--cpu-prof', '--cpu-prof-dir', cpuProf, '--cpu-prof-interval', String(opt('cpu-prof-interval', 100))] : [];
 const pgUrl = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
 
 const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-'));
@@ -55,7 +74,7 @@ const stops = [];
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
 
-async function startFencegate(name, store, upstream, route = {}, server = join(root, 'dist/entry/cli.js'), cpu = 0) {
+async function startFencegate(name, store, upstream, route = {}, server = join(dist, 'entry/cli.js'), cpu = 0) {
   const port = await freePort();
   const config = {
     listen: { host: '127.0.0.1', port },
@@ -77,7 +96,7 @@ async function startFencegate(name, store, upstream, route = {}, server = join(r
   writeFileSync(file, JSON.stringify(config));
   // The decision log (one JSON line per request, as in production) goes to a file.
   const args = server.endsWith('cli.js') ? ['serve', '--config', file] : [file];
-  return startNode(server, { args, cpus: cpu, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port });
+  return startNode(server, { args, cpus: cpu, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port, nodeFlags });
 }
 
 const schemas = new Set();
@@ -109,8 +128,8 @@ async function main() {
 
   const targets = [
     ['direct', async () => ({ url: upstream.url, stop: async () => {} })],
-    ['bare', () => startNode(join(here, 'servers/bare-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
-    ['control', () => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
+    ['bare', () => startNode(join(here, 'servers/bare-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url }, nodeFlags })],
+    ['control', () => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url }, nodeFlags })],
     ['fg-full', () => startFencegate('full', { sqlite: join(tmp, `full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url)],
     ['fg-normal', () => startFencegate('normal', { sqlite: join(tmp, `normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url)],
     ...(pgUrl

@@ -18,8 +18,8 @@ const HAS_TASKSET = spawnSync('taskset', ['-V']).status === 0;
  * load, must not be the reader a logging server waits on) and `port` says
  * where it listens.
  */
-export async function startNode(script, { env = {}, args = [], cpus, stdoutFile, port: knownPort } = {}) {
-  const argv = [process.execPath, script, ...args];
+export async function startNode(script, { env = {}, args = [], cpus, stdoutFile, port: knownPort, nodeFlags = [] } = {}) {
+  const argv = [process.execPath, ...nodeFlags, script, ...args];
   const cmd = HAS_TASKSET && cpus !== undefined ? ['taskset', '-c', String(cpus), ...argv] : argv;
   const out = stdoutFile === undefined ? 'pipe' : openSync(stdoutFile, 'a');
   const child = spawn(cmd[0], cmd.slice(1), { env: { ...process.env, ...env }, stdio: ['ignore', out, 'inherit'] });

@@ -1,4 +1,5 @@
-import { copyFileSync, existsSync, rmSync, statSync } from 'node:fs';
+import { copyFileSync, existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import os from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -83,6 +84,29 @@ describe('sqlite background checkpoints', () => {
     expect(store.checkpointer!.stats.restarts).toBe(0);
     expect(store.checkpointer!.stats.passive).toBeGreaterThan(0);
     expect(run.maxWal).toBeGreaterThan(BOUND);
+  });
+
+  // Linux only: a thread's nice value is field 19 of /proc/self/task/<tid>/stat (after the command's closing parenthesis).
+  const niceThreads = (nice: number) =>
+    readdirSync('/proc/self/task').filter((tid) => {
+      try {
+        return Number(readFileSync(`/proc/self/task/${tid}/stat`, 'utf8').split(') ')[1]!.split(' ')[16]) === nice;
+      } catch {
+        return false; // the thread ended
+      }
+    }).length;
+
+  it.skipIf(!existsSync('/proc/thread-self'))('the worker thread runs at nice 10, the event loop unchanged; control: nice 0 leaves no thread at 10', async () => {
+    const before = niceThreads(10);
+    open(dbPath(), { backgroundCheckpoint: { intervalMs: 10 } });
+    await expect.poll(() => niceThreads(10), { timeout: 5_000 }).toBe(before + 1);
+    expect(os.getPriority()).toBe(0);
+    const seen: CheckpointMessage[] = [];
+    const second = open(dbPath(), { backgroundCheckpoint: { intervalMs: 10, nice: 0, onMessage: (m) => seen.push(m) } });
+    await second.admit(admitInput());
+    // The second worker has set its priority once it ran a checkpoint; still only the first thread is at 10.
+    await expect.poll(() => seen.some((m) => m.type === 'ran'), { timeout: 5_000 }).toBe(true);
+    expect(niceThreads(10)).toBe(before + 1);
   });
 
   it('falls back to SQLite’s own checkpoints when the worker dies', async () => {

@@ -13,6 +13,8 @@ export interface CheckpointWorkerData {
   restartFrames: number;
   /** How long the worker's own connection waits for a lock (its thread sleeps, not the event loop). */
   busyTimeoutMs: number;
+  /** The worker thread's nice value (Linux; ignored elsewhere), so that its copying yields the core to the event loop. */
+  nice: number;
 }
 
 /** worker → store: `pause` (please hold new write transactions), `done` (after a restart attempt), `ran` (each checkpoint). */
@@ -25,6 +27,16 @@ export function checkpointWorkerMain(require: (id: string) => any): void {
   const { parentPort, workerData } = require('node:worker_threads');
   const data = workerData as CheckpointWorkerData;
   const Database = require(data.driver);
+  // A checkpoint is background work: on a core shared with the event loop
+  // (a pinned process, a small box) the scheduler should run the loop
+  // first. Linux's setpriority(2) on a thread id renices that thread alone;
+  // where /proc/thread-self is missing the worker keeps the process's value.
+  try {
+    const tid = Number(String(require('node:fs').readlinkSync('/proc/thread-self')).split('/').pop());
+    if (Number.isInteger(tid) && tid > 0) require('node:os').setPriority(tid, data.nice);
+  } catch {
+    // Not Linux, or not permitted: same priority as the event loop.
+  }
   const db = new Database(data.path, { fileMustExist: true });
   db.pragma(`busy_timeout = ${data.busyTimeoutMs}`);
   db.pragma(`synchronous = ${data.synchronous}`);

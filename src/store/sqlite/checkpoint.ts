@@ -10,6 +10,8 @@ export interface CheckpointOptions {
   restartFrames?: number;
   /** Longest the writer holds its new transactions for a restart. Default 50 ms. */
   maxPauseMs?: number;
+  /** The worker thread's nice value on Linux (0–19; higher yields more). Default 10. */
+  nice?: number;
   /** Every message of the worker, for tests and metrics. */
   onMessage?: (m: CheckpointMessage) => void;
 }
@@ -69,6 +71,7 @@ export class Checkpointer {
       intervalMs: options.intervalMs ?? 100,
       restartFrames: options.restartFrames ?? 4000,
       busyTimeoutMs: 20,
+      nice: options.nice ?? 10,
     };
     const maxPauseMs = options.maxPauseMs ?? 50;
     db.pragma('wal_autocheckpoint = 0');

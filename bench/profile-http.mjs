@@ -1,0 +1,71 @@
+// CPU per request by part at 50 connections: each target of `npm run bench`
+// started under `node --cpu-prof`, warmed up, loaded for --seconds, stopped;
+// its profile split by bench/profile-summary.mjs over the loaded window only.
+//
+//   node bench/profile-http.mjs [--only fg-normal,bare] [--seconds 8]
+//     [--interval 100] [--dist DIR] [--out DIR]
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { freePort, startNode, throughput, waitReady } from './lib.mjs';
+import { option as opt } from './args.mjs';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const seconds = Number(opt('seconds', 8));
+const interval = opt('interval', '100');
+const dist = opt('dist', join(here, '..', 'dist'));
+const only = opt('only', 'bare,fg-normal,fg-full').split(',');
+const tmp = mkdtempSync(join(tmpdir(), 'fencegate-prof-'));
+const outDir = opt('out', join(tmp, 'profiles'));
+process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
+
+const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 });
+
+async function fencegate(name, synchronous, nodeFlags) {
+  const port = await freePort();
+  const file = join(tmp, `${name}.json`);
+  writeFileSync(
+    file,
+    JSON.stringify({
+      listen: { host: '127.0.0.1', port },
+      store: { sqlite: join(tmp, `${name}.db`), synchronous },
+      routes: [
+        { name: 'payments', match: { path: '/payments/*', methods: ['POST'] }, upstream: upstream.url, entity: { header: 'X-Fence-Entity' }, fence: 'required', idempotency: 'required', mode: 'serial' },
+      ],
+    }),
+  );
+  return startNode(join(dist, 'entry/cli.js'), { args: ['serve', '--config', file], cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port, nodeFlags });
+}
+
+const targets = {
+  bare: (nodeFlags) => startNode(join(here, 'servers/bare-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url }, nodeFlags }),
+  control: (nodeFlags) => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url }, nodeFlags }),
+  'fg-normal': (nodeFlags) => fencegate('fg-normal', 'NORMAL', nodeFlags),
+  'fg-full': (nodeFlags) => fencegate('fg-full', 'FULL', nodeFlags),
+};
+
+for (const name of only) {
+  const dir = join(outDir, name);
+  mkdirSync(dir, { recursive: true });
+  const t0 = performance.now();
+  const target = await targets[name](['--cpu-prof', '--cpu-prof-dir', dir, '--cpu-prof-interval', interval]);
+  await waitReady(target.url);
+  await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-pw` });
+  const from = (performance.now() - t0) / 1000;
+  const r = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-p` });
+  const to = (performance.now() - t0) / 1000;
+  await target.stop();
+  // One profile per thread: the main thread's is numbered .0.001 (the
+  // checkpoint worker's, .1.002, is summarised after it).
+  const profiles = readdirSync(dir).filter((f) => f.endsWith('.cpuprofile')).sort();
+  const prof = profiles.find((f) => f.includes('.0.001.')) ?? profiles[0];
+  console.log(`\n## ${name}: ${r.rps.toFixed(0)} req/s under the profiler, ${r.total} requests in ${seconds} s`);
+  console.log(execFileSync(process.execPath, [join(here, 'profile-summary.mjs'), join(dir, prof), '--requests', String(r.total), '--from', from.toFixed(2), '--to', to.toFixed(2)], { encoding: 'utf8' }));
+  for (const other of profiles.filter((f) => f !== prof)) {
+    console.log(`(another thread of it, e.g. the checkpoint worker)`);
+    console.log(execFileSync(process.execPath, [join(here, 'profile-summary.mjs'), join(dir, other), '--from', from.toFixed(2), '--to', to.toFixed(2)], { encoding: 'utf8' }).split('\n')[0]);
+  }
+}
+await upstream.stop();
