@@ -1,5 +1,5 @@
 import { bodyDigest } from '../../core/fingerprint.js';
-import { duplicateOnPointerPath } from '../../core/json-duplicates.js';
+import { duplicateOnPointerPath, foldName } from '../../core/json-duplicates.js';
 import type { JsonRpcId } from '../../protocol/mcp.js';
 import type { Refusal } from '../../protocol/problem.js';
 
@@ -52,6 +52,7 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
     for (let i = 0; i < doc.length; i++) {
       if (duplicateOnPointerPath(text, [String(i), 'params', 'name']) !== null) return bad(null, `batch element ${i} has a member name more than once`);
       const m = doc[i] as { method?: unknown } | null;
+      if (m !== null && typeof m === 'object' && foldedMethod(m) !== null) return bad(null, `batch element ${i}: ${foldedMethodReason(foldedMethod(m)!)}`);
       if (m !== null && typeof m === 'object' && (m.method === 'tools/call' || isCallVariant(m.method))) {
         return bad(null, 'a JSON-RPC batch may not carry tools/call: each call needs a decision and an answer of its own; send it as a single message');
       }
@@ -63,6 +64,8 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
   const id = isId(msg.id) ? msg.id : null;
   const repeated = duplicateOnPointerPath(text, ['params', 'name']);
   if (repeated !== null) return bad(id, `the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the message`);
+  const folded = foldedMethod(msg);
+  if (folded !== null) return bad(id, foldedMethodReason(folded));
   if (msg.method !== 'tools/call' && isCallVariant(msg.method)) {
     return bad(id, `the method ${JSON.stringify(String(msg.method).slice(0, 64))} is not tools/call as written, but an upstream may read it as one; send the method exactly as "tools/call"`);
   }
@@ -118,10 +121,28 @@ export function argumentsDigest(body: Uint8Array): string | null {
 export function looksLikeToolsCall(method: unknown): boolean {
   // No length cut: `tools/call` padded with a thousand spaces is still one to a server that trims.
   if (typeof method !== 'string') return false;
-  const bare = method.replace(/[\s\u0000-\u001f\u007f-\u009f\u00ad\u200b-\u200f\u2060\ufeff]/g, '');
-  // Both folds: `ſ` (U+017F) upper-cases to `S`, so `toolſ/call` is one upstream's `TOOLS/CALL`.
-  return bare.toLowerCase() === 'tools/call' || bare.toUpperCase() === 'TOOLS/CALL';
+  // Its letters alone, after compatibility folding (fullwidth `ｔｏｏｌｓ`) and
+  // both case folds (`ſ`, U+017F, upper-cases to `S`): whatever stands
+  // between or around them (`tools.call`, `tools//call`, a bidi mark), no
+  // other MCP method has these letters, so refusing costs nothing.
+  return method.normalize('NFKC').toLowerCase().toUpperCase().replace(/[^A-Z]/g, '') === 'TOOLSCALL';
 }
+
+/**
+ * A member that is `method` to a decoder that matches names
+ * case-insensitively (Go's encoding/json, ASP.NET: `Method`, `METHOD`,
+ * `meThod`, with `ſ` and `K` folded as they fold them), where the message
+ * has no `method` of its own: such a server reads a call that this gateway
+ * would pass as a response. (A message with both is refused earlier, as a
+ * repeated name.)
+ */
+function foldedMethod(msg: object): string | null {
+  for (const k of Object.keys(msg)) if (k !== 'method' && foldName(k) === METHOD) return k;
+  return null;
+}
+const METHOD = foldName('method');
+const foldedMethodReason = (name: string) =>
+  `the member ${JSON.stringify(name.slice(0, 64))} is "method" to a case-insensitive decoder, which would read the message as a call; send it exactly as "method"`;
 
 export function isObject(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === 'object' && !Array.isArray(v);

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import type { RouteConfig } from '../../config/schema.js';
 import { isObject } from './message.js';
 
@@ -5,6 +6,16 @@ import { isObject } from './message.js';
 
 /** Most tools remembered per route from `tools/list` answers, over all its endpoints: the upstream's lists, not the caller, size it, but it stays bounded. */
 const MAX_LEARNED_TOOLS = 10_000;
+/**
+ * Most endpoints remembered per route. The endpoint is the caller's path
+ * and query, so a caller could name endless ones; each is kept as a 64-byte
+ * digest (never cut: two endpoints sharing a key would let one's read-only
+ * tool pass on the other), and one whose list taught no tool is not kept.
+ */
+const MAX_LEARNED_ENDPOINTS = 1_000;
+
+/** The endpoint's key: sha256 of its path and query as sent upstream, so a long query costs no memory. */
+const endpointKey = (endpoint: string) => createHash('sha256').update(endpoint).digest('hex');
 
 /** The route as one tool's call is decided: the route's fields with the tool's (then `"*"`'s) overrides. */
 export interface ToolPolicy {
@@ -24,18 +35,19 @@ export interface ToolPolicy {
  * applies to calls to that endpoint alone. In memory: a restarted gateway
  * decides every tool again until it sees a list (a tool never listed is
  * side-effecting). When a route's endpoints together pass
- * MAX_LEARNED_TOOLS, the endpoint learnt longest ago is forgotten first
- * (forgetting only ever decides a tool again).
+ * MAX_LEARNED_TOOLS tools, or MAX_LEARNED_ENDPOINTS endpoints, the
+ * endpoint learnt longest ago is forgotten first (forgetting only ever
+ * decides a tool again).
  */
 export class ToolAnnotations {
   private readonly byRoute = new Map<string, { size: number; endpoints: Map<string, Map<string, boolean>> }>();
 
   readOnly(route: string, endpoint: string, tool: string): boolean | undefined {
-    return this.byRoute.get(route)?.endpoints.get(endpoint)?.get(tool);
+    return this.byRoute.get(route)?.endpoints.get(endpointKey(endpoint))?.get(tool);
   }
 
   known(route: string, endpoint: string, tool: string): boolean {
-    return this.byRoute.get(route)?.endpoints.get(endpoint)?.has(tool) ?? false;
+    return this.byRoute.get(route)?.endpoints.get(endpointKey(endpoint))?.has(tool) ?? false;
   }
 
   /** Reads a `tools/list` result (`{ tools: [{ name, annotations }] }`) answered at `endpoint`; anything else is ignored. */
@@ -43,19 +55,24 @@ export class ToolAnnotations {
     if (!isObject(result) || !Array.isArray(result.tools)) return;
     let learnt = this.byRoute.get(route);
     if (learnt === undefined) this.byRoute.set(route, (learnt = { size: 0, endpoints: new Map() }));
-    let tools = learnt.endpoints.get(endpoint);
-    if (tools === undefined) learnt.endpoints.set(endpoint, (tools = new Map()));
+    const key = endpointKey(endpoint);
+    let tools = learnt.endpoints.get(key);
+    if (tools === undefined) {
+      while (learnt.endpoints.size >= MAX_LEARNED_ENDPOINTS && forgetOldest(learnt, key));
+      learnt.endpoints.set(key, (tools = new Map()));
+    }
     for (const t of result.tools) {
       // A name no tools/call could carry (./message.ts: at most 256 characters, no control characters) is not remembered.
       if (!isObject(t) || typeof t.name !== 'string' || t.name.length === 0 || t.name.length > 256 || /[\u0000-\u001f\u007f]/.test(t.name)) continue;
       if (!tools.has(t.name)) {
-        while (learnt.size >= MAX_LEARNED_TOOLS && forgetOldest(learnt, endpoint));
+        while (learnt.size >= MAX_LEARNED_TOOLS && forgetOldest(learnt, key));
         if (learnt.size >= MAX_LEARNED_TOOLS) continue;
         learnt.size++;
       }
       // Only an explicit `true` is read-only: the hint's default is false (MCP 2025-06-18 ToolAnnotations).
       tools.set(t.name, isObject(t.annotations) && t.annotations.readOnlyHint === true);
     }
+    if (tools.size === 0) learnt.endpoints.delete(key);
   }
 }
 
