@@ -153,7 +153,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
   ];
 
   it('elements of one entity or key are decided in arrival order: the later one sees the earlier slot, record and fence', async () => {
-    const admit = admitVia();
+    const admit = admitVia({ budgetMs: null }); // no budget: a loaded box must not defer more than the lock does
     const answers = await Promise.all(sameEntityAndKey().map((c) => admit(c)));
     expect(admit.group.stats).toMatchObject({ roundTrips: 1, grouped: 6, deferred: 0 });
     expect(answers).toMatchObject(inOrder);
@@ -241,7 +241,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
     const a = fresh({ lockMs: 1_000 });
     const b = fresh();
     const held = await holdEntity(b.entity!);
-    const admit = admitVia();
+    const admit = admitVia({ budgetMs: null }); // no budget: a loaded box must not defer more than the lock does
     let bAnswered = false;
     const answers = [admit(a), admit(b).finally(() => (bAnswered = true))];
     try {
@@ -315,7 +315,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
   }
 
   it("once an entity's element is left alone, a later one of that entity is too: decided after it, in arrival order", async () => {
-    const admit = admitVia();
+    const admit = admitVia({ budgetMs: null }); // no budget: a loaded box must not defer more than the lock does
     expect(await aloneThenSameEntity(admit)).toMatchObject([{ outcome: 'forward' }, { outcome: 'entity-busy' }]);
     expect(admit.group.stats).toMatchObject({ grouped: 2, deferred: 2 });
   });

@@ -113,7 +113,7 @@ describe.skipIf(!POSTGRES_URL)('grouped admission guards', () => {
   }
 
   it('a group whose COMMIT fails after its rows were computed answers every caller with the fault, none forward', async () => {
-    const admit = createAdmit(ctxOf(schema.pool));
+    const admit = createAdmit(ctxOf(schema.pool), { budgetMs: null }); // no budget: only the held row defers
     const { settled, bad } = await forwardsWithoutRecord(admit);
     expect(admit.group.stats.grouped).toBe(3);
     expect(settled.map((s) => s.status)).toEqual(['rejected', 'rejected', 'rejected']);
@@ -142,7 +142,7 @@ describe.skipIf(!POSTGRES_URL)('grouped admission guards', () => {
     const entity = `e-${randomUUID()}`;
     await expect(store.admit(fresh({ entity, fence: 9n }))).resolves.toMatchObject({ outcome: 'forward' });
     const held = await holdEntity(entity);
-    const admit = createAdmit(ctxOf(schema.pool));
+    const admit = createAdmit(ctxOf(schema.pool), { budgetMs: null }); // no budget: only the held row defers
     const z = fresh();
     const stale = fresh({ entity, fence: 3n });
     const answers = Promise.all([admit(z), admit(stale)]);
