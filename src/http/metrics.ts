@@ -45,7 +45,7 @@ export interface Metrics {
   observe(o: RequestObservation): void;
   /** One admit or finish call to the store, how long it took and how it ended. */
   storeCall(op: 'admit' | 'finish', ms: number, result: StoreCallResult): void;
-  /** One SQLite group committed: how many decisions, and its WAL sync's time (null: no sync of its own). */
+  /** One group committed (SQLite: admissions and finishes; PostgreSQL: one grouped statement): how many decisions, and its WAL sync's time (null: no sync of its own). */
   storeGroup(size: number, syncMs: number | null): void;
   /** One sweep's result (rows swept, backlog left) and how long it took. */
   swept(r: SweepResult, durationMs: number): void;

@@ -53,3 +53,46 @@ export function withSearchPath(url: string, schema: string): string {
   u.searchParams.set('options', `-c search_path=${schema}`);
   return u.toString();
 }
+
+/** Another session, holding rows until `release()`; `waiters()` counts the sessions its locks block right now. */
+export interface HeldRows {
+  client: pg.Client;
+  waiters(): Promise<number>;
+  release(): Promise<void>;
+}
+
+/** A session of its own on the schema, with a transaction open, for tests that hold rows another session's statement must wait for. */
+export async function otherSession(schema: TestSchema): Promise<HeldRows> {
+  const client = new pg.Client({ connectionString: schema.url });
+  await client.connect();
+  const pid = (await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+  await client.query('BEGIN');
+  return {
+    client,
+    async waiters() {
+      const { rows } = await schema.pool.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))', [pid]);
+      return rows[0]!.n;
+    },
+    async release() {
+      await client.query('COMMIT');
+      await client.end();
+    },
+  };
+}
+
+/** `entity`'s fence_entities row held FOR UPDATE by another session (as another replica's admission or finish holds it for a moment). */
+export async function holdEntity(schema: TestSchema, entity: string): Promise<HeldRows> {
+  await schema.pool.query('INSERT INTO fence_entities (entity, fence, accepted_at) VALUES ($1, NULL, now()) ON CONFLICT DO NOTHING', [entity]);
+  const held = await otherSession(schema);
+  await held.client.query('SELECT 1 FROM fence_entities WHERE entity = $1 FOR UPDATE', [entity]);
+  return held;
+}
+
+/** Polls `reached` (a state another session or a store got to) every 10 ms, up to 10 s: ordering by events, not by sleeps. */
+export async function until(reached: () => boolean | Promise<boolean>, what = 'the awaited state'): Promise<void> {
+  const end = Date.now() + 10_000;
+  while (!(await reached())) {
+    if (Date.now() > end) throw new Error(`not reached within 10 s: ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}

@@ -8,7 +8,7 @@ import { FUNCTIONS_DIR } from '../../src/store/postgres/functions.js';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
 import { poolQuery, qualifier, type PgContext } from '../../src/store/postgres/query.js';
 import type { Admission, AdmitInput } from '../../src/store/types.js';
-import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
+import { createTestSchema, holdEntity as holdRow, otherSession, POSTGRES_URL, until, type TestSchema } from '../helpers/postgres.js';
 import { admitInput } from './helpers/inputs.js';
 
 /**
@@ -48,20 +48,8 @@ async function stateOf(c: AdmitInput) {
 const rejectionsOf = async (requestId: string) =>
   (await schema.pool.query<{ reason: string }>('SELECT reason FROM rejections WHERE request_id = $1', [requestId])).rows.map((r) => r.reason);
 
-/** Another session holding `entity`'s row (as another replica's admission or finish does, for a moment). */
-async function holdEntity(entity: string) {
-  await schema.pool.query('INSERT INTO fence_entities (entity, fence, accepted_at) VALUES ($1, NULL, now()) ON CONFLICT DO NOTHING', [entity]);
-  const other = await schema.pool.connect();
-  await other.query('BEGIN');
-  await other.query('SELECT 1 FROM fence_entities WHERE entity = $1 FOR UPDATE', [entity]);
-  return {
-    async release() {
-      await other.query('COMMIT');
-      other.release();
-    },
-  };
-}
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const holdEntity = (entity: string) => holdRow(schema, entity);
 
 describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
   beforeAll(async () => {
@@ -166,7 +154,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
       .replace('FUNCTION fencegate_admit_many(', 'FUNCTION admit_many_reversed(');
     expect(reversed).toContain('IN REVERSE');
     await schema.pool.query(reversed);
-    const admit = admitVia({}, (t) => t.replace('fencegate_admit_many(', 'admit_many_reversed('));
+    const admit = admitVia({ budgetMs: null }, (t) => t.replace('fencegate_admit_many(', 'admit_many_reversed('));
     const answers = await Promise.all(sameEntityAndKey().map((c) => admit(c)));
     expect(admit.group.stats.grouped).toBe(6);
     expect(() => expect(answers).toMatchObject(inOrder)).toThrow();
@@ -197,7 +185,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
       .replace('FUNCTION fencegate_admit_many(', 'FUNCTION admit_many_unguarded(');
     expect(unguarded).not.toContain('WHEN OTHERS');
     await schema.pool.query(unguarded);
-    const admit = admitVia({}, (t) => t.replace('fencegate_admit_many(', 'admit_many_unguarded('));
+    const admit = admitVia({ budgetMs: null }, (t) => t.replace('fencegate_admit_many(', 'admit_many_unguarded('));
     const cmds = Array.from({ length: 5 }, () => fresh({ fence: 7n }));
     const settled = await Promise.allSettled(cmds.map((c, i) => admit(i === 2 ? faulty(c) : c)));
     expect(admit.group.stats.grouped).toBe(5);
@@ -224,7 +212,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
       END $$`);
     const wrapped = shipped.replace('FROM fencegate_admit(', 'FROM admit_then_fail(').replace('FUNCTION fencegate_admit_many(', 'FUNCTION admit_many_boom(');
     await schema.pool.query(wrapped);
-    const admit = admitVia({}, (t) => t.replace('fencegate_admit_many(', 'admit_many_boom('));
+    const admit = admitVia({ budgetMs: null }, (t) => t.replace('fencegate_admit_many(', 'admit_many_boom('));
     const entity = `e-${randomUUID()}`;
     await expect(admit(fresh({ entity, fence: 9n }))).resolves.toMatchObject({ outcome: 'forward' });
     const kept = fresh({ entity, fence: 2n, audit: { ...fresh().audit, requestId: `kept-${randomUUID()}` } });
@@ -297,20 +285,22 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
   async function aloneThenSameEntity(admit: ReturnType<typeof admitVia>) {
     const b = fresh();
     const b2 = { ...fresh(), entity: b.entity };
-    const other = await schema.pool.connect();
+    const other = await otherSession(schema);
     try {
-      await other.query('BEGIN');
-      await other.query(
+      await other.client.query(
         `INSERT INTO idempotency_records (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, created_at, expires_at)
          VALUES ($1, $2, 'other', NULL, NULL, 'in_progress', 'other', now() + interval '1 minute', now(), now() + interval '1 hour')`,
         [b.scope, b.key],
       );
-      const answers = Promise.all([admit(b), admit(b2)]);
-      await sleep(200);
-      await other.query('ROLLBACK'); // the other insert was a fault: B's key is free again
+      let bDone = false;
+      const answers = Promise.all([admit(b).finally(() => (bDone = true)), admit(b2)]);
+      // The group has left B alone, and B's statement alone waits for the
+      // insert (or, without the order rule, was already told entity-busy).
+      await until(async () => admit.group.stats.deferred >= 1 && (bDone || (await other.waiters()) >= 1), "B's re-run waiting for the other insert, or answered");
+      await other.client.query('ROLLBACK'); // the other insert was a fault: B's key is free again
       return await answers;
     } finally {
-      other.release();
+      await other.client.end();
     }
   }
 
@@ -327,7 +317,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
       .replace('FUNCTION fencegate_admit_many(', 'FUNCTION admit_many_unordered(');
     expect(unordered).not.toContain('= ANY (v_entities)');
     await schema.pool.query(unordered);
-    const admit = admitVia({}, (t) => t.replace('fencegate_admit_many(', 'admit_many_unordered('));
+    const admit = admitVia({ budgetMs: null }, (t) => t.replace('fencegate_admit_many(', 'admit_many_unordered('));
     expect(await aloneThenSameEntity(admit)).toMatchObject([{ outcome: 'entity-busy' }, { outcome: 'forward' }]);
     expect(admit.group.stats).toMatchObject({ grouped: 2, deferred: 1 });
   });
@@ -356,7 +346,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group: close', () => {
     const events: string[] = [];
     const answers = [s.admit(a), s.admit(b)].map((p, i) => p.then((x) => (events.push(`answer ${i}`), x), (e: Error) => (events.push(`fail ${i}`), e)));
     await answers[0];
-    await sleep(100); // B's statement alone is out, waiting for the row
+    await until(async () => groupOf(s).stats.deferred >= 1 && (await held.waiters()) >= 1, "B's statement alone out, waiting for the row");
     const closed = s.close().then(() => events.push('closed'));
     await sleep(200);
     await held.release();

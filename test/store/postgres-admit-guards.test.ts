@@ -8,7 +8,7 @@ import { FUNCTIONS_DIR } from '../../src/store/postgres/functions.js';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
 import { poolQuery, qualifier, type PgContext } from '../../src/store/postgres/query.js';
 import type { Admission, AdmitInput } from '../../src/store/types.js';
-import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
+import { createTestSchema, holdEntity as holdRow, POSTGRES_URL, until, type TestSchema } from '../helpers/postgres.js';
 import { admitInput } from '../store/helpers/inputs.js';
 
 /**
@@ -32,20 +32,8 @@ const recordOf = async (c: AdmitInput) =>
 const rejectionsOf = async (requestId: string) =>
   (await schema.pool.query<{ reason: string }>('SELECT reason FROM rejections WHERE request_id = $1', [requestId])).rows.map((r) => r.reason);
 
-async function holdEntity(entity: string) {
-  await schema.pool.query('INSERT INTO fence_entities (entity, fence, accepted_at) VALUES ($1, NULL, now()) ON CONFLICT DO NOTHING', [entity]);
-  const other = new pg.Client({ connectionString: schema.url });
-  await other.connect();
-  await other.query('BEGIN');
-  await other.query('SELECT 1 FROM fence_entities WHERE entity = $1 FOR UPDATE', [entity]);
-  return {
-    async release() {
-      await other.query('COMMIT');
-      await other.end();
-    },
-  };
-}
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const holdEntity = (entity: string) => holdRow(schema, entity);
 
 describe.skipIf(!POSTGRES_URL)('grouped admission guards', () => {
   beforeAll(async () => {
@@ -146,7 +134,7 @@ describe.skipIf(!POSTGRES_URL)('grouped admission guards', () => {
     const z = fresh();
     const stale = fresh({ entity, fence: 3n });
     const answers = Promise.all([admit(z), admit(stale)]);
-    await sleep(100);
+    await until(async () => admit.group.stats.deferred >= 1 && (await held.waiters()) >= 1, 'the stale fence left alone and waiting for the row');
     await held.release();
     expect(await answers).toMatchObject([{ outcome: 'forward' }, { outcome: 'stale-fence', currentFence: 9n }]);
     expect(admit.group.stats).toMatchObject({ grouped: 2, deferred: 1 });

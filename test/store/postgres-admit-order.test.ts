@@ -1,11 +1,10 @@
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createAdmit } from '../../src/store/postgres/admit.js';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
 import { poolQuery, qualifier, type PgContext } from '../../src/store/postgres/query.js';
 import type { AdmitInput } from '../../src/store/types.js';
-import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
+import { createTestSchema, holdEntity as holdRow, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
 import { admitInput } from '../store/helpers/inputs.js';
 
 /**
@@ -20,14 +19,7 @@ let store: PostgresGatewayStore;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const fresh = (over: Partial<AdmitInput> = {}) => admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, ...over });
 
-async function holdEntity(entity: string) {
-  await schema.pool.query('INSERT INTO fence_entities (entity, fence, accepted_at) VALUES ($1, NULL, now()) ON CONFLICT DO NOTHING', [entity]);
-  const other = new pg.Client({ connectionString: schema.url });
-  await other.connect();
-  await other.query('BEGIN');
-  await other.query('SELECT 1 FROM fence_entities WHERE entity = $1 FOR UPDATE', [entity]);
-  return { release: async () => (await other.query('COMMIT'), await other.end()) };
-}
+const holdEntity = (entity: string) => holdRow(schema, entity);
 
 /** The negative control: the group forgets every element's names, so nothing waits behind a pending re-run. */
 function forgetNames(admit: ReturnType<typeof createAdmit>) {
@@ -39,11 +31,16 @@ async function earlierThenLater(ordered: boolean) {
   const z = fresh();
   const b = fresh({ entity: a.entity }); // arrives after A, same entity (serial)
   const base = poolQuery(schema.pool as never, () => false);
+  let bSent!: () => void;
+  const bOut = new Promise<void>((resolve) => (bSent = resolve));
   const ctx: PgContext = {
     table: qualifier(null),
     async query(text, values, prepared) {
-      // A's re-run (the plain statement carrying A's owner token) is slow to go out.
-      if (!text.includes('fencegate_admit_many(') && values[6] === a.ownerToken) await sleep(300);
+      // A's re-run (the plain statement carrying A's owner token) is slow to
+      // go out: it waits until B's statement has gone, or, when B is held
+      // behind A (the order kept), 2 s.
+      if (!text.includes('fencegate_admit_many(') && values[6] === a.ownerToken) await Promise.race([bOut, sleep(2_000)]);
+      if (values[6] === b.ownerToken) bSent();
       return base(text, values, prepared);
     },
   };

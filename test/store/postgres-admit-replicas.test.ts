@@ -114,7 +114,6 @@ describe.skipIf(!POSTGRES_URL)('two replicas, grouped admissions, rows held else
     const deferred = replicas.map((r) => groupOf(r).stats.deferred);
     const forwards = traces.filter((t) => t.answer?.outcome === 'forward').length;
     const failed = traces.filter((t) => t.answer === null).length;
-    console.log(JSON.stringify({ admissions: traces.length, forwards, failed, deferred, grouped: replicas.map((r) => groupOf(r).stats.grouped) }));
     expect(deferred[0]! + deferred[1]!).toBeGreaterThan(0);
     expect(forwards).toBeGreaterThan(0);
     expect(failed).toBe(0);

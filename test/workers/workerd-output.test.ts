@@ -19,7 +19,7 @@ const FAULT_FILES = ['test/workers/upstream-errors.workerd.ts', 'test/workers/wo
 
 /** Runs the workerd config on `args`; resolves with the exit code and everything printed. */
 function runWorkerd(args: string[], extraEnv: Record<string, string> = {}): Promise<{ code: number | null; output: string }> {
-  const env: NodeJS.ProcessEnv = { ...process.env, WRANGLER_SEND_METRICS: 'false', NO_COLOR: '1', FORCE_COLOR: '0', CI: '', ...extraEnv };
+  const env: NodeJS.ProcessEnv = { ...process.env, WRANGLER_SEND_METRICS: 'false', NO_COLOR: '1', FORCE_COLOR: '0', CI: '' };
   // The parent's own vitest variables would make the child think it is a worker of this run.
   for (const name of Object.keys(env)) if (name.startsWith('VITEST')) delete env[name];
   delete env.FENCEGATE_TEST_MINIFLARE_OUTBOUND_PROXY;

@@ -118,7 +118,7 @@ export function argumentsDigest(body: Uint8Array): string | null {
  * do) would run such a variant as a call that no fence or key checked, so
  * it is refused rather than passed (docs/mcp.md "What is decided, what passes").
  */
-export function looksLikeToolsCall(method: unknown): boolean {
+function looksLikeToolsCall(method: unknown): boolean {
   // No length cut: `tools/call` padded with a thousand spaces is still one to a server that trims.
   if (typeof method !== 'string') return false;
   // Its letters alone, after compatibility folding (fullwidth `ｔｏｏｌｓ`) and

@@ -75,7 +75,7 @@ export function createTokenVerifier(options: TokenVerifierOptions): TokenVerifie
     }
     const id = payload[claim];
     if (typeof id !== 'string' || id === '') return { ok: false, why: `no ${claim} claim` };
-    return { ok: true, caller: { id, scopes: scopesOf(payload), claims: claimsOf(payload, kept, token) } };
+    return { ok: true, caller: { id, scopes: scopesOf(payload), claims: keptClaims(payload, kept, token) } };
   };
 }
 
@@ -89,7 +89,7 @@ export function createTokenVerifier(options: TokenVerifierOptions): TokenVerifie
  * the route that needs it refuses the request: a scope made of `0` for `-0`,
  * or of `[object Object]`, would put unrelated tenants together.
  */
-export function claimsOf(payload: JWTPayload, names: readonly string[], token: string): Record<string, string> {
+function keptClaims(payload: JWTPayload, names: readonly string[], token: string): Record<string, string> {
   // No prototype: a claim named `__proto__` is a claim like any other.
   const out: Record<string, string> = Object.create(null);
   if (!names.some((name) => Object.hasOwn(payload, name))) return out;
