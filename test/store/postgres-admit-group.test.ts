@@ -98,6 +98,21 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
     expect(sizes.length).toBe(before);
   });
 
+  it('the group-size observer counts what each statement committed: an element left alone counts once, in its own run', async () => {
+    const [a, b] = [fresh(), fresh()];
+    const held = await holdEntity(b.entity!);
+    const admit = admitVia({ budgetMs: null });
+    const sizes: number[] = [];
+    admit.group.observer = (n) => sizes.push(n);
+    const answers = Promise.all([admit(a), admit(b)]);
+    await until(async () => admit.group.stats.deferred >= 1 && (await held.waiters()) >= 1, "B's re-run waiting for the row");
+    await held.release();
+    await answers;
+    // The group decided A (1), B's run alone decided B (1): two decisions, not the group's 2 plus B's 1.
+    expect(sizes).toEqual([1, 1]);
+    expect(admit.group.stats).toMatchObject({ roundTrips: 2, elements: 2, deferred: 1 });
+  });
+
   it('a lone admission is the plain fencegate_admit statement', async () => {
     const seen: string[] = [];
     const admit = admitVia({}, undefined, seen);

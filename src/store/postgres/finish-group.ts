@@ -85,7 +85,9 @@ export class RoundTripGroup<I, O> {
    * Round trips made, elements sent, how many of them went in a group of
    * more than one, the largest group, how many elements went again one by
    * one after their group failed before it was sent, and how many went
-   * again alone because their group answered `alone`: for tests and metrics.
+   * again alone because their group answered `alone` (or were held back
+   * from a group behind such an element of their entity or key): for tests
+   * and metrics.
    */
   readonly stats = { roundTrips: 0, elements: 0, grouped: 0, largest: 0, rerunAlone: 0, deferred: 0 };
 
@@ -146,7 +148,7 @@ export class RoundTripGroup<I, O> {
     if (this.chains.size > 0) {
       const rest: Pending<I, O>[] = [];
       for (const p of this.queue) {
-        if (this.chain(p.input).some((n) => this.chains.has(n))) this.again(p);
+        if (this.chain(p.input).some((n) => this.chains.has(n))) this.again(p, false);
         else rest.push(p);
       }
       this.queue = rest;
@@ -164,11 +166,18 @@ export class RoundTripGroup<I, O> {
     return this.queue.splice(0, n);
   }
 
-  /** Told of each round trip's size (its statement's elements), for the group-size metric. */
+  /**
+   * Told, after each statement that returned, how many of its elements it
+   * decided and committed (not those it left to run alone, nor those that
+   * failed alone), for the group-size metric.
+   */
   observer: ((size: number) => void) | null = null;
 
+  private committed(n: number): void {
+    if (n > 0) this.observer?.(n);
+  }
+
   private count(n: number): void {
-    this.observer?.(n);
     this.stats.roundTrips++;
     this.stats.elements += n;
     this.stats.largest = Math.max(this.stats.largest, n);
@@ -176,7 +185,10 @@ export class RoundTripGroup<I, O> {
 
   private alone(p: Pending<I, O>): Promise<void> {
     this.count(1);
-    return this.sender.one(p.input).then(p.resolve, p.reject);
+    return this.sender.one(p.input).then((value) => {
+      this.committed(1);
+      p.resolve(value);
+    }, p.reject);
   }
 
   private async together(items: Pending<I, O>[]): Promise<void> {
@@ -198,21 +210,27 @@ export class RoundTripGroup<I, O> {
       for (const p of items) p.reject(err);
       return;
     }
+    let decided = 0;
     items.forEach((p, i) => {
       const s = settled[i] ?? { ok: false, error: new Error('the grouped statement returned fewer rows than it was sent') };
-      if ('alone' in s) this.again(p);
-      else if (s.ok) p.resolve(s.value);
-      else p.reject(s.error);
+      if ('alone' in s) this.again(p, true);
+      else if (s.ok) {
+        decided++;
+        p.resolve(s.value);
+      } else p.reject(s.error);
     });
+    this.committed(decided);
   }
 
   /**
    * An element its group did not decide: alone, after the group returned
    * (so after its COMMIT), behind the earlier ones of its names. Not awaited
    * by the next group: such an element is one that met another session's
-   * row lock, and may wait for it as long as a lone call would.
+   * row lock, and may wait for it as long as a lone call would. `counted`:
+   * its group counted it among its elements already (false for one held
+   * back from a group, behind an earlier one of its names).
    */
-  private again(p: Pending<I, O>): void {
+  private again(p: Pending<I, O>, counted: boolean): void {
     this.stats.deferred++;
     this.aloneOut++;
     const names = this.chain(p.input);
@@ -220,10 +238,13 @@ export class RoundTripGroup<I, O> {
     const done: Promise<void> = Promise.all(before)
       .then(() => {
         this.count(1);
-        this.stats.elements--; // counted once already, in its group
+        if (counted) this.stats.elements--; // once is enough
         return this.sender.one(p.input);
       })
-      .then(p.resolve, p.reject)
+      .then((value) => {
+        this.committed(1);
+        p.resolve(value);
+      }, p.reject)
       .finally(() => {
         for (const n of names) if (this.chains.get(n) === done) this.chains.delete(n);
         this.aloneOut--;

@@ -30,10 +30,12 @@ export type { PostgresStoreOptions } from './options.js';
 
 /**
  * The PostgreSQL gateway store, for several gateway replicas on one
- * database. Every decision is one statement calling a function whose current
+ * database. Every decision is one call of a function whose current
  * definition is in ./sql (fencegate_admit in admit.sql, fencegate_finish in
- * finish.sql), so it is one transaction and one round trip; a
- * dropped connection rolls it back whole. Semantics are the SQLite store's,
+ * finish.sql), in one statement: alone, or with the decisions that arrived
+ * meanwhile in a group statement (group_admit.sql, group_finish.sql), each
+ * in its own subtransaction; so a decision is all or nothing, and a
+ * dropped connection rolls a statement back whole. Semantics are the SQLite store's,
  * held to it by test/store/conformance.ts.
  *
  * This class only wires the parts together: the admission (./admit.ts), the

@@ -16,7 +16,7 @@
 --
 -- Clock. fencegate_admit measures every expiry it writes (locked_until,
 -- inflight_until, …) from clock_timestamp() once its rows are held (admit.sql,
--- the G3 fix); in a group, element 1's rows commit only after the elements
+-- DESIGN §2 G3); in a group, element 1's rows commit only after the elements
 -- after it ran, so its lock is already partly spent at COMMIT by however long
 -- they took. Bounded here:
 --   * lock_timeout is p_lock_timeout_ms (a few ms) for the group: an element
