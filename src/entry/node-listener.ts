@@ -64,29 +64,44 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
     if (normalizePath(url.pathname).startsWith(adminPrefix) || (url.pathname.includes('%') && percentDecoded(url.pathname).startsWith(adminPrefix))) {
       return fallback(req, res);
     }
-    let controller: AbortController | null = null;
-    const inbound: Inbound = {
-      method: req.method ?? 'GET',
-      pathname: url.pathname,
-      search: url.search,
-      headers: rawHeaderReader(req.rawHeaders),
-      body: null,
-      incoming: req,
-      get signal() {
-        if (controller === null) {
-          const c = (controller = new AbortController());
-          if (res.closed) c.abort();
-          else res.once('close', () => res.writableFinished || c.abort());
-        }
-        return controller.signal;
-      },
-      caller: null,
-    };
+    const inbound = new NodeInbound(req, res, url.pathname, url.search);
     direct(inbound)
       .then((reply) => write(req, res, reply))
       // direct() answers its own faults; this is for a fault in writing.
       .catch(() => res.destroy());
   };
+}
+
+/**
+ * The Node request as an Inbound. A class rather than an object literal: a
+ * literal with a getter is built property by property on every request, a
+ * class instance from one map, its getter on the prototype.
+ */
+class NodeInbound implements Inbound {
+  readonly method: string;
+  readonly headers: HeaderReader;
+  readonly body = null;
+  readonly caller = null;
+  private controller: AbortController | null = null;
+  constructor(
+    readonly incoming: IncomingMessage,
+    private readonly res: ServerResponse,
+    readonly pathname: string,
+    readonly search: string,
+  ) {
+    this.method = incoming.method ?? 'GET';
+    this.headers = rawHeaderReader(incoming.rawHeaders);
+  }
+  /** Aborted once the caller has gone away: made on first read (only a waiting request reads it). */
+  get signal(): AbortSignal {
+    if (this.controller === null) {
+      const c = (this.controller = new AbortController());
+      const res = this.res;
+      if (res.closed) c.abort();
+      else res.once('close', () => res.writableFinished || c.abort());
+    }
+    return this.controller.signal;
+  }
 }
 
 /** Decodes every well-formed run of %XX (as Hono's router sees a path); malformed runs stay as they are. */

@@ -19,17 +19,35 @@ export function createJsonLogger(options: { level?: LogLevel; write?: (line: str
   const write = options.write ?? stdoutLines();
   const emit = (level: Exclude<LogLevel, 'silent'>) => (msg: string, fields?: Record<string, unknown>) => {
     if (RANK[level] < min) return;
-    const entry = { t: new Date().toISOString(), level, msg, ...fields };
+    const t = isoNow();
     let line: string;
     try {
-      line = JSON.stringify(entry);
+      // The line JSON.stringify({ t, level, msg, ...fields }) gives, without
+      // copying the fields into a new object first (one per decision). A field
+      // named t, level or msg takes that place in the spread: the plain path.
+      const rest = fields === undefined || 't' in fields || 'level' in fields || 'msg' in fields ? null : JSON.stringify(fields);
+      if (rest !== null) line = `{"t":"${t}","level":"${level}","msg":${JSON.stringify(msg)}${rest.length > 2 ? `,${rest.slice(1)}` : '}'}`;
+      else line = JSON.stringify({ t, level, msg, ...fields });
     } catch {
+      const entry = { t, level, msg, ...fields };
       // A bigint (a fence) somewhere in the fields: the slower path.
       line = JSON.stringify(entry, (_k, v) => (typeof v === 'bigint' ? v.toString() : v));
     }
     write(line);
   };
   return { info: emit('info'), warn: emit('warn'), error: emit('error') };
+}
+
+let lastMs = Number.NaN;
+let lastIso = '';
+/** `new Date().toISOString()`, made once per millisecond: under load many lines share one. */
+function isoNow(): string {
+  const ms = Date.now();
+  if (ms !== lastMs) {
+    lastMs = ms;
+    lastIso = new Date(ms).toISOString();
+  }
+  return lastIso;
 }
 
 /**

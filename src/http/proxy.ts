@@ -17,7 +17,7 @@ import { createFoldedRouter, createRouter, divergentReading } from './router.js'
 import { cutText, REJECTION_TEXT_LIMITS } from '../store/bounds.js';
 import type { SignedFenceCheck } from './signed-fence.js';
 import { forwardBudget, lockSafetyMs } from './lock-budget.js';
-import { finishWithRetries, responseFrom, setHeader, settle } from './settle.js';
+import { finishOf, finishWithRetries, responseFrom, setHeader, settle } from './settle.js';
 import { joinUrl, upstreamHeaders } from './upstream-request.js';
 import { createMcpHandler } from './mcp/pipeline.js';
 import { logRefusal, presentedHeader } from './refusal-log.js';
@@ -85,14 +85,21 @@ export function createProxyHandler(deps: ProxyDeps) {
       setHeader(res, 'x-request-id', requestId);
       span.end(trace, decision, res.status);
       const totalMs = round(performance.now() - started);
-      logger.info('decision', { ...trace, decision, status: res.status, total_ms: totalMs });
+      // The trace itself, completed: done runs once per request and nothing
+      // reads the trace after it, so no copy (the same fields, in the same order).
+      const line: Trace & { total_ms?: number } = trace;
+      line.decision = decision;
+      line.status = res.status;
+      line.total_ms = totalMs;
+      logger.info('decision', line as unknown as Record<string, unknown>);
       deps.observe?.({ route: trace.route, decision, status: res.status, totalMs, upstreamMs: trace.upstream_ms });
       return res;
     };
     const refuse = async (route: RouteConfig | null, refusal: Refusal): Promise<Reply> => {
       // A malformed or missing fence, entity or key goes to the rejection log too (./refusal-log.ts, DESIGN §3.11).
       if (route !== null) await logRefusal(deps, refusal, { requestId, clientRequestId, caller: req.caller, method: req.method, path: url.pathname, payloadSha256: '' }, presentedHeader(route, refusal.code, req.headers));
-      refusal.extras = { ...refusal.extras, request_id: requestId };
+      // Object.assign, not a spread and a property: the same object without V8's slow path (./settle.ts finishOf).
+      refusal.extras = Object.assign({}, refusal.extras, { request_id: requestId });
       return done(toReply(renderRefusal(refusal, route?.errors ?? null, deps.problemBase)), refusal.code);
     };
 
@@ -228,7 +235,7 @@ export function createProxyHandler(deps: ProxyDeps) {
       // outcome_unknown: the earlier attempt's outcome is as unknown as before,
       // and its fingerprint must keep refusing another payload under the key.
       logger.warn('forward-abandoned', { request_id: requestId, route: route.name, idempotency_key: key, waited_ms: round(performance.now() - admissionSentAt), lock_ms: input.lockMs });
-      await finishWithRetries(store, { ...base, outcome: admission.takeover ? 'unknown' : 'released' }, logger, requestId, lockEnds);
+      await finishWithRetries(store, finishOf(base, { outcome: admission.takeover ? 'unknown' : 'released' }), logger, requestId, lockEnds);
       return refuse(route, {
         code: 'admission-expired',
         detail: `the gateway was delayed for longer than this request's ${input.lockMs} ms lock between its admission and the upstream; nothing was sent, retry with the same key is safe`,
