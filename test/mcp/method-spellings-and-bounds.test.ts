@@ -16,7 +16,7 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-/** Go encoding/json v1 matching of a struct tag: exact first, else case-insensitive with ſ→s, K→k (CVE-2026-27896 in the Go MCP SDK). */
+/** Go encoding/json v1 matching of a struct tag: exact first, else case-insensitive with ſ→s, K→k. */
 const goFold = (s: string) => s.replace(/\u017f/g, 's').replace(/\u212a/g, 'k').toLowerCase();
 function goField(obj: Record<string, unknown>, tag: string): unknown {
   if (Object.hasOwn(obj, tag)) return obj[tag];
@@ -24,7 +24,7 @@ function goField(obj: Record<string, unknown>, tag: string): unknown {
   return k === undefined ? undefined : obj[k];
 }
 
-/** An MCP server that decodes like a Go server on encoding/json v1 (mark3labs/mcp-go, hand-written servers, go-sdk before its fix). */
+/** An MCP server that decodes like a Go server on encoding/json v1 (any server whose decoder matches member names as encoding/json v1 does). */
 async function goLikeServer(): Promise<RawUpstream & { ran: string[] }> {
   const ran: string[] = [];
   const up = await rawUpstream((_req, res, body) => {
