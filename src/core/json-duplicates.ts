@@ -48,7 +48,19 @@ export function duplicateOnPointerPath(text: string, tokens: string[], fold: (na
 }
 
 /** A plain decimal integer, no fraction, exponent or `-0`: read as written, it is one key (or tenant) to every parser. */
-export const PLAIN_INTEGER = /^(0|-?[1-9][0-9]*)$/;
+const PLAIN_INTEGER = /^(0|-?[1-9][0-9]*)$/;
+
+/**
+ * A key's (or a claim's) value from its JSON text as written: a string's
+ * value, or a plain integer within ±(2^53−1) as its decimal text (`42` and
+ * `"42"` are one key); null for anything else (`1.0`, `1e0`, `-0`, a larger
+ * integer, a boolean, an object, an array, `null`), which no two parsers are
+ * sure to read as the same key.
+ */
+export function keyTextOf(lexeme: string): string | null {
+  if (lexeme.startsWith('"')) return JSON.parse(lexeme) as string;
+  return PLAIN_INTEGER.test(lexeme) && Number.isSafeInteger(Number(lexeme)) ? lexeme : null;
+}
 
 /**
  * What `tokens` name in `text`: a repeated member on the way, the value's

@@ -1,6 +1,6 @@
 import type { HeaderReader } from './inbound.js';
 import type { RouteConfig } from '../config/schema.js';
-import { duplicateOnPointerPath, PLAIN_INTEGER, scanPointer } from '../core/json-duplicates.js';
+import { duplicateOnPointerPath, keyTextOf, scanPointer } from '../core/json-duplicates.js';
 import { checkKey, parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
 import type { Refusal } from '../protocol/problem.js';
 import { missingClaim } from './middleware/auth/middleware.js';
@@ -92,8 +92,8 @@ export function parseCommand(
     const raw = headers.get(name);
     // Without it, callers that share no other scope would share one key space.
     if (raw === null) return refuse('invalid-request', `this route scopes idempotency keys by the ${name} header, which is missing`);
-    const parsed = raw.includes(', ') ? { ok: false as const, reason: 'the header was sent more than once' } : parseEntity(raw);
-    if (!parsed.ok) return refuse('invalid-request', `${name} (the key scope): ${parsed.reason.replace('the entity', 'the value')}`);
+    const parsed = raw.includes(', ') ? { ok: false as const, reason: 'the header was sent more than once' } : parseEntity(raw, 'the value');
+    if (!parsed.ok) return refuse('invalid-request', `${name} (the key scope): ${parsed.reason}`);
     keyScope = parsed.value;
   }
   return { ok: true, command: { fence, signedFence, key, entity, keyScope } };
@@ -161,9 +161,9 @@ function keyAtPointer(pointer: string, body: Uint8Array): { ok: true; value: str
   if ('duplicate' in found) return { ok: false, reason: `${repeatReason(found.duplicate)}, so parsers disagree on the key` };
   if ('absent' in found) return { ok: true, value: null };
   const lexeme = text.slice(found.start, found.end);
-  if (lexeme.startsWith('"')) return { ok: true, value: JSON.parse(lexeme) as string };
   if (lexeme === 'null') return { ok: true, value: null };
-  if (PLAIN_INTEGER.test(lexeme) && Number.isSafeInteger(Number(lexeme))) return { ok: true, value: lexeme };
+  const key = keyTextOf(lexeme);
+  if (key !== null) return { ok: true, value: key };
   const what = lexeme === 'true' || lexeme === 'false' ? 'a boolean' : lexeme.startsWith('{') ? 'an object' : lexeme.startsWith('[') ? 'an array' : 'a number that is not a plain integer within ±(2^53-1) (no fraction, exponent or -0)';
   return { ok: false, reason: `the key is ${what}; send a string or an integer` };
 }

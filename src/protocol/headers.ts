@@ -34,11 +34,11 @@ const PRINTABLE = /^[\x20-\x7e]*$/;
  * The fence entity: 1–512 bytes of printable ASCII, no leading or trailing
  * space (a header value cannot carry them unambiguously).
  */
-export function parseEntity(raw: string): Parsed<string> {
-  if (raw.length === 0) return { ok: false, reason: 'the entity is empty' };
-  if (!PRINTABLE.test(raw)) return { ok: false, reason: 'the entity must be printable ASCII' };
-  if (raw.length > 512) return { ok: false, reason: 'the entity is longer than 512 bytes' };
-  if (raw !== raw.trim()) return { ok: false, reason: 'the entity has leading or trailing spaces' };
+export function parseEntity(raw: string, what = 'the entity'): Parsed<string> {
+  if (raw.length === 0) return { ok: false, reason: `${what} is empty` };
+  if (!PRINTABLE.test(raw)) return { ok: false, reason: `${what} must be printable ASCII` };
+  if (raw.length > 512) return { ok: false, reason: `${what} is longer than 512 bytes` };
+  if (raw !== raw.trim()) return { ok: false, reason: `${what} has leading or trailing spaces` };
   return { ok: true, value: raw };
 }
 

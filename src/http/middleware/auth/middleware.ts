@@ -125,8 +125,8 @@ export function missingClaim(caller: Pick<Caller, 'claims'>, claim: string | nul
   const value = Object.hasOwn(caller.claims, claim) ? caller.claims[claim] : undefined;
   const name = JSON.stringify(claim).slice(1, -1);
   if (value === undefined) return `the token has no string or integer claim ${name}`;
-  const parsed = parseEntity(value);
-  return parsed.ok ? null : `the token's claim ${name}: ${parsed.reason.replace('the entity', 'the value')}`;
+  const parsed = parseEntity(value, 'the value');
+  return parsed.ok ? null : `the token's claim ${name}: ${parsed.reason}`;
 }
 
 /** First 16 hex digits of sha256(token): enough to correlate, useless to replay. */

@@ -1,5 +1,5 @@
 import { base64url, decodeProtectedHeader, jwtVerify, type JWTPayload } from 'jose';
-import { PLAIN_INTEGER, scanPointer } from '../../../core/json-duplicates.js';
+import { keyTextOf, scanPointer } from '../../../core/json-duplicates.js';
 import { FENCE_TYP, joseWhy } from '../../../protocol/fence-token.js';
 import type { VerificationKeys } from '../../../config/keys.js';
 
@@ -98,9 +98,9 @@ function keptClaims(payload: JWTPayload, names: readonly string[], token: string
     // Claim names are compared exactly (JSON, RFC 7519 §4), not folded as body members are.
     const found = scanPointer(text, [name], (n) => n);
     if (!('start' in found)) continue;
-    const lexeme = text.slice(found.start, found.end);
-    if (lexeme.startsWith('"')) out[name] = JSON.parse(lexeme) as string;
-    else if (PLAIN_INTEGER.test(lexeme) && Number.isSafeInteger(Number(lexeme))) out[name] = lexeme;
+    // The rule of a JSON-pointer key (idempotencyKeyFrom): the same text is the same tenant to every parser.
+    const value = keyTextOf(text.slice(found.start, found.end));
+    if (value !== null) out[name] = value;
   }
   return out;
 }
