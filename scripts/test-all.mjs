@@ -29,6 +29,7 @@ let failed = 0;
 let skipped = 0;
 let exit = 0;
 const notes = [];
+const failures = [];
 for (const run of selected) {
   // A report left from an earlier run must not be counted for this one.
   rmSync(run.report, { force: true });
@@ -44,9 +45,32 @@ for (const run of selected) {
   passed += j.numPassedTests;
   failed += j.numFailedTests;
   skipped += j.numPendingTests + (j.numTodoTests ?? 0);
+  failures.push(...failuresOf(run.name, j));
   // A file that failed to load fails no test, but fails the run.
   if (j.numFailedTestSuites > 0 && j.numFailedTests === 0) notes.push(`${j.numFailedTestSuites} ${run.name} test file(s) failed to run`);
 }
+// The failed tests are named again here, next to the closing line: a CI log
+// cut to its tail still says which test failed and why.
+for (const f of failures) console.log(f);
 for (const n of notes) console.log(n);
 console.log(`tests: ${passed} passed, ${failed} failed, ${skipped} skipped`);
 process.exit(exit !== 0 || failed > 0 || passed === 0 ? 1 : 0);
+
+function failuresOf(runName, report) {
+  const out = [];
+  for (const file of report.testResults ?? []) {
+    const path = String(file.name ?? '').replace(process.cwd() + '/', '');
+    if (file.status === 'failed' && (file.assertionResults ?? []).length === 0) {
+      out.push(`FAILED (${runName}) ${path}: ${firstLine(file.message)}`);
+    }
+    for (const t of file.assertionResults ?? []) {
+      if (t.status !== 'failed') continue;
+      out.push(`FAILED (${runName}) ${path} > ${t.fullName}: ${firstLine((t.failureMessages ?? [])[0])}`);
+    }
+  }
+  return out;
+}
+
+function firstLine(text) {
+  return String(text ?? '').split('\n', 1)[0].slice(0, 300);
+}
