@@ -193,12 +193,7 @@ async function main() {
     rounds: rs,
   }));
   await upstream.stop();
-  if (schemas.size > 0) {
-    const c = new pg.Client({ connectionString: pgUrl });
-    await c.connect();
-    for (const schema of schemas) await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
-    await c.end();
-  }
+  await dropSchemas();
 
   // Ratios are paired by round (each target against the control and the
   // floor measured minutes apart, in the same round) and then the median is
@@ -235,8 +230,19 @@ async function main() {
 }
 
 
+/** Drops the PostgreSQL targets' schemas: after the run, and after a failed one too. */
+async function dropSchemas() {
+  if (schemas.size === 0) return;
+  const c = new pg.Client({ connectionString: pgUrl });
+  await c.connect();
+  for (const schema of schemas) await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+  schemas.clear();
+  await c.end();
+}
+
 main().catch(async (err) => {
   console.error(err);
   for (const s of stops) await s.stop().catch(() => {});
+  await dropSchemas().catch((e) => console.error(`the benchmark's schemas were not dropped: ${e.message}`));
   process.exit(1);
 });

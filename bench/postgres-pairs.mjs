@@ -1,0 +1,74 @@
+// The PostgreSQL gateway store alone, through its public interface, as
+// bench/store-pairs.mjs does for SQLite: one admission and one finish per
+// request (new key, rising fence, one of 1000 entities, serial mode) at
+// --concurrency C, on a fresh schema dropped afterwards. Reports the wall
+// time, this process's CPU and PostgreSQL's (every `postgres` process of
+// the machine, from /proc: run it on a quiet box) per request.
+//
+//   npm run build && FENCEGATE_TEST_POSTGRES_URL=postgres://… node bench/postgres-pairs.mjs [--concurrency 50] [--requests 10000] [--no-listen]
+import { readdirSync, readFileSync } from 'node:fs';
+import pg from 'pg';
+import { createPostgresStore } from '../dist/store/postgres/index.js';
+import { flag, option } from './args.mjs';
+
+const url = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
+if (!url) throw new Error('set FENCEGATE_TEST_POSTGRES_URL (or FENCEGATE_BENCH_POSTGRES_URL)');
+const concurrency = Number(option('concurrency', 50));
+const requests = Number(option('requests', 10000));
+const schema = `fg_bench_pairs_${process.pid}`;
+
+/** CPU time (µs) of every PostgreSQL process alive now; /proc/PID/stat counts in clock ticks of 10 ms. */
+function postgresCpuUs() {
+  let ticks = 0;
+  for (const pid of readdirSync('/proc')) {
+    if (!/^\d+$/.test(pid)) continue;
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      if (!stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')).startsWith('postgres')) continue;
+      const fields = stat.slice(stat.lastIndexOf(') ') + 2).split(' ');
+      ticks += Number(fields[11]) + Number(fields[12]); // utime, stime
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return ticks * 10_000;
+}
+
+const store = await createPostgresStore({ connectionString: url, schema, listen: !flag('no-listen') });
+const body = new Uint8Array(34).fill(65);
+let seq = 0;
+async function one() {
+  const k = ++seq;
+  const entity = `bench:${k % 1000}`;
+  const ownerToken = `owner-${k}-0000-0000-0000-000000000000`;
+  const audit = { caller: null, method: 'POST', path: '/payments/charges', payloadSha256: 'ab'.repeat(32), requestId: `req-${k}` };
+  const input = { scope: 'payments', key: `key-${k}`, entity, fence: BigInt(k), fingerprint: 'f'.repeat(64), mode: 'serial', ownerToken, lockMs: 30_000, retentionMs: 86_400_000, onUnknown: 'reject', audit };
+  const admission = await store.admit(input);
+  if (admission.outcome !== 'forward') throw new Error(`unexpected ${admission.outcome}`);
+  await store.finish({ scope: 'payments', key: input.key, entity, ownerToken, outcome: 'completed', response: { status: 201, headers: [['content-type', 'application/json']], body }, retentionMs: 86_400_000, audit });
+}
+async function run(total) {
+  let left = total;
+  await Promise.all(Array.from({ length: concurrency }, async () => { while (left-- > 0) await one(); }));
+}
+
+try {
+  await run(2000); // warm-up
+  const t0 = process.hrtime.bigint();
+  const cpu0 = process.cpuUsage();
+  const pg0 = postgresCpuUs();
+  await run(requests);
+  const wallUs = Number(process.hrtime.bigint() - t0) / 1000;
+  const cpu = process.cpuUsage(cpu0);
+  const pgUs = postgresCpuUs() - pg0;
+  console.log(
+    `concurrency ${concurrency}${flag('no-listen') ? ', no LISTEN' : ''}: ${((requests / wallUs) * 1e6).toFixed(0)} pairs/s; per pair ` +
+      `${(wallUs / requests).toFixed(1)} µs wall, ${((cpu.user + cpu.system) / requests).toFixed(1)} µs CPU here, ${(pgUs / requests).toFixed(1)} µs PostgreSQL CPU`,
+  );
+} finally {
+  await store.close();
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  await c.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+  await c.end();
+}
