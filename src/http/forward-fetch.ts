@@ -1,13 +1,5 @@
-import { BodyBuffer, causeCode, declaredLength, START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from './forward.js';
-
-/**
- * Node-style error codes (Node's fetch puts them in `cause.code`) that only a
- * connect raises, so nothing was sent. Not EHOSTUNREACH or ENETUNREACH:
- * Linux also reports them on an open connection whose retransmissions ran
- * out, and `fetch` does not say whether the request was written by then
- * (the undici forwarder can tell, and trusts them before its first byte).
- */
-const NOT_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EADDRNOTAVAIL', 'UND_ERR_CONNECT_TIMEOUT']);
+import { causeCode, CONNECT_ONLY_CODES } from '../protocol/connect-errors.js';
+import { BodyBuffer, declaredLength, START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from './forward.js';
 
 /**
  * Cloudflare's own error statuses, for an upstream behind Cloudflare. Its
@@ -168,7 +160,7 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
  */
 export function classifyFetchError(err: unknown, timedOut: boolean): UpstreamResult {
   const code = errorCode(err);
-  if (NOT_CONNECTED.has(code)) return { kind: 'refused', error: code };
+  if (CONNECT_ONLY_CODES.has(code)) return { kind: 'refused', error: code };
   return { kind: 'unknown', error: timedOut ? 'timeout' : code, timedOut };
 }
 

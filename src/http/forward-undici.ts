@@ -1,21 +1,15 @@
 import { Agent, errors, type Dispatcher } from 'undici';
-import { BodyBuffer, causeCode, declaredLength, START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from './forward.js';
+import { causeCode, CONNECT_ONLY_CODES } from '../protocol/connect-errors.js';
+import { BodyBuffer, declaredLength, START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from './forward.js';
 
 /**
- * Errors of a connection that was never made. Trusted only before undici
- * started writing the request (`onRequestStart`): Linux also reports
- * EHOSTUNREACH or ENETUNREACH on an open connection whose retransmissions
- * ran out after an ICMP unreachable, and by then the request may have landed.
+ * Errors of a connection that was never made: the connect-only codes, and
+ * EHOSTUNREACH and ENETUNREACH. All are trusted only before undici started
+ * writing the request (`onRequestStart`): Linux also reports the last two on
+ * an open connection whose retransmissions ran out after an ICMP
+ * unreachable, and by then the request may have landed.
  */
-const NOT_CONNECTED = new Set([
-  'ECONNREFUSED',
-  'ENOTFOUND',
-  'EAI_AGAIN',
-  'EHOSTUNREACH',
-  'ENETUNREACH',
-  'EADDRNOTAVAIL',
-  'UND_ERR_CONNECT_TIMEOUT',
-]);
+const NOT_CONNECTED: ReadonlySet<string> = new Set([...CONNECT_ONLY_CODES, 'EHOSTUNREACH', 'ENETUNREACH']);
 
 const deadlinePassed = () => new errors.RequestAbortedError('the upstream deadline passed');
 const tooLargeAbort = () => new errors.RequestAbortedError('the answer exceeds maxResponseBytes');

@@ -118,15 +118,6 @@ export function declaredLength(value: string | string[] | null | undefined): num
   return Number(value.trim());
 }
 
-/** The first string `code` on an error or its `cause` chain (Node puts a socket's errno code there); null when none. */
-export function causeCode(err: unknown): string | null {
-  let e: any = err;
-  for (let depth = 0; e && depth < 4; depth++, e = e.cause) {
-    if (typeof e.code === 'string') return e.code;
-  }
-  return null;
-}
-
 /** RFC 9110 §7.6.1 hop-by-hop fields, plus ones the transport sets itself. */
 const HOP_BY_HOP = new Set([
   'connection',

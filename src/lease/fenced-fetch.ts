@@ -4,6 +4,7 @@
  * least one more heartbeat interval (DESIGN §3, §6).
  */
 import { randomUUID } from 'node:crypto';
+import { neverConnected } from '../protocol/connect-errors.js';
 import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
 import type { InFlightRequest, LeaseEvent } from './events.js';
 import { startToolSpan } from './tracing.js';
@@ -128,14 +129,6 @@ async function fenceValue(ctx: FenceContext, signer: FenceSigner | undefined): P
   });
 }
 
-/** Errors that prove the request never left this machine: safe to retry, nothing happened. */
-const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'UND_ERR_CONNECT_TIMEOUT']);
-
-function neverSent(err: unknown): boolean {
-  const cause = (err as { cause?: { code?: unknown } } | undefined)?.cause;
-  return typeof cause?.code === 'string' && NOT_SENT.has(cause.code);
-}
-
 /** Does this response say our fence is stale (problem+json or the gateway's Stripe shape)? */
 async function isFenceRefusal(res: Response): Promise<unknown> {
   if (res.status !== 409) return undefined;
@@ -214,7 +207,7 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
           { cause: err },
         );
       }
-      if (neverSent(err)) throw err;
+      if (neverConnected(err)) throw err;
       throw new OutcomeUnknownError(`step ${step}: the request failed after it may have been sent`, { cause: err });
     }
     settled?.();

@@ -11,6 +11,7 @@ import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
 import { createStep, type FenceContext, type FenceOptions } from './fenced-fetch.js';
 // One table for both sides of the wire: the gateway's MCP route reads these names and sends these codes.
 import { MCP_META } from '../protocol/mcp.js';
+import { causeCode, neverConnected } from '../protocol/connect-errors.js';
 
 /** The route's `data.type`s that mean "a newer owner holds the fence" (sent with -32001 / -32002, src/protocol/mcp.ts). */
 const FENCE_LOST_TYPES = new Set(['stale-fence', 'fence-expired']);
@@ -115,12 +116,6 @@ function isFenceLost(e: RpcErrorLike): boolean {
   return type !== undefined && FENCE_LOST_TYPES.has(type);
 }
 
-/** As in fencedFetch: errors that prove the request never left this machine. */
-const NOT_SENT = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'UND_ERR_CONNECT_TIMEOUT']);
-const netCode = (err: unknown) => {
-  const code = (err as { cause?: { code?: unknown } } | null)?.cause?.code;
-  return typeof code === 'string' ? code : undefined;
-};
 
 /**
  * Builds a fenced MCP client for one attempt (in a handler: `ctx.mcp(client)`).
@@ -192,8 +187,8 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
               cause: err,
             });
           }
-          const net = netCode(err);
-          if (net !== undefined && !NOT_SENT.has(net)) {
+          // A network error that is not a connect's own: the call may have been sent.
+          if (causeCode(err) !== null && !neverConnected(err)) {
             throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} failed after it may have been sent`, { cause: err });
           }
           throw err;

@@ -1,0 +1,52 @@
+/**
+ * Negative control of connect-errors.test.ts: with the shared rule switched
+ * to "never connected" for every error, a reset after the request arrived
+ * escapes fencedFetch and fencedMcp as a plain error, which a caller may
+ * retry under a new step, so the same check fails.
+ */
+import { createServer, type AddressInfo, type Server } from 'node:net';
+import { afterAll, beforeAll, expect, test, vi } from 'vitest';
+import { OutcomeUnknownError } from '../../src/lease/errors.js';
+import { createFencedFetch, type FenceContext } from '../../src/lease/fenced-fetch.js';
+import { fencedMcp } from '../../src/lease/mcp.js';
+
+vi.mock('../../src/protocol/connect-errors.js', async (importOriginal) => {
+  const real = await importOriginal<typeof import('../../src/protocol/connect-errors.js')>();
+  return { ...real, neverConnected: () => true };
+});
+
+let resetServer: Server;
+let resetUrl: string;
+beforeAll(async () => {
+  resetServer = createServer((socket) => socket.once('data', () => socket.resetAndDestroy()));
+  await new Promise<void>((r) => resetServer.listen(0, '127.0.0.1', r));
+  resetUrl = `http://127.0.0.1:${(resetServer.address() as AddressInfo).port}/x`;
+});
+afterAll(async () => {
+  await new Promise((r) => resetServer.close(r));
+});
+
+const ctx: FenceContext = {
+  workerId: 'w1',
+  jobId: 1,
+  kind: 'ticket',
+  fencingToken: 3,
+  jobKey: 'tool-job:connect-errors-control:1',
+  fenceKey: 'tool-job:connect-errors-control:1',
+  signal: new AbortController().signal,
+  leaseUntil: () => new Date('2030-01-01T00:00:30Z'),
+  assertCanStart: () => {},
+  markLost: () => {},
+  emit: () => {},
+};
+
+test('with every error taken as never-connected, the reset is no longer outcome unknown', async () => {
+  const viaFetch = await createFencedFetch(ctx)(resetUrl, { method: 'POST', body: '{}', step: 'charge' }).catch((e: unknown) => e);
+  expect(viaFetch).toBeInstanceOf(Error);
+  expect(viaFetch).not.toBeInstanceOf(OutcomeUnknownError);
+
+  const reset = await fetch(resetUrl, { method: 'POST', body: '{}' }).then(() => null, (e: unknown) => e);
+  const viaMcp = await fencedMcp({ callTool: () => Promise.reject(reset) }, ctx).callTool({ name: 'create_ticket', arguments: {} }).catch((e: unknown) => e);
+  expect(viaMcp).toBeInstanceOf(Error);
+  expect(viaMcp).not.toBeInstanceOf(OutcomeUnknownError);
+});
