@@ -11,7 +11,7 @@ import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
 import { createStep, type FenceContext, type FenceOptions } from './fenced-fetch.js';
 // One table for both sides of the wire: the gateway's MCP route reads these names and sends these codes.
 import { MCP_META } from '../protocol/mcp.js';
-import { causeCode, neverConnected } from '../protocol/connect-errors.js';
+import { neverConnected } from '../protocol/connect-errors.js';
 
 /** The route's `data.type`s that mean "a newer owner holds the fence" (sent with -32001 / -32002, src/protocol/mcp.ts). */
 const FENCE_LOST_TYPES = new Set(['stale-fence', 'fence-expired']);
@@ -86,9 +86,16 @@ interface RpcErrorLike {
 }
 
 /** A JSON-RPC error (an answer, or the SDK's own McpError): numeric code in the reserved range. */
+/**
+ * A JSON-RPC error the server answered with: the SDK's McpError (any code,
+ * an application's own included), or a structural client's error with a
+ * code in JSON-RPC's reserved range. Not the SDK's StreamableHTTPError, whose
+ * numeric code is an HTTP status (or -1): that is the transport failing.
+ */
 function asRpcError(err: unknown): RpcErrorLike | undefined {
-  const code = (err as { code?: unknown } | null)?.code;
-  return typeof code === 'number' && code <= -32000 && code >= -32768 ? (err as RpcErrorLike) : undefined;
+  const e = err as { code?: unknown; name?: unknown } | null;
+  if (typeof e?.code !== 'number') return undefined;
+  return e.name === 'McpError' || (e.code <= -32000 && e.code >= -32768) ? (err as RpcErrorLike) : undefined;
 }
 
 const dataType = (data: unknown) => {
@@ -116,7 +123,6 @@ function isFenceLost(e: RpcErrorLike): boolean {
   return type !== undefined && FENCE_LOST_TYPES.has(type);
 }
 
-
 /**
  * Builds a fenced MCP client for one attempt (in a handler: `ctx.mcp(client)`).
  * Each `callTool` checks the lease (throws `OwnershipUnknownError` or
@@ -129,7 +135,11 @@ function isFenceLost(e: RpcErrorLike): boolean {
  *   as `fencedFetch` does for a 409 stale-fence);
  * - the SDK's own timeout, or a connection broken after sending:
  *   `OutcomeUnknownError` (retry only under the same step);
- * - any other JSON-RPC error: `McpRefusalError` with its `data`.
+ * - any other JSON-RPC error: `McpRefusalError` with its `data`;
+ * - a failure that proves nothing was sent (a refused connect, DNS: one list
+ *   with the gateway, src/protocol/connect-errors.ts): the error as it is;
+ * - any other failure (an HTTP error status, a cut answer, a reset):
+ *   `OutcomeUnknownError`.
  *
  * @example
  * const tickets = fencedMcp(client, fenceCtx);
@@ -187,11 +197,12 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
               cause: err,
             });
           }
-          // A network error that is not a connect's own: the call may have been sent.
-          if (causeCode(err) !== null && !neverConnected(err)) {
-            throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} failed after it may have been sent`, { cause: err });
-          }
-          throw err;
+          // Passed on as it is only when it proves the call never left this
+          // machine (a retry under a new step is then safe). Anything else
+          // may have reached the server: a reset, an HTTP error status from
+          // something in between, a cut or unreadable answer.
+          if (neverConnected(err)) throw err;
+          throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} failed after it may have been sent`, { cause: err });
         }
       });
     },

@@ -7,12 +7,15 @@
  * the rule to "never sent" for everything and shows the reset case then
  * escapes as a plain, retryable error.
  */
+import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo, type Server } from 'node:net';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { causeCode, neverConnected } from '../../src/protocol/connect-errors.js';
 import { OutcomeUnknownError } from '../../src/lease/errors.js';
 import { createFencedFetch, type FenceContext } from '../../src/lease/fenced-fetch.js';
-import { fencedMcp } from '../../src/lease/mcp.js';
+import { fencedMcp, McpRefusalError } from '../../src/lease/mcp.js';
 import { connectClient, startTicketServer } from './helpers/mcp-server.js';
 
 let resetServer: Server;
@@ -96,5 +99,75 @@ describe('never connected, or maybe sent', () => {
     const client = { callTool: () => Promise.reject(reset) };
     const { ctx } = context();
     await expect(fencedMcp(client, ctx).callTool({ name: 'create_ticket', arguments: {} })).rejects.toBeInstanceOf(OutcomeUnknownError);
+  });
+});
+
+/**
+ * A Streamable HTTP MCP endpoint that answers initialize, and every
+ * tools/call as `answer` says, counting the calls that reached it: what a
+ * server, or something in front of it, can do after the call arrived.
+ */
+async function oddServer(answer: 'status-504' | 'cut-json' | 'app-error') {
+  let calls = 0;
+  const http = createHttpServer((req, res) => {
+    let text = '';
+    req.on('data', (c: Buffer) => (text += c.toString('utf8')));
+    req.on('end', () => {
+      if (req.method !== 'POST') return void res.writeHead(405).end();
+      const msg = JSON.parse(text) as { id?: number; method: string };
+      if (msg.method === 'initialize') {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        return void res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, result: { protocolVersion: '2025-06-18', capabilities: { tools: {} }, serverInfo: { name: 'odd', version: '1' } } }));
+      }
+      if (msg.method !== 'tools/call') return void res.writeHead(202).end();
+      calls++;
+      if (answer === 'status-504') return void res.writeHead(504, { 'content-type': 'text/plain' }).end('gateway timeout');
+      res.writeHead(200, { 'content-type': 'application/json' });
+      if (answer === 'cut-json') return void res.end('{"jsonrpc":"2.0","id":');
+      // An application's own JSON-RPC error code, outside the reserved range.
+      res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, error: { code: 4001, message: 'ticket quota exceeded', data: { type: 'quota' } } }));
+    });
+  });
+  await new Promise<void>((r) => http.listen(0, '127.0.0.1', r));
+  const client = new Client({ name: 'connect-errors-test', version: '1' });
+  await client.connect(new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${(http.address() as AddressInfo).port}/mcp`)));
+  return {
+    client,
+    calls: () => calls,
+    async close() {
+      await client.close().catch(() => {});
+      http.closeAllConnections();
+      await new Promise((r) => http.close(r));
+    },
+  };
+}
+
+describe('fencedMcp with the real SDK Client: after the call arrived, never a plain error', () => {
+  for (const answer of ['status-504', 'cut-json'] as const) {
+    test(`${answer}: the server had the call, so the outcome is unknown`, async () => {
+      const server = await oddServer(answer);
+      try {
+        const { ctx } = context();
+        const err = await fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} }).catch((e: unknown) => e);
+        expect(server.calls()).toBe(1);
+        expect(err).toBeInstanceOf(OutcomeUnknownError);
+      } finally {
+        await server.close();
+      }
+    });
+  }
+
+  test("an application's own JSON-RPC error code is the server's answer: McpRefusalError, not unknown", async () => {
+    const server = await oddServer('app-error');
+    try {
+      const { ctx } = context();
+      const err = await fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} }).catch((e: unknown) => e);
+      expect(server.calls()).toBe(1);
+      expect(err).toBeInstanceOf(McpRefusalError);
+      expect((err as McpRefusalError).rpcCode).toBe(4001);
+      expect((err as McpRefusalError).code).toBe('quota');
+    } finally {
+      await server.close();
+    }
   });
 });
