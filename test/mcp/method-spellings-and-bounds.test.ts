@@ -168,6 +168,25 @@ describe('what is learnt is bounded in endpoints and bytes, whatever paths and q
     expect((a as unknown as { byRoute: Map<string, { endpoints: Map<string, unknown> }> }).byRoute.get('r')!.endpoints.size).toBe(1_000);
   });
 
+  it('an endpoint listed again is the last to go: 1,000 invented endpoints listed in between do not push it out', () => {
+    const list = { tools: [{ name: 'search', annotations: { readOnlyHint: true } }] };
+    /** Lists /mcp, then 999 invented endpoints, /mcp again (when `relist`), then one more invented one. */
+    const run = (relist: boolean) => {
+      const a = new ToolAnnotations();
+      a.learn('r', '/mcp', list);
+      for (let i = 0; i < 999; i++) a.learn('r', `/mcp?x=${i}`, list);
+      if (relist) a.learn('r', '/mcp', list);
+      a.learn('r', '/mcp?x=new', list);
+      return a;
+    };
+    const relisted = run(true);
+    expect(relisted.readOnly('r', '/mcp', 'search')).toBe(true);
+    // The invented endpoint listed longest ago went instead.
+    expect(relisted.known('r', '/mcp?x=0', 'search')).toBe(false);
+    // Control: without the second list, /mcp is the one listed longest ago and goes.
+    expect(run(false).known('r', '/mcp', 'search')).toBe(false);
+  });
+
   it('endpoints with caller-chosen 8 KiB queries are kept as digests, not as their text', () => {
     const a = new ToolAnnotations();
     const pad = 'q'.repeat(8 * 1024);

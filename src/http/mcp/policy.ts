@@ -36,8 +36,8 @@ export interface ToolPolicy {
  * decides every tool again until it sees a list (a tool never listed is
  * side-effecting). When a route's endpoints together pass
  * MAX_LEARNED_TOOLS tools, or MAX_LEARNED_ENDPOINTS endpoints, the
- * endpoint learnt longest ago is forgotten first (forgetting only ever
- * decides a tool again).
+ * endpoint whose list came longest ago is forgotten first (forgetting only
+ * ever decides a tool again).
  */
 export class ToolAnnotations {
   private readonly byRoute = new Map<string, { size: number; endpoints: Map<string, Map<string, boolean>> }>();
@@ -60,6 +60,12 @@ export class ToolAnnotations {
     if (tools === undefined) {
       while (learnt.endpoints.size >= MAX_LEARNED_ENDPOINTS && forgetOldest(learnt, key));
       learnt.endpoints.set(key, (tools = new Map()));
+    } else {
+      // Listed again: now the endpoint listed last, so that callers inventing
+      // endpoints (a query string each) push out each other before the
+      // endpoint the agents actually list.
+      learnt.endpoints.delete(key);
+      learnt.endpoints.set(key, tools);
     }
     for (const t of result.tools) {
       // A name no tools/call could carry (./message.ts: at most 256 characters, no control characters) is not remembered.
@@ -76,7 +82,7 @@ export class ToolAnnotations {
   }
 }
 
-/** Drops the endpoint learnt longest ago other than `keep`; false when there is none (`keep` alone holds the route's budget). */
+/** Drops the endpoint listed longest ago other than `keep`; false when there is none (`keep` alone holds the route's budget). */
 function forgetOldest(learnt: { size: number; endpoints: Map<string, Map<string, boolean>> }, keep: string): boolean {
   for (const [endpoint, tools] of learnt.endpoints) {
     if (endpoint === keep) continue;
