@@ -65,13 +65,17 @@ describe('a numeric claim counts as written: no other number names the same tena
   });
 });
 
-describe('a claim that changes with every token is refused as a key scope', () => {
-  it.each(['jti', 'iat', 'exp', 'nbf'])('keyScope { claim: "%s" } is refused at start-up (a retry with a refreshed token would run twice)', (name) => {
+describe('a claim that changes with a new token or sign-in is refused as a key scope', () => {
+  it.each(['jti', 'iat', 'exp', 'nbf', 'auth_time', 'nonce', 'at_hash', 'c_hash', 'sid', 'uti'])('keyScope { claim: "%s" } is refused at start-up (a retry with a refreshed token would run twice)', (name) => {
     const parse = () =>
       parseConfig({ store: { sqlite: ':memory:' }, auth: hsAuth(), routes: [{ name: 'pay', match: { path: '/pay/*' }, upstream: 'http://127.0.0.1:9', fence: 'off', keyScope: { claim: name } }] });
     expect(parse).toThrow(ConfigError);
   });
 
+  it('control: a claim that names the tenant is accepted by the same config', () => {
+    const config = parseConfig({ store: { sqlite: ':memory:' }, auth: hsAuth(), routes: [{ name: 'pay', match: { path: '/pay/*' }, upstream: 'http://127.0.0.1:9', fence: 'off', keyScope: { claim: 'tid' } }] });
+    expect(config.routes[0]!.keyScope).toEqual({ claim: 'tid' });
+  });
 });
 
 describe('what holds through the Node server (startGateway, loopback)', () => {
