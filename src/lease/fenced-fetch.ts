@@ -195,7 +195,12 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
     span.inject(headers);
     let res: Response;
     try {
-      res = await doFetch(url, { ...rest, headers, signal: AbortSignal.any(signals) });
+      // Redirects are not followed unless the caller asks: a followed one
+      // would send the command, with its fence, entity and key, to wherever
+      // Location points, past the gateway; and a failure of that second hop
+      // could read as "nothing was sent" although the first one had it. The
+      // handler gets the 3xx answer.
+      res = await doFetch(url, { ...rest, redirect: rest.redirect ?? 'manual', headers, signal: AbortSignal.any(signals) });
     } catch (err) {
       settled?.();
       span.end(null, err);

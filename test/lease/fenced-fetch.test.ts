@@ -139,6 +139,35 @@ describe('fencedFetch', () => {
     expect((err as { cause?: { code?: string } }).cause?.code).toBe('ECONNREFUSED');
   });
 
+  test('a redirect is not followed: the handler gets the 307, the Location never sees the fenced command (unless the caller asks)', async () => {
+    const elsewhere: IncomingHttpHeaders[] = [];
+    const target = createServer((req, res) => {
+      elsewhere.push(req.headers);
+      res.writeHead(201, { 'content-type': 'application/json' }).end('{}');
+    });
+    await new Promise<void>((resolve) => target.listen(0, '127.0.0.1', resolve));
+    const location = `http://127.0.0.1:${(target.address() as AddressInfo).port}/direct`;
+    const redirecting = createServer((_req, res) => res.writeHead(307, { location }).end());
+    await new Promise<void>((resolve) => redirecting.listen(0, '127.0.0.1', resolve));
+    const from = `http://127.0.0.1:${(redirecting.address() as AddressInfo).port}/payments/charges`;
+    try {
+      const { ctx } = context();
+      const res = await createFencedFetch(ctx)(from, { step: 'charge', method: 'POST', body: '{"amount":1}' });
+      expect(res.status).toBe(307);
+      expect(elsewhere).toHaveLength(0);
+      // Control: the caller's own redirect: 'follow' does send it on, fence and key included.
+      const followed = await createFencedFetch(ctx)(from, { step: 'charge', method: 'POST', body: '{"amount":1}', redirect: 'follow' });
+      expect(followed.status).toBe(201);
+      expect(elsewhere).toHaveLength(1);
+      expect(elsewhere[0]!['idempotency-key']).toBe('tool-job:5f0c9e:42:charge');
+    } finally {
+      redirecting.closeAllConnections();
+      target.closeAllConnections();
+      await new Promise((resolve) => redirecting.close(resolve));
+      await new Promise((resolve) => target.close(resolve));
+    }
+  });
+
   test('losing the lease aborts a request in flight with the lease error', async () => {
     answers.set('/hang', { status: 200, body: '{}', delayMs: 2_000 });
     const { ctx, controller } = context();
