@@ -1,6 +1,6 @@
 import type { HeaderReader } from './inbound.js';
 import type { RouteConfig } from '../config/schema.js';
-import { duplicateOnPointerPath, keyTextOf, scanPointer } from '../core/json-duplicates.js';
+import { duplicateOnPointerPath, foldName, keyTextOf, scanPointer } from '../core/json-duplicates.js';
 import { checkKey, parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
 import type { Refusal } from '../protocol/problem.js';
 import { missingClaim } from './middleware/auth/middleware.js';
@@ -104,7 +104,8 @@ export function parseCommand(
  * integer written as its decimal text. An object on the pointer's path with
  * a repeated member name is refused (400 `invalid-entity`): JSON.parse keeps
  * the last copy, an upstream may keep the first and act on another entity
- * than the one fenced (../core/json-duplicates.ts).
+ * than the one fenced (../core/json-duplicates.ts). So is one with a member
+ * that differs from the pointer's token only in case (foldedOnPointerPath).
  */
 export function entityFromJson(pointer: string, body: Uint8Array): { ok: true; entity: string | null } | { ok: false; refusal: Refusal } {
   const read = stringAtPointer(pointer, body);
@@ -126,7 +127,9 @@ export function entityFromJson(pointer: string, body: Uint8Array): { ok: true; e
  *   or `0`, and a larger integer is refused, not rounded to a double;
  * - any other value there (a fraction, `true`, an object, an array) is
  *   refused, not taken as "no key": the client meant to send one;
- * - `null` or nothing there is no key in the body;
+ * - `null` or nothing there is no key in the body, but a member whose name
+ *   differs from a token of the pointer only in case is refused
+ *   (foldedOnPointerPath): it is the key to a case-insensitive upstream;
  * - with a key header too, the two must be the same key, or the gateway
  *   would store under one key while an upstream that reads the other
  *   deduplicates by it.
@@ -151,15 +154,21 @@ export function keyFromJson(route: RouteConfig, key: string | null, body: Uint8A
 /** The key the body holds at `pointer`, from its text as written; null when the body is not JSON or holds none (or null) there. */
 function keyAtPointer(pointer: string, body: Uint8Array): { ok: true; value: string | null } | { ok: false; reason: string } {
   let text: string;
+  let doc: unknown;
   try {
     text = new TextDecoder('utf-8', { fatal: true }).decode(body);
-    JSON.parse(text);
+    doc = JSON.parse(text);
   } catch {
     return { ok: true, value: null };
   }
-  const found = scanPointer(text, tokensOf(pointer));
+  const tokens = tokensOf(pointer);
+  const found = scanPointer(text, tokens);
   if ('duplicate' in found) return { ok: false, reason: `${repeatReason(found.duplicate)}, so parsers disagree on the key` };
-  if ('absent' in found) return { ok: true, value: null };
+  if ('absent' in found) {
+    const folded = foldedOnPointerPath(doc, tokens);
+    if (folded !== null) return { ok: false, reason: `${foldedReason(folded)}, so parsers disagree on the key` };
+    return { ok: true, value: null };
+  }
   const lexeme = text.slice(found.start, found.end);
   if (lexeme === 'null') return { ok: true, value: null };
   const key = keyTextOf(lexeme);
@@ -168,8 +177,54 @@ function keyAtPointer(pointer: string, body: Uint8Array): { ok: true; value: str
   return { ok: false, reason: `the key is ${what}; send a string or an integer` };
 }
 
-function tokensOf(pointer: string): string[] {
+/** A JSON pointer's reference tokens, unescaped (RFC 6901). */
+export function tokensOf(pointer: string): string[] {
   return pointer === '' ? [] : pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+}
+
+/**
+ * Where a token of the pointer finds no member of its own name but one whose
+ * name folds to it (`"Customer"` for `/customer`, `"cuſtomer"` too): the
+ * object's pointer and the token, else null. To the gateway nothing is
+ * there; to an upstream that binds member names case-insensitively (Go's
+ * encoding/json, ASP.NET Core) that member is the entity or the key, so the
+ * gateway would skip the entity's serial slot and fence (or store under no
+ * key, or another) while the upstream acts on it (DESIGN §3.3 for the
+ * entity, §3.5 for a key from the body). Names are folded as the fingerprint
+ * folds them (DESIGN §3.4; ../core/json-duplicates.ts foldName, the FOLDED
+ * check of ../core/fingerprint.ts). Checked at every token on the
+ * way; `doc` is what JSON.parse made of a body whose objects on the path
+ * repeat no folded name (refused before this runs), so an exact member and
+ * a folded one never stand side by side here.
+ */
+export function foldedOnPointerPath(doc: unknown, tokens: string[]): { object: string; token: string } | null {
+  let node = doc;
+  for (let depth = 0; depth < tokens.length; depth++) {
+    const token = tokens[depth]!;
+    if (node === null || typeof node !== 'object') return null;
+    // An array's own names are its indices, which no case fold changes: only objects can hold a folded member.
+    if (Array.isArray(node)) {
+      node = valueAtPointer(node, [token]);
+      continue;
+    }
+    if (Object.prototype.hasOwnProperty.call(node, token)) {
+      node = (node as Record<string, unknown>)[token];
+      continue;
+    }
+    const folded = foldName(token);
+    if (Object.keys(node).some((name) => foldName(name) === folded)) return { object: pointerOf(tokens.slice(0, depth)), token };
+    return null;
+  }
+  return null;
+}
+
+/** The refusal's reason: it names the object and the pointer's token (from the config), never the member the client sent or its value. */
+export function foldedReason(f: { object: string; token: string }): string {
+  return `the object at "${f.object}" has a member whose name differs only in case from ${JSON.stringify(f.token.slice(0, 64))} (a case-insensitive decoder reads it as that member)`;
+}
+
+function pointerOf(tokens: string[]): string {
+  return tokens.map((t) => `/${t.replace(/~/g, '~0').replace(/\//g, '~1')}`).join('');
 }
 
 function repeatReason(r: { object: string; name: string }): string {
@@ -189,14 +244,29 @@ function stringAtPointer(pointer: string, body: Uint8Array): { ok: true; value: 
   const tokens = tokensOf(pointer);
   const repeated = duplicateOnPointerPath(text, tokens);
   if (repeated !== null) return { ok: false, reason: repeatReason(repeated) };
-  let node: unknown = doc;
-  for (const t of tokens) {
-    if (node === null || typeof node !== 'object' || !Object.prototype.hasOwnProperty.call(node, t)) return { ok: true, value: null };
-    node = (node as Record<string, unknown>)[t];
-  }
+  const folded = foldedOnPointerPath(doc, tokens);
+  if (folded !== null) return { ok: false, reason: foldedReason(folded) };
+  let node = valueAtPointer(doc, tokens);
   if (typeof node === 'number' && Number.isSafeInteger(node)) node = String(node);
   return { ok: true, value: typeof node === 'string' ? node : null };
 }
+
+/**
+ * What JSON.parse made of the body at the pointer's tokens, or undefined
+ * when nothing is there. An array is entered only by an index (RFC 6901:
+ * `0`, or digits without a leading zero): `/items/length` names no member,
+ * never the array's length.
+ */
+export function valueAtPointer(doc: unknown, tokens: string[]): unknown {
+  let node = doc;
+  for (const t of tokens) {
+    if (node === null || typeof node !== 'object') return undefined;
+    if (Array.isArray(node) ? !ARRAY_INDEX.test(t) : !Object.prototype.hasOwnProperty.call(node, t)) return undefined;
+    node = (node as Record<string, unknown>)[t];
+  }
+  return node;
+}
+const ARRAY_INDEX = /^(0|[1-9][0-9]*)$/;
 
 function refuse(code: Refusal['code'], detail: string): CommandResult {
   return { ok: false, refusal: { code, detail } };

@@ -1,9 +1,9 @@
 import type { RouteConfig } from '../../config/schema.js';
-import { duplicateOnPointerPath } from '../../core/json-duplicates.js';
+import { duplicateOnPointerPath, foldName } from '../../core/json-duplicates.js';
 import { parseEntity, parseFence, parseIdempotencyKey, type Parsed } from '../../protocol/headers.js';
 import { MCP_META } from '../../protocol/mcp.js';
 import type { Refusal } from '../../protocol/problem.js';
-import type { Command } from '../command.js';
+import { foldedOnPointerPath, foldedReason, tokensOf, valueAtPointer, type Command } from '../command.js';
 import type { HeaderReader } from '../inbound.js';
 import { presentedHeader } from '../refusal-log.js';
 import type { ToolCall } from './message.js';
@@ -24,6 +24,8 @@ export function parseToolCommand(
   params: Record<string, string>,
   options: { signedFences: boolean },
 ): { ok: true; command: McpCommand } | { ok: false; refusal: Refusal } {
+  const folded = foldedCallMember(call);
+  if (folded !== null) return refuse('invalid-request', folded);
   let fence: bigint | null = null;
   let signedFence: string | null = null;
   if (route.fence !== 'off') {
@@ -76,6 +78,40 @@ export function parseToolCommand(
   return { ok: true, command: { fence, signedFence, key, entity: entity.entity } };
 }
 
+/** The members of `params` a tools/call is read by (MCP's `name`, `arguments`, `_meta`, and the route's `idempotencyKey`). */
+const PARAMS_MEMBERS = ['name', 'arguments', '_meta', 'idempotencyKey'];
+/** The members of `params._meta` the route reads. */
+const META_MEMBERS: string[] = Object.values(MCP_META);
+
+/**
+ * A member of `params`, or of `params._meta`, whose name differs only in case
+ * from one the route reads (`_Meta`, `IdempotencyKey`, `IO.fencegate/Fence`):
+ * the reason to refuse the call, else null. Here it is absent, so the call
+ * would be decided without the fence, entity or key it holds; to an upstream
+ * that binds member names case-insensitively (Go's encoding/json, ASP.NET
+ * Core) it is that member, so the upstream would act on what the gateway
+ * never checked (DESIGN §3.3; names folded as in §3.4, the fold of the
+ * fingerprint and of the message's `method`, ./message.ts). A member next
+ * to its exact namesake is a repeated name, refused before this
+ * (./message.ts readMessage). The reason names the expected member, never
+ * the value sent.
+ */
+function foldedCallMember(call: ToolCall): string | null {
+  const find = (obj: Record<string, unknown>, expected: string[]): string | undefined => {
+    for (const name of Object.keys(obj)) {
+      if (expected.includes(name)) continue;
+      const hit = expected.find((e) => foldName(e) === foldName(name));
+      if (hit !== undefined) return hit;
+    }
+    return undefined;
+  };
+  const inParams = find(call.params, PARAMS_MEMBERS);
+  if (inParams !== undefined) return `tools/call params has a member whose name differs only in case from "${inParams}", which a case-insensitive decoder reads as it; send it exactly as "${inParams}"`;
+  const inMeta = find(call.meta, META_MEMBERS);
+  if (inMeta !== undefined) return `tools/call params._meta has a member whose name differs only in case from "${inMeta}", which a case-insensitive decoder reads as it; send it exactly as "${inMeta}"`;
+  return null;
+}
+
 /**
  * The entity: with a `{json}` entity (a pointer into params) it is read
  * there, and a `_meta` entity must name the same one (the config says what
@@ -91,13 +127,13 @@ function toolEntity(route: RouteConfig, call: ToolCall, headers: HeaderReader, p
   if ('json' in route.entity) {
     const pointer = route.entity.json;
     where = `params${pointer}`;
-    const tokens = pointer === '' ? [] : pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+    const tokens = tokensOf(pointer);
     const repeated = duplicateOnPointerPath(call.text, ['params', ...tokens]);
     if (repeated !== null) return refuseEntity(`${where}: the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the entity`);
-    let node: unknown = call.params;
-    for (const t of tokens) {
-      node = node !== null && typeof node === 'object' && Object.prototype.hasOwnProperty.call(node, t) ? (node as Record<string, unknown>)[t] : undefined;
-    }
+    // `{"Customer":"bob"}` for `/customer`: the entity to a case-insensitive upstream, none here (../command.ts foldedOnPointerPath).
+    const folded = foldedOnPointerPath(call.params, tokens);
+    if (folded !== null) return refuseEntity(`${where}: ${foldedReason({ ...folded, object: `/params${folded.object}` })}, so parsers disagree on the entity`);
+    let node = valueAtPointer(call.params, tokens);
     if (typeof node === 'number' && Number.isSafeInteger(node)) node = String(node);
     configured = typeof node === 'string' ? node : null;
     if (configured !== null && metaEntity !== undefined && metaEntity !== configured) {

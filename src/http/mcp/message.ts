@@ -86,6 +86,10 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
   // the scans that name the object run only to word the refusal of one that did.
   const argsDigest = argumentsDigest(body);
   if (argsDigest === null) {
+    // A lone `Arguments` is absent here and the arguments to a case-insensitive decoder: the digest is refused for it (bodyDigest's folded check); say so.
+    if (params.arguments === undefined && Object.keys(params).some((k) => foldName(k) === ARGUMENTS)) {
+      return bad(id, 'tools/call params has a member whose name differs only in case from "arguments", which a case-insensitive decoder reads as it; send it exactly as "arguments"');
+    }
     for (const inner of ['_meta', 'arguments']) {
       const r = duplicateOnPointerPath(text, ['params', inner, '']);
       if (r !== null) return bad(id, `the object at "${r.object}" has the member ${JSON.stringify(r.name.slice(0, 64))} more than once, so parsers disagree on the call`);
@@ -141,6 +145,7 @@ function foldedMethod(msg: object): string | null {
   return null;
 }
 const METHOD = foldName('method');
+const ARGUMENTS = foldName('arguments');
 const foldedMethodReason = (name: string) =>
   `the member ${JSON.stringify(name.slice(0, 64))} is "method" to a case-insensitive decoder, which would read the message as a call; send it exactly as "method"`;
 
