@@ -10,6 +10,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import pg from 'pg';
 import { createPostgresStore } from '../dist/store/postgres/index.js';
 import { flag, option } from './args.mjs';
+import { pairRunner } from './store-pair.mjs';
 
 const url = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
 if (!url) throw new Error('set FENCEGATE_TEST_POSTGRES_URL (or FENCEGATE_BENCH_POSTGRES_URL)');
@@ -35,22 +36,7 @@ function postgresCpuUs() {
 }
 
 const store = await createPostgresStore({ connectionString: url, schema, listen: !flag('no-listen') });
-const body = new Uint8Array(34).fill(65);
-let seq = 0;
-async function one() {
-  const k = ++seq;
-  const entity = `bench:${k % 1000}`;
-  const ownerToken = `owner-${k}-0000-0000-0000-000000000000`;
-  const audit = { caller: null, method: 'POST', path: '/payments/charges', payloadSha256: 'ab'.repeat(32), requestId: `req-${k}` };
-  const input = { scope: 'payments', key: `key-${k}`, entity, fence: BigInt(k), fingerprint: 'f'.repeat(64), mode: 'serial', ownerToken, lockMs: 30_000, retentionMs: 86_400_000, onUnknown: 'reject', audit };
-  const admission = await store.admit(input);
-  if (admission.outcome !== 'forward') throw new Error(`unexpected ${admission.outcome}`);
-  await store.finish({ scope: 'payments', key: input.key, entity, ownerToken, outcome: 'completed', response: { status: 201, headers: [['content-type', 'application/json']], body }, retentionMs: 86_400_000, audit });
-}
-async function run(total) {
-  let left = total;
-  await Promise.all(Array.from({ length: concurrency }, async () => { while (left-- > 0) await one(); }));
-}
+const run = pairRunner(store, concurrency);
 
 try {
   await run(2000); // warm-up

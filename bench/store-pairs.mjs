@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { loadMigrations } from '../dist/store/migrations.js';
 import { SqliteGatewayStore, migrateSqlite, openSqlite } from '../dist/store/sqlite/index.js';
 import { option } from './args.mjs';
+import { pairRunner } from './store-pair.mjs';
 
 const synchronous = option('synchronous', 'FULL');
 const concurrency = Number(option('concurrency', 50));
@@ -24,22 +25,7 @@ migrateSqlite(db, loadMigrations('sqlite').filter((m) => schema !== 'before-0005
 db.close();
 const store = new SqliteGatewayStore({ path, synchronous, migrate: false });
 
-const body = new Uint8Array(34).fill(65);
-let seq = 0;
-async function one() {
-  const k = ++seq;
-  const entity = `bench:${k % 1000}`;
-  const ownerToken = `owner-${k}-0000-0000-0000-000000000000`;
-  const audit = { caller: null, method: 'POST', path: '/payments/charges', payloadSha256: 'ab'.repeat(32), requestId: `req-${k}` };
-  const input = { scope: 'payments', key: `key-${k}`, entity, fence: BigInt(k), fingerprint: 'f'.repeat(64), mode: 'serial', ownerToken, lockMs: 30_000, retentionMs: 86_400_000, onUnknown: 'reject', audit };
-  const admission = await store.admit(input);
-  if (admission.outcome !== 'forward') throw new Error(`unexpected ${admission.outcome}`);
-  await store.finish({ scope: 'payments', key: input.key, entity, ownerToken, outcome: 'completed', response: { status: 201, headers: [['content-type', 'application/json']], body }, retentionMs: 86_400_000, audit });
-}
-async function run(total) {
-  let left = total;
-  await Promise.all(Array.from({ length: concurrency }, async () => { while (left-- > 0) await one(); }));
-}
+const run = pairRunner(store, concurrency);
 
 await run(1000); // warm-up
 const t0 = process.hrtime.bigint();
