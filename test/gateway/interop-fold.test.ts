@@ -3,6 +3,7 @@ import { bodyDigest, sha256Hex } from '../../src/core/fingerprint.js';
 import { duplicateOnPointerPath } from '../../src/core/json-duplicates.js';
 import { expectProblem, recordRows, snapshot } from '../helpers/gateway.js';
 import { inProcessGateway, type InProcessGateway } from '../helpers/in-process.js';
+import { fold } from '../helpers/fold-switch.js';
 
 // Member names as Go's encoding/json and ASP.NET Core bind them: without
 // regard to case, under Unicode simple folding (`ſ` U+017F is `s`, `K`
@@ -11,17 +12,7 @@ import { inProcessGateway, type InProcessGateway } from '../helpers/in-process.j
 // read. The fold is switchable here (`fold.mode`), so each test can turn the
 // check off and show that the attack then goes through (negative controls).
 
-const fold = vi.hoisted(() => ({ mode: 'real' as 'real' | 'lower' | 'none' }));
-vi.mock('../../src/core/json-duplicates.js', async (importOriginal) => {
-  const real = await importOriginal<typeof import('../../src/core/json-duplicates.js')>();
-  const current = (n: string) => (fold.mode === 'real' ? real.foldName(n) : fold.mode === 'lower' ? n.toLowerCase() : n);
-  return {
-    ...real,
-    foldName: current,
-    scanPointer: (text: string, tokens: string[]) => real.scanPointer(text, tokens, current),
-    duplicateOnPointerPath: (text: string, tokens: string[]) => real.duplicateOnPointerPath(text, tokens, current),
-  };
-});
+vi.mock('../../src/core/json-duplicates.js', async (original) => (await import('../helpers/fold-switch.js')).foldSwitched(await original()));
 
 const P = '/pay/charges';
 const LONG_S = '\u017f'; // ſ, folds to s

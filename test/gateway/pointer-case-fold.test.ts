@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { command, effectOf, expectProblem, paymentsRoute, recordRows, snapshot, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { fold } from '../helpers/fold-switch.js';
 
 // A JSON-pointer entity (`entity: { json }`, DESIGN §3.3) or key
 // (`idempotencyKeyFrom: { json }`, DESIGN §3.5) where the body holds no member
@@ -15,17 +16,7 @@ import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 // (`fold.mode`): with `none` the check is off, and the controls show the
 // folded body is then admitted.
 
-const fold = vi.hoisted(() => ({ mode: 'real' as 'real' | 'none' }));
-vi.mock('../../src/core/json-duplicates.js', async (importOriginal) => {
-  const real = await importOriginal<typeof import('../../src/core/json-duplicates.js')>();
-  const current = (n: string) => (fold.mode === 'real' ? real.foldName(n) : n);
-  return {
-    ...real,
-    foldName: current,
-    scanPointer: (text: string, tokens: string[]) => real.scanPointer(text, tokens, current),
-    duplicateOnPointerPath: (text: string, tokens: string[]) => real.duplicateOnPointerPath(text, tokens, current),
-  };
-});
+vi.mock('../../src/core/json-duplicates.js', async (original) => (await import('../helpers/fold-switch.js')).foldSwitched(await original()));
 
 const LONG_S = '\u017f'; // ſ, folds to s
 const P = '/payments/charges';

@@ -3,6 +3,7 @@ import { MCP_META } from '../../src/protocol/mcp.js';
 import { snapshot } from '../helpers/gateway.js';
 import { mcpRoute, rawPost, startMcpGateway } from './harness.js';
 import { rawUpstream, type RawUpstream } from './raw-upstream.js';
+import { fold } from '../helpers/fold-switch.js';
 
 // A tools/call whose params (or params._meta) hold a member that differs only
 // in case from one the route reads: `_Meta`, `IdempotencyKey`, `Arguments`,
@@ -16,17 +17,7 @@ import { rawUpstream, type RawUpstream } from './raw-upstream.js';
 // fold is switchable here (`fold.mode`): with `none` the checks are off, and
 // the controls show the calls then get through.
 
-const fold = vi.hoisted(() => ({ mode: 'real' as 'real' | 'none' }));
-vi.mock('../../src/core/json-duplicates.js', async (importOriginal) => {
-  const real = await importOriginal<typeof import('../../src/core/json-duplicates.js')>();
-  const current = (n: string) => (fold.mode === 'real' ? real.foldName(n) : n);
-  return {
-    ...real,
-    foldName: current,
-    scanPointer: (text: string, tokens: string[]) => real.scanPointer(text, tokens, current),
-    duplicateOnPointerPath: (text: string, tokens: string[]) => real.duplicateOnPointerPath(text, tokens, current),
-  };
-});
+vi.mock('../../src/core/json-duplicates.js', async (original) => (await import('../helpers/fold-switch.js')).foldSwitched(await original()));
 
 const cleanups: (() => Promise<void>)[] = [];
 afterEach(async () => {
