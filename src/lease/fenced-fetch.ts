@@ -212,7 +212,9 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
           { cause: err },
         );
       }
-      if (neverConnected(err)) throw err;
+      // With redirects followed, a connect that failed may have been the
+      // second hop's, after the first one had the request.
+      if (rest.redirect !== 'follow' && neverConnected(err)) throw err;
       throw new OutcomeUnknownError(`step ${step}: the request failed after it may have been sent`, { cause: err });
     }
     settled?.();

@@ -124,6 +124,19 @@ function isFenceLost(e: RpcErrorLike): boolean {
 }
 
 /**
+ * The McpErrors the SDK's Client raises itself once the server's result has
+ * arrived (@modelcontextprotocol/sdk 1.32 `Client.callTool`: structured
+ * content missing, or not matching the tool's output schema). They carry a
+ * server-error code, but the server ran the call. Matched by the SDK's own
+ * messages; test/lease/connect-errors.test.ts pins them against the SDK.
+ */
+const AFTER_RESULT = [/has an output schema but did not return structured content/, /Structured content does not match the tool's output schema/, /Failed to validate structured content/];
+function afterResult(err: unknown): boolean {
+  const e = err as { name?: unknown; message?: unknown } | null;
+  return e?.name === 'McpError' && typeof e.message === 'string' && AFTER_RESULT.some((r) => r.test(e.message as string));
+}
+
+/**
  * Builds a fenced MCP client for one attempt (in a handler: `ctx.mcp(client)`).
  * Each `callTool` checks the lease (throws `OwnershipUnknownError` or
  * `LeaseLostError` and sends nothing), adds the three `_meta` fields
@@ -138,8 +151,9 @@ function isFenceLost(e: RpcErrorLike): boolean {
  * - any other JSON-RPC error: `McpRefusalError` with its `data`;
  * - a failure that proves nothing was sent (a refused connect, DNS: one list
  *   with the gateway, src/protocol/connect-errors.ts): the error as it is;
- * - any other failure (an HTTP error status, a cut answer, a reset):
- *   `OutcomeUnknownError`.
+ * - any other failure (an HTTP error status, a cut answer, a reset, a
+ *   result the SDK's output-schema check refuses): `OutcomeUnknownError`;
+ * - an SDK Client that is not connected: a `LeaseError` before anything starts.
  *
  * @example
  * const tickets = fencedMcp(client, fenceCtx);
@@ -158,6 +172,12 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
       const { step: stepName, idempotencyKey: _dropped, ...wire } = params;
       if (typeof wire.name !== 'string' || wire.name.length === 0) {
         throw new LeaseError('invalid_input', 'callTool: params.name must be a non-empty string');
+      }
+      // The SDK's Client, never connected or closed, would throw "Not
+      // connected" without sending: said here, before the step starts, so
+      // that it never reads as a call that may have been sent.
+      if ('transport' in client && (client as { transport?: unknown }).transport === undefined) {
+        throw new LeaseError('invalid_input', 'callTool: the MCP client is not connected (connect it before the attempt, or after close(), again)');
       }
       const name = stepName ?? `mcp:${wire.name}`;
       type Result = Awaited<ReturnType<C['callTool']>>;
@@ -179,6 +199,13 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
         } catch (err) {
           if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new LeaseLostError('the lease ended', { cause: err });
           if (callerSignal?.aborted) throw err;
+          // The SDK's own check of the result against the tool's output
+          // schema fails after the call ran: not a refusal.
+          if (afterResult(err)) {
+            throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} ran, but its result did not pass the client's output-schema check; retry only with the same step`, {
+              cause: err,
+            });
+          }
           const rpc = asRpcError(err);
           if (rpc && isFenceLost(rpc)) {
             ctx.markLost('stale_fence');

@@ -107,7 +107,7 @@ describe('never connected, or maybe sent', () => {
  * tools/call as `answer` says, counting the calls that reached it: what a
  * server, or something in front of it, can do after the call arrived.
  */
-async function oddServer(answer: 'status-504' | 'cut-json' | 'app-error') {
+async function oddServer(answer: 'status-504' | 'cut-json' | 'app-error' | 'off-schema') {
   let calls = 0;
   const http = createHttpServer((req, res) => {
     let text = '';
@@ -119,11 +119,21 @@ async function oddServer(answer: 'status-504' | 'cut-json' | 'app-error') {
         res.writeHead(200, { 'content-type': 'application/json' });
         return void res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, result: { protocolVersion: '2025-06-18', capabilities: { tools: {} }, serverInfo: { name: 'odd', version: '1' } } }));
       }
+      if (msg.method === 'tools/list') {
+        // One tool with an output schema, which the SDK's Client checks each result against.
+        const tool = { name: 'create_ticket', inputSchema: { type: 'object' }, outputSchema: { type: 'object', properties: { id: { type: 'string' } }, required: ['id'] } };
+        res.writeHead(200, { 'content-type': 'application/json' });
+        return void res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, result: { tools: [tool] } }));
+      }
       if (msg.method !== 'tools/call') return void res.writeHead(202).end();
       calls++;
       if (answer === 'status-504') return void res.writeHead(504, { 'content-type': 'text/plain' }).end('gateway timeout');
       res.writeHead(200, { 'content-type': 'application/json' });
       if (answer === 'cut-json') return void res.end('{"jsonrpc":"2.0","id":');
+      if (answer === 'off-schema') {
+        // The tool ran; its structured result has a number where the schema says string.
+        return void res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, result: { content: [], structuredContent: { id: 5 } } }));
+      }
       // An application's own JSON-RPC error code, outside the reserved range.
       res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, error: { code: 4001, message: 'ticket quota exceeded', data: { type: 'quota' } } }));
     });
@@ -156,6 +166,38 @@ describe('fencedMcp with the real SDK Client: after the call arrived, never a pl
       }
     });
   }
+
+  test("a result the SDK's own output-schema check refuses: the tool ran, so unknown, never a refusal", async () => {
+    const server = await oddServer('off-schema');
+    try {
+      await server.client.listTools(); // the Client learns the tool's output schema here
+      const { ctx } = context();
+      const err = await fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} }).catch((e: unknown) => e);
+      expect(server.calls()).toBe(1);
+      expect(err).toBeInstanceOf(OutcomeUnknownError);
+      // What the SDK threw: an McpError with a server-error code, which alone would read as the server's refusal.
+      const cause = (err as { cause?: { name?: string; code?: number; message?: string } }).cause;
+      expect(cause?.name).toBe('McpError');
+      expect(cause?.code).toBe(-32602);
+      expect(cause?.message).toMatch(/Structured content does not match the tool's output schema/);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test('a Client that is not connected, or closed: a LeaseError before the step starts, no request started', async () => {
+    const events: string[] = [];
+    const { ctx } = context();
+    ctx.emit = (e) => events.push(e.type);
+    const never = new Client({ name: 'connect-errors-test', version: '1' });
+    await expect(fencedMcp(never, ctx).callTool({ name: 'create_ticket', arguments: {} })).rejects.toMatchObject({ name: 'LeaseError', code: 'invalid_input' });
+    const server = await oddServer('app-error');
+    await server.client.close();
+    await expect(fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} })).rejects.toMatchObject({ name: 'LeaseError', code: 'invalid_input' });
+    expect(server.calls()).toBe(0);
+    expect(events).not.toContain('tool_request_started');
+    await server.close();
+  });
 
   test("an application's own JSON-RPC error code is the server's answer: McpRefusalError, not unknown", async () => {
     const server = await oddServer('app-error');

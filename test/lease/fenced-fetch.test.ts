@@ -160,11 +160,16 @@ describe('fencedFetch', () => {
       expect(followed.status).toBe(201);
       expect(elsewhere).toHaveLength(1);
       expect(elsewhere[0]!['idempotency-key']).toBe('tool-job:5f0c9e:42:charge');
+      // Followed on the caller's word to a place that refuses: the first hop had the command, so unknown.
+      target.closeAllConnections();
+      await new Promise((resolve) => target.close(resolve));
+      const refusedAfter = await createFencedFetch(ctx)(from, { step: 'charge', method: 'POST', body: '{"amount":1}', redirect: 'follow' }).catch((e: unknown) => e);
+      expect(refusedAfter).toBeInstanceOf(OutcomeUnknownError);
     } finally {
       redirecting.closeAllConnections();
       target.closeAllConnections();
       await new Promise((resolve) => redirecting.close(resolve));
-      await new Promise((resolve) => target.close(resolve));
+      if (target.listening) await new Promise((resolve) => target.close(resolve));
     }
   });
 
