@@ -4,17 +4,17 @@ import { DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeC
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
 /**
- * A top-level JWT claim name: no path (`a.b` is the claim named "a.b", not
- * `b` inside `a`), printable ASCII without spaces, so that it can be named
- * in a 403's detail and `WWW-Authenticate`. Namespaced claims such as
- * `https://example.com/tenant` fit.
- */
-/**
  * Claims that a new token or a new sign-in changes: JWT's own (RFC 7519),
  * OpenID Connect's (`auth_time`, `nonce`, `at_hash`, `c_hash`, `sid`) and
  * Microsoft Entra's per-token `uti`. None can scope keys.
  */
 const PER_TOKEN_CLAIMS = ['jti', 'iat', 'exp', 'nbf', 'auth_time', 'nonce', 'at_hash', 'c_hash', 'sid', 'uti'];
+/**
+ * A top-level JWT claim name: no path (`a.b` is the claim named "a.b", not
+ * `b` inside `a`), printable ASCII without spaces, so that it can be named
+ * in a 403's detail and `WWW-Authenticate`. Namespaced claims such as
+ * `https://example.com/tenant` fit.
+ */
 const ClaimName = z.string().regex(/^[\x21-\x7e]{1,256}$/, 'must be a top-level claim name: 1 to 256 printable ASCII characters, no spaces')
   // A claim that every token (re)issue changes would put a retry with a refreshed token in a new key space, and it would run again.
   .refine((n) => !PER_TOKEN_CLAIMS.includes(n), { message: `changes with a new token or sign-in (${PER_TOKEN_CLAIMS.join(', ')}): a retry with a refreshed token would be in another key space and run upstream again; use a claim that names the tenant` });
