@@ -85,7 +85,6 @@ interface RpcErrorLike {
   data?: unknown;
 }
 
-/** A JSON-RPC error (an answer, or the SDK's own McpError): numeric code in the reserved range. */
 /**
  * A JSON-RPC error the server answered with: the SDK's McpError (any code,
  * an application's own included), or a structural client's error with a

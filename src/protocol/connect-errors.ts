@@ -2,8 +2,9 @@
  * Which network errors prove that a request never left this machine, for
  * every side that has to tell (the gateway's forwarders, `fencedFetch`,
  * `fencedMcp`): nothing was sent, so nothing happened upstream, a retry is
- * safe and no record becomes outcome_unknown (DESIGN §3.7, and §6.4 for the worker side). Any other failure
- * after a connection may have carried the request is "maybe sent".
+ * safe and no record becomes outcome_unknown (DESIGN §3.7; §6.4 for the
+ * worker side). Any other failure after a connection may have carried the
+ * request is "maybe sent".
  */
 
 /**
