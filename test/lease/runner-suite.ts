@@ -93,13 +93,19 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       return { worker, events };
     }
 
-    test('the heartbeat keeps a slow handler’s lease alive for 10× the lease length', async () => {
+    test('the heartbeat keeps a slow handler’s lease alive for 5× the lease length', async () => {
+      // A lease of its own, three times the suite's: a shared disk that
+      // stalls an fsync for most of a 500 ms lease would end it, correctly,
+      // and this test is about the heartbeat, not about such a stall.
+      const leaseMs = 1_500;
       const kind = unique('slow');
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
       const { worker, events } = await start({
+        leaseMs,
+        heartbeatMs: 150,
         handlers: {
           [kind]: async () => {
-            await sleep(10 * TIMING.leaseMs);
+            await sleep(5 * leaseMs);
             return { done: true };
           },
         },
@@ -108,8 +114,8 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       const { running, minLeaseLeftMs, maxHeartbeatAgeMs } = worker.metrics().gauges[kind]!;
       expect(running).toBe(1);
       expect(minLeaseLeftMs).toBeGreaterThan(0);
-      expect(minLeaseLeftMs).toBeLessThanOrEqual(TIMING.leaseMs);
-      expect(maxHeartbeatAgeMs).toBeLessThan(TIMING.leaseMs);
+      expect(minLeaseLeftMs).toBeLessThanOrEqual(leaseMs);
+      expect(maxHeartbeatAgeMs).toBeLessThan(leaseMs);
       await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
       expect(worker.metrics().gauges[kind]).toBeUndefined(); // nothing running any more
       expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', attempt: 1, fencingToken: 1, result: { done: true } });

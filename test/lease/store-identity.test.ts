@@ -67,8 +67,11 @@ describe('job stores behind one gateway', () => {
     const worker = await runWorker({
       store,
       workerId,
-      leaseMs: 600,
-      heartbeatMs: 100,
+      // Long enough that a shared disk's fsync stall does not end a lease
+      // mid-test (a re-claim would raise the fence the tests check); no test
+      // here waits for a lease to run out, they expire it (expireLease).
+      leaseMs: 3_000,
+      heartbeatMs: 300,
       maxMissedHeartbeats: 3,
       jitterMs: 50,
       pollIntervalMs: 25,
