@@ -40,7 +40,7 @@ import { cpus, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { freePort, latency, load, loadCpu, pinned, startNode, throughput, waitReady } from './lib.mjs';
+import { latency, load, loadCpu, paymentsRoute, pinned, startGateway, startNode, throughput, waitReady } from './lib.mjs';
 import { flag, option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -75,28 +75,9 @@ process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
 
 async function startFencegate(name, store, upstream, route = {}, server = join(dist, 'entry/cli.js'), cpu = 0) {
-  const port = await freePort();
-  const config = {
-    listen: { host: '127.0.0.1', port },
-    store,
-    routes: [
-      {
-        name: 'payments',
-        match: { path: '/payments/*', methods: ['POST'] },
-        upstream,
-        entity: { header: 'X-Fence-Entity' },
-        fence: 'required',
-        idempotency: 'required',
-        mode: 'serial',
-        ...route,
-      },
-    ],
-  };
-  const file = join(tmp, `${name}.json`);
-  writeFileSync(file, JSON.stringify(config));
   // The decision log (one JSON line per request, as in production) goes to a file.
-  const args = server.endsWith('cli.js') ? ['serve', '--config', file] : [file];
-  return startNode(server, { args, cpus: cpu, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port, nodeFlags });
+  const args = server.endsWith('cli.js') ? undefined : (file) => [file];
+  return startGateway(server, { dir: tmp, name, store, routes: [paymentsRoute(upstream, route)], args, cpus: cpu, stdoutFile: join(tmp, `${name}.log`), nodeFlags });
 }
 
 const schemas = new Set();

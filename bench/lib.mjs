@@ -3,7 +3,7 @@
 // sequential latency loop) run in a pinned process of its own.
 import { spawn, spawnSync } from 'node:child_process';
 import { createServer } from 'node:net';
-import { closeSync, openSync } from 'node:fs';
+import { closeSync, openSync, writeFileSync } from 'node:fs';
 import { once } from 'node:events';
 import { cpus } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -108,6 +108,30 @@ export async function freePort() {
   const { port } = s.address();
   await new Promise((r) => s.close(r));
   return port;
+}
+
+/**
+ * The route every HTTP benchmark of fencegate measures: the commands of
+ * ./load.mjs (a fence, an entity and a key on each), serial mode. One
+ * definition, so that the throughput table, the profiles and the tail
+ * analysis measure the same thing.
+ */
+export function paymentsRoute(upstream, extra = {}) {
+  return { name: 'payments', match: { path: '/payments/*', methods: ['POST'] }, upstream, entity: { header: 'X-Fence-Entity' }, fence: 'required', idempotency: 'required', mode: 'serial', ...extra };
+}
+
+/**
+ * A gateway on a free loopback port: its configuration (`store`, `routes`)
+ * written to `<dir>/<name>.json`, then `script` started with `args(file)`
+ * (default: `serve --config <file>`, for dist/entry/cli.js) and the other
+ * startNode options (pinned to core 0 unless `cpus` says otherwise; the
+ * decision log at info into `stdoutFile`).
+ */
+export async function startGateway(script, { dir, name, store, routes, args = (file) => ['serve', '--config', file], cpus = 0, env = {}, ...rest }) {
+  const port = await freePort();
+  const file = join(dir, `${name}.json`);
+  writeFileSync(file, JSON.stringify({ listen: { host: '127.0.0.1', port }, store, routes }));
+  return startNode(script, { args: args(file), cpus, env: { FENCEGATE_LOG_LEVEL: 'info', ...env }, port, ...rest });
 }
 
 /** Waits until `url`'s admin health answers (a gateway, or a server that mimics the path). */

@@ -24,13 +24,13 @@
 // (the forward), for the one-connection runs: what the rest costs; and
 // upstream_ms against the direct p50: how much slower the same server answers
 // the gateway than the benchmark's back-to-back direct calls.
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
 import { Pool } from 'undici';
-import { freePort, startNode, waitReady } from './lib.mjs';
+import { startGateway, startNode, waitReady } from './lib.mjs';
 import { flag, option as opt } from './args.mjs';
 
 if (flag('help')) {
@@ -68,21 +68,12 @@ const HEADERS = { 'content-type': 'application/json', accept: 'application/json,
 
 
 async function startFencegate(name, synchronous, upstream) {
-  const port = await freePort();
-  const file = join(tmp, `${name}.json`);
-  writeFileSync(
-    file,
-    JSON.stringify({
-      listen: { host: '127.0.0.1', port },
-      store: { sqlite: join(tmp, `${name}-${Date.now()}.db`), synchronous },
-      routes: [{ name: 'tickets', protocol: 'mcp', match: { path: '/mcp' }, upstream }],
-    }),
-  );
+  const store = { sqlite: join(tmp, `${name}-${Date.now()}.db`), synchronous };
   const log = join(tmp, `${name}-${Date.now()}.log`);
-  const cli = join(root, 'dist/entry/cli.js');
   // Node refuses --cpu-prof in NODE_OPTIONS: the flags go before the script in node's own argv.
-  const [script, ...args] = [...(cpuProfDir !== null ? ['--cpu-prof', `--cpu-prof-dir=${cpuProfDir}`] : []), cli, 'serve', '--config', file];
-  const gateway = await startNode(script, { args, cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: log, port });
+  const nodeFlags = cpuProfDir !== null ? ['--cpu-prof', `--cpu-prof-dir=${cpuProfDir}`] : [];
+  const routes = [{ name: 'tickets', protocol: 'mcp', match: { path: '/mcp' }, upstream }];
+  const gateway = await startGateway(join(root, 'dist/entry/cli.js'), { dir: tmp, name, store, routes, stdoutFile: log, nodeFlags });
   started.add(gateway);
   return { ...gateway, log };
 }

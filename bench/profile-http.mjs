@@ -4,12 +4,12 @@
 //
 //   node bench/profile-http.mjs [--only fg-normal,bare] [--seconds 8]
 //     [--interval 100] [--dist DIR] [--out DIR]
-import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { freePort, startNode, throughput, waitReady } from './lib.mjs';
+import { paymentsRoute, startGateway, startNode, throughput, waitReady } from './lib.mjs';
 import { option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -23,20 +23,9 @@ process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
 const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 });
 
-async function fencegate(name, synchronous, nodeFlags) {
-  const port = await freePort();
-  const file = join(tmp, `${name}.json`);
-  writeFileSync(
-    file,
-    JSON.stringify({
-      listen: { host: '127.0.0.1', port },
-      store: { sqlite: join(tmp, `${name}.db`), synchronous },
-      routes: [
-        { name: 'payments', match: { path: '/payments/*', methods: ['POST'] }, upstream: upstream.url, entity: { header: 'X-Fence-Entity' }, fence: 'required', idempotency: 'required', mode: 'serial' },
-      ],
-    }),
-  );
-  return startNode(join(dist, 'entry/cli.js'), { args: ['serve', '--config', file], cpus: 0, env: { FENCEGATE_LOG_LEVEL: 'info' }, stdoutFile: join(tmp, `${name}.log`), port, nodeFlags });
+function fencegate(name, synchronous, nodeFlags) {
+  const store = { sqlite: join(tmp, `${name}.db`), synchronous };
+  return startGateway(join(dist, 'entry/cli.js'), { dir: tmp, name, store, routes: [paymentsRoute(upstream.url)], stdoutFile: join(tmp, `${name}.log`), nodeFlags });
 }
 
 const targets = {

@@ -13,7 +13,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { freePort, latency, startNode, throughput, waitReady } from './lib.mjs';
+import { latency, paymentsRoute, startGateway, startNode, throughput, waitReady } from './lib.mjs';
 import { option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -43,18 +43,17 @@ const PARTS = ['beforeAdmit', 'admitQueue', 'admitFn', 'admitAfter', 'betweenAdm
 
 async function once(round) {
   const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 });
-  const port = await freePort();
-  const config = {
-    listen: { host: '127.0.0.1', port },
-    store: { sqlite: join(tmp, `tail-${round}.db`), synchronous },
-    routes: [
-      { name: 'payments', match: { path: '/payments/*', methods: ['POST'] }, upstream: upstream.url, entity: { header: 'X-Fence-Entity' }, fence: 'required', idempotency: 'required', mode: 'serial' },
-    ],
-  };
-  const file = join(tmp, `tail-${round}.json`);
-  writeFileSync(file, JSON.stringify(config));
   const out = join(tmp, `trace-${round}.json`);
-  const gw = await startNode(join(here, 'servers/fencegate-traced.mjs'), { args: [dist, file], cpus: 0, env: { TRACE_OUT: out }, stdoutFile: opt('log', join(tmp, 'gw.log')), port, nodeFlags });
+  const gw = await startGateway(join(here, 'servers/fencegate-traced.mjs'), {
+    dir: tmp,
+    name: `tail-${round}`,
+    store: { sqlite: join(tmp, `tail-${round}.db`), synchronous },
+    routes: [paymentsRoute(upstream.url)],
+    args: (file) => [dist, file],
+    env: { TRACE_OUT: out },
+    stdoutFile: opt('log', join(tmp, 'gw.log')),
+    nodeFlags,
+  });
   let client;
   try {
     await waitReady(gw.url);
