@@ -88,6 +88,12 @@ export async function holdEntity(schema: TestSchema, entity: string): Promise<He
   return held;
 }
 
+/** The reasons of the rejection rows a request left, in the store on `schema`. */
+export async function rejectionReasons(schema: TestSchema, requestId: string): Promise<string[]> {
+  const { rows } = await schema.pool.query<{ reason: string }>('SELECT reason FROM rejections WHERE request_id = $1', [requestId]);
+  return rows.map((r) => r.reason);
+}
+
 /** Polls `reached` (a state another session or a store got to) every 10 ms, up to 10 s: ordering by events, not by sleeps. */
 export async function until(reached: () => boolean | Promise<boolean>, what = 'the awaited state'): Promise<void> {
   const end = Date.now() + 10_000;

@@ -8,7 +8,7 @@ import { FUNCTIONS_DIR } from '../../src/store/postgres/functions.js';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
 import { poolQuery, qualifier, type PgContext } from '../../src/store/postgres/query.js';
 import type { Admission, AdmitInput } from '../../src/store/types.js';
-import { createTestSchema, holdEntity as holdRow, otherSession, POSTGRES_URL, until, type TestSchema } from '../helpers/postgres.js';
+import { createTestSchema, holdEntity as holdRow, rejectionReasons, otherSession, POSTGRES_URL, until, type TestSchema } from '../helpers/postgres.js';
 import { admitInput } from './helpers/inputs.js';
 
 /**
@@ -45,8 +45,7 @@ async function stateOf(c: AdmitInput) {
   const ent = await schema.pool.query<{ fence: string | null; inflight_owner: string | null }>('SELECT fence, inflight_owner FROM fence_entities WHERE entity = $1', [c.entity]);
   return { record: rec.rows[0]?.state ?? null, fence: ent.rows[0]?.fence ?? null, slot: ent.rows[0]?.inflight_owner ?? null };
 }
-const rejectionsOf = async (requestId: string) =>
-  (await schema.pool.query<{ reason: string }>('SELECT reason FROM rejections WHERE request_id = $1', [requestId])).rows.map((r) => r.reason);
+const rejectionsOf = (requestId: string) => rejectionReasons(schema, requestId);
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const holdEntity = (entity: string) => holdRow(schema, entity);

@@ -8,7 +8,7 @@ import { FUNCTIONS_DIR } from '../../src/store/postgres/functions.js';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
 import { poolQuery, qualifier, type PgContext } from '../../src/store/postgres/query.js';
 import type { Admission, AdmitInput } from '../../src/store/types.js';
-import { createTestSchema, holdEntity as holdRow, POSTGRES_URL, until, type TestSchema } from '../helpers/postgres.js';
+import { createTestSchema, holdEntity as holdRow, rejectionReasons, POSTGRES_URL, until, type TestSchema } from '../helpers/postgres.js';
 import { admitInput } from '../store/helpers/inputs.js';
 
 /**
@@ -29,8 +29,7 @@ function ctxOf(pool: pg.Pool, rewrite: (t: string) => string = (t) => t): PgCont
 }
 const recordOf = async (c: AdmitInput) =>
   (await schema.pool.query<{ state: string }>('SELECT state FROM idempotency_records WHERE scope = $1 AND key = $2', [c.scope, c.key])).rows[0]?.state ?? null;
-const rejectionsOf = async (requestId: string) =>
-  (await schema.pool.query<{ reason: string }>('SELECT reason FROM rejections WHERE request_id = $1', [requestId])).rows.map((r) => r.reason);
+const rejectionsOf = (requestId: string) => rejectionReasons(schema, requestId);
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const holdEntity = (entity: string) => holdRow(schema, entity);
