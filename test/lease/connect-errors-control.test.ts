@@ -7,7 +7,8 @@
 import { createServer, type AddressInfo, type Server } from 'node:net';
 import { afterAll, beforeAll, expect, test, vi } from 'vitest';
 import { OutcomeUnknownError } from '../../src/lease/errors.js';
-import { createFencedFetch, type FenceContext } from '../../src/lease/fenced-fetch.js';
+import { createFencedFetch } from '../../src/lease/fenced-fetch.js';
+import { fenceContext } from './helpers/fence-context.js';
 import { fencedMcp } from '../../src/lease/mcp.js';
 
 vi.mock('../../src/protocol/connect-errors.js', async (importOriginal) => {
@@ -26,19 +27,7 @@ afterAll(async () => {
   await new Promise((r) => resetServer.close(r));
 });
 
-const ctx: FenceContext = {
-  workerId: 'w1',
-  jobId: 1,
-  kind: 'ticket',
-  fencingToken: 3,
-  jobKey: 'tool-job:connect-errors-control:1',
-  fenceKey: 'tool-job:connect-errors-control:1',
-  signal: new AbortController().signal,
-  leaseUntil: () => new Date('2030-01-01T00:00:30Z'),
-  assertCanStart: () => {},
-  markLost: () => {},
-  emit: () => {},
-};
+const { ctx } = fenceContext({ kind: 'ticket', jobKey: 'tool-job:connect-errors-control:1', fenceKey: 'tool-job:connect-errors-control:1' });
 
 test('with every error taken as never-connected, the reset is no longer outcome unknown', async () => {
   const viaFetch = await createFencedFetch(ctx)(resetUrl, { method: 'POST', body: '{}', step: 'charge' }).catch((e: unknown) => e);

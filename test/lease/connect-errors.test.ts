@@ -14,7 +14,8 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { causeCode, neverConnected } from '../../src/protocol/connect-errors.js';
 import { OutcomeUnknownError } from '../../src/lease/errors.js';
-import { createFencedFetch, type FenceContext } from '../../src/lease/fenced-fetch.js';
+import { createFencedFetch } from '../../src/lease/fenced-fetch.js';
+import { fenceContext } from './helpers/fence-context.js';
 import { fencedMcp, McpRefusalError } from '../../src/lease/mcp.js';
 import { connectClient, startTicketServer } from './helpers/mcp-server.js';
 
@@ -36,23 +37,7 @@ afterAll(async () => {
   await new Promise((r) => resetServer.close(r));
 });
 
-function context(): { ctx: FenceContext; lost: string[] } {
-  const lost: string[] = [];
-  const ctx: FenceContext = {
-    workerId: 'w1',
-    jobId: 1,
-    kind: 'ticket',
-    fencingToken: 3,
-    jobKey: 'tool-job:connect-errors:1',
-    fenceKey: 'tool-job:connect-errors:1',
-    signal: new AbortController().signal,
-    leaseUntil: () => new Date('2030-01-01T00:00:30Z'),
-    assertCanStart: () => {},
-    markLost: (cause) => lost.push(cause),
-    emit: () => {},
-  };
-  return { ctx, lost };
-}
+const context = () => fenceContext({ kind: 'ticket', jobKey: 'tool-job:connect-errors:1', fenceKey: 'tool-job:connect-errors:1' });
 
 const fetchError = (url: string) => fetch(url, { method: 'POST', body: '{}' }).then(() => null, (e: unknown) => e);
 
@@ -186,16 +171,14 @@ describe('fencedMcp with the real SDK Client: after the call arrived, never a pl
   });
 
   test('a Client that is not connected, or closed: a LeaseError before the step starts, no request started', async () => {
-    const events: string[] = [];
-    const { ctx } = context();
-    ctx.emit = (e) => events.push(e.type);
+    const { ctx, events } = context();
     const never = new Client({ name: 'connect-errors-test', version: '1' });
     await expect(fencedMcp(never, ctx).callTool({ name: 'create_ticket', arguments: {} })).rejects.toMatchObject({ name: 'LeaseError', code: 'invalid_input' });
     const server = await oddServer('app-error');
     await server.client.close();
     await expect(fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} })).rejects.toMatchObject({ name: 'LeaseError', code: 'invalid_input' });
     expect(server.calls()).toBe(0);
-    expect(events).not.toContain('tool_request_started');
+    expect(events.map((e) => e.type)).not.toContain('tool_request_started');
     await server.close();
   });
 

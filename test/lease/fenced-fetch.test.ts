@@ -6,8 +6,8 @@ import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import { LeaseLostError, OutcomeUnknownError, OwnershipUnknownError } from '../../src/lease/errors.js';
-import type { LeaseEvent } from '../../src/lease/events.js';
 import { createFencedFetch, createStep, type FenceContext } from '../../src/lease/fenced-fetch.js';
+import { fenceContext } from './helpers/fence-context.js';
 
 type Answer = { status: number; type?: string; body: string; delayMs?: number };
 
@@ -36,26 +36,8 @@ afterAll(async () => {
   await new Promise((resolve) => server.close(resolve));
 });
 
-function context(overrides: Partial<FenceContext> = {}) {
-  const events: LeaseEvent[] = [];
-  const lost: string[] = [];
-  const controller = new AbortController();
-  const ctx: FenceContext = {
-    workerId: 'w1',
-    jobId: 42,
-    kind: 'payment',
-    fencingToken: 7,
-    jobKey: 'tool-job:5f0c9e:42',
-    fenceKey: 'tool-job:5f0c9e:42',
-    signal: controller.signal,
-    leaseUntil: () => new Date('2030-01-01T00:00:30Z'),
-    assertCanStart: () => {},
-    markLost: (cause) => lost.push(cause),
-    emit: (e) => events.push(e),
-    ...overrides,
-  };
-  return { ctx, events, lost, controller };
-}
+const context = (overrides: Partial<FenceContext> = {}) =>
+  fenceContext({ jobId: 42, kind: 'payment', jobKey: 'tool-job:5f0c9e:42', fenceKey: 'tool-job:5f0c9e:42', ...overrides });
 
 describe('fencedFetch', () => {
   test('adds the fence, the entity, a stable idempotency key and a request id, and reports the start', async () => {

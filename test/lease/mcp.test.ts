@@ -6,9 +6,9 @@
 import type { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { LeaseLostError, OutcomeUnknownError, OwnershipUnknownError } from '../../src/lease/errors.js';
-import type { LeaseEvent } from '../../src/lease/events.js';
 import type { FenceContext } from '../../src/lease/fenced-fetch.js';
 import { fencedMcp, McpRefusalError, type McpClientLike } from '../../src/lease/mcp.js';
+import { fenceContext } from './helpers/fence-context.js';
 import { connectClient, startTicketServer, type TicketServer } from './helpers/mcp-server.js';
 
 let server: TicketServer;
@@ -30,24 +30,7 @@ afterAll(async () => {
 let nextJob = 100;
 function context(overrides: Partial<FenceContext> = {}) {
   const id = nextJob++;
-  const events: LeaseEvent[] = [];
-  const lost: string[] = [];
-  const controller = new AbortController();
-  const ctx: FenceContext = {
-    workerId: 'w1',
-    jobId: id,
-    kind: 'ticket',
-    fencingToken: 7,
-    jobKey: `tool-job:5f0c9e:${id}`,
-    fenceKey: `tool-job:5f0c9e:${id}`,
-    signal: controller.signal,
-    leaseUntil: () => new Date('2030-01-01T00:00:30Z'),
-    assertCanStart: () => {},
-    markLost: (cause) => lost.push(cause),
-    emit: (e) => events.push(e),
-    ...overrides,
-  };
-  return { ctx, events, lost, controller };
+  return fenceContext({ jobId: id, kind: 'ticket', jobKey: `tool-job:5f0c9e:${id}`, fenceKey: `tool-job:5f0c9e:${id}`, ...overrides });
 }
 
 const meta = (m: Record<string, unknown>) => ({
