@@ -4,10 +4,10 @@
  * escapes fencedFetch and fencedMcp as a plain error, which a caller may
  * retry under a new step, so the same check fails.
  */
-import { createServer, type AddressInfo, type Server } from 'node:net';
 import { afterAll, beforeAll, expect, test, vi } from 'vitest';
 import { OutcomeUnknownError } from '../../src/lease/errors.js';
 import { createFencedFetch } from '../../src/lease/fenced-fetch.js';
+import { startFaultUpstreams, type FaultUpstreams } from '../workers/fault-upstream.js';
 import { fenceContext } from './helpers/fence-context.js';
 import { fencedMcp } from '../../src/lease/mcp.js';
 
@@ -16,15 +16,14 @@ vi.mock('../../src/protocol/connect-errors.js', async (importOriginal) => {
   return { ...real, neverConnected: () => true };
 });
 
-let resetServer: Server;
+let faults: FaultUpstreams;
 let resetUrl: string;
 beforeAll(async () => {
-  resetServer = createServer((socket) => socket.once('data', () => socket.resetAndDestroy()));
-  await new Promise<void>((r) => resetServer.listen(0, '127.0.0.1', r));
-  resetUrl = `http://127.0.0.1:${(resetServer.address() as AddressInfo).port}/x`;
+  faults = await startFaultUpstreams();
+  resetUrl = `${faults.urls.http}/rst-after`; // the request read, then RST
 });
 afterAll(async () => {
-  await new Promise((r) => resetServer.close(r));
+  await faults.close();
 });
 
 const { ctx } = fenceContext({ kind: 'ticket', jobKey: 'tool-job:connect-errors-control:1', fenceKey: 'tool-job:connect-errors-control:1' });

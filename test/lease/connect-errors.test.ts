@@ -8,33 +8,33 @@
  * escapes as a plain, retryable error.
  */
 import { createServer as createHttpServer } from 'node:http';
-import { createServer, type AddressInfo, type Server } from 'node:net';
+import { createServer, type AddressInfo } from 'node:net';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { causeCode, neverConnected } from '../../src/protocol/connect-errors.js';
 import { OutcomeUnknownError } from '../../src/lease/errors.js';
 import { createFencedFetch } from '../../src/lease/fenced-fetch.js';
+import { startFaultUpstreams, type FaultUpstreams } from '../workers/fault-upstream.js';
 import { fenceContext } from './helpers/fence-context.js';
 import { fencedMcp, McpRefusalError } from '../../src/lease/mcp.js';
 import { connectClient, startTicketServer } from './helpers/mcp-server.js';
 
-let resetServer: Server;
+let faults: FaultUpstreams;
 let resetUrl: string;
 let closedUrl: string;
 
 beforeAll(async () => {
+  faults = await startFaultUpstreams();
   // Reads the request, then resets the connection: the request has arrived.
-  resetServer = createServer((socket) => socket.once('data', () => socket.resetAndDestroy()));
-  await new Promise<void>((r) => resetServer.listen(0, '127.0.0.1', r));
-  resetUrl = `http://127.0.0.1:${(resetServer.address() as AddressInfo).port}/x`;
+  resetUrl = `${faults.urls.http}/rst-after`;
   const closed = createServer();
   await new Promise<void>((r) => closed.listen(0, '127.0.0.1', r));
   closedUrl = `http://127.0.0.1:${(closed.address() as AddressInfo).port}/x`;
   await new Promise((r) => closed.close(r));
 });
 afterAll(async () => {
-  await new Promise((r) => resetServer.close(r));
+  await faults.close();
 });
 
 const context = () => fenceContext({ kind: 'ticket', jobKey: 'tool-job:connect-errors:1', fenceKey: 'tool-job:connect-errors:1' });
