@@ -45,6 +45,13 @@ function gate() {
 // Short leases keep the suite quick; the invariant still holds:
 // 500 > 3 × 80 + 50.
 const TIMING = { leaseMs: 500, heartbeatMs: 80, maxMissedHeartbeats: 3, jitterMs: 50 } as const;
+/**
+ * For the tests whose point needs every heartbeat to land (or a lease to be
+ * lost for one reason only): a shared disk that stalls an fsync for most of
+ * a 500 ms lease ends it, correctly, and a CI run saw exactly that (46%
+ * iowait). Three times the lease, and time to miss three beats of 150 ms.
+ */
+const STALL_PROOF = { leaseMs: 1_500, heartbeatMs: 150 } as const;
 
 /**
  * `all`: every test. `store-dependent`: only those whose outcome depends on
@@ -94,15 +101,11 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
     }
 
     test('the heartbeat keeps a slow handler’s lease alive for 5× the lease length', async () => {
-      // A lease of its own, three times the suite's: a shared disk that
-      // stalls an fsync for most of a 500 ms lease would end it, correctly,
-      // and this test is about the heartbeat, not about such a stall.
-      const leaseMs = 1_500;
+      const { leaseMs } = STALL_PROOF;
       const kind = unique('slow');
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
       const { worker, events } = await start({
-        leaseMs,
-        heartbeatMs: 150,
+        ...STALL_PROOF,
         handlers: {
           [kind]: async () => {
             await sleep(5 * leaseMs);
@@ -128,12 +131,13 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       const kind = unique('block');
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
       const { worker } = await start({
-        kinds: { [kind]: { maxStallMs: 4 * TIMING.leaseMs } },
+        ...STALL_PROOF,
+        kinds: { [kind]: { maxStallMs: 4 * STALL_PROOF.leaseMs } },
         handlers: {
           [kind]: () => {
             // Two lease lengths with this thread frozen: only the heartbeat
             // thread can have kept the lease, or the commit below is refused.
-            blockEventLoop(2 * TIMING.leaseMs);
+            blockEventLoop(2 * STALL_PROOF.leaseMs);
             return 'survived';
           },
         },
@@ -146,12 +150,13 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       const kind = unique('stall');
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
       const { worker, events } = await start({
+        ...STALL_PROOF,
         kinds: { [kind]: { maxStallMs: 200 } },
         handlers: {
           [kind]: ({ job: j }) => {
             // Past the allowed stall (200 ms) plus a whole lease: heartbeats
             // stopped, and the lease ran out in the database.
-            if (j.attempt === 1) blockEventLoop(200 + 3 * TIMING.leaseMs);
+            if (j.attempt === 1) blockEventLoop(200 + 3 * STALL_PROOF.leaseMs);
             return `attempt ${j.attempt}`;
           },
         },
@@ -172,7 +177,8 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {}, maxAttempts: 1 });
       let abortReason: unknown;
       const { worker, events } = await start({
-        kinds: { [kind]: { maxRunMs: 3 * TIMING.leaseMs } },
+        ...STALL_PROOF,
+        kinds: { [kind]: { maxRunMs: 3 * STALL_PROOF.leaseMs } },
         handlers: {
           // A browser waiting forever on a modal: alive, heartbeating, stuck.
           [kind]: ({ signal }) =>
