@@ -128,22 +128,49 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
     });
 
     test('a short event-loop block (longer than the lease, shorter than the allowed stall) keeps the lease', async () => {
-      const kind = unique('block');
-      const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
-      const { worker } = await start({
-        ...STALL_PROOF,
-        kinds: { [kind]: { maxStallMs: 4 * STALL_PROOF.leaseMs } },
-        handlers: {
-          [kind]: () => {
-            // Two lease lengths with this thread frozen: only the heartbeat
-            // thread can have kept the lease, or the commit below is refused.
-            blockEventLoop(2 * STALL_PROOF.leaseMs);
-            return 'survived';
+      // Each try is a new job. A try whose lease ran out counts as the
+      // machine's only with evidence that the store or the heartbeat thread
+      // fell behind (a beat that failed or was given up on, or two confirmed
+      // lease ends further apart than half a lease); without it, the test
+      // fails at once. A runner whose heartbeats stop while the loop is
+      // blocked loses every try (the stall test below is that case).
+      const tries: unknown[] = [];
+      for (let attempt = 1; attempt <= 3; attempt++) {
+        const kind = unique('block');
+        const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+        const { worker, events } = await start({
+          ...STALL_PROOF,
+          kinds: { [kind]: { maxStallMs: 4 * STALL_PROOF.leaseMs } },
+          handlers: {
+            [kind]: () => {
+              // Two lease lengths with this thread frozen: only the heartbeat
+              // thread can have kept the lease, or the commit below is refused.
+              blockEventLoop(2 * STALL_PROOF.leaseMs);
+              return 'survived';
+            },
           },
-        },
-      });
-      await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
-      expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', fencingToken: 1, result: 'survived' });
+        });
+        // The first try's end: committed, or refused because the lease was lost.
+        const settled = new AbortController();
+        const first = (e: { jobId: number; fencingToken: number }) => e.jobId === job.id && e.fencingToken === 1;
+        await Promise.race([
+          worker.events.waitFor('result_committed', first, settled.signal),
+          worker.events.waitFor('result_rejected', first, settled.signal),
+        ]).finally(() => settled.abort());
+        const row = await store.get(job.id);
+        if (row?.state === 'succeeded' && row.fencingToken === 1 && row.result === 'survived') return;
+        const mine = events.filter((e) => 'jobId' in e && e.jobId === job.id && 'fencingToken' in e && e.fencingToken === 1);
+        const ends = mine.flatMap((e) => (e.type === 'job_claimed' || e.type === 'heartbeat_ok' ? [e.leaseUntil.getTime()] : []));
+        const widest = Math.max(0, ...ends.slice(1).map((end, i) => end - ends[i]!));
+        const fellBehind =
+          widest > STALL_PROOF.leaseMs / 2 ||
+          mine.some((e) => e.type === 'heartbeat_failed' || (e.type === 'heartbeat_lost' && e.cause === 'unconfirmed'));
+        const seen = { attempt, row: { state: row?.state, fencingToken: row?.fencingToken }, widestGapMs: widest, events: mine.map((e) => e.type) };
+        expect(fellBehind, JSON.stringify(seen)).toBe(true);
+        tries.push(seen);
+        await worker.stop({ release: true });
+      }
+      expect.fail(`the lease was lost in every try: ${JSON.stringify(tries)}`);
     });
 
     test('a handler stalled past the allowed stall loses its lease, its completion is refused, the next owner gets token+1', async () => {

@@ -36,12 +36,14 @@ function open(path: string, over: Partial<SqliteStoreOptions> = {}) {
   return store;
 }
 
-/** The WAL bound of the sustained-write tests. */
-const BOUND = 32 * 1024 * 1024;
 const walBytes = (path: string) => (existsSync(`${path}-wal`) ? statSync(`${path}-wal`).size : 0);
 
-/** 50 writers, each admitting again as soon as its last admission is answered, for `ms`; the largest WAL file seen. */
-async function sustained(store: SqliteGatewayStore, path: string, ms: number): Promise<{ maxWal: number; admitted: number }> {
+/**
+ * 50 writers, each admitting again as soon as its last admission is answered,
+ * for `ms`: the largest WAL file seen, and how often the WAL went back to its
+ * beginning (a PASSIVE checkpoint that found fewer frames than the one before).
+ */
+async function sustained(store: SqliteGatewayStore, path: string, ms: number, ran: CheckpointMessage[]): Promise<{ maxWal: number; admitted: number; resets: number }> {
   const until = performance.now() + ms;
   let maxWal = 0;
   let admitted = 0;
@@ -53,7 +55,9 @@ async function sustained(store: SqliteGatewayStore, path: string, ms: number): P
     }
   };
   await Promise.all(Array.from({ length: 50 }, loop));
-  return { maxWal, admitted };
+  const logs = ran.flatMap((m) => (m.type === 'ran' && m.mode === 'PASSIVE' ? [m.log] : []));
+  const resets = logs.filter((log, i) => i > 0 && log < logs[i - 1]!).length;
+  return { maxWal, admitted, resets };
 }
 
 describe('sqlite background checkpoints', () => {
@@ -68,22 +72,29 @@ describe('sqlite background checkpoints', () => {
 
   it('keeps the WAL bounded under sustained writes: a RESTART between groups', async () => {
     const path = dbPath();
-    const store = open(path, { backgroundCheckpoint: { intervalMs: 10, restartFrames: 300 } });
-    const run = await sustained(store, path, 3_000);
+    const ran: CheckpointMessage[] = [];
+    const store = open(path, { backgroundCheckpoint: { intervalMs: 10, restartFrames: 300, onMessage: (m) => ran.push(m) } });
+    const run = await sustained(store, path, 3_000, ran);
     expect(run.admitted).toBeGreaterThan(2_000);
     expect(store.checkpointer!.stats.restarts).toBeGreaterThan(0);
-    // 300 frames asked for, plus what the groups add until the restart (a few
-    // MiB on a loaded box); PASSIVE alone reaches ~100 MiB in the same time.
-    expect(run.maxWal).toBeLessThan(BOUND);
+    // What the restart guarantees is that the WAL goes back to its start, again
+    // and again (~75 times in 3 s on an idle box, ~20 with its cores and disk
+    // busy), instead of growing with every write. How large it gets between
+    // two resets is the machine's: a worker left without a core, or a sync
+    // held up by the disk, lets the writer append meanwhile (a CI run saw
+    // 56 MiB once), so the size is reported, not asserted.
+    expect(run.resets, JSON.stringify({ maxWalMiB: run.maxWal / 2 ** 20, ...store.checkpointer!.stats })).toBeGreaterThanOrEqual(3);
   });
 
-  it('negative control: PASSIVE checkpoints alone (no restart) let the WAL grow past the bound, and the check sees it', async () => {
+  it('negative control: PASSIVE checkpoints alone (no restart) never take the WAL back to its start, and it grows past 32 MiB', async () => {
     const path = dbPath();
-    const store = open(path, { backgroundCheckpoint: { intervalMs: 10, restartFrames: Number.MAX_SAFE_INTEGER } });
-    const run = await sustained(store, path, 3_000);
+    const ran: CheckpointMessage[] = [];
+    const store = open(path, { backgroundCheckpoint: { intervalMs: 10, restartFrames: Number.MAX_SAFE_INTEGER, onMessage: (m) => ran.push(m) } });
+    const run = await sustained(store, path, 3_000, ran);
     expect(store.checkpointer!.stats.restarts).toBe(0);
     expect(store.checkpointer!.stats.passive).toBeGreaterThan(0);
-    expect(run.maxWal).toBeGreaterThan(BOUND);
+    expect(run.resets).toBeLessThan(3);
+    expect(run.maxWal).toBeGreaterThan(32 * 1024 * 1024);
   });
 
   // Linux only: a thread's nice value is field 19 of /proc/self/task/<tid>/stat (after the command's closing parenthesis).
