@@ -10,7 +10,7 @@
 import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
 import { createStep, type FenceContext, type FenceOptions } from './fenced-fetch.js';
 // One table for both sides of the wire: the gateway's MCP route reads these names and sends these codes.
-import { MCP_META } from '../protocol/mcp.js';
+import { caseVariantOf, MCP_CALL_MEMBERS, MCP_META, MCP_META_MEMBERS } from '../protocol/mcp.js';
 import { neverConnected } from '../protocol/connect-errors.js';
 
 /** The route's `data.type`s that mean "a newer owner holds the fence" (sent with -32001 / -32002, src/protocol/mcp.ts). */
@@ -139,8 +139,11 @@ function afterResult(err: unknown): boolean {
  * Builds a fenced MCP client for one attempt (in a handler: `ctx.mcp(client)`).
  * Each `callTool` checks the lease (throws `OwnershipUnknownError` or
  * `LeaseLostError` and sends nothing), adds the three `_meta` fields
- * (overwriting any the caller set; other `_meta` such as a progress token
- * stay; a `params.idempotencyKey` is dropped), aborts with the lease, and maps the answer:
+ * (overwriting any the caller set, in any case; other `_meta` such as a
+ * progress token stay; a `params.idempotencyKey`, in any case, is dropped;
+ * a `params` member that differs only in case from `name`, `arguments` or
+ * `_meta` is a `LeaseError` before anything starts), aborts with the lease,
+ * and maps the answer:
  *
  * - a JSON-RPC error (the route sends -32001 / -32002) with `data.type` `stale-fence` /
  *   `fence-expired`: the lease is lost (`markLost`, then `LeaseLostError`,
@@ -168,7 +171,22 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
     async callTool(params, resultSchema, requestOptions): Promise<Awaited<ReturnType<C['callTool']>>> {
       // A caller's (or a model's) params.idempotencyKey is dropped: the key is `<jobKey>:<step>`, sent in
       // _meta, and the route refuses a call whose two keys differ (docs/mcp.md "_meta fields").
-      const { step: stepName, idempotencyKey: _dropped, ...wire } = params;
+      // A member that differs from one of these only in case (`_Meta`,
+      // `IO.fencegate/Fence`) is what a case-insensitive upstream reads, so
+      // the route refuses the call: an `idempotencyKey` in any case is
+      // dropped like the exact one, a `_meta` field of ours in any case is
+      // replaced like the exact one, and a variant of `name`, `arguments` or
+      // `_meta` is the caller's mistake, said before anything starts.
+      const { step: stepName, ...given } = params;
+      const wire: McpToolCallParams = { name: given.name };
+      for (const [member, value] of Object.entries(given)) {
+        const variant = caseVariantOf(member, MCP_CALL_MEMBERS);
+        if (member === 'idempotencyKey' || variant === 'idempotencyKey') continue;
+        if (variant !== undefined) {
+          throw new LeaseError('invalid_input', `callTool: params.${member} differs only in case from "${variant}", which an mcp route refuses; pass it as "${variant}"`);
+        }
+        wire[member] = value;
+      }
       if (typeof wire.name !== 'string' || wire.name.length === 0) {
         throw new LeaseError('invalid_input', 'callTool: params.name must be a non-empty string');
       }
@@ -187,7 +205,7 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
         const sent: McpToolCallParams = {
           ...wire,
           _meta: {
-            ...wire._meta,
+            ...Object.fromEntries(Object.entries(wire._meta ?? {}).filter(([member]) => caseVariantOf(member, MCP_META_MEMBERS) === undefined)),
             [MCP_META.fence]: fence,
             [MCP_META.entity]: fenceKey,
             [MCP_META.idempotencyKey]: idempotencyKey,

@@ -1,3 +1,4 @@
+import { foldName } from '../core/json-duplicates.js';
 import { ERROR_CODES, type ErrorCode } from './codes.js';
 import { retryAfterHeader, type Refusal, type RenderedError } from './problem.js';
 
@@ -13,6 +14,23 @@ export const MCP_META = {
   entity: 'io.fencegate/entity',
   idempotencyKey: 'io.fencegate/idempotency-key',
 } as const;
+
+/** The members of `params` a `tools/call` is read by: MCP's `name`, `arguments` and `_meta`, and an mcp route's `idempotencyKey`. */
+export const MCP_CALL_MEMBERS: readonly string[] = ['name', 'arguments', '_meta', 'idempotencyKey'];
+/** The members of `params._meta` an mcp route reads. */
+export const MCP_META_MEMBERS: readonly string[] = Object.values(MCP_META);
+
+/**
+ * The member of `expected` that `name` differs from only in case, or
+ * undefined (an exact name is no variant). A case-insensitive decoder (Go,
+ * .NET) reads the variant as that member, so the route refuses it and
+ * `fencedMcp` never sends one (DESIGN §3.3; the fold of §3.4).
+ */
+export function caseVariantOf(name: string, expected: readonly string[]): string | undefined {
+  if (expected.includes(name)) return undefined;
+  const folded = foldName(name);
+  return expected.find((e) => foldName(e) === folded);
+}
 
 /**
  * JSON-RPC error code per refusal, in the implementation-defined server

@@ -1,7 +1,7 @@
 import type { RouteConfig } from '../../config/schema.js';
-import { duplicateOnPointerPath, foldName } from '../../core/json-duplicates.js';
+import { duplicateOnPointerPath } from '../../core/json-duplicates.js';
 import { parseEntity, parseFence, parseIdempotencyKey, type Parsed } from '../../protocol/headers.js';
-import { MCP_META } from '../../protocol/mcp.js';
+import { caseVariantOf, MCP_CALL_MEMBERS, MCP_META, MCP_META_MEMBERS } from '../../protocol/mcp.js';
 import type { Refusal } from '../../protocol/problem.js';
 import { foldedOnPointerPath, foldedReason, tokensOf, valueAtPointer, type Command } from '../command.js';
 import type { HeaderReader } from '../inbound.js';
@@ -78,11 +78,6 @@ export function parseToolCommand(
   return { ok: true, command: { fence, signedFence, key, entity: entity.entity } };
 }
 
-/** The members of `params` a tools/call is read by (MCP's `name`, `arguments`, `_meta`, and the route's `idempotencyKey`). */
-const PARAMS_MEMBERS = ['name', 'arguments', '_meta', 'idempotencyKey'];
-/** The members of `params._meta` the route reads. */
-const META_MEMBERS: string[] = Object.values(MCP_META);
-
 /**
  * A member of `params`, or of `params._meta`, whose name differs only in case
  * from one the route reads (`_Meta`, `IdempotencyKey`, `IO.fencegate/Fence`):
@@ -97,17 +92,16 @@ const META_MEMBERS: string[] = Object.values(MCP_META);
  * the value sent.
  */
 function foldedCallMember(call: ToolCall): string | null {
-  const find = (obj: Record<string, unknown>, expected: string[]): string | undefined => {
+  const find = (obj: Record<string, unknown>, expected: readonly string[]): string | undefined => {
     for (const name of Object.keys(obj)) {
-      if (expected.includes(name)) continue;
-      const hit = expected.find((e) => foldName(e) === foldName(name));
+      const hit = caseVariantOf(name, expected);
       if (hit !== undefined) return hit;
     }
     return undefined;
   };
-  const inParams = find(call.params, PARAMS_MEMBERS);
+  const inParams = find(call.params, MCP_CALL_MEMBERS);
   if (inParams !== undefined) return `tools/call params has a member whose name differs only in case from "${inParams}", which a case-insensitive decoder reads as it; send it exactly as "${inParams}"`;
-  const inMeta = find(call.meta, META_MEMBERS);
+  const inMeta = find(call.meta, MCP_META_MEMBERS);
   if (inMeta !== undefined) return `tools/call params._meta has a member whose name differs only in case from "${inMeta}", which a case-insensitive decoder reads as it; send it exactly as "${inMeta}"`;
   return null;
 }
