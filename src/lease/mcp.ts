@@ -178,15 +178,17 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
       // replaced like the exact one, and a variant of `name`, `arguments` or
       // `_meta` is the caller's mistake, said before anything starts.
       const { step: stepName, ...given } = params;
-      const wire: McpToolCallParams = { name: given.name };
+      const kept: [string, unknown][] = [];
       for (const [member, value] of Object.entries(given)) {
         const variant = caseVariantOf(member, MCP_CALL_MEMBERS);
         if (member === 'idempotencyKey' || variant === 'idempotencyKey') continue;
         if (variant !== undefined) {
           throw new LeaseError('invalid_input', `callTool: params.${member} differs only in case from "${variant}", which an mcp route refuses; pass it as "${variant}"`);
         }
-        wire[member] = value;
+        kept.push([member, value]);
       }
+      // fromEntries defines each member as it is (a "__proto__" member stays one, never a prototype).
+      const wire = Object.fromEntries(kept) as McpToolCallParams;
       if (typeof wire.name !== 'string' || wire.name.length === 0) {
         throw new LeaseError('invalid_input', 'callTool: params.name must be a non-empty string');
       }
@@ -205,7 +207,7 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
         const sent: McpToolCallParams = {
           ...wire,
           _meta: {
-            ...Object.fromEntries(Object.entries(wire._meta ?? {}).filter(([member]) => caseVariantOf(member, MCP_META_MEMBERS) === undefined)),
+            ...Object.fromEntries(Object.entries(Object.hasOwn(wire, '_meta') ? (wire._meta ?? {}) : {}).filter(([member]) => caseVariantOf(member, MCP_META_MEMBERS) === undefined)),
             [MCP_META.fence]: fence,
             [MCP_META.entity]: fenceKey,
             [MCP_META.idempotencyKey]: idempotencyKey,

@@ -52,12 +52,13 @@ async function callWithVariants() {
     IdempotencyKey: 'model-chosen',
     _meta: { 'IO.fencegate/Fence': '999', 'io.fencegate/IDEMPOTENCY-KEY': 'mine', progressToken: 'p9' },
   });
-  return { ctx, arrival: server.arrivals.at(-1)! };
+  return { ctx, arrival: server.arrivals.at(-1)!, params: server.paramNames.at(-1)! };
 }
 
 describe('fencedMcp and names that differ only in case', () => {
   test('a caller’s variants of the _meta fields and of idempotencyKey are dropped: only the exact three arrive, with our values', async () => {
-    const { ctx, arrival } = await callWithVariants();
+    const { ctx, arrival, params } = await callWithVariants();
+    expect(params.sort()).toEqual(['_meta', 'arguments', 'name']);
     expect(variants(arrival.meta)).toEqual([]);
     expect(arrival.meta).toMatchObject({
       'io.fencegate/fence': '7',
@@ -78,9 +79,18 @@ describe('fencedMcp and names that differ only in case', () => {
     expect(events).toEqual([]);
   });
 
+  test('a params member named __proto__ is sent as a member, as before, and lends the call no _meta', async () => {
+    const { ctx } = context();
+    const params = JSON.parse('{"name":"create_ticket","arguments":{"title":"proto"},"__proto__":{"_meta":{"adopted":1}}}');
+    await fencedMcp(client, ctx).callTool(params);
+    expect(server.paramNames.at(-1)).toContain('__proto__');
+    expect(server.arrivals.at(-1)!.meta).not.toHaveProperty('adopted');
+  });
+
   test('negative control: with the folding off, the variants reach the server', async () => {
     fold.mode = 'none';
-    const { arrival } = await callWithVariants();
+    const { arrival, params } = await callWithVariants();
+    expect(params).toContain('IdempotencyKey');
     expect(variants(arrival.meta)).toEqual(['IO.fencegate/Fence', 'io.fencegate/IDEMPOTENCY-KEY']);
     const { ctx } = context();
     const before = server.arrivals.length;

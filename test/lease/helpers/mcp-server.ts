@@ -33,6 +33,8 @@ export interface TicketServer {
   url: string;
   /** Calls that reached a tool, in order. */
   arrivals: ToolArrival[];
+  /** The member names of every tools/call's `params` as the server received them (the SDK's parsing drops unknown ones). */
+  paramNames: string[][];
   tickets: { id: string; title: string; fence: unknown; key: unknown }[];
   refusals: Refusal[];
   /** Switches the fencing check off (negative controls) or on. */
@@ -53,6 +55,7 @@ async function readJson(req: IncomingMessage): Promise<any> {
 
 export async function startTicketServer(): Promise<TicketServer> {
   const arrivals: ToolArrival[] = [];
+  const paramNames: string[][] = [];
   const tickets: TicketServer['tickets'] = [];
   const refusals: Refusal[] = [];
   const highest = new Map<string, number>();
@@ -66,6 +69,7 @@ export async function startTicketServer(): Promise<TicketServer> {
   const http: Server = createServer(async (req, res) => {
     const body = await readJson(req);
     if (body?.method === 'tools/call') {
+      paramNames.push(Object.keys(body.params ?? {}));
       if (held) await held;
       const meta = (body.params?._meta ?? {}) as Record<string, unknown>;
       const reply = (error: { code: number; message: string; data?: unknown }, refusal?: string) => {
@@ -120,6 +124,7 @@ export async function startTicketServer(): Promise<TicketServer> {
   return {
     url,
     arrivals,
+    paramNames,
     tickets,
     refusals,
     get fencing() {
