@@ -140,7 +140,10 @@ describe('signed fences: a worker paused past its lease', () => {
   it('is refused 409 fence-expired before any newer owner shows up, and logged', async () => {
     const tmp = tempDir();
     cleanups.push(() => tmp.cleanup());
-    const jobs = createSqliteJobStore({ path: join(tmp.dir, 'jobs.db'), leaseMs: 3000 });
+    // The signed exp is the lease end rounded down to the second, so the
+    // first charge has leaseMs − 1 s at worst to land before it: 5 s, room
+    // for a stalled disk or CPU. The wait past it below is the test's point.
+    const jobs = createSqliteJobStore({ path: join(tmp.dir, 'jobs.db'), leaseMs: 6_000 });
     cleanups.push(() => jobs.close());
     const up = await upstream();
     const gw = await gateway([paymentsRoute(up.url)]);

@@ -177,8 +177,10 @@ describe('undici forwarder', () => {
     const started = Date.now();
     const result = await forwarder().forward(post(`${up.origin}/x`, { timeoutMs: 300 }));
     expect(result).toEqual({ kind: 'unknown', error: 'timeout', timedOut: true });
-    // Well before the 5 s this test allows: the trickle would go on forever.
-    expect(Date.now() - started).toBeLessThan(3_000);
+    // The trickle would go on forever; ending at all, well inside the 30 s
+    // test timeout, is the point. The bound is loose so that a stalled CPU
+    // cannot fail a forwarder that did stop at its 300 ms deadline.
+    expect(Date.now() - started).toBeLessThan(10_000);
   });
 
   it('a request still queued for a connection at its deadline is "refused" (nothing sent) and never sent afterwards', async () => {

@@ -290,7 +290,9 @@ describe('upstream outcomes', () => {
 
   it('504 upstream-timeout: the record becomes outcome_unknown and the retry gets 409 outcome-unknown', async () => {
     const up = await upstream();
-    const gw = await gateway([paymentsRoute(up.url, { timeoutMs: 300 })]);
+    // Short enough that the hang below ends soon, long enough that the last
+    // command, which must succeed, is not timed out by a stalled box.
+    const gw = await gateway([paymentsRoute(up.url, { timeoutMs: 1_000 })]);
     up.behave(() => ({ kind: 'hang' }));
     await expectProblem(await command(gw.url, '/payments/charges', { fence: 1, entity: 'e', key: 'k' }), 504, 'upstream-timeout');
     expect(recordRows(gw.sqlite, 'k')[0]!.state).toBe('outcome_unknown');

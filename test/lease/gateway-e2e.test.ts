@@ -49,8 +49,11 @@ describe('fencegate/lease through the real gateway', () => {
   async function start(options: Partial<RunWorkerOptions> & Pick<RunWorkerOptions, 'handlers' | 'workerId'>) {
     const worker = await runWorker({
       store,
-      leaseMs: 600,
-      heartbeatMs: 100,
+      // Long enough that a stalled disk or a stolen CPU does not end a lease
+      // mid-test (a re-claim would raise the fence the tests check); no test
+      // here waits for a lease to run out, they expire it (expireLease).
+      leaseMs: 5_000,
+      heartbeatMs: 300,
       maxMissedHeartbeats: 3,
       jitterMs: 50,
       pollIntervalMs: 25,

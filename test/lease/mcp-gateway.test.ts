@@ -58,7 +58,10 @@ describe('fencedMcp through the gateway mcp route', () => {
   });
 
   async function start(options: Pick<RunWorkerOptions, 'handlers' | 'workerId'>) {
-    const worker = await runWorker({ store, leaseMs: 600, heartbeatMs: 100, maxMissedHeartbeats: 3, jitterMs: 50, pollIntervalMs: 25, threadExecArgv: TS_EXEC_ARGV, ...options });
+    // Long enough that a stalled disk or a stolen CPU does not end a lease
+    // mid-test (a re-claim would raise the fence the tests check); no test
+    // here waits for a lease to run out, they expire it (expireLease).
+    const worker = await runWorker({ store, leaseMs: 5_000, heartbeatMs: 300, maxMissedHeartbeats: 3, jitterMs: 50, pollIntervalMs: 25, threadExecArgv: TS_EXEC_ARGV, ...options });
     workers.push(worker);
     return worker;
   }

@@ -42,16 +42,23 @@ function gate() {
   return { open, opened };
 }
 
-// Short leases keep the suite quick; the invariant still holds:
-// 500 > 3 × 80 + 50.
-const TIMING = { leaseMs: 500, heartbeatMs: 80, maxMissedHeartbeats: 3, jitterMs: 50 } as const;
 /**
- * For the tests whose point needs every heartbeat to land (or a lease to be
- * lost for one reason only): a shared disk that stalls an fsync for most of
- * a 500 ms lease ends it, correctly, and a CI run saw exactly that (46%
- * iowait). Three times the lease, and time to miss three beats of 150 ms.
+ * The suite's default: a lease that never runs out while a test looks (a
+ * shared disk stalls an fsync for seconds, and a lapsed lease re-claims the
+ * job with the next token, which the tests check). No test waits for it to
+ * end: those that need a lease gone expire it in the database
+ * (`db.expireLease`) or set a short lease of their own. 5000 > 3 × 80 + 50.
+ */
+const TIMING = { leaseMs: 5_000, heartbeatMs: 80, maxMissedHeartbeats: 3, jitterMs: 50 } as const;
+/**
+ * For the tests whose point is a lease lost for one reason only (the stall)
+ * or kept across a blocked event loop: short enough to wait for, three times
+ * a 500 ms lease that a CI run's stalled fsyncs ended (46% iowait), and time
+ * to miss three beats of 150 ms.
  */
 const STALL_PROOF = { leaseMs: 1_500, heartbeatMs: 150 } as const;
+/** For the tests that watch heartbeats keep a lease across several lease lengths: longer than the stalls seen. */
+const BEATING = { leaseMs: 4_000, heartbeatMs: 300 } as const;
 
 /**
  * `all`: every test. `store-dependent`: only those whose outcome depends on
@@ -100,15 +107,15 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       return { worker, events };
     }
 
-    test('the heartbeat keeps a slow handler’s lease alive for 5× the lease length', async () => {
-      const { leaseMs } = STALL_PROOF;
+    test('the heartbeat keeps a slow handler’s lease alive for 3× the lease length', async () => {
+      const { leaseMs } = BEATING;
       const kind = unique('slow');
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
       const { worker, events } = await start({
-        ...STALL_PROOF,
+        ...BEATING,
         handlers: {
           [kind]: async () => {
-            await sleep(5 * leaseMs);
+            await sleep(3 * leaseMs);
             return { done: true };
           },
         },
@@ -129,11 +136,11 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
 
     test('a short event-loop block (longer than the lease, shorter than the allowed stall) keeps the lease', async () => {
       // Each try is a new job. A try whose lease ran out counts as the
-      // machine's only with evidence that the store or the heartbeat thread
-      // fell behind (a beat that failed or was given up on, or two confirmed
-      // lease ends further apart than half a lease); without it, the test
-      // fails at once. A runner whose heartbeats stop while the loop is
-      // blocked loses every try (the stall test below is that case).
+      // machine's only with evidence from the store's side: a beat that
+      // failed, or one that took a third of the lease to answer (an fsync
+      // held up by a shared disk). Without it the test fails at once: a
+      // heartbeat thread that stops beating while the loop is blocked (the
+      // bug this test is for) loses the lease with every beat answered fast.
       const tries: unknown[] = [];
       for (let attempt = 1; attempt <= 3; attempt++) {
         const kind = unique('block');
@@ -160,18 +167,16 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
         const row = await store.get(job.id);
         if (row?.state === 'succeeded' && row.fencingToken === 1 && row.result === 'survived') return;
         const mine = events.filter((e) => 'jobId' in e && e.jobId === job.id && 'fencingToken' in e && e.fencingToken === 1);
-        const ends = mine.flatMap((e) => (e.type === 'job_claimed' || e.type === 'heartbeat_ok' ? [e.leaseUntil.getTime()] : []));
-        const widest = Math.max(0, ...ends.slice(1).map((end, i) => end - ends[i]!));
-        const fellBehind =
-          widest > STALL_PROOF.leaseMs / 2 ||
-          mine.some((e) => e.type === 'heartbeat_failed' || (e.type === 'heartbeat_lost' && e.cause === 'unconfirmed'));
-        const seen = { attempt, row: { state: row?.state, fencingToken: row?.fencingToken }, widestGapMs: widest, events: mine.map((e) => e.type) };
+        const latencies = mine.flatMap((e) => (e.type === 'heartbeat_ok' ? [Math.round(e.latencyMs)] : []));
+        const fellBehind = mine.some((e) => e.type === 'heartbeat_failed') || latencies.some((ms) => ms > STALL_PROOF.leaseMs / 3);
+        const lost = mine.find((e) => e.type === 'heartbeat_lost');
+        const seen = { attempt, row: { state: row?.state, fencingToken: row?.fencingToken }, lost: lost?.type === 'heartbeat_lost' ? lost.cause : null, latencies, events: mine.map((e) => e.type) };
         expect(fellBehind, JSON.stringify(seen)).toBe(true);
         tries.push(seen);
         await worker.stop({ release: true });
       }
       expect.fail(`the lease was lost in every try: ${JSON.stringify(tries)}`);
-    });
+    }, 90_000);
 
     test('a handler stalled past the allowed stall loses its lease, its completion is refused, the next owner gets token+1', async () => {
       const kind = unique('stall');
@@ -204,8 +209,8 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {}, maxAttempts: 1 });
       let abortReason: unknown;
       const { worker, events } = await start({
-        ...STALL_PROOF,
-        kinds: { [kind]: { maxRunMs: 3 * STALL_PROOF.leaseMs } },
+        ...BEATING,
+        kinds: { [kind]: { maxRunMs: 3_000 } },
         handlers: {
           // A browser waiting forever on a modal: alive, heartbeating, stuck.
           [kind]: ({ signal }) =>
@@ -223,7 +228,8 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       expect((abortReason as LeaseError).code).toBe('stage_timeout');
       const before = events.slice(0, events.indexOf(failed));
       expect(before.filter((e) => e.type === 'heartbeat_ok').length).toBeGreaterThanOrEqual(3);
-      expect(before.filter((e) => e.type === 'heartbeat_lost' || e.type === 'heartbeat_failed')).toEqual([]);
+      // A beat may fail on a loaded machine (PostgreSQL's statement timeout); none was lost, and ownership never in doubt.
+      expect(before.filter((e) => e.type === 'heartbeat_lost' || e.type === 'ownership_unknown')).toEqual([]);
       expect(await store.get(job.id)).toMatchObject({ state: 'failed', reason: 'max_attempts', error: { code: 'stage_timeout', attempt: 1 } });
     });
 
@@ -541,7 +547,7 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       // Nobody can take it while the lease the dead worker last extended lives …
       expect((await store.claim({ workerId: 'rescuer', kinds: [kind] })).lease).toBeNull();
       // … and right after it runs out (database time), the next claim gets it with token+1.
-      const lease = await eventually(async () => (await store.claim({ workerId: 'rescuer', kinds: [kind] })).lease);
+      const lease = await eventually(async () => (await store.claim({ workerId: 'rescuer', kinds: [kind] })).lease, 20_000);
       expect(lease).toMatchObject({ id: job.id, fencingToken: 2, attempt: 2, previousOwnerId: 'doomed' });
     });
   });

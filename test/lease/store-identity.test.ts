@@ -70,7 +70,7 @@ describe('job stores behind one gateway', () => {
       // Long enough that a shared disk's fsync stall does not end a lease
       // mid-test (a re-claim would raise the fence the tests check); no test
       // here waits for a lease to run out, they expire it (expireLease).
-      leaseMs: 3_000,
+      leaseMs: 5_000,
       heartbeatMs: 300,
       maxMissedHeartbeats: 3,
       jitterMs: 50,

@@ -69,7 +69,10 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
     await w1.next((m) => m.msg === 'sending');
     w1.pause(); // frozen with its charge on the wire: no lock renewals from here on
 
-    const w2 = startWorker('W2', { ...common, hold: false });
+    // W1 keeps the 1 s lock that W2's stalled check finds expired; W2's own
+    // lock is far longer than its run, so a stalled box cannot let it lapse
+    // and have the job taken over (or failed as stalled) a second time.
+    const w2 = startWorker('W2', { ...common, hold: false, lockDuration: 10_000 });
     const w2Started = await w2.next((m) => m.msg === 'started');
     const w2Paid = await w2.next((m) => m.msg === 'paid');
     await w2.next((m) => m.msg === 'completed');

@@ -55,7 +55,7 @@ async function sustained(store: SqliteGatewayStore, path: string, ms: number, ra
     }
   };
   await Promise.all(Array.from({ length: 50 }, loop));
-  const logs = ran.flatMap((m) => (m.type === 'ran' && m.mode === 'PASSIVE' ? [m.log] : []));
+  const logs = ran.flatMap((m) => (m.type === 'ran' && m.mode === 'PASSIVE' && m.log >= 0 ? [m.log] : []));
   const resets = logs.filter((log, i) => i > 0 && log < logs[i - 1]!).length;
   return { maxWal, admitted, resets };
 }

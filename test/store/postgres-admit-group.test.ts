@@ -240,7 +240,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
   });
 
   it('clock: an element that meets another session\'s row lock is left to run alone; the others commit at once, their locks whole', async () => {
-    const a = fresh({ lockMs: 1_000 });
+    // A lock far longer than the test: the retry below must meet it still
+    // held however long a loaded box takes to get there (the control shows
+    // what a spent one looks like).
+    const a = fresh({ lockMs: 10_000 });
     const b = fresh();
     const held = await holdEntity(b.entity!);
     const admit = admitVia({ budgetMs: null }); // no budget: a loaded box must not defer more than the lock does
@@ -362,7 +365,15 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group: close', () => {
     await answers[0];
     await until(async () => groupOf(s).stats.deferred >= 1 && (await held.waiters()) >= 1, "B's statement alone out, waiting for the row");
     const closed = s.close().then(() => events.push('closed'));
-    await sleep(200);
+    if (drain) {
+      // A close() that did not wait for B would be done within this window
+      // (the control's close is); this one must still be waiting at its end.
+      await sleep(200);
+    } else {
+      // The control's point is a close that does not wait for B: let it
+      // finish, however slow the box, before B's row is freed.
+      await Promise.race([closed, sleep(10_000)]);
+    }
     await held.release();
     await closed;
     await Promise.all(answers);

@@ -331,7 +331,10 @@ describe('group commit while waiting for the lock', () => {
   });
 
   it('a decision whose wait is over fails alone, nothing of it written; one queued later still waits and goes through', async () => {
-    const { store, path } = open({ busyTimeoutMs: 1000 });
+    // The first decision waits the whole timeout (the lock stays held) and
+    // fails; the later one only has to outlast the few steps to the COMMIT
+    // below, which a stalled box can stretch past a second.
+    const { store, path } = open({ busyTimeoutMs: 3_000 });
     const other = new Database(path);
     other.exec('BEGIN IMMEDIATE');
     await expect(store.admit(admitInput({ key: 'timed-out' }))).rejects.toThrow(/locked/);

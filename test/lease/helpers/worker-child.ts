@@ -13,8 +13,10 @@ const reply = (message: unknown) => process.stdout.write(`${JSON.stringify(messa
 const worker = await runWorker({
   store,
   workerId,
-  leaseMs: 600,
-  heartbeatMs: 100,
+  // Longer than a stalled fsync, so that only the kill ends the lease; the
+  // test then waits this long for it.
+  leaseMs: 5_000,
+  heartbeatMs: 300,
   maxMissedHeartbeats: 3,
   jitterMs: 50,
   pollIntervalMs: 50,
