@@ -90,7 +90,8 @@ describe.skipIf(skipReason !== null)('console in headless Chromium, with caller 
 
     const noisy = await open(true);
     expect(noisy.requests.filter((p) => p.includes('/v1/')).sort()).toEqual(['/_fencegate/v1/idempotency', '/_fencegate/v1/operator-actions', '/_fencegate/v1/rejections']);
-    await expect.poll(async () => (await gw.sqlite.listRejections({ limit: 1000, reason: 'unauthorized' })).items.length).toBe(3);
+    // The three audit rows are written after the page went idle; a stalled disk may take seconds.
+    await expect.poll(async () => (await gw.sqlite.listRejections({ limit: 1000, reason: 'unauthorized' })).items.length, { timeout: 10_000 }).toBe(3);
   });
 
   it('`<adminPrefix>` sends the browser on to `<adminPrefix>/`, where the console is', { timeout: 30_000 }, async () => {

@@ -16,7 +16,12 @@ import { killAll, ROOT, spawnProc, writeJson, type Proc } from '../helpers/child
 // turns (the forwarder's test-only option).
 
 const CHILD = join(ROOT, 'test', 'faults', 'toolkit', 'grace-gateway-child.mjs');
-const TIMEOUT_MS = 300;
+// Long enough that the deadline cannot pass between the upstream getting
+// the request and the stop taking effect, however slow a loaded box is to
+// get there (at a few hundred ms it did, and the caller got a 504 with no
+// pause at all); the pause is measured from the request, so a longer
+// deadline costs only its own length.
+const TIMEOUT_MS = 3_000;
 // Linux only: the test stops the gateway once its main thread sleeps in epoll_wait.
 const HAS_WCHAN = existsSync('/proc/self/wchan');
 
@@ -75,6 +80,9 @@ async function pausedWhileAnswered(name: string, graceTurns?: number): Promise<{
   const calls = up.calls.length;
   const answer = command(url, '/payments/charges', { fence: 1, entity: `e-${name}`, key: `k-${name}` });
   await up.waitForCalls(calls + 1);
+  // The gateway started its deadline before it sent the request, so the
+  // deadline is due by TIMEOUT_MS from now at the latest.
+  const sentAt = Date.now();
   // The request is sent and the gateway waits for the answer: stop it there.
   await untilIdleInPoll(gateway.pid);
   gateway.pause();
@@ -82,8 +90,8 @@ async function pausedWhileAnswered(name: string, graceTurns?: number): Promise<{
   // The answer goes into the stopped gateway's socket.
   stopped.open();
   await up.waitFor(() => up.calls[calls]!.finished, 'the answer written');
-  // Paused well past the deadline (a wait, not a timing assertion).
-  await new Promise((r) => setTimeout(r, TIMEOUT_MS * 3));
+  // Paused until well past the deadline (a wait, not a timing assertion).
+  await new Promise((r) => setTimeout(r, Math.max(0, sentAt + TIMEOUT_MS + 500 - Date.now())));
   gateway.resume();
   const retry = () => command(url, '/payments/charges', { fence: 1, entity: `e-${name}`, key: `k-${name}` });
   return { res: await answer, gateway, retry };

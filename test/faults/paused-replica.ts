@@ -13,9 +13,14 @@ import type { GatewayStore } from '../../src/store/types.js';
  * is then admitted and forwarded for the same entity. When the held answer
  * arrives, the gateway must not send fence 6: the upstream would see 7, then 6.
  *
- * The route's lock is short (timeoutMs 300 + lockMarginMs 300) so the
- * expiry comes quickly; the test waits for it by reading the database, not
- * by a fixed sleep, and asserts order and counts, never timings.
+ * The paused request's route has a short lock (timeoutMs 300 + lockMarginMs
+ * 300) so the expiry comes quickly; the test waits for it by reading the
+ * database, not by a fixed sleep, and asserts order and counts, never
+ * timings. Fence 7 goes through a second route to the same upstream, for
+ * the same entity (fences and the serial slot are the entity's, not the
+ * route's), with the default multi-second deadline: 300 ms to an upstream
+ * in this process is not enough on a loaded box, and a 504 there would say
+ * nothing about fence 6.
  */
 export interface PausedReplicaRun {
   /** The paused request's answer. */
@@ -33,13 +38,14 @@ const ENTITY = 'tool-job:paused-1';
 export async function runPausedReplica(backend: Backend): Promise<PausedReplicaRun> {
   const upstream = await startUpstream();
   const route = paymentsRoute(upstream.url, { timeoutMs: 300, lockMarginMs: 300 });
+  const newerRoute = paymentsRoute(upstream.url, { name: 'payments-newer', match: { path: '/newer/payments/*', methods: ['POST'] } });
   // Assigned in wrapStore (a callback): the cast keeps TypeScript from narrowing it to null.
   let held = null as ReturnType<typeof holdAdmission> | null;
   const wrapStore = (store: GatewayStore) => {
     held = holdAdmission(store, (i) => i.fence === 6n);
     return held.store;
   };
-  const gw = backend === 'sqlite' ? await startTestGateway({ routes: [route], wrapStore }) : await startPgTestGateway({ routes: [route], wrapStore });
+  const gw = backend === 'sqlite' ? await startTestGateway({ routes: [route, newerRoute], wrapStore }) : await startPgTestGateway({ routes: [route, newerRoute], wrapStore });
   const real: GatewayStore = 'sqlite' in gw ? gw.sqlite : gw.store;
   const slotLive = async (): Promise<boolean> => (await real.getEntity(ENTITY))?.inflight != null;
   try {
@@ -48,7 +54,7 @@ export async function runPausedReplica(backend: Backend): Promise<PausedReplicaR
     expect(admission.outcome).toBe('forward');
     // The database's own clock says when the slot (and the record lock) expired.
     await until(async () => !(await slotLive()), 'the paused request slot to expire in the database');
-    const newer = await command(gw.url, '/payments/charges', { fence: 7, entity: ENTITY, key: 'newer-7' });
+    const newer = await command(gw.url, '/newer/payments/charges', { fence: 7, entity: ENTITY, key: 'newer-7' });
     expect(newer.status).toBe(201);
     held!.release();
     const res = await pausedReq;

@@ -66,15 +66,25 @@ export interface ScenarioResult {
   job: Job;
 }
 
-const LEASE = { leaseMs: 1_500, heartbeatMs: 250, maxMissedHeartbeats: 2, jitterMs: 100 };
+type LeaseTiming = Pick<WorkerChildConfig, 'leaseMs' | 'heartbeatMs' | 'maxMissedHeartbeats' | 'jitterMs'>;
 
-function workerConfig(workerId: string, store: WorkerChildConfig['store'], gatewayUrl: string): WorkerChildConfig {
+/** W1's lease: short, because the story waits for it to expire. */
+const LEASE: LeaseTiming = { leaseMs: 1_500, heartbeatMs: 250, maxMissedHeartbeats: 2, jitterMs: 100 };
+/**
+ * W2's lease: long. Nothing waits for it to expire; with W1's 1.5 s, a single
+ * extend of W2's held up ~1.25 s by a slow fsync on a loaded box was enough
+ * for W2 to lose its lease and the token to move on past W1's + 1, with no
+ * code at fault.
+ */
+const W2_LEASE: LeaseTiming = { leaseMs: 10_000, heartbeatMs: 500, maxMissedHeartbeats: 2, jitterMs: 100 };
+
+function workerConfig(workerId: string, store: WorkerChildConfig['store'], gatewayUrl: string, lease: LeaseTiming = LEASE): WorkerChildConfig {
   return {
     workerId,
     store,
     gatewayUrl,
     handler: 'scenario',
-    ...LEASE,
+    ...lease,
     pollIntervalMs: 100,
     concurrency: 1,
     statementTimeoutMs: 2_000,
@@ -196,7 +206,7 @@ async function scenario(options: ScenarioOptions, r: Resources, log: (line: stri
     log('W1: heartbeat failed');
   }
 
-  const w2 = spawnWorker(workerConfig('w2', w2Store, gateway.url));
+  const w2 = spawnWorker(workerConfig('w2', w2Store, gateway.url, W2_LEASE));
   r.workers.push(w2);
   const claimed2 = await w2.waitFor(event('job_claimed', job.id), "W2's claim after W1's lease expired", 60_000);
   const w2Token = claimed2.token as number;

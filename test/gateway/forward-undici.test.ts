@@ -191,7 +191,7 @@ describe('undici forwarder', () => {
     });
     const f = forwarder(1);
     const slow = f.forward(post(`${up.origin}/slow`, { timeoutMs: 5_000 }));
-    await expect.poll(() => up.seen.length).toBe(1);
+    await expect.poll(() => up.seen.length, { timeout: 10_000 }).toBe(1);
     // One connection, busy: this one waits in undici's queue past its deadline.
     const queued = await f.forward(post(`${up.origin}/queued`, { timeoutMs: 150 }));
     expect(queued).toEqual({ kind: 'refused', error: 'deadline-before-send' });
@@ -351,7 +351,7 @@ describe('undici forwarder: startBy', () => {
     });
     const f = forwarder(1);
     const slow = f.forward(post(`${up.origin}/slow`, { timeoutMs: 5_000 }));
-    await expect.poll(() => up.seen.length).toBe(1);
+    await expect.poll(() => up.seen.length, { timeout: 10_000 }).toBe(1);
     // Queued behind /slow on the one connection, with a start bound that passes while it waits.
     const queued = f.forward(post(`${up.origin}/queued`, { timeoutMs: 5_000, startBy: performance.now() + 100 }));
     await new Promise((r) => setTimeout(r, 200));

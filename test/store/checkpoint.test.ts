@@ -123,7 +123,7 @@ describe('sqlite background checkpoints', () => {
   it('falls back to SQLite’s own checkpoints when the worker dies', async () => {
     const store = open(dbPath());
     await (store.checkpointer as unknown as { worker: { terminate(): Promise<number> } }).worker.terminate();
-    await expect.poll(() => store.db.pragma('wal_autocheckpoint', { simple: true })).toBe(1000);
+    await expect.poll(() => store.db.pragma('wal_autocheckpoint', { simple: true }), { timeout: 10_000 }).toBe(1000);
   });
 });
 

@@ -56,23 +56,34 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: expiries are measured from when the 
    * Runs `decide` while another connection holds the row `lockSql` locks;
    * lets go HOLD_MS after the decision is seen waiting for it. Returns the
    * database clock just before the release (as text, microseconds intact).
+   * `whileWaiting`, if given, runs on the holder's connection once the
+   * decision waits, with the start of the decision's transaction (its now()).
    */
-  async function whileLocked<T>(lockSql: string, params: unknown[], waiter: string, decide: () => Promise<T>): Promise<{ released: string; result: T }> {
+  async function whileLocked<T>(
+    lockSql: string,
+    params: unknown[],
+    waiter: string,
+    decide: () => Promise<T>,
+    whileWaiting?: (holder: pg.PoolClient, waiterStart: string) => Promise<void>,
+  ): Promise<{ released: string; result: T }> {
     const holder = await schema.pool.connect();
     try {
       await holder.query('BEGIN');
       expect((await holder.query(lockSql, params)).rowCount).toBe(1);
       const pending = decide();
       pending.catch(() => {});
+      let waiterStart: string | undefined;
       for (let i = 0; ; i++) {
-        const { rows } = await schema.pool.query<{ n: number }>(
-          "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+        const { rows } = await schema.pool.query<{ start: string }>(
+          "SELECT xact_start::text AS start FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock' AND xact_start IS NOT NULL",
           [waiter],
         );
-        if (rows[0]!.n > 0) break;
+        waiterStart = rows[0]?.start;
+        if (waiterStart !== undefined) break;
         if (i > 250) throw new Error('the decision never waited for the row lock');
         await sleep(20);
       }
+      await whileWaiting?.(holder, waiterStart);
       await sleep(HOLD_MS);
       const { rows } = await holder.query<{ t: string }>('SELECT clock_timestamp()::text AS t');
       await holder.query('COMMIT');
@@ -161,8 +172,14 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: expiries are measured from when the 
   it('a record lock that ran out while the admission waited reads as expired (the dead owner\'s record becomes outcome_unknown)', async () => {
     const outcomes: Record<string, string> = {};
     for (const impl of impls()) {
-      // A lock of LOCK_MS, still alive when the retry starts, gone (HOLD_MS > LOCK_MS) when it gets the row.
-      const holderOfKey = command({ entity: null, fence: null, mode: 'concurrent', lockMs: LOCK_MS });
+      // A lock still alive when the retry starts and gone when it gets the
+      // row. Not left to timing (a stall of about LOCK_MS between the two
+      // admissions would let a LOCK_MS lock run out before the retry starts,
+      // and the control would read it as expired too): the lock is written
+      // long, and while the retry waits it is made to end 1 ms after the
+      // retry's transaction start, its now(). The retry gets the row HOLD_MS
+      // after it was seen waiting, long after that.
+      const holderOfKey = command({ entity: null, fence: null, mode: 'concurrent', lockMs: 60_000 });
       expect((await store.admit(holderOfKey)).outcome).toBe('forward');
       const retry = { ...holderOfKey, ownerToken: `owner-${randomUUID()}` };
       const { result } = await whileLocked(
@@ -170,6 +187,13 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: expiries are measured from when the 
         [holderOfKey.scope, holderOfKey.key],
         impl.waiter,
         () => impl.admit(retry),
+        async (holder, waiterStart) => {
+          const { rowCount } = await holder.query(
+            "UPDATE idempotency_records SET locked_until = $3::timestamptz + interval '1 millisecond' WHERE scope = $1 AND key = $2",
+            [holderOfKey.scope, holderOfKey.key, waiterStart],
+          );
+          expect(rowCount).toBe(1);
+        },
       );
       outcomes[impl.name] = result.outcome;
     }
