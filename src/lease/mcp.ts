@@ -170,13 +170,11 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
   return {
     async callTool(params, resultSchema, requestOptions): Promise<Awaited<ReturnType<C['callTool']>>> {
       // A caller's (or a model's) params.idempotencyKey is dropped: the key is `<jobKey>:<step>`, sent in
-      // _meta, and the route refuses a call whose two keys differ (docs/mcp.md "_meta fields").
-      // A member that differs from one of these only in case (`_Meta`,
-      // `IO.fencegate/Fence`) is what a case-insensitive upstream reads, so
-      // the route refuses the call: an `idempotencyKey` in any case is
-      // dropped like the exact one, a `_meta` field of ours in any case is
-      // replaced like the exact one, and a variant of `name`, `arguments` or
-      // `_meta` is the caller's mistake, said before anything starts.
+      // _meta, and the route refuses a call whose two keys differ (docs/mcp.md "_meta fields"). A
+      // member that differs from a name the route reads only in case (`_Meta`, `IO.fencegate/Fence`)
+      // is that member to a case-insensitive upstream, so the route refuses the call: `idempotencyKey`
+      // in any case is dropped, our `_meta` fields in any case are replaced, and a variant of `name`,
+      // `arguments` or `_meta` is the caller's mistake, said before anything starts.
       const { step: stepName, ...given } = params;
       const kept: [string, unknown][] = [];
       for (const [member, value] of Object.entries(given)) {
@@ -204,10 +202,11 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
         const callerOptions = (requestOptions ?? {}) as McpRequestOptionsLike;
         const callerSignal = callerOptions.signal;
         const signals = [signal, callerSignal].filter((s): s is AbortSignal => s != null);
+        const callerMeta = Object.entries(Object.hasOwn(wire, '_meta') ? (wire._meta ?? {}) : {});
         const sent: McpToolCallParams = {
           ...wire,
           _meta: {
-            ...Object.fromEntries(Object.entries(Object.hasOwn(wire, '_meta') ? (wire._meta ?? {}) : {}).filter(([member]) => caseVariantOf(member, MCP_META_MEMBERS) === undefined)),
+            ...Object.fromEntries(callerMeta.filter(([member]) => caseVariantOf(member, MCP_META_MEMBERS) === undefined)),
             [MCP_META.fence]: fence,
             [MCP_META.entity]: fenceKey,
             [MCP_META.idempotencyKey]: idempotencyKey,
