@@ -32,6 +32,11 @@ export function caseVariantOf(name: string, expected: readonly string[]): string
   return expected.find((e) => foldName(e) === folded);
 }
 
+/** Why a call with a case variant of `member` in `object` (`params`, `params._meta`) is refused: names the member expected, never the one sent. */
+export function caseVariantReason(object: 'params' | 'params._meta', member: string): string {
+  return `tools/call ${object} has a member whose name differs only in case from "${member}", which a case-insensitive decoder reads as it; send it exactly as "${member}"`;
+}
+
 /**
  * JSON-RPC error code per refusal, in the implementation-defined server
  * range (-32000 … -32099). The bad-request family shares -32007; its

@@ -1,7 +1,7 @@
 import type { RouteConfig } from '../../config/schema.js';
 import { duplicateOnPointerPath } from '../../core/json-duplicates.js';
 import { parseEntity, parseFence, parseIdempotencyKey, type Parsed } from '../../protocol/headers.js';
-import { caseVariantOf, MCP_CALL_MEMBERS, MCP_META, MCP_META_MEMBERS } from '../../protocol/mcp.js';
+import { caseVariantOf, caseVariantReason, MCP_CALL_MEMBERS, MCP_META, MCP_META_MEMBERS } from '../../protocol/mcp.js';
 import type { Refusal } from '../../protocol/problem.js';
 import { foldedOnPointerPath, foldedReason, tokensOf, valueAtPointer, type Command } from '../command.js';
 import type { HeaderReader } from '../inbound.js';
@@ -100,9 +100,9 @@ function foldedCallMember(call: ToolCall): string | null {
     return undefined;
   };
   const inParams = find(call.params, MCP_CALL_MEMBERS);
-  if (inParams !== undefined) return `tools/call params has a member whose name differs only in case from "${inParams}", which a case-insensitive decoder reads as it; send it exactly as "${inParams}"`;
+  if (inParams !== undefined) return caseVariantReason('params', inParams);
   const inMeta = find(call.meta, MCP_META_MEMBERS);
-  if (inMeta !== undefined) return `tools/call params._meta has a member whose name differs only in case from "${inMeta}", which a case-insensitive decoder reads as it; send it exactly as "${inMeta}"`;
+  if (inMeta !== undefined) return caseVariantReason('params._meta', inMeta);
   return null;
 }
 

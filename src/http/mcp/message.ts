@@ -1,6 +1,6 @@
 import { bodyDigest } from '../../core/fingerprint.js';
 import { duplicateOnPointerPath, foldName } from '../../core/json-duplicates.js';
-import type { JsonRpcId } from '../../protocol/mcp.js';
+import { caseVariantOf, caseVariantReason, MCP_CALL_MEMBERS, type JsonRpcId } from '../../protocol/mcp.js';
 import type { Refusal } from '../../protocol/problem.js';
 
 // What a POST to an mcp route carries (JSON-RPC 2.0 over MCP Streamable
@@ -87,8 +87,8 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
   const argsDigest = argumentsDigest(body);
   if (argsDigest === null) {
     // A lone `Arguments` is absent here and the arguments to a case-insensitive decoder: the digest is refused for it (bodyDigest's folded check); say so.
-    if (params.arguments === undefined && Object.keys(params).some((k) => foldName(k) === ARGUMENTS)) {
-      return bad(id, 'tools/call params has a member whose name differs only in case from "arguments", which a case-insensitive decoder reads as it; send it exactly as "arguments"');
+    if (params.arguments === undefined && Object.keys(params).some((k) => caseVariantOf(k, MCP_CALL_MEMBERS) === 'arguments')) {
+      return bad(id, caseVariantReason('params', 'arguments'));
     }
     for (const inner of ['_meta', 'arguments']) {
       const r = duplicateOnPointerPath(text, ['params', inner, '']);
@@ -145,7 +145,6 @@ function foldedMethod(msg: object): string | null {
   return null;
 }
 const METHOD = foldName('method');
-const ARGUMENTS = foldName('arguments');
 const foldedMethodReason = (name: string) =>
   `the member ${JSON.stringify(name.slice(0, 64))} is "method" to a case-insensitive decoder, which would read the message as a call; send it exactly as "method"`;
 
