@@ -24,6 +24,12 @@
 // Results are ratios against `bare` (the floor of a second hop) and the
 // control measured in the same run; absolute numbers depend on the box.
 //
+// --pg-core N puts PostgreSQL on core N alone (every postgres process of the
+// machine is pinned there for the run and given its mask back after; needs
+// the right to do so) and everything else on the other cores: the database
+// as on a host of its own, the app tier the same for every target. Such a
+// run writes bench/results/http.pg-core.json.
+//
 // Options: --seconds N (default 10) per throughput run, --latency N (default
 // 3000) sequential requests per latency run, --rounds N (default 3; targets
 // interleaved, median per target), --only a,b to pick targets, --base DIR
@@ -40,7 +46,7 @@ import { cpus, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { latency, load, loadCpu, paymentsRoute, pinned, startGateway, startNode, throughput, waitReady } from './lib.mjs';
+import { latency, load, loadCpu, paymentsRoute, pinPostgres, pinned, placeLoad, startGateway, startNode, throughput, waitReady } from './lib.mjs';
 import { flag, option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -68,13 +74,25 @@ const dist = opt('dist', join(root, 'dist'));
 const cpuProf = opt('cpu-prof', null);
 const nodeFlags = cpuProf ? ['--cpu-prof', '--cpu-prof-dir', cpuProf, '--cpu-prof-interval', String(opt('cpu-prof-interval', 100))] : [];
 const pgUrl = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
+// --pg-core N: the database's core; the app tier (servers, upstream, load) gets the others.
+const pgCore = opt('pg-core', null) === null ? null : Number(opt('pg-core', null));
+const cores = cpus().length;
+if (pgCore !== null && (!pgUrl || !pinned || !Number.isInteger(pgCore) || pgCore < 0 || pgCore >= cores || cores < 2)) {
+  console.error('--pg-core N needs a database URL, taskset, at least two cores and 0 <= N < cores');
+  process.exit(2);
+}
+const appCores = pgCore === null ? null : [...Array(cores).keys()].filter((c) => c !== pgCore);
+/** Where a server runs: core 0 (the upstream: core 1), or with --pg-core the app cores. */
+const serverCpu = (i = 0) => (appCores === null ? i % cores : appCores[i % appCores.length]);
+const upstreamCpu = appCores === null ? 1 : appCores.join(',');
+if (appCores !== null) placeLoad(appCores[appCores.length - 1]);
 
 const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-'));
 const stops = [];
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
 
-async function startFencegate(name, store, upstream, route = {}, server = join(dist, 'entry/cli.js'), cpu = 0) {
+async function startFencegate(name, store, upstream, route = {}, server = join(dist, 'entry/cli.js'), cpu = serverCpu()) {
   // The decision log (one JSON line per request, as in production) goes to a file.
   const args = server.endsWith('cli.js') ? undefined : (file) => [file];
   return startGateway(server, { dir: tmp, name, store, routes: [paymentsRoute(upstream, route)], args, cpus: cpu, stdoutFile: join(tmp, `${name}.log`), nodeFlags });
@@ -99,18 +117,23 @@ async function startPostgresReplicas(name, n, upstream, server) {
   const url = await freshSchema(name);
   const started = [];
   // The first one migrates the schema alone; the others find it migrated.
-  for (let i = 0; i < n; i++) started.push(await startFencegate(`${name}-${i}`, { postgres: url, poolSize: 20 }, upstream, {}, server, i % cpus().length));
+  for (let i = 0; i < n; i++) started.push(await startFencegate(`${name}-${i}`, { postgres: url, poolSize: 20 }, upstream, {}, server, serverCpu(i)));
   return { url: started.length === 1 ? started[0].url : started.map((s) => s.url), stop: () => Promise.all(started.map((s) => s.stop())) };
 }
 
 async function main() {
-  const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 });
+  if (pgCore !== null) {
+    const restore = pinPostgres(pgCore);
+    process.on('exit', restore);
+    for (const signal of ['SIGINT', 'SIGTERM']) process.on(signal, () => process.exit(130));
+  }
+  const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: upstreamCpu });
   stops.push(upstream);
 
   const targets = [
     ['direct', async () => ({ url: upstream.url, stop: async () => {} })],
-    ['bare', () => startNode(join(here, 'servers/bare-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url }, nodeFlags })],
-    ['control', () => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url }, nodeFlags })],
+    ['bare', () => startNode(join(here, 'servers/bare-proxy.mjs'), { cpus: serverCpu(), env: { UPSTREAM: upstream.url }, nodeFlags })],
+    ['control', () => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: serverCpu(), env: { UPSTREAM: upstream.url }, nodeFlags })],
     ['fg-full', () => startFencegate('full', { sqlite: join(tmp, `full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url)],
     ['fg-normal', () => startFencegate('normal', { sqlite: join(tmp, `normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url)],
     ...(pgUrl
@@ -132,7 +155,7 @@ async function main() {
         ]
       : []),
     ['fg-hono', () => startFencegate('hono', { sqlite: join(tmp, `hono-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(here, 'servers/fencegate-hono.mjs'))],
-    ['peer', () => startNode(join(here, 'servers/idempotency-peer.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url } })],
+    ['peer', () => startNode(join(here, 'servers/idempotency-peer.mjs'), { cpus: serverCpu(), env: { UPSTREAM: upstream.url } })],
   ].filter(([name]) => (only ? only.includes(name) : name !== 'fg-nostore' && name !== 'fg-hono'));
 
   // Rounds interleave the targets, so that a load change on the box hits
@@ -191,15 +214,15 @@ async function main() {
     r.vs_pg_ceiling = ceiling && r.target.includes('postgres') ? median(mine.map((m, i) => m.rps50 / ceiling[i].rps50)) : null;
     r.added_p50_1c_ms = direct && mine[0].p50_1c !== null ? median(mine.map((m, i) => m.p50_1c - direct[i].p50_1c)) : null;
   }
-  const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned, loadCpu: pinned ? loadCpu : null, replicas };
+  const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned, loadCpu: pinned ? loadCpu : null, pgCore, replicas };
   const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rounds, rows };
   mkdirSync(join(here, 'results'), { recursive: true });
   // A partial run (--only) or a comparison (--base) never replaces the committed full table.
-  const written = only || base ? 'http.local.json' : 'http.json';
+  const written = only || base ? 'http.local.json' : pgCore !== null ? 'http.pg-core.json' : 'http.json';
   writeFileSync(join(here, 'results', written), JSON.stringify(out, null, 2) + '\n');
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
-  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}), ${seconds}s per run, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`);
+  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}${pgCore === null ? '' : `, PostgreSQL alone on core ${pgCore}`}), ${seconds}s per run, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`);
   console.log('| target | req/s @50 | × bare | × control | × pg-ceiling | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of rows) {

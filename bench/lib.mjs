@@ -3,7 +3,7 @@
 // sequential latency loop) run in a pinned process of its own.
 import { spawn, spawnSync } from 'node:child_process';
 import { createServer } from 'node:net';
-import { closeSync, openSync, writeFileSync } from 'node:fs';
+import { closeSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { once } from 'node:events';
 import { cpus } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -71,7 +71,69 @@ let sequence = 0;
  * upstream's; the server under test has core 0 to itself). `FENCEGATE_BENCH_LOAD_CPU`
  * overrides it.
  */
-export const loadCpu = Number(process.env.FENCEGATE_BENCH_LOAD_CPU ?? Math.max(0, cpus().length - 1));
+export let loadCpu = Number(process.env.FENCEGATE_BENCH_LOAD_CPU ?? Math.max(0, cpus().length - 1));
+
+/** Moves the load generator to `cpu` (bench/http.mjs --pg-core: off the database's core). */
+export function placeLoad(cpu) {
+  loadCpu = cpu;
+}
+
+/** The pids of this machine's PostgreSQL processes (the postmaster, its backends and helpers). */
+function postgresPids() {
+  return readdirSync('/proc').filter((pid) => {
+    if (!/^\d+$/.test(pid)) return false;
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      return stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')).startsWith('postgres');
+    } catch {
+      return false; // gone meanwhile
+    }
+  });
+}
+
+function parentOf(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(') ') + 2).split(' ')[1];
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Pins every PostgreSQL process of this machine (the postmaster too, so the
+ * backends it forks later inherit it) to `core`, as if the database had a
+ * host of its own, and returns the function that undoes it: each process
+ * pinned gets its own mask back, one forked meanwhile the postmaster's.
+ * Needs taskset and the right to change their affinity (root, or the
+ * database's user). Only for a PostgreSQL running on this machine.
+ */
+export function pinPostgres(core) {
+  if (!HAS_TASKSET) throw new Error('--pg-core needs taskset');
+  const pids = postgresPids();
+  // The postmaster: the one whose parent is not a postgres process.
+  const postmaster = pids.find((pid) => !pids.includes(parentOf(pid)));
+  const saved = new Map();
+  const restore = () => {
+    const fallback = saved.get(postmaster);
+    for (const pid of postgresPids()) {
+      const mask = saved.get(pid) ?? fallback;
+      if (mask !== undefined) spawnSync('taskset', ['-p', mask, pid]);
+    }
+  };
+  for (const pid of pids) {
+    const mask = /mask: ([0-9a-f]+)/.exec(spawnSync('taskset', ['-p', pid], { encoding: 'utf8' }).stdout ?? '')?.[1];
+    if (mask === undefined) continue; // gone meanwhile
+    const r = spawnSync('taskset', ['-p', '-c', String(core), pid], { encoding: 'utf8' });
+    if (r.status !== 0) {
+      restore();
+      throw new Error(`--pg-core: taskset could not move postgres process ${pid}: ${r.stderr.trim()}`);
+    }
+    saved.set(pid, mask);
+  }
+  if (saved.size === 0) throw new Error('--pg-core: no postgres process on this machine');
+  return restore;
+}
 
 const LOAD = join(dirname(fileURLToPath(import.meta.url)), 'load.mjs');
 
