@@ -42,7 +42,7 @@
 // `node --cpu-prof` (bench/profile-summary.mjs splits a profile by part;
 // bench/profile-http.mjs profiles the 50-connection run alone).
 import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
-import { cpus, tmpdir } from 'node:os';
+import { constants, cpus, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
@@ -75,7 +75,8 @@ const cpuProf = opt('cpu-prof', null);
 const nodeFlags = cpuProf ? ['--cpu-prof', '--cpu-prof-dir', cpuProf, '--cpu-prof-interval', String(opt('cpu-prof-interval', 100))] : [];
 const pgUrl = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
 // --pg-core N: the database's core; the app tier (servers, upstream, load) gets the others.
-const pgCore = opt('pg-core', null) === null ? null : Number(opt('pg-core', null));
+const pgCoreArg = opt('pg-core', null);
+const pgCore = pgCoreArg === null ? null : /^\d+$/.test(pgCoreArg ?? '') ? Number(pgCoreArg) : NaN;
 const cores = cpus().length;
 if (pgCore !== null && (!pgUrl || !pinned || !Number.isInteger(pgCore) || pgCore < 0 || pgCore >= cores || cores < 2)) {
   console.error('--pg-core N needs a database URL, taskset, at least two cores and 0 <= N < cores');
@@ -123,9 +124,10 @@ async function startPostgresReplicas(name, n, upstream, server) {
 
 async function main() {
   if (pgCore !== null) {
-    const restore = pinPostgres(pgCore);
-    process.on('exit', restore);
-    for (const signal of ['SIGINT', 'SIGTERM']) process.on(signal, () => process.exit(130));
+    // The handlers first: a signal that comes while the processes are being
+    // pinned is handled after it, and the exit then gives their masks back.
+    for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(signal, () => process.exit(128 + constants.signals[signal]));
+    process.on('exit', pinPostgres(pgCore));
   }
   const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: upstreamCpu });
   stops.push(upstream);

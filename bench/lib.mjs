@@ -69,7 +69,7 @@ let sequence = 0;
 /**
  * The core the load generator is pinned to: the last one (on two cores, the
  * upstream's; the server under test has core 0 to itself). `FENCEGATE_BENCH_LOAD_CPU`
- * overrides it.
+ * overrides it, and bench/http.mjs --pg-core overrides both (placeLoad).
  */
 export let loadCpu = Number(process.env.FENCEGATE_BENCH_LOAD_CPU ?? Math.max(0, cpus().length - 1));
 
@@ -116,6 +116,9 @@ export function pinPostgres(core) {
   const saved = new Map();
   const restore = () => {
     const fallback = saved.get(postmaster);
+    // The postmaster first, then the processes alive after it: a backend
+    // forked while the others were being restored would keep the pin.
+    if (fallback !== undefined) spawnSync('taskset', ['-p', fallback, postmaster]);
     for (const pid of postgresPids()) {
       const mask = saved.get(pid) ?? fallback;
       if (mask !== undefined) spawnSync('taskset', ['-p', mask, pid]);
