@@ -404,7 +404,12 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
       [firstPass[i], firstPass[j]] = [firstPass[j]!, firstPass[i]!];
     }
     let nextStatus = faultsFrom + (options.statusEveryMs ?? 30_000);
-    while (Date.now() - faultsFrom < options.durationMs) {
+    // The phase lasts durationMs, and longer (up to three times that) while
+    // the first pass has a kind left: a kind whose targets are all busy (a
+    // worker still restarting on a slow box) is tried again, not skipped,
+    // so a short run still injects every kind once.
+    const firstPassUntil = faultsFrom + options.durationMs * 3;
+    while (Date.now() - faultsFrom < options.durationMs || (firstPass.length > 0 && Date.now() < firstPassUntil)) {
       // Every draw happens whatever the outcome, so the schedule depends on the seed only.
       let x = rng() * total;
       let kind = kinds.find((k) => (x -= weights[k]) < 0) ?? kinds[kinds.length - 1]!;
