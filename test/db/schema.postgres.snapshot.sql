@@ -286,6 +286,18 @@ FUNCTION fencegate_ms_between(
 ) RETURNS bigint LANGUAGE sql IMMUTABLE;
   -- body sha256 5c9586dbea8e9df7
 
+FUNCTION fencegate_release_unsent(
+  p_scope text,
+  p_key text,
+  p_entity text,
+  p_owner text,
+  p_channel text,
+  p_entity_topic text,
+  p_record_topic text,
+  OUT released boolean
+) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
+  -- body sha256 124c503fd9bd249d
+
 -- ===== lease schema (migrations/lease/postgres) =====
 
 CREATE TABLE fencegate_lease_migrations (

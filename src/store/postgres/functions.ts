@@ -25,7 +25,7 @@ export const FUNCTIONS_DIR = join(dirname(fileURLToPath(import.meta.url)), '..',
  * the functions it calls when it is created (plpgsql bodies only when they
  * run), so a callee comes before its callers.
  */
-export const FUNCTION_FILES = ['ms_between.sql', 'log_rejection.sql', 'admit.sql', 'finish.sql', 'group_finish.sql', 'group_admit.sql'] as const;
+export const FUNCTION_FILES = ['ms_between.sql', 'log_rejection.sql', 'admit.sql', 'finish.sql', 'group_finish.sql', 'group_admit.sql', 'release_unsent.sql'] as const;
 
 /** Reads ./sql in FUNCTION_FILES order; a file there that the list does not name is an error, not skipped. */
 export function loadFunctions(dir = FUNCTIONS_DIR): SqlFunctionFile[] {

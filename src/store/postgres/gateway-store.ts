@@ -15,6 +15,7 @@ import type {
   SweepResult,
 } from '../types.js';
 import { createAdmit } from './admit.js';
+import { createRelease } from './release.js';
 import { createPostgresAudit } from './audit.js';
 import { createFinish } from './finish.js';
 import { poolQuery, qualifier, type PgContext } from './query.js';
@@ -62,6 +63,8 @@ export class PostgresGatewayStore implements GatewayStore {
   private readonly ownsPool: boolean;
   private readonly wakeups: PgWakeups;
   private readonly admission: ReturnType<typeof createAdmit>;
+  /** Undoes what a failed admission may have committed (./release.ts). */
+  readonly unsent: ReturnType<typeof createRelease>;
   private readonly finishing: ReturnType<typeof createFinish>;
   private readonly rejections: ReturnType<typeof createRejectionLog>;
   private readonly reads: ReturnType<typeof createReads>;
@@ -95,6 +98,7 @@ export class PostgresGatewayStore implements GatewayStore {
     this.channel = this.wakeups.channel;
     const ctx: PgContext = { query: poolQuery(this.pool, () => this.closing !== null), table: qualifier(init.schema) };
     this.admission = createAdmit(ctx);
+    this.unsent = createRelease(ctx, this.wakeups, () => this.closing !== null);
     // Finishes are refused only once close() drained their group: a finish
     // settles a request that was admitted before (DESIGN §3.7).
     this.finishing = createFinish({ ...ctx, query: poolQuery(this.pool, () => this.refusing) }, this.wakeups);
@@ -122,7 +126,13 @@ export class PostgresGatewayStore implements GatewayStore {
   }
 
   admit(input: AdmitInput): Promise<Admission> {
-    return this.admission(input);
+    // A failed admission is answered 503 and never forwarded, but it may
+    // have committed before its answer was lost: release what it may hold
+    // (not once the store is closing: its statements are refused then).
+    return this.admission(input).catch((err: unknown) => {
+      if (this.closing === null) this.unsent.release(input);
+      throw err;
+    });
   }
 
   finish(input: FinishInput): Promise<FinishResult> {
