@@ -1,6 +1,7 @@
 import type { RouteConfig } from '../config/schema.js';
 import type { Refusal } from '../protocol/problem.js';
 import type { FinishInput, GatewayStore, StoredResponse } from '../store/types.js';
+import { MIN_RETRY_MS, retryDelayMs } from '../store/retry-schedule.js';
 import { renderRefusal, toReply } from './errors.js';
 import { connectionTokens, isHopByHop, type UpstreamResult } from './forward.js';
 import type { Reply } from './inbound.js';
@@ -116,9 +117,8 @@ function replayHeaderSet(route: RouteConfig): ReadonlySet<string> {
  * the owner token) but the caller has waited long enough.
  */
 export async function finishWithRetries(store: GatewayStore, finish: FinishInput, logger: Logger, requestId: string, lockEnds: number): Promise<boolean | null> {
-  const delays = [50, 200, 500, 1000];
   // performance.now(): lockEnds is measured on the monotonic clock.
-  const giveUpAt = Math.max(lockEnds, performance.now() + 1_250);
+  const giveUpAt = Math.max(lockEnds, performance.now() + MIN_RETRY_MS);
   for (let attempt = 0; ; attempt++) {
     try {
       return (await store.finish(finish)).recorded;
@@ -128,11 +128,8 @@ export async function finishWithRetries(store: GatewayStore, finish: FinishInput
         logger.error('store-error', { request_id: requestId, phase: 'finish', outcome: finish.outcome, attempts: attempt + 1, error: errorText(err) });
         return null;
       }
-      // Jittered within [half, all] of the step: callers that failed together
-      // (one group, one outage) do not all come back in the same turn and
-      // regroup. The last attempt falls on the deadline itself.
-      const step = delays[Math.min(attempt, delays.length - 1)]!;
-      await new Promise((r) => setTimeout(r, Math.min(step * (0.5 + Math.random() / 2), left)));
+      // Jittered (../store/retry-schedule.ts); the last attempt falls on the deadline itself.
+      await new Promise((r) => setTimeout(r, retryDelayMs(attempt, left)));
     }
   }
 }

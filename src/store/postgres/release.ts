@@ -1,12 +1,9 @@
 import { entityTopic, recordTopic, type AdmitInput } from '../types.js';
 import type { PgContext } from './query.js';
+import { MIN_RETRY_MS, retryDelayMs } from '../retry-schedule.js';
 import { encodeNullable, encodeText } from './text.js';
 import { topicHash, type PgWakeups } from './wakeups.js';
 
-/** Jittered steps between attempts, as the gateway's finish retries (src/http/settle.ts). */
-const DELAYS_MS = [50, 200, 500, 1000];
-/** At least this long of attempts, however short the admission's lock. */
-const MIN_ATTEMPTS_MS = 1_250;
 
 /**
  * An admission whose statement failed as a whole, as this store saw it (the
@@ -20,12 +17,12 @@ const MIN_ATTEMPTS_MS = 1_250;
  * (./sql/release_unsent.sql) removes whatever is held under that owner token,
  * and only that (DESIGN §8.2).
  *
- * Attempts repeat while they fail (the database is still away), for as long
- * as the admission's lock lives (at least 1.25 s), as the finish's retries
- * do; then the record is left to its lock, as before this existed. One that
- * answers, whatever it found, is the last. Limit: a statement the server is
- * still running when the release has answered (the client gave up first)
- * can commit after it; that record is left to its lock too.
+ * Attempts repeat while they fail (the database is still away), for the
+ * admission's lock time after the failure (at least 1.25 s), on the finish's
+ * schedule (../retry-schedule.ts); then the record is left to its lock. One
+ * that answers, whatever it found, is the last. Limit: a statement the
+ * server is still running when the release has answered (the client gave up
+ * first) can commit after it; that record is left to its lock too.
  */
 export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyChannel' | 'notify'>, closing: () => boolean) {
   const statement = `SELECT released FROM ${ctx.table('fencegate_release_unsent')}($1, $2, $3, $4, $5, $6, $7)`;
@@ -34,7 +31,7 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
   const pending = new Set<Promise<void>>();
 
   async function run(input: AdmitInput): Promise<void> {
-    const giveUpAt = performance.now() + Math.max(input.lockMs, MIN_ATTEMPTS_MS);
+    const giveUpAt = performance.now() + Math.max(input.lockMs, MIN_RETRY_MS);
     const params = [
       encodeText(input.scope),
       encodeNullable(input.key),
@@ -45,14 +42,14 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
       input.key === null ? null : topicHash(recordTopic(input.scope, input.key)),
     ];
     for (let attempt = 0; ; attempt++) {
-      const step = DELAYS_MS[Math.min(attempt, DELAYS_MS.length - 1)]!;
       const left = giveUpAt - performance.now();
       if (left <= 0 || closing()) {
         stats.gaveUp++;
         return;
       }
-      // Jittered, so that the callers of one failed group do not all come back in one turn.
-      await new Promise((r) => setTimeout(r, Math.min(step * (0.5 + Math.random() / 2), left)).unref?.());
+      // The finish's schedule (../retry-schedule.ts), from the first attempt:
+      // the pool drops the broken connection meanwhile.
+      await new Promise((r) => setTimeout(r, retryDelayMs(attempt, left)).unref?.());
       if (closing()) {
         stats.gaveUp++;
         return;
