@@ -291,12 +291,14 @@ FUNCTION fencegate_release_unsent(
   p_key text,
   p_entity text,
   p_owner text,
+  p_retry_unknown boolean,
   p_channel text,
   p_entity_topic text,
   p_record_topic text,
-  OUT released boolean
-) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
-  -- body sha256 124c503fd9bd249d
+  OUT slot boolean,
+  OUT record boolean
+) RETURNS record LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
+  -- body sha256 9371986a936ee8dc
 
 -- ===== lease schema (migrations/lease/postgres) =====
 

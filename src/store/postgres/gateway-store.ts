@@ -130,7 +130,7 @@ export class PostgresGatewayStore implements GatewayStore {
     // have committed before its answer was lost: release what it may hold
     // (not once the store is closing: its statements are refused then).
     return this.admission(input).catch((err: unknown) => {
-      if (this.closing === null) this.unsent.release(input);
+      if (this.closing === null) this.unsent.release(input, err);
       throw err;
     });
   }

@@ -1,3 +1,4 @@
+import { CONNECT_ONLY_CODES, causeCode } from '../../protocol/connect-errors.js';
 import { entityTopic, recordTopic, type AdmitInput } from '../types.js';
 import type { PgContext } from './query.js';
 import { MIN_RETRY_MS, retryDelayMs } from '../retry-schedule.js';
@@ -14,20 +15,26 @@ import { topicHash, type PgWakeups } from './wakeups.js';
  * there, the key's retry would be told `idempotency-in-progress` until the
  * lock ran out and then `outcome-unknown`, for a request that was never
  * sent. So, in the background, fencegate_release_unsent
- * (./sql/release_unsent.sql) removes whatever is held under that owner token,
+ * (./sql/release_unsent.sql) frees whatever is held under that owner token,
  * and only that (DESIGN §8.2).
  *
- * Attempts repeat while they fail (the database is still away), for the
- * admission's lock time after the failure (at least 1.25 s), on the finish's
- * schedule (../retry-schedule.ts); then the record is left to its lock. One
- * that answers, whatever it found, is the last. Limit: a statement the
- * server is still running when the release has answered (the client gave up
- * first) can commit after it; that record is left to its lock too.
+ * None starts when the error proves nothing was written (`wroteNothing`),
+ * nor past `maxPending`. Attempts repeat while they fail (the database is
+ * still away), for the admission's lock time after the failure (at least
+ * 1.25 s), on the finish's schedule (../retry-schedule.ts); then the record
+ * is left to its lock. One that answers, whatever it found, is the last.
+ * Limit: a statement the server is still running when the release has
+ * answered (it waits for a row lock, or the client gave up first) can commit
+ * after it; that record is left to its lock too.
  */
 export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyChannel' | 'notify'>, closing: () => boolean) {
-  const statement = `SELECT released FROM ${ctx.table('fencegate_release_unsent')}($1, $2, $3, $4, $5, $6, $7)`;
-  /** For tests and metrics: releases that removed something, found nothing, or gave up; attempts that failed. */
-  const stats = { released: 0, nothing: 0, gaveUp: 0, failedAttempts: 0 };
+  const statement = `SELECT slot, record FROM ${ctx.table('fencegate_release_unsent')}($1, $2, $3, $4, $5, $6, $7, $8)`;
+  /**
+   * For tests and metrics: releases that freed something, found nothing,
+   * gave up, or were never started (the error proved nothing was written,
+   * or too many were pending); attempts that failed.
+   */
+  const stats = { released: 0, nothing: 0, gaveUp: 0, notNeeded: 0, overCap: 0, failedAttempts: 0 };
   const pending = new Set<Promise<void>>();
 
   async function run(input: AdmitInput): Promise<void> {
@@ -37,10 +44,12 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
       encodeNullable(input.key),
       encodeNullable(input.entity),
       encodeText(input.ownerToken),
+      input.onUnknown === 'retry',
       wakeups.notifyChannel,
       input.entity === null ? null : topicHash(entityTopic(input.entity)),
       input.key === null ? null : topicHash(recordTopic(input.scope, input.key)),
     ];
+    let freed = false;
     for (let attempt = 0; ; attempt++) {
       const left = giveUpAt - performance.now();
       if (left <= 0 || closing()) {
@@ -54,32 +63,77 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
         stats.gaveUp++;
         return;
       }
+      let row: { slot: boolean; record: boolean } | undefined;
       try {
-        const { rows } = await ctx.query<{ released: boolean }>(statement, params);
-        if (rows[0]?.released) {
-          stats.released++;
-          // This replica's own waiters need not wait for the NOTIFY.
-          if (input.entity !== null) wakeups.notify(topicHash(entityTopic(input.entity)));
-          if (input.key !== null) wakeups.notify(topicHash(recordTopic(input.scope, input.key)));
-        } else stats.nothing++;
-        return;
+        row = (await ctx.query<{ slot: boolean; record: boolean }>(statement, params)).rows[0];
       } catch {
         // The database is still away: try again while the lock lives.
         stats.failedAttempts++;
+        continue;
       }
+      freed ||= row?.slot === true || row?.record === true;
+      // The admission committed between the function's two statements: its
+      // record went, its slot was taken after the first; once more frees it.
+      if (row?.record === true && row.slot !== true && input.entity !== null) continue;
+      if (freed) {
+        stats.released++;
+        // This replica's own waiters need not wait for the NOTIFY.
+        if (input.entity !== null) wakeups.notify(topicHash(entityTopic(input.entity)));
+        if (input.key !== null) wakeups.notify(topicHash(recordTopic(input.scope, input.key)));
+      } else stats.nothing++;
+      return;
     }
   }
 
-  return {
+  const releases = {
     stats,
-    /** Starts the release of a failed admission; never rejects. */
-    release(input: AdmitInput): void {
+    /**
+     * Releases pending at once, at most: each waits out an outage with its own
+     * attempts, so many failed admissions must not turn into a flood when the
+     * database is back. Past it a failed admission's record is left to its
+     * lock, as it would have been without the release.
+     */
+    maxPending: MAX_PENDING,
+    /** Starts the release of a failed admission, unless `err` proves it wrote nothing; never rejects. */
+    release(input: AdmitInput, err: unknown): void {
+      if (wroteNothing(err)) {
+        stats.notNeeded++;
+        return;
+      }
+      if (pending.size >= releases.maxPending) {
+        stats.overCap++;
+        return;
+      }
       const p = run(input).finally(() => pending.delete(p));
       pending.add(p);
     },
-    /** Resolves once every release started so far has ended (tests, close). */
+    /** Resolves once every release started so far has ended (tests). */
     idle(): Promise<void> {
       return Promise.all([...pending]).then(() => undefined);
     },
   };
+  return releases;
+}
+
+/** Four groups' worth (a group holds at most 64 admissions). */
+const MAX_PENDING = 256;
+
+/**
+ * Whether a failed admission's error proves that nothing of it committed: the
+ * server answered the statement with an error (a SQLSTATE with the server's
+ * severity: the statement, and with it a whole group, rolled back), or the
+ * connection was never made (a connect-only code: nothing reached the
+ * server). Not the classes 08 (connection exception), 57 (operator
+ * intervention: a shutdown terminates a backend after its COMMIT as well as
+ * before) and XX (internal error). Anything else (a connection lost
+ * mid-statement, a timeout, an answer that could not be read) may have come
+ * after the COMMIT.
+ */
+function wroteNothing(err: unknown): boolean {
+  const e = err as { code?: unknown; severity?: unknown } | null;
+  if (e !== null && typeof e === 'object' && typeof e.code === 'string' && typeof e.severity === 'string' && /^[0-9A-Z]{5}$/.test(e.code)) {
+    return !['08', '57', 'XX'].includes(e.code.slice(0, 2));
+  }
+  const code = causeCode(err);
+  return code !== null && CONNECT_ONLY_CODES.has(code);
 }
