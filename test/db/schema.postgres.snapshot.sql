@@ -292,13 +292,14 @@ FUNCTION fencegate_release_unsent(
   p_entity text,
   p_owner text,
   p_retry_unknown boolean,
+  p_lock_ms bigint,
   p_channel text,
   p_entity_topic text,
   p_record_topic text,
   OUT slot boolean,
   OUT record boolean
 ) RETURNS record LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
-  -- body sha256 9371986a936ee8dc
+  -- body sha256 a3e778ff52b82520
 
 -- ===== lease schema (migrations/lease/postgres) =====
 

@@ -286,6 +286,16 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
     expect(await store.admit(retryOf(r0))).toEqual({ outcome: 'forward', takeover: true });
   });
 
+  it('a fresh record on an onUnknown: retry route is deleted all the same: the retry is forwarded as new, not as a takeover', async () => {
+    const c = fresh({ onUnknown: 'retry' });
+    proxy.arm('answer');
+    await expect(store.admit(c)).rejects.toThrow();
+    await store.unsent.idle();
+    expect(store.unsent.stats).toEqual({ ...NONE, released: 1 });
+    expect(await stateOf(c)).toEqual({ record: null, owner: null, fence: '7', slot: null });
+    expect(await store.admit(retryOf(c))).toEqual({ outcome: 'forward', takeover: false });
+  });
+
   it('control for the takeover case: the admission-expired path (finish unknown) keeps refusing another payload', async () => {
     const r0 = fresh({ lockMs: 50, onUnknown: 'retry' });
     expect(await store.admit(r0)).toEqual({ outcome: 'forward', takeover: false });

@@ -28,7 +28,7 @@ import { topicHash, type PgWakeups } from './wakeups.js';
  * after it; that record is left to its lock too.
  */
 export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyChannel' | 'notify'>, closing: () => boolean) {
-  const statement = `SELECT slot, record FROM ${ctx.table('fencegate_release_unsent')}($1, $2, $3, $4, $5, $6, $7, $8)`;
+  const statement = `SELECT slot, record FROM ${ctx.table('fencegate_release_unsent')}($1, $2, $3, $4, $5, $6, $7, $8, $9)`;
   /**
    * For tests and metrics: releases that freed something, found nothing,
    * gave up, or were never started (the error proved nothing was written,
@@ -45,24 +45,28 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
       encodeNullable(input.entity),
       encodeText(input.ownerToken),
       input.onUnknown === 'retry',
+      Math.ceil(input.lockMs), // as the admission wrote it (./admit.ts)
       wakeups.notifyChannel,
       input.entity === null ? null : topicHash(entityTopic(input.entity)),
       input.key === null ? null : topicHash(recordTopic(input.scope, input.key)),
     ];
     let freed = false;
+    const done = (outcome: 'answered' | 'gaveUp') => {
+      if (freed) {
+        stats.released++;
+        // This replica's own waiters need not wait for the NOTIFY.
+        if (input.entity !== null) wakeups.notify(topicHash(entityTopic(input.entity)));
+        if (input.key !== null) wakeups.notify(topicHash(recordTopic(input.scope, input.key)));
+      } else if (outcome === 'gaveUp') stats.gaveUp++;
+      else stats.nothing++;
+    };
     for (let attempt = 0; ; attempt++) {
       const left = giveUpAt - performance.now();
-      if (left <= 0 || closing()) {
-        stats.gaveUp++;
-        return;
-      }
+      if (left <= 0 || closing()) return done('gaveUp');
       // The finish's schedule (../retry-schedule.ts), from the first attempt:
       // the pool drops the broken connection meanwhile.
       await new Promise((r) => setTimeout(r, retryDelayMs(attempt, left)).unref?.());
-      if (closing()) {
-        stats.gaveUp++;
-        return;
-      }
+      if (closing()) return done('gaveUp');
       let row: { slot: boolean; record: boolean } | undefined;
       try {
         row = (await ctx.query<{ slot: boolean; record: boolean }>(statement, params)).rows[0];
@@ -73,15 +77,11 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
       }
       freed ||= row?.slot === true || row?.record === true;
       // The admission committed between the function's two statements: its
-      // record went, its slot was taken after the first; once more frees it.
-      if (row?.record === true && row.slot !== true && input.entity !== null) continue;
-      if (freed) {
-        stats.released++;
-        // This replica's own waiters need not wait for the NOTIFY.
-        if (input.entity !== null) wakeups.notify(topicHash(entityTopic(input.entity)));
-        if (input.key !== null) wakeups.notify(topicHash(recordTopic(input.scope, input.key)));
-      } else stats.nothing++;
-      return;
+      // record went, but its slot was taken after the first; once more frees
+      // it (only serial mode takes one).
+      // (The record part of that call finds nothing: it is gone already.)
+      if (row?.record === true && row.slot !== true && input.entity !== null && input.mode === 'serial') continue;
+      return done('answered');
     }
   }
 
@@ -119,20 +119,24 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
 const MAX_PENDING = 256;
 
 /**
- * Whether a failed admission's error proves that nothing of it committed: the
- * server answered the statement with an error (a SQLSTATE with the server's
- * severity: the statement, and with it a whole group, rolled back), or the
- * connection was never made (a connect-only code: nothing reached the
- * server). Not the classes 08 (connection exception), 57 (operator
- * intervention: a shutdown terminates a backend after its COMMIT as well as
- * before) and XX (internal error). Anything else (a connection lost
+ * Whether a failed admission's error shows that nothing of it committed: the
+ * server answered the statement with an ERROR (a SQLSTATE: the statement,
+ * and with it a whole group, rolled back), or the connection was never made
+ * (a connect-only code: nothing reached the server). Not the classes 08
+ * (connection exception), 57 (operator intervention: a shutdown terminates a
+ * backend after its COMMIT as well as before), 58 (system error: I/O) and
+ * XX (internal error). When this is wrong, the record is left to its lock,
+ * as without the release. Anything else (a connection lost
  * mid-statement, a timeout, an answer that could not be read) may have come
  * after the COMMIT.
  */
 function wroteNothing(err: unknown): boolean {
   const e = err as { code?: unknown; severity?: unknown } | null;
   if (e !== null && typeof e === 'object' && typeof e.code === 'string' && typeof e.severity === 'string' && /^[0-9A-Z]{5}$/.test(e.code)) {
-    return !['08', '57', 'XX'].includes(e.code.slice(0, 2));
+    // ERROR only: a FATAL or PANIC (a failed WAL flush after the commit
+    // record was written) can come with a commit that survives. A server
+    // with localised messages never says `ERROR`, and so always releases.
+    return e.severity === 'ERROR' && !['08', '57', '58', 'XX'].includes(e.code.slice(0, 2));
   }
   const code = causeCode(err);
   return code !== null && CONNECT_ONLY_CODES.has(code);

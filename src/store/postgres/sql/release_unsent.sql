@@ -12,18 +12,22 @@
 -- the upstream refused the connection does; except on a route that re-sends
 -- outcome_unknown records (p_retry_unknown, onUnknown: retry), where the
 -- admission may have been a takeover of an earlier attempt whose outcome is
--- unknown: there the record goes back to outcome_unknown, so that its
--- fingerprint keeps refusing another payload under the key while a retry of
--- the same payload takes it over again, as after an admission-expired
--- answer. A fence raise and its history row stay: a raise that nothing was
--- forwarded under is harmless, as after an entity-busy answer.
+-- unknown. A record this admission created has its lock end exactly
+-- p_lock_ms after its creation (admit.sql writes both from one clock
+-- reading); a takeover keeps the earlier attempt's created_at, older than its
+-- expired lock. So there a fresh in_progress record is deleted, a taken-over
+-- one goes back to outcome_unknown (its fingerprint keeps refusing another
+-- payload under the key, a retry of the same payload takes it over again, as
+-- after an admission-expired answer), and an outcome_unknown one, which could
+-- be either, stays. A fence raise and its history row stay: a raise that
+-- nothing was forwarded under is harmless, as after an entity-busy answer.
 --
 -- Lock order (see admit.sql): the entity row first, then the record. An
 -- admission that commits between the two statements leaves its slot taken
 -- (`record` true, `slot` false): the store calls this again, which frees it.
 -- The NOTIFYs wake other replicas' waiters on what was freed.
 CREATE OR REPLACE FUNCTION fencegate_release_unsent(
-  p_scope text, p_key text, p_entity text, p_owner text, p_retry_unknown boolean,
+  p_scope text, p_key text, p_entity text, p_owner text, p_retry_unknown boolean, p_lock_ms bigint,
   p_channel text, p_entity_topic text, p_record_topic text,
   OUT slot boolean, OUT record boolean
 )
@@ -40,8 +44,13 @@ BEGIN
   END IF;
   IF p_key IS NOT NULL THEN
     IF p_retry_unknown THEN
-      UPDATE idempotency_records r SET state = 'outcome_unknown', locked_until = NULL
-        WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = p_owner AND r.state = 'in_progress';
+      DELETE FROM idempotency_records r
+        WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = p_owner AND r.state = 'in_progress'
+          AND r.locked_until = r.created_at + p_lock_ms * interval '1 millisecond';
+      IF NOT FOUND THEN
+        UPDATE idempotency_records r SET state = 'outcome_unknown', locked_until = NULL
+          WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = p_owner AND r.state = 'in_progress';
+      END IF;
     ELSE
       DELETE FROM idempotency_records r
         WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = p_owner AND r.state IN ('in_progress', 'outcome_unknown');
