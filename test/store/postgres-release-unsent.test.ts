@@ -242,6 +242,16 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
     expect(store.unsent.stats).toEqual({ ...NONE, notNeeded: 1 });
   });
 
+  it('a faulty element of a group (its subtransaction rolled back) starts no release; the others are forwarded', async () => {
+    const cs = [fresh(), fresh({ retentionMs: 1e17 }), fresh()];
+    const settled = await Promise.allSettled(cs.map((c) => store.admit(c)));
+    expect(settled.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
+    expect((settled[1] as PromiseRejectedResult).reason).toMatchObject({ code: '22008' });
+    await store.unsent.idle();
+    expect(store.unsent.stats).toEqual({ ...NONE, notNeeded: 1 });
+    expect(await stateOf(cs[1]!)).toEqual({ record: null, owner: null, fence: null, slot: null });
+  });
+
   it('at most maxPending releases wait at once: past it, a failed admission is left to its lock', async () => {
     store.unsent.maxPending = 3;
     proxy.away(400);

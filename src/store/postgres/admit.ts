@@ -88,7 +88,8 @@ export function createAdmit(ctx: PgContext, options: AdmitGroupOptions = {}): ((
         const { rows } = await ctx.query<ManyRow>(many, columns);
         return rows.map((r): Settled<Admission> => {
           if (r.alone) return { alone: true };
-          if (r.err_code !== null) return { ok: false, error: Object.assign(new Error(r.err_message ?? 'fencegate_admit failed'), { code: r.err_code }) };
+          // The element's subtransaction rolled back: an ERROR, as a lone statement's would be (./release.ts reads it so).
+          if (r.err_code !== null) return { ok: false, error: Object.assign(new Error(r.err_message ?? 'fencegate_admit failed'), { code: r.err_code, severity: 'ERROR' }) };
           try {
             return { ok: true, value: toAdmission(r) };
           } catch (error) {
