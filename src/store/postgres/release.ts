@@ -1,10 +1,9 @@
 import { CONNECT_ONLY_CODES, causeCode } from '../../protocol/connect-errors.js';
+import { MIN_RETRY_MS, retryDelayMs } from '../retry-schedule.js';
 import { entityTopic, recordTopic, type AdmitInput } from '../types.js';
 import type { PgContext } from './query.js';
-import { MIN_RETRY_MS, retryDelayMs } from '../retry-schedule.js';
 import { encodeNullable, encodeText } from './text.js';
 import { topicHash, type PgWakeups } from './wakeups.js';
-
 
 /**
  * An admission whose statement failed as a whole, as this store saw it (the
@@ -18,7 +17,7 @@ import { topicHash, type PgWakeups } from './wakeups.js';
  * (./sql/release_unsent.sql) frees whatever is held under that owner token,
  * and only that (DESIGN §8.2).
  *
- * None starts when the error proves nothing was written (`wroteNothing`),
+ * None starts when the error shows nothing was written (`wroteNothing`),
  * nor past `maxPending`. Attempts repeat while they fail (the database is
  * still away), for the admission's lock time after the failure (at least
  * 1.25 s), on the finish's schedule (../retry-schedule.ts); then the record
@@ -31,7 +30,7 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
   const statement = `SELECT slot, record FROM ${ctx.table('fencegate_release_unsent')}($1, $2, $3, $4, $5, $6, $7, $8, $9)`;
   /**
    * For tests and metrics: releases that freed something, found nothing,
-   * gave up, or were never started (the error proved nothing was written,
+   * gave up, or were never started (the error showed nothing was written,
    * or too many were pending); attempts that failed.
    */
   const stats = { released: 0, nothing: 0, gaveUp: 0, notNeeded: 0, overCap: 0, failedAttempts: 0 };
@@ -78,8 +77,7 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
       freed ||= row?.slot === true || row?.record === true;
       // The admission committed between the function's two statements: its
       // record went, but its slot was taken after the first; once more frees
-      // it (only serial mode takes one).
-      // (The record part of that call finds nothing: it is gone already.)
+      // it (only serial mode takes one; the record part then finds nothing).
       if (row?.record === true && row.slot !== true && input.entity !== null && input.mode === 'serial') continue;
       return done('answered');
     }
@@ -94,7 +92,7 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
      * lock, as it would have been without the release.
      */
     maxPending: MAX_PENDING,
-    /** Starts the release of a failed admission, unless `err` proves it wrote nothing; never rejects. */
+    /** Starts the release of a failed admission, unless `err` shows it wrote nothing; never rejects. */
     release(input: AdmitInput, err: unknown): void {
       if (wroteNothing(err)) {
         stats.notNeeded++;
@@ -125,10 +123,9 @@ const MAX_PENDING = 256;
  * (a connect-only code: nothing reached the server). Not the classes 08
  * (connection exception), 57 (operator intervention: a shutdown terminates a
  * backend after its COMMIT as well as before), 58 (system error: I/O) and
- * XX (internal error). When this is wrong, the record is left to its lock,
- * as without the release. Anything else (a connection lost
- * mid-statement, a timeout, an answer that could not be read) may have come
- * after the COMMIT.
+ * XX (internal error). Anything else (a connection lost mid-statement, a
+ * timeout, an answer that could not be read) may have come after the COMMIT.
+ * When this is wrong, the record is left to its lock, as without the release.
  */
 function wroteNothing(err: unknown): boolean {
   const e = err as { code?: unknown; severity?: unknown } | null;
