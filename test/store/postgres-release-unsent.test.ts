@@ -62,6 +62,11 @@ class CuttingProxy {
     for (const s of this.sockets) s.destroy();
   }
 
+  /** Lets new connections through again. */
+  back(): void {
+    this.refuseUntil = 0;
+  }
+
   async stop(): Promise<void> {
     for (const s of this.sockets) s.destroy();
     await new Promise((r) => this.server.close(r));
@@ -191,11 +196,12 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
     const c = fresh({ lockMs: 100 });
     proxy.arm('answer');
     await expect(store.admit(c)).rejects.toThrow();
-    proxy.away(1_600);
+    // Away until the release gave up (its 1.25 s at least), however slow the box.
+    proxy.away(60_000);
     await store.unsent.idle();
+    proxy.back();
     expect(store.unsent.stats).toMatchObject({ released: 0, nothing: 0, gaveUp: 1 });
     expect(await stateOf(c)).toEqual({ record: 'in_progress', owner: c.ownerToken, fence: '7', slot: c.ownerToken });
-    await new Promise((r) => setTimeout(r, 450)); // the proxy lets connections through again
     // Its lock ran out: the retry is refused outcome-unknown, as before the release existed.
     expect((await store.admit(retryOf(c))).outcome).toBe('outcome-unknown');
   });
@@ -214,7 +220,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
     await own.unsent.idle();
     expect(performance.now() - t).toBeLessThan(2_500);
     expect(own.unsent.stats).toMatchObject({ released: 0, nothing: 0, gaveUp: 1 });
-    (proxy as unknown as { refuseUntil: number }).refuseUntil = 0;
+    proxy.back();
     // Left to its lock.
     expect(await stateOf(c)).toMatchObject({ record: 'in_progress', owner: c.ownerToken });
   });
@@ -254,9 +260,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
 
   it('at most maxPending releases wait at once: past it, a failed admission is left to its lock', async () => {
     store.unsent.maxPending = 3;
-    proxy.away(400);
+    proxy.away(60_000);
     const cs = Array.from({ length: 10 }, () => fresh());
     const results = await Promise.allSettled(cs.map((c) => store.admit(c)));
+    proxy.back();
     expect(results.every((r) => r.status === 'rejected')).toBe(true);
     await store.unsent.idle();
     expect(store.unsent.stats).toMatchObject({ released: 0, nothing: 3, overCap: 7 });
