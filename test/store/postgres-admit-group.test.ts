@@ -61,11 +61,12 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
   });
 
   it('admissions that arrive together go as one statement; each caller hears after the commit', async () => {
+    const admit = admitVia({ budgetMs: null }); // no budget: a loaded box must not defer elements to run alone
     const cmds = Array.from({ length: 30 }, () => fresh());
-    const before = { ...groupOf(store).stats };
-    const answers = await Promise.all(cmds.map((c) => store.admit(c)));
+    const before = { ...admit.group.stats };
+    const answers = await Promise.all(cmds.map((c) => admit(c)));
     expect(answers.every((a) => a.outcome === 'forward')).toBe(true);
-    const g = groupOf(store).stats;
+    const g = admit.group.stats;
     expect(g.elements - before.elements).toBe(30);
     expect(g.roundTrips - before.roundTrips).toBeLessThanOrEqual(2); // not 30 round trips and commits
     expect(g.grouped - before.grouped).toBeGreaterThanOrEqual(29);
