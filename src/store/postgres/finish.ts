@@ -1,9 +1,9 @@
-import { entityTopic, recordTopic, type FinishInput, type FinishResult } from '../types.js';
+import type { FinishInput, FinishResult } from '../types.js';
 import { RoundTripGroup, type GroupLimits, type Settled } from './finish-group.js';
 import type { PgContext } from './query.js';
 import { logText } from './rejections.js';
 import { encodeNullable, encodeText } from './text.js';
-import { topicHash, type PgWakeups } from './wakeups.js';
+import { decisionTopics, wakeLocal, type PgWakeups } from './wakeups.js';
 
 /** The channel's place among fencegate_finish's parameters: one value for a whole group. */
 const CHANNEL = 14;
@@ -87,8 +87,7 @@ export function createFinish(
   const finish = async (input: FinishInput): Promise<FinishResult> => {
     const recorded = await group.run(input);
     // Local waiters need not wait for the NOTIFY round trip.
-    if (input.entity !== null) wakeups.notify(topicHash(entityTopic(input.entity)));
-    if (input.key !== null) wakeups.notify(topicHash(recordTopic(input.scope, input.key)));
+    wakeLocal(wakeups, decisionTopics(input));
     return { recorded };
   };
   return Object.assign(finish, { group });
@@ -114,6 +113,7 @@ function unsentFault(err: unknown): boolean {
 /** fencegate_finish's twenty parameters for one finish, in order. */
 function finishParams(input: FinishInput, channel: string | null): unknown[] {
   const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
+  const topics = decisionTopics(input);
   const completed = input.outcome === 'completed' ? input : null;
   return [
     encodeText(input.scope),
@@ -131,8 +131,8 @@ function finishParams(input: FinishInput, channel: string | null): unknown[] {
     a.payloadSha256,
     a.requestId,
     channel,
-    input.entity === null ? null : topicHash(entityTopic(input.entity)),
-    input.key === null ? null : topicHash(recordTopic(input.scope, input.key)),
+    topics.entity,
+    topics.record,
     a.clientRequestId,
     a.entity,
     a.idempotencyKey,

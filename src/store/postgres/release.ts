@@ -1,9 +1,9 @@
 import { CONNECT_ONLY_CODES, causeCode } from '../../protocol/connect-errors.js';
 import { MIN_RETRY_MS, retryDelayMs } from '../retry-schedule.js';
-import { entityTopic, recordTopic, type AdmitInput } from '../types.js';
+import type { AdmitInput } from '../types.js';
 import type { PgContext } from './query.js';
 import { encodeNullable, encodeText } from './text.js';
-import { topicHash, type PgWakeups } from './wakeups.js';
+import { decisionTopics, wakeLocal, type PgWakeups } from './wakeups.js';
 
 /**
  * An admission whose statement failed as a whole, as this store saw it (the
@@ -38,6 +38,7 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
 
   async function run(input: AdmitInput): Promise<void> {
     const giveUpAt = performance.now() + Math.max(input.lockMs, MIN_RETRY_MS);
+    const topics = decisionTopics(input);
     const params = [
       encodeText(input.scope),
       encodeNullable(input.key),
@@ -46,16 +47,15 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
       input.onUnknown === 'retry',
       Math.ceil(input.lockMs), // as the admission wrote it (./admit.ts)
       wakeups.notifyChannel,
-      input.entity === null ? null : topicHash(entityTopic(input.entity)),
-      input.key === null ? null : topicHash(recordTopic(input.scope, input.key)),
+      topics.entity,
+      topics.record,
     ];
     let freed = false;
     const done = (outcome: 'answered' | 'gaveUp') => {
       if (freed) {
         stats.released++;
         // This replica's own waiters need not wait for the NOTIFY.
-        if (input.entity !== null) wakeups.notify(topicHash(entityTopic(input.entity)));
-        if (input.key !== null) wakeups.notify(topicHash(recordTopic(input.scope, input.key)));
+        wakeLocal(wakeups, topics);
       } else if (outcome === 'gaveUp') stats.gaveUp++;
       else stats.nothing++;
     };

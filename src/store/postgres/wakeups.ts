@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import type pg from 'pg';
 import { LocalNotifier } from '../notifier.js';
+import { entityTopic, recordTopic } from '../types.js';
 import { PgListener } from './listener.js';
 
 /**
@@ -103,4 +104,20 @@ export class PgWakeups {
 /** A topic as a NOTIFY payload and a local waiter key: topics may hold U+0000 and any length. */
 export function topicHash(topic: string): string {
   return createHash('md5').update(topic).digest('hex');
+}
+
+/** The topic hashes of a decision's entity and record (null where it has none): what its NOTIFYs carry and its local waiters wait on. */
+export interface DecisionTopics {
+  entity: string | null;
+  record: string | null;
+}
+
+export function decisionTopics(d: { scope: string; key: string | null; entity: string | null }): DecisionTopics {
+  return { entity: d.entity === null ? null : topicHash(entityTopic(d.entity)), record: d.key === null ? null : topicHash(recordTopic(d.scope, d.key)) };
+}
+
+/** Wakes this replica's waiters on a decision's topics, without waiting for its own NOTIFY to come back. */
+export function wakeLocal(wakeups: Pick<PgWakeups, 'notify'>, topics: DecisionTopics): void {
+  if (topics.entity !== null) wakeups.notify(topics.entity);
+  if (topics.record !== null) wakeups.notify(topics.record);
 }
