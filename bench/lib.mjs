@@ -78,26 +78,25 @@ export function placeLoad(cpu) {
   loadCpu = cpu;
 }
 
-/** The pids of this machine's PostgreSQL processes (the postmaster, its backends and helpers). */
-function postgresPids() {
-  return readdirSync('/proc').filter((pid) => {
-    if (!/^\d+$/.test(pid)) return false;
+/**
+ * This machine's PostgreSQL processes (the postmaster, its backends and
+ * helpers), from /proc: pid, parent pid, and CPU time so far in clock ticks
+ * of 10 ms (utime + stime).
+ */
+export function postgresProcesses() {
+  const found = [];
+  for (const pid of readdirSync('/proc')) {
+    if (!/^\d+$/.test(pid)) continue;
     try {
       const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-      return stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')).startsWith('postgres');
+      if (!stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')).startsWith('postgres')) continue;
+      const fields = stat.slice(stat.lastIndexOf(') ') + 2).split(' ');
+      found.push({ pid, ppid: fields[1], ticks: Number(fields[11]) + Number(fields[12]) });
     } catch {
-      return false; // gone meanwhile
+      // gone meanwhile
     }
-  });
-}
-
-function parentOf(pid) {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(') ') + 2).split(' ')[1];
-  } catch {
-    return undefined;
   }
+  return found;
 }
 
 /**
@@ -110,16 +109,17 @@ function parentOf(pid) {
  */
 export function pinPostgres(core) {
   if (!HAS_TASKSET) throw new Error('--pg-core needs taskset');
-  const pids = postgresPids();
+  const processes = postgresProcesses();
+  const pids = processes.map((p) => p.pid);
   // The postmaster: the one whose parent is not a postgres process.
-  const postmaster = pids.find((pid) => !pids.includes(parentOf(pid)));
+  const postmaster = processes.find((p) => !pids.includes(p.ppid))?.pid;
   const saved = new Map();
   const restore = () => {
     const fallback = saved.get(postmaster);
     // The postmaster first, then the processes alive after it: a backend
     // forked while the others were being restored would keep the pin.
     if (fallback !== undefined) spawnSync('taskset', ['-p', fallback, postmaster]);
-    for (const pid of postgresPids()) {
+    for (const { pid } of postgresProcesses()) {
       const mask = saved.get(pid) ?? fallback;
       if (mask !== undefined) spawnSync('taskset', ['-p', mask, pid]);
     }

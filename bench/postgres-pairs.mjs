@@ -6,10 +6,10 @@
 // the machine, from /proc: run it on a quiet box) per request.
 //
 //   npm run build && FENCEGATE_TEST_POSTGRES_URL=postgres://… node bench/postgres-pairs.mjs [--concurrency 50] [--requests 10000] [--no-listen]
-import { readdirSync, readFileSync } from 'node:fs';
 import pg from 'pg';
 import { createPostgresStore } from '../dist/store/postgres/index.js';
 import { flag, option } from './args.mjs';
+import { postgresProcesses } from './lib.mjs';
 import { pairRunner } from './store-pair.mjs';
 
 const url = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL;
@@ -18,22 +18,8 @@ const concurrency = Number(option('concurrency', 50));
 const requests = Number(option('requests', 10000));
 const schema = `fg_bench_pairs_${process.pid}`;
 
-/** CPU time (µs) of every PostgreSQL process alive now; /proc/PID/stat counts in clock ticks of 10 ms. */
-function postgresCpuUs() {
-  let ticks = 0;
-  for (const pid of readdirSync('/proc')) {
-    if (!/^\d+$/.test(pid)) continue;
-    try {
-      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-      if (!stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')).startsWith('postgres')) continue;
-      const fields = stat.slice(stat.lastIndexOf(') ') + 2).split(' ');
-      ticks += Number(fields[11]) + Number(fields[12]); // utime, stime
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return ticks * 10_000;
-}
+/** CPU time (µs) of every PostgreSQL process alive now. */
+const postgresCpuUs = () => postgresProcesses().reduce((us, p) => us + p.ticks * 10_000, 0);
 
 const store = await createPostgresStore({ connectionString: url, schema, listen: !flag('no-listen') });
 const run = pairRunner(store, concurrency);
