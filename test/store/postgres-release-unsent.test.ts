@@ -1,8 +1,8 @@
 import { randomUUID } from 'node:crypto';
-import { createServer, connect, type Server, type Socket } from 'node:net';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
 import type { Admission, AdmitInput } from '../../src/store/types.js';
+import { FaultProxy } from '../faults/toolkit/tcp-proxy.js';
 import { createTestSchema, holdEntity, POSTGRES_URL, rejectionReasons, until, type TestSchema } from '../helpers/postgres.js';
 import { admitInput } from './helpers/inputs.js';
 
@@ -12,69 +12,14 @@ import { admitInput } from './helpers/inputs.js';
  * answers 503 and sends nothing. Whatever it committed under the request's
  * owner token is released, so the key's retry is forwarded, not told
  * `idempotency-in-progress` and later `outcome-unknown`. The connection is
- * cut by a TCP proxy in front of the real server, at the first bytes of the
- * answer (PostgreSQL sends a statement's answer once it committed).
+ * cut by the fault suite's TCP proxy (test/faults/toolkit/tcp-proxy.ts) in
+ * front of the real server: `resetNext` resets it at the first bytes of the
+ * answer (PostgreSQL sends a statement's answer once it committed), `cut`
+ * resets every connection and refuses new ones until `restore`.
  */
 
-/** A TCP proxy to PostgreSQL that, once armed, ends a connection at its next bytes in the given direction. */
-class CuttingProxy {
-  private server!: Server;
-  private readonly sockets = new Set<Socket>();
-  private armed: 'answer' | 'request' | null = null;
-  /** New connections are closed at once until this time (the database away). */
-  private refuseUntil = 0;
-  port = 0;
-
-  async start(target: URL): Promise<void> {
-    this.server = createServer((client) => {
-      if (Date.now() < this.refuseUntil) {
-        client.destroy();
-        return;
-      }
-      const upstream = connect(Number(target.port || 5432), target.hostname);
-      for (const s of [client, upstream]) {
-        this.sockets.add(s);
-        s.on('close', () => this.sockets.delete(s));
-        s.on('error', () => {});
-      }
-      const cut = () => {
-        this.armed = null;
-        client.destroy();
-        upstream.destroy();
-      };
-      client.on('data', (d) => (this.armed === 'request' ? cut() : upstream.write(d)));
-      upstream.on('data', (d) => (this.armed === 'answer' ? cut() : client.write(d)));
-      client.on('close', () => upstream.destroy());
-      upstream.on('close', () => client.destroy());
-    });
-    await new Promise<void>((r) => this.server.listen(0, '127.0.0.1', r));
-    this.port = (this.server.address() as { port: number }).port;
-  }
-
-  /** The next answer (server to gateway), or the next request (gateway to server), ends its connection instead of arriving. */
-  arm(direction: 'answer' | 'request'): void {
-    this.armed = direction;
-  }
-
-  /** Closes every connection and refuses new ones for `ms`. */
-  away(ms: number): void {
-    this.refuseUntil = Date.now() + ms;
-    for (const s of this.sockets) s.destroy();
-  }
-
-  /** Lets new connections through again. */
-  back(): void {
-    this.refuseUntil = 0;
-  }
-
-  async stop(): Promise<void> {
-    for (const s of this.sockets) s.destroy();
-    await new Promise((r) => this.server.close(r));
-  }
-}
-
 let schema: TestSchema;
-let proxy: CuttingProxy;
+let proxy: FaultProxy;
 let store: PostgresGatewayStore;
 
 const fresh = (over: Partial<AdmitInput> = {}) =>
@@ -96,15 +41,13 @@ const unreleased = (s: PostgresGatewayStore) => (s as unknown as { admission: (i
 describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost is released', () => {
   beforeAll(async () => {
     schema = await createTestSchema('fg_unsent');
-    proxy = new CuttingProxy();
-    await proxy.start(new URL(POSTGRES_URL!));
-    const url = new URL(schema.url);
-    url.host = `127.0.0.1:${proxy.port}`;
-    store = await createPostgresStore({ connectionString: url.toString(), poolSize: 4, listen: false });
+    const target = new URL(POSTGRES_URL!);
+    proxy = await FaultProxy.start({ target: { host: target.hostname, port: Number(target.port || 5432) }, name: 'postgres' });
+    store = await createPostgresStore({ connectionString: proxy.wrapUrl(schema.url), poolSize: 4, listen: false });
   });
   afterAll(async () => {
     await store?.close();
-    await proxy?.stop();
+    await proxy?.close();
     await schema?.drop();
   });
   beforeEach(async () => {
@@ -115,7 +58,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
 
   it('a lone admission that committed: its record and slot are released, the fence stays, the retry is forwarded', async () => {
     const c = fresh();
-    proxy.arm('answer');
+    proxy.resetNext(1);
     await expect(store.admit(c)).rejects.toThrow();
     await store.unsent.idle();
     expect(store.unsent.stats).toEqual({ ...NONE, released: 1, nothing: 0 });
@@ -127,7 +70,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
 
   it('negative control: without the release, the lost answer leaves the record in_progress and the retry is refused', async () => {
     const c = fresh();
-    proxy.arm('answer');
+    proxy.resetNext(1);
     await expect(unreleased(store)(c)).rejects.toThrow();
     expect(await stateOf(c)).toEqual({ record: 'in_progress', owner: c.ownerToken, fence: '7', slot: c.ownerToken });
     const retry = await store.admit(retryOf(c));
@@ -137,7 +80,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
 
   it('a group that committed: every element is released', async () => {
     const cs = Array.from({ length: 5 }, () => fresh());
-    proxy.arm('answer');
+    proxy.resetNext(1);
     const results = await Promise.allSettled(cs.map((c) => store.admit(c)));
     expect(results.map((r) => r.status)).toEqual(cs.map(() => 'rejected'));
     await store.unsent.idle();
@@ -149,7 +92,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
     const first = fresh();
     expect(await store.admit(first)).toEqual({ outcome: 'forward', takeover: false });
     const second = retryOf(first);
-    proxy.arm('answer');
+    proxy.resetNext(1);
     await expect(store.admit(second)).rejects.toThrow();
     await store.unsent.idle();
     expect(store.unsent.stats).toEqual({ ...NONE, released: 0, nothing: 1 });
@@ -158,10 +101,11 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
 
   it('the database away for a while: the release is tried again until it lands', async () => {
     const c = fresh();
-    proxy.arm('answer');
+    proxy.resetNext(1);
     const failed = store.admit(c);
     await expect(failed).rejects.toThrow();
-    proxy.away(700);
+    proxy.cut();
+    setTimeout(() => proxy.restore(), 700);
     await store.unsent.idle();
     expect(store.unsent.stats).toMatchObject({ released: 1, nothing: 0, gaveUp: 0 });
     expect(store.unsent.stats.failedAttempts).toBeGreaterThan(0);
@@ -170,8 +114,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
 
   it('a statement that never reached the server: nothing to release, nothing changed', async () => {
     const c = fresh();
-    proxy.arm('request');
+    proxy.cut();
     await expect(store.admit(c)).rejects.toThrow();
+    proxy.restore();
     await store.unsent.idle();
     expect(store.unsent.stats).toEqual({ ...NONE, released: 0, nothing: 1 });
     expect(await stateOf(c)).toEqual({ record: null, owner: null, fence: null, slot: null });
@@ -182,7 +127,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
     const keyOnly = fresh({ entity: null, fence: null, mode: 'concurrent' });
     const entityOnly = fresh({ key: null, fence: null });
     for (const c of [keyOnly, entityOnly]) {
-      proxy.arm('answer');
+      proxy.resetNext(1);
       await expect(store.admit(c)).rejects.toThrow();
       await store.unsent.idle();
     }
@@ -194,12 +139,12 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
 
   it('the database away for longer than the lock (and 1.25 s): the release gives up, the record is left to its lock', async () => {
     const c = fresh({ lockMs: 100 });
-    proxy.arm('answer');
+    proxy.resetNext(1);
     await expect(store.admit(c)).rejects.toThrow();
     // Away until the release gave up (its 1.25 s at least), however slow the box.
-    proxy.away(60_000);
+    proxy.cut();
     await store.unsent.idle();
-    proxy.back();
+    proxy.restore();
     expect(store.unsent.stats).toMatchObject({ released: 0, nothing: 0, gaveUp: 1 });
     expect(await stateOf(c)).toEqual({ record: 'in_progress', owner: c.ownerToken, fence: '7', slot: c.ownerToken });
     // Its lock ran out: the retry is refused outcome-unknown, as before the release existed.
@@ -207,20 +152,18 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
   });
 
   it('close() while a release waits out the outage: close does not wait for it, it gives up without a statement', async () => {
-    const url = new URL(schema.url);
-    url.host = `127.0.0.1:${proxy.port}`;
-    const own = await createPostgresStore({ connectionString: url.toString(), poolSize: 2, listen: false });
+    const own = await createPostgresStore({ connectionString: proxy.wrapUrl(schema.url), poolSize: 2, listen: false });
     const c = fresh({ lockMs: 5_000 });
-    proxy.arm('answer');
+    proxy.resetNext(1);
     await expect(own.admit(c)).rejects.toThrow();
-    proxy.away(10_000);
+    proxy.cut();
     await until(() => own.unsent.stats.failedAttempts > 0, 'a failed release attempt');
     const t = performance.now();
     await own.close();
     await own.unsent.idle();
     expect(performance.now() - t).toBeLessThan(2_500);
     expect(own.unsent.stats).toMatchObject({ released: 0, nothing: 0, gaveUp: 1 });
-    proxy.back();
+    proxy.restore();
     // Left to its lock.
     expect(await stateOf(c)).toMatchObject({ record: 'in_progress', owner: c.ownerToken });
   });
@@ -231,13 +174,11 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
     await expect(store.admit(faulty)).rejects.toMatchObject({ code: '22008' });
     expect(await stateOf(faulty)).toEqual({ record: null, owner: null, fence: null, slot: null });
     // A store whose server stopped listening: its next connect is refused.
-    const gone = new CuttingProxy();
-    await gone.start(new URL(POSTGRES_URL!));
-    const url = new URL(schema.url);
-    url.host = `127.0.0.1:${gone.port}`;
-    const nowhere = await createPostgresStore({ connectionString: url.toString(), poolSize: 1, listen: false });
+    const target = new URL(POSTGRES_URL!);
+    const gone = await FaultProxy.start({ target: { host: target.hostname, port: Number(target.port || 5432) }, name: 'gone' });
+    const nowhere = await createPostgresStore({ connectionString: gone.wrapUrl(schema.url), poolSize: 1, listen: false });
     try {
-      await gone.stop();
+      await gone.close();
       await until(() => (nowhere.pool as unknown as { totalCount: number }).totalCount === 0, 'the pool dropping its closed connection');
       await expect(nowhere.admit(fresh())).rejects.toMatchObject({ code: 'ECONNREFUSED' });
       expect(nowhere.unsent.stats).toEqual({ ...NONE, notNeeded: 1 });
@@ -260,10 +201,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
 
   it('at most maxPending releases wait at once: past it, a failed admission is left to its lock', async () => {
     store.unsent.maxPending = 3;
-    proxy.away(60_000);
+    proxy.cut();
     const cs = Array.from({ length: 10 }, () => fresh());
     const results = await Promise.allSettled(cs.map((c) => store.admit(c)));
-    proxy.back();
+    proxy.restore();
     expect(results.every((r) => r.status === 'rejected')).toBe(true);
     await store.unsent.idle();
     expect(store.unsent.stats).toMatchObject({ released: 0, nothing: 3, overCap: 7 });
@@ -276,7 +217,8 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
     failed.catch(() => {});
     await until(async () => (await held.waiters()) > 0, 'the admission waiting for the entity row');
     // A network cut: the gateway's side of the connection dies, the backend keeps waiting for the lock.
-    proxy.away(50);
+    proxy.cut();
+    setTimeout(() => proxy.restore(), 50);
     await expect(failed).rejects.toThrow();
     await store.unsent.idle();
     expect(store.unsent.stats).toMatchObject({ released: 0, nothing: 1 });
@@ -293,7 +235,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
     expect(await store.admit(r0)).toEqual({ outcome: 'forward', takeover: false });
     await new Promise((r) => setTimeout(r, 80));
     const r1 = retryOf(r0);
-    proxy.arm('answer');
+    proxy.resetNext(1);
     await expect(store.admit(r1)).rejects.toThrow();
     await store.unsent.idle();
     expect(store.unsent.stats).toMatchObject({ released: 1 });
@@ -305,7 +247,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: an admission whose answer was lost i
 
   it('a fresh record on an onUnknown: retry route is deleted all the same: the retry is forwarded as new, not as a takeover', async () => {
     const c = fresh({ onUnknown: 'retry' });
-    proxy.arm('answer');
+    proxy.resetNext(1);
     await expect(store.admit(c)).rejects.toThrow();
     await store.unsent.idle();
     expect(store.unsent.stats).toEqual({ ...NONE, released: 1 });
