@@ -24,7 +24,7 @@ const Duration = z
   .transform((v, ctx) => {
     const ms = parseDuration(v);
     if (ms === null) {
-      ctx.addIssue({ code: 'custom', message: 'must be a duration such as "500ms", "30s", "15m", "24h", "7d", or milliseconds' });
+      ctx.addIssue({ code: 'custom', message: 'must be a duration such as "500ms", "30s", "15m", "24h", "7d", "1h30m", or milliseconds' });
       return z.NEVER;
     }
     return ms;
