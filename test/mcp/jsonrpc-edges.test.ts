@@ -1,4 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
+import { createUndiciForwarder } from '../../src/http/forward-undici.js';
+import type { Forwarder } from '../../src/http/forward.js';
 import { MCP_ERROR_CODES, MCP_META } from '../../src/protocol/mcp.js';
 import { connectClient, fenced, mcpRoute, rawPost, startMcpGateway, textOf } from './harness.js';
 import { rawUpstream, toolCall, type Handler } from './raw-upstream.js';
@@ -15,10 +17,10 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-async function setup(handler: Handler, route: Record<string, unknown> = {}) {
+async function setup(handler: Handler, route: Record<string, unknown> = {}, forwarder?: Forwarder) {
   const up = await rawUpstream(handler);
   cleanups.push(() => up.close());
-  const gw = await startMcpGateway([mcpRoute(up.url, route)]);
+  const gw = await startMcpGateway([mcpRoute(up.url, route)], forwarder ? { forwarder } : {});
   cleanups.push(() => gw.close());
   return { up, gw };
 }
@@ -162,6 +164,20 @@ describe('answers that are not the call\'s', () => {
     const agent = await connectClient(`${gw.url}/mcp`);
     cleanups.push(() => agent.close());
     expect(textOf(await agent.client.callTool({ name: 'refund', arguments: { inv: 1 }, _meta: fenced(1, 'inv-1', 'k-id') }))).toBe('mine');
+    expect(server.calls()).toBe(1);
+  });
+
+  it('read whole (a forwarder that cannot stream): the decoy and the response to another id are dropped from the body, the message event is stored', async () => {
+    const inner = createUndiciForwarder();
+    const whole: Forwarder = { forward: (r) => inner.forward(r), close: () => inner.close!() };
+    const server = sseServer((id) => `event: decoy\ndata: ${result(id, 'decoy')}\n\ndata: ${result(4242, 'someone else')}\n\ndata: ${progress}\n\nevent: message\ndata: ${result(id, 'real')}\n\n`);
+    const { gw } = await setup(server.handler, {}, whole);
+    const first = await (await rawPost(`${gw.url}/mcp`, toolCall(1, 'refund', { inv: 1 }, fenced(1, 'inv-1', 'k-whole')))).text();
+    expect(first).not.toContain('decoy');
+    expect(first).not.toContain('someone else');
+    expect(first).toContain('notifications/message');
+    expect(first).toContain('"real"');
+    expect(await post(gw.url, toolCall(2, 'refund', { inv: 1 }, fenced(1, 'inv-1', 'k-whole')))).toMatchObject({ id: 2, result: { content: [{ text: 'real' }] } });
     expect(server.calls()).toBe(1);
   });
 
