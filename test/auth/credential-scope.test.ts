@@ -6,6 +6,8 @@ import { createJsonLogger } from '../../src/http/logger.js';
 import type { GatewayStore } from '../../src/store/types.js';
 import { delegate } from '../helpers/delegate.js';
 import { command, effectOf, paymentsRoute, recordRows, snapshot, startTestGateway, tempDir, type TestGateway } from '../helpers/gateway.js';
+import { startPgTestGateway } from '../helpers/pg-gateway.js';
+import { POSTGRES_URL } from '../helpers/postgres.js';
 import { startUpstream } from '../helpers/upstream.js';
 import { bearer, hsAuth, token } from './tokens.js';
 import { connectClient, fenced, mcpRoute, startMcpGateway, textOf } from '../mcp/harness.js';
@@ -120,6 +122,23 @@ describe('plain route: callers told apart by Authorization', () => {
     const retry = await charge(two.gw, 'order-9', A);
     expect(retry.headers.get('idempotent-replayed')).toBe('true');
     expect(two.up.effects).toBe(0);
+  });
+});
+
+describe.skipIf(!POSTGRES_URL)('plain route on PostgreSQL', () => {
+  it('two callers with one key are two executions, each replayed; the row holds the HMAC, not the credential', async () => {
+    const up = await startUpstream();
+    cleanups.push(() => up.close());
+    const gw = await startPgTestGateway({ routes: [paymentsRoute(up.url, { fence: 'off', mode: 'concurrent' })], config: { credentialHashKey: HASH_KEY } });
+    cleanups.unshift(() => gw.close());
+    const pg = (key: string, headers: Record<string, string>) => command(gw.url, '/payments/charges', { key, headers });
+    expect((await effectOf(await pg('order-pg', A))).effect).toBe(1);
+    expect((await effectOf(await pg('order-pg', B))).effect).toBe(2);
+    expect((await effectOf(await pg('order-pg', A))).effect).toBe(1);
+    expect(up.effects).toBe(2);
+    const { rows } = await gw.schema.pool.query<{ scope: string }>("SELECT scope FROM idempotency_records WHERE key = 'order-pg'");
+    expect(JSON.stringify(rows)).not.toContain('sk_test');
+    expect(rows).toHaveLength(2);
   });
 });
 
