@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { parseDuration } from '../core/duration.js';
-import { DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT } from '../protocol/headers.js';
+import { credentialHeaderCollision, DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT } from '../protocol/headers.js';
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
 /**
@@ -160,6 +160,13 @@ export const RouteSchema = z.strictObject({
   keyScope: z.union([z.strictObject({ header: HeaderName }), z.strictObject({ claim: ClaimName })]).optional(),
   /** Send the key back in the key header on first and replayed answers. */
   echoKey: z.boolean().default(false),
+  /**
+   * Request headers that carry the caller's credentials to the upstream
+   * (`x-api-key`), besides `Authorization`: a keyed hash of their values
+   * joins the key scope, so callers the upstream tells apart never share a
+   * stored answer (../http/key-scope.ts, DESIGN §2 G2).
+   */
+  credentialHeaders: z.array(HeaderName).max(16).default([]),
 });
 
 const StoreSchema = z.union([
@@ -250,6 +257,13 @@ export const ConfigSchema = z
     /** Base of problem `type` URIs; default `<adminPrefix>/problems/`, served by the gateway. */
     problemTypeBase: z.string().min(1).optional(),
     auth: AuthSchema.optional(),
+    /**
+     * The HMAC key of the credential hashes in key scopes (../http/key-scope.ts):
+     * 32+ characters, or `{ env }`. Without it the hash is an unkeyed,
+     * domain-separated SHA-256, which lets a reader of the table confirm a
+     * guessed low-entropy credential.
+     */
+    credentialHashKey: z.union([z.string().min(32, 'must be at least 32 characters (256 bits)'), z.strictObject({ env: EnvName })]).optional(),
     fence: z
       .strictObject({
         signed: SignedFenceSchema.optional(),
@@ -282,6 +296,10 @@ export const ConfigSchema = z
       if (route.keyScope !== undefined && 'claim' in route.keyScope && config.auth === undefined) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'keyScope', 'claim'], message: 'a claim scope needs "auth": without caller authentication there is no verified token to read the claim from' });
       }
+      route.credentialHeaders.forEach((header, j) => {
+        const why = credentialHeaderCollision(route, header, collision);
+        if (why !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'credentialHeaders', j], message: `${why}: keys are scoped by the credentials the upstream sees` });
+      });
       const echoed = echoKeyCollision(route);
       if (echoed !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'echoKey'], message: echoed });
       if (route.protocol === 'mcp') {

@@ -11,6 +11,7 @@ import type { IncomingLike } from './body.js';
 import type { Inbound, Reply } from './inbound.js';
 import { errorText, silentLogger, type Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
+import { credentialHashKeyOf } from './key-scope.js';
 import { createProxyHandler } from './proxy.js';
 import { createSecurity } from './security.js';
 import { timeStore } from './store-timing.js';
@@ -73,6 +74,7 @@ export function createGateway(options: GatewayOptions): Gateway {
   const problemBase = problemBaseOf(config);
   const env = options.env ?? (globalThis as any).process?.env ?? {};
   const upstreamHeaders = resolveUpstreamHeaders(config, env);
+  const credentialHashKey = credentialHashKeyOf(config, env);
   const metrics = options.metrics ?? createMetrics({ routes: config.routes.map((r) => r.name) });
   store.observeGroups?.((size, syncMs) => metrics.storeGroup(size, syncMs));
   // Spans only once @opentelemetry/api has loaded (if it is installed); startGateway waits for it.
@@ -95,6 +97,7 @@ export function createGateway(options: GatewayOptions): Gateway {
     upstreamHeaders,
     // The caller's Authorization authenticates it to the gateway, never to the upstream.
     stripAuthorization: auth !== null,
+    credentialHashing: { auth: auth !== null, key: credentialHashKey },
     ...(checkSignedFence ? { checkSignedFence } : {}),
     observe: metrics.observe,
   });

@@ -1,6 +1,8 @@
+import { createHash, createHmac } from 'node:crypto';
 import type { Config, RouteConfig } from '../config/schema.js';
+import { ConfigError } from '../config/load.js';
 import { formatIdempotencyKey } from '../protocol/headers.js';
-import type { Reply } from './inbound.js';
+import type { HeaderReader, Reply } from './inbound.js';
 import type { Logger } from './logger.js';
 import { setHeader } from './settle.js';
 
@@ -9,17 +11,70 @@ import { setHeader } from './settle.js';
  * Always the route's; with caller auth, the caller's within it; with
  * `keyScope`, also the scope header's value or the verified token's claim
  * (a tenant), so that callers who share one credential, or none, or one
- * `sub` across tenants, do not share one key space. The parts are joined
+ * `sub` across tenants, do not share one key space; and the hash of the
+ * credentials the upstream sees (`credentials`, credentialScopeOf), so that
+ * callers the upstream tells apart never share one. The parts are joined
  * with NUL, which no route name, scope value or (in practice) caller id
- * contains; the `key-scope:` (header) and `key-claim:` (claim) marks keep a
- * scope value from ever reading as a caller id, or a claim's value as the
- * same text sent in a header.
+ * contains; the `key-scope:` (header), `key-claim:` (claim) and `cred:`
+ * marks keep one part from ever reading as another. A request with no
+ * credentials has the scope it had before credentials entered it, so its
+ * records and replays are the same.
  */
-export function keyScopeOf(route: RouteConfig, caller: string | null, keyScope: string | null): string {
-  const base = caller === null ? route.name : `${route.name}\u0000${caller}`;
-  if (keyScope === null) return base;
-  const mark = route.keyScope !== undefined && 'claim' in route.keyScope ? 'key-claim:' : 'key-scope:';
-  return `${base}\u0000${mark}${keyScope}`;
+export function keyScopeOf(route: RouteConfig, caller: string | null, keyScope: string | null, credentials: string | null = null): string {
+  let scope = caller === null ? route.name : `${route.name}\u0000${caller}`;
+  if (keyScope !== null) scope += `\u0000${route.keyScope !== undefined && 'claim' in route.keyScope ? 'key-claim:' : 'key-scope:'}${keyScope}`;
+  if (credentials !== null) scope += `\u0000cred:${credentials}`;
+  return scope;
+}
+
+/** How credentials are hashed into key scopes: HMAC-SHA256 under `credentialHashKey`, or (none configured) a domain-separated SHA-256. */
+export interface CredentialHashing {
+  /** The gateway checks caller auth: the caller's `Authorization` is its own (the caller id scopes keys) and is never forwarded. */
+  auth: boolean;
+  key: Uint8Array | null;
+}
+
+/** The hash's domain: no other digest fencegate makes (fingerprints, body digests, endpoint keys) starts with it. */
+const CREDENTIAL_DOMAIN = 'fencegate/key-scope/credentials/v1\u0000';
+
+/**
+ * The hash of the credentials the upstream sees on this request, or null
+ * when it carries none: `Authorization` (without caller auth; with it the
+ * gateway checks and drops that header) and the route's `credentialHeaders`,
+ * each by lower-case name with its value as received (repeated fields joined
+ * as `Headers.get` joins them), absent ones as null. An upstream that
+ * authenticates its clients (an API key per customer, an MCP server's
+ * OAuth token) scopes their idempotency keys by them; without this, two
+ * callers who pick the same key would share one stored answer, and one
+ * would be handed the other's result (DESIGN §2 G2).
+ *
+ * HMAC-SHA256 under the configured `credentialHashKey`: the table then holds
+ * a value that no one without the key can test a guessed credential against
+ * (an API key of few bits, a password in Basic auth). Without the key the
+ * hash is SHA-256 over the domain and the credentials: it hides a
+ * high-entropy token but lets a reader of the table confirm a guess, which
+ * the start-up warning `credential-hash-unkeyed` says (docs/auth-audit.md).
+ * The key must be the same on every replica and across restarts, or a retry
+ * lands in another scope and runs again.
+ */
+export function credentialScopeOf(route: RouteConfig, headers: HeaderReader, hashing: CredentialHashing): string | null {
+  const names = hashing.auth ? [] : ['authorization'];
+  for (const h of route.credentialHeaders) if (!names.includes(h.toLowerCase())) names.push(h.toLowerCase());
+  const values = names.map((n) => headers.get(n));
+  if (values.every((v) => v === null)) return null;
+  const material = CREDENTIAL_DOMAIN + JSON.stringify(names.map((n, i) => [n, values[i]]));
+  const hash = hashing.key !== null ? createHmac('sha256', hashing.key) : createHash('sha256');
+  return hash.update(material, 'utf8').digest('hex');
+}
+
+/** The configured `credentialHashKey`, read once at start-up; a missing variable stops it. */
+export function credentialHashKeyOf(config: Config, env: Record<string, string | undefined>): Uint8Array | null {
+  const spec = config.credentialHashKey;
+  if (spec === undefined) return null;
+  const text = typeof spec === 'string' ? spec : env[spec.env];
+  if (text === undefined || text === '') throw new ConfigError(`invalid configuration:\n  credentialHashKey: environment variable ${(spec as { env: string }).env} is not set`, ['credentialHashKey']);
+  if (text.length < 32) throw new ConfigError('invalid configuration:\n  credentialHashKey: must be at least 32 characters (256 bits)', ['credentialHashKey']);
+  return new TextEncoder().encode(text);
 }
 
 /** The token claim that scopes this route's keys (`keyScope: { claim }`), or null: none, a header scope, or no keys. */
@@ -39,15 +94,24 @@ export function claimScopeOf(route: RouteConfig | null): string | null {
  */
 export function warnGlobalKeys(config: Config, logger: Logger): void {
   if (config.auth !== undefined) return;
+  let keyed = false;
   for (const route of config.routes) {
     if (route.idempotency === 'off') continue;
+    keyed = true;
     // A claim scope needs auth (the config refuses it without), so it never gets here.
     if (route.keyScope !== undefined && 'claim' in route.keyScope) continue;
+    // Credentials scope keys only when the caller sends them: callers that send none still share one key space.
+    const credentials = ['Authorization', ...route.credentialHeaders].join(', ');
     const reason =
       route.keyScope === undefined
-        ? 'no auth and no keyScope: every caller of this route shares one key space; configure auth or keyScope'
+        ? `no auth and no keyScope: keys are scoped by the caller's credentials (${credentials}) only, so every caller that sends none shares one key space; configure auth or keyScope`
         : `no auth: the keyScope header ${route.keyScope.header} is whatever the caller sends, so a caller can use another tenant's key space; it must be set by a trusted proxy that strips the client's copy, or configure auth`;
     logger.warn('global-keys', { route: route.name, reason });
+  }
+  if (keyed && config.credentialHashKey === undefined) {
+    logger.warn('credential-hash-unkeyed', {
+      reason: 'no credentialHashKey: the credentials that scope keys are stored as an unkeyed SHA-256, against which a reader of the table can confirm a guessed low-entropy credential (an API key, a password); configure credentialHashKey',
+    });
   }
 }
 

@@ -6,7 +6,7 @@ import { admissionRefusal, admitWithWaits, routeAdmission, storeEntity } from '.
 import { readBody } from './body.js';
 import type { Inbound, Reply } from './inbound.js';
 import { entityFromJson, keyFromJson, parseCommand } from './command.js';
-import { echoKey, keyScopeOf, warnGlobalKeys } from './key-scope.js';
+import { credentialScopeOf, echoKey, keyScopeOf, warnGlobalKeys, type CredentialHashing } from './key-scope.js';
 import { renderRefusal, toReply } from './errors.js';
 import { START_DEADLINE_PASSED, type Forwarder, type UpstreamResult } from './forward.js';
 import { errorText, type Logger } from './logger.js';
@@ -34,6 +34,8 @@ export interface ProxyDeps {
   upstreamHeaders: Map<string, Record<string, string>>;
   /** Strip the caller's `Authorization` (it authenticates to the gateway, not the upstream). */
   stripAuthorization: boolean;
+  /** How the credentials the upstream sees enter key scopes (./key-scope.ts credentialScopeOf). */
+  credentialHashing: CredentialHashing;
   /** With `fence.signed`: verifies the fence JWS (and logs its refusal); the header is then never read as an integer. */
   checkSignedFence?: SignedFenceCheck;
   /** Called once per answered request (metrics). */
@@ -161,7 +163,7 @@ export function createProxyHandler(deps: ProxyDeps) {
       trace.fence = fence.toString();
     }
     const input: AdmitInput = {
-      scope: keyScopeOf(route, caller, parsed.command.keyScope),
+      scope: keyScopeOf(route, caller, parsed.command.keyScope, credentialScopeOf(route, req.headers, deps.credentialHashing)),
       key,
       entity: storeEntity(entity, caller, deps.config),
       fence,

@@ -164,6 +164,19 @@ export function echoKeyCollision(route: KeyHeaderRoute): string | null {
   return null;
 }
 
+/**
+ * Why a header a route lists in `credentialHeaders` cannot scope its keys by
+ * what the upstream sees, or null: the scope must be the credential the
+ * upstream authenticates the caller by, so it must reach the upstream as
+ * sent (the checks of the key header).
+ */
+export function credentialHeaderCollision(route: KeyHeaderRoute, header: string, context: CollisionContext = { auth: false }): string | null {
+  const name = header.toLowerCase();
+  const said = `"${header}"`;
+  if (name === route.idempotencyHeader.toLowerCase()) return `${said} is this route's idempotencyHeader, not a credential`;
+  return rewrittenHeader(name, said, route, context);
+}
+
 function rewrittenHeader(name: string, said: string, route: KeyHeaderRoute, context: CollisionContext): string | null {
   if (GATEWAY_HEADERS.includes(name)) return `${said} is a header the gateway writes itself (its own X-Request-Id, X-Fence-Entity and trace context), so the upstream would not see the value sent; use Idempotency-Key or another header of your own`;
   if (name === route.fenceHeader.toLowerCase()) return `${said} is also this route's fenceHeader`;

@@ -83,12 +83,14 @@ export type JsonRpcId = string | number | null;
  * A refusal as a JSON-RPC error response to request `id`. HTTP 200 by
  * default: MCP clients read JSON-RPC errors from 200 answers, and some drop
  * the body of a 4xx. `httpStatus: true` keeps the refusal's HTTP status (a
- * GET or DELETE has no JSON-RPC request to answer).
+ * GET or DELETE has no JSON-RPC request to answer). `rpcCode` replaces the
+ * refusal's code (MCP_ERROR_CODES) where JSON-RPC 2.0 names one of its own:
+ * -32600 for a message that is no Request object; `data.type` stays.
  */
-export function renderMcpRefusal(refusal: Refusal, id: JsonRpcId, options: { httpStatus?: boolean } = {}): RenderedError {
+export function renderMcpRefusal(refusal: Refusal, id: JsonRpcId, options: { httpStatus?: boolean; rpcCode?: number } = {}): RenderedError {
   const spec = ERROR_CODES[refusal.code];
   const data = { type: refusal.code, title: spec.title, status: spec.status, detail: refusal.detail, ...dropUndefined(refusal.extras ?? {}) };
-  const body = { jsonrpc: '2.0', id, error: { code: MCP_ERROR_CODES[refusal.code], message: `${refusal.code}: ${refusal.detail}`, data } };
+  const body = { jsonrpc: '2.0', id, error: { code: options.rpcCode ?? MCP_ERROR_CODES[refusal.code], message: `${refusal.code}: ${refusal.detail}`, data } };
   return {
     status: options.httpStatus ? spec.status : 200,
     headers: { 'content-type': 'application/json', [REFUSAL_HEADER]: refusal.code, ...retryAfterHeader(refusal) },

@@ -9,6 +9,7 @@ import { errorText } from '../logger.js';
 import type { ProxyDeps } from '../proxy.js';
 import { finishWithRetries } from '../settle.js';
 import { joinUrl, upstreamHeaders } from '../upstream-request.js';
+import { credentialScopeOf, keyScopeOf } from '../key-scope.js';
 import { logRefusal } from '../refusal-log.js';
 import { parseToolCommand, presentedInCall } from './command.js';
 import type { ToolCall } from './message.js';
@@ -69,7 +70,8 @@ export async function decideCall(deps: ProxyDeps, call: ToolCall, policy: ToolPo
   const input: AdmitInput = {
     // Per route and tool (and caller), not per session: a retry on a new session gets the stored answer.
     // And per path: on a `/mcp/*` route `/mcp/tenant-a` and `/mcp/tenant-b` are two endpoints, so two key spaces.
-    scope: `${caller === null ? route.name : `${route.name}\u0000${caller}`}\u0000${tool}\u0000path:${ctx.pathname}`,
+    // And per the credentials the upstream sees (../key-scope.ts), as on plain routes: an MCP server that authenticates its clients tells them apart.
+    scope: `${keyScopeOf(route, caller, null, credentialScopeOf(route, req.headers, deps.credentialHashing))}\u0000${tool}\u0000path:${ctx.pathname}`,
     key,
     entity: storeEntity(entity, caller, deps.config),
     fence,

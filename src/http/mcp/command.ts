@@ -1,5 +1,5 @@
 import type { RouteConfig } from '../../config/schema.js';
-import { duplicateOnPointerPath } from '../../core/json-duplicates.js';
+import { duplicateOnPointerPath, scanPointer } from '../../core/json-duplicates.js';
 import { parseEntity, parseFence, parseIdempotencyKey, type Parsed } from '../../protocol/headers.js';
 import { caseVariantOf, caseVariantReason, MCP_CALL_MEMBERS, MCP_META, MCP_META_MEMBERS } from '../../protocol/mcp.js';
 import type { Refusal } from '../../protocol/problem.js';
@@ -29,9 +29,8 @@ export function parseToolCommand(
   let fence: bigint | null = null;
   let signedFence: string | null = null;
   if (route.fence !== 'off') {
-    const metaFence = call.meta[MCP_META.fence];
-    const fromMeta = typeof metaFence === 'number' && Number.isSafeInteger(metaFence) && metaFence >= 0 ? String(metaFence) : metaFence;
-    if (fromMeta !== undefined && typeof fromMeta !== 'string') return refuse('invalid-fence', `_meta["${MCP_META.fence}"] must be a decimal string (or a safe non-negative integer)`);
+    const fromMeta = metaFenceText(call);
+    if (fromMeta !== undefined && typeof fromMeta !== 'string') return refuse('invalid-fence', `_meta["${MCP_META.fence}"] must be a decimal string (or a safe non-negative integer written as one: 1000, not 1e3 or 1000.0)`);
     const one = agree(fromMeta ?? null, headers.get(route.fenceHeader), `_meta["${MCP_META.fence}"]`, route.fenceHeader);
     if (!one.ok) return refuse('invalid-fence', one.reason);
     if (one.value === null) {
@@ -104,6 +103,27 @@ function foldedCallMember(call: ToolCall): string | null {
   const inMeta = find(call.meta, MCP_META_MEMBERS);
   if (inMeta !== undefined) return caseVariantReason('params._meta', inMeta);
   return null;
+}
+
+/**
+ * The `_meta` fence as text: a string as it is; a JSON number by its lexeme
+ * as written in the body, and only when that lexeme is the header's one
+ * canonical decimal (DESIGN §3.3, ../../protocol/headers.ts parseFence) and
+ * a safe integer. JSON.parse reads `1e3`, `1000.0` and `1000` as one number,
+ * so the parsed value cannot tell them apart; the fence, like the header,
+ * has one spelling per value, so that the gateway and an upstream that
+ * reads the number its own way never disagree on it. Anything else (a
+ * non-canonical number, a boolean, an object) is returned as it is, for the
+ * caller to refuse; undefined when there is none.
+ */
+function metaFenceText(call: ToolCall): unknown {
+  const value = call.meta[MCP_META.fence];
+  if (typeof value !== 'number') return value;
+  // readMessage refused a repeated name anywhere, so the scan finds the one member JSON.parse read.
+  const at = scanPointer(call.text, ['params', '_meta', MCP_META.fence]);
+  if (!('start' in at)) return value;
+  const lexeme = call.text.slice(at.start, at.end);
+  return Number.isSafeInteger(value) && parseFence(lexeme).ok ? lexeme : value;
 }
 
 /**

@@ -26,7 +26,8 @@ export type McpMessage =
   | ToolCall
   /** Anything else: forwarded as it came. `listId`: the id of a `tools/list` request, whose answer teaches the route's annotations. */
   | { kind: 'pass'; id: JsonRpcId; listId: string | number | null }
-  | { kind: 'refused'; id: JsonRpcId; refusal: Refusal };
+  /** `rpcCode`: the JSON-RPC code when it is not the refusal's own (MCP_ERROR_CODES), e.g. -32600 for a message that is no Request object. */
+  | { kind: 'refused'; id: JsonRpcId; refusal: Refusal; rpcCode?: number };
 
 /**
  * Classifies a POST body. Refused (never forwarded, no state): a body that
@@ -37,7 +38,11 @@ export type McpMessage =
  * tool `name` read two ways would let a side-effecting call pass as another);
  * a `tools/call` without an id, without a string name, or with arguments or
  * `_meta` that are not objects; a method that is tools/call in another
- * case or with whitespace (`isCallVariant`, replaceable by tests only).
+ * case or with whitespace (`isCallVariant`, replaceable by tests only); a
+ * `method` that is present but not a string, alone or in a batch (JSON-RPC
+ * 2.0 §4 -32600 Invalid Request: the gateway would pass `["tools/call"]`
+ * as no call, and an upstream that looks handlers up in a plain object,
+ * `handlers[msg.method]`, stringifies it to "tools/call" and runs it).
  */
 export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) => boolean = looksLikeToolsCall): McpMessage {
   let text: string;
@@ -52,6 +57,7 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
     for (let i = 0; i < doc.length; i++) {
       if (duplicateOnPointerPath(text, [String(i), 'params', 'name']) !== null) return bad(null, `batch element ${i} has a member name more than once`);
       const m = doc[i] as { method?: unknown } | null;
+      if (m !== null && typeof m === 'object' && !methodIsString(m)) return notARequest(null, `batch element ${i}: ${METHOD_NOT_STRING}`);
       if (m !== null && typeof m === 'object' && foldedMethod(m) !== null) return bad(null, `batch element ${i}: ${foldedMethodReason(foldedMethod(m)!)}`);
       if (m !== null && typeof m === 'object' && (m.method === 'tools/call' || isCallVariant(m.method))) {
         return bad(null, 'a JSON-RPC batch may not carry tools/call: each call needs a decision and an answer of its own; send it as a single message');
@@ -64,6 +70,7 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
   const id = isId(msg.id) ? msg.id : null;
   const repeated = duplicateOnPointerPath(text, ['params', 'name']);
   if (repeated !== null) return bad(id, `the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the message`);
+  if (!methodIsString(msg)) return notARequest(id, METHOD_NOT_STRING);
   const folded = foldedMethod(msg);
   if (folded !== null) return bad(id, foldedMethodReason(folded));
   if (msg.method !== 'tools/call' && isCallVariant(msg.method)) {
@@ -156,6 +163,18 @@ export function isObject(v: unknown): v is Record<string, unknown> {
 function isId(v: unknown): v is string | number {
   return typeof v === 'string' || (typeof v === 'number' && Number.isSafeInteger(v));
 }
+
+/** No `method`, or a string one: a `method` of any other type (`["tools/call"]`, `null`, `{}`) makes the message no JSON-RPC Request. */
+function methodIsString(m: object): boolean {
+  return !Object.prototype.hasOwnProperty.call(m, 'method') || typeof (m as { method?: unknown }).method === 'string';
+}
+const METHOD_NOT_STRING = 'the member "method" must be a string (JSON-RPC 2.0 §4); an upstream that looks methods up by key would read ["tools/call"] as "tools/call"';
+
+/** The message is no JSON-RPC Request object: -32600, the refusal's type `invalid-request`. */
+function notARequest(id: JsonRpcId, detail: string): McpMessage {
+  return { kind: 'refused', id, refusal: { code: 'invalid-request', detail }, rpcCode: JSONRPC_INVALID_REQUEST };
+}
+const JSONRPC_INVALID_REQUEST = -32600;
 
 function bad(id: JsonRpcId, detail: string): McpMessage {
   return { kind: 'refused', id, refusal: { code: 'invalid-request', detail } };

@@ -4,7 +4,7 @@ import type { Refusal } from '../../protocol/problem.js';
 import type { FinishInput, StoredResponse } from '../../store/types.js';
 import { connectionTokens, isHopByHop, type UpstreamResult } from '../forward.js';
 import type { Reply } from '../inbound.js';
-import { eventsOf, isResponseTo, parseData } from './stream.js';
+import { eventsOf, isResponseTo, parseData, roleIn } from './stream.js';
 
 // Step 7 for a tools/call (DESIGN §3.7 as docs/mcp.md "What is stored"
 // reads it): what the upstream's answer means for the record, and what the
@@ -22,7 +22,7 @@ export interface Settled {
 }
 
 /** A refusal as the caller's answer: a JSON-RPC error to `id` (docs/mcp.md "Error codes"). */
-export function refusalReply(refusal: Refusal, id: JsonRpcId, requestId: string, options: { httpStatus?: boolean } = {}): Reply {
+export function refusalReply(refusal: Refusal, id: JsonRpcId, requestId: string, options: { httpStatus?: boolean; rpcCode?: number } = {}): Reply {
   const rendered = renderMcpRefusal({ ...refusal, extras: { ...refusal.extras, request_id: requestId } }, id, options);
   return { status: rendered.status, headers: Object.entries(rendered.headers), body: rendered.body };
 }
@@ -60,9 +60,16 @@ export function settleBuffered(result: Extract<UpstreamResult, { kind: 'response
     return { finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention }, reply, decision: 'forwarded' };
   }
   // An encoded answer (an upstream that ignored `Accept-Encoding: identity`) cannot be read: the outcome is unknown.
-  const data = result.status === 200 && !isEncoded(result.headers) ? responseIn(result.headers, result.body, call.id, limit) : null;
-  if (data === null) return { finish: { ...base, outcome: 'unknown' }, reply, decision: 'upstream-no-response' };
-  return { finish: { ...base, outcome: 'completed', response: storedMessage(data), retentionMs: route.retention }, reply, decision: 'forwarded' };
+  if (result.status !== 200 || isEncoded(result.headers)) return { finish: { ...base, outcome: 'unknown' }, reply, decision: 'upstream-no-response' };
+  const found = responseIn(result.headers, result.body, call.id, limit);
+  if (found === null) {
+    // Readable, but no response to the call in it (none, or one to another id): that is never handed on as the call's answer.
+    const refusal: Refusal = { code: 'upstream-timeout', detail: 'the upstream answered 200 without a JSON-RPC response to this call (none, or one to another id) after the call may have reached the tool; the outcome is unknown' };
+    return { finish: { ...base, outcome: 'unknown' }, reply: refusalReply(refusal, call.id, base.audit.requestId), decision: 'upstream-no-response' };
+  }
+  // An event stream read whole: passed on without the responses that are not the call's answer (./stream.ts roleIn).
+  if (found.body !== null) reply.body = found.body;
+  return { finish: { ...base, outcome: 'completed', response: storedMessage(found.data), retentionMs: route.retention }, reply, decision: 'forwarded' };
 }
 
 /** The statuses a Streamable HTTP transport refuses a message with before reading it (bad headers, unknown session, wrong method or media type). */
@@ -82,11 +89,19 @@ export function transportRefusal(status: number, headers: [string, string][], bo
   return msg !== null && typeof msg === 'object' && !Array.isArray(msg) && 'error' in msg && (msg as { id?: unknown }).id === null;
 }
 
-/** The text of the JSON-RPC response to `id` in a whole answer body, or null. */
-function responseIn(headers: [string, string][], body: Uint8Array, id: JsonRpcId, limit: number): string | null {
+/**
+ * The text of the JSON-RPC response to `id` in a whole answer body, or null.
+ * For an event stream also the body to pass on when it held responses that
+ * are not the answer (`body`; null: the body as it came), as a streamed
+ * answer drops them (./stream.ts pump).
+ */
+function responseIn(headers: [string, string][], body: Uint8Array, id: JsonRpcId, limit: number): { data: string; body: string | null } | null {
   if (isEventStream(headers)) {
-    for (const event of eventsOf(body, limit) ?? []) if (isResponseTo(parseData(event.data), id)) return event.data;
-    return null;
+    const events = eventsOf(body, limit) ?? [];
+    const answer = events.find((e) => roleIn(e, id) === 'answer');
+    if (answer === undefined) return null;
+    const kept = events.filter((e) => roleIn(e, id) !== 'foreign');
+    return { data: answer.data!, body: kept.length === events.length ? null : kept.map((e) => e.raw).join('') };
   }
   let text: string;
   try {
@@ -94,7 +109,7 @@ function responseIn(headers: [string, string][], body: Uint8Array, id: JsonRpcId
   } catch {
     return null;
   }
-  return isResponseTo(parseData(text), id) ? text : null;
+  return isResponseTo(parseData(text), id) ? { data: text, body: null } : null;
 }
 
 /**

@@ -13,7 +13,7 @@ import { readMessage } from './message.js';
 import { isEventStream, mcpUpstreamHeaders, passthrough, refusalReply } from './outcome.js';
 import { ToolAnnotations, toolPolicy } from './policy.js';
 import { SseSplitter } from './sse.js';
-import { eventsOf, isResponseTo, parseData } from './stream.js';
+import { eventsOf, isResponseTo, messageOf, parseData } from './stream.js';
 
 /** What ../proxy.ts has decided of a request on an mcp route when it hands it over. */
 export interface McpRequest {
@@ -79,7 +79,9 @@ export function createMcpHandler(deps: ProxyDeps) {
     }
 
     const message = readMessage(read.body);
-    if (message.kind === 'refused') return answer(done(refusalReply(message.refusal, message.id, requestId), message.refusal.code));
+    if (message.kind === 'refused') {
+      return answer(done(refusalReply(message.refusal, message.id, requestId, message.rpcCode !== undefined ? { rpcCode: message.rpcCode } : {}), message.refusal.code));
+    }
     if (message.kind === 'pass') return answer(await pass(m, read.body, message.id, message.listId, done, trace));
 
     // A name the config lists or the upstream's list had, else one label for all: the metric's labels stay bounded.
@@ -172,7 +174,7 @@ export function createMcpHandler(deps: ProxyDeps) {
           const events = splitter?.push(chunk) ?? null;
           if (events === null) splitter = null;
           for (const e of events ?? []) {
-            const msg = parseData(e.data);
+            const msg = messageOf(e);
             if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
           }
         },
@@ -181,7 +183,7 @@ export function createMcpHandler(deps: ProxyDeps) {
   }
 
   function learnFrom(headers: [string, string][], body: Uint8Array, route: RouteConfig, endpoint: string, listId: string | number): void {
-    const messages = isEventStream(headers) ? (eventsOf(body, route.maxResponseBytes) ?? []).map((e) => parseData(e.data)) : [parseData(new TextDecoder().decode(body))];
+    const messages = isEventStream(headers) ? (eventsOf(body, route.maxResponseBytes) ?? []).map(messageOf) : [parseData(new TextDecoder().decode(body))];
     for (const msg of messages) if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
   }
 }

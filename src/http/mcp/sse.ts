@@ -11,6 +11,13 @@ export interface SseEvent {
   raw: string;
   /** The `data` lines joined with "\n"; null when the event has none (a comment, a `retry:`). */
   data: string | null;
+  /**
+   * The event type: the last `event:` field's value, `message` when there is
+   * none or it is empty (WHATWG HTML §9.2.6). An EventSource, and the MCP
+   * SDK's client, hand only `message` events to the JSON-RPC layer; an
+   * event of another type is no message of the session (./stream.ts).
+   */
+  type: string;
 }
 
 export class SseSplitter {
@@ -19,6 +26,7 @@ export class SseSplitter {
   /** Where the scan for the event's end resumes (all before it is whole lines of the current event). */
   private scanned = 0;
   private data: string[] = [];
+  private type = '';
   private ended = false;
 
   constructor(private readonly limit: number) {}
@@ -48,17 +56,19 @@ export class SseSplitter {
         if (utf8Length(raw) > this.limit) return null;
         this.buffer = this.buffer.slice(line.end);
         this.scanned = 0;
-        out.push({ raw, data: this.data.length > 0 ? this.data.join('\n') : null });
+        out.push({ raw, data: this.data.length > 0 ? this.data.join('\n') : null, type: this.type === '' ? 'message' : this.type });
         this.data = [];
+        this.type = '';
         continue;
       }
       this.scanned = line.end;
       const colon = line.text.indexOf(':');
       const field = colon === -1 ? line.text : line.text.slice(0, colon);
-      if (field !== 'data') continue;
+      if (field !== 'data' && field !== 'event') continue;
       let value = colon === -1 ? '' : line.text.slice(colon + 1);
       if (value.startsWith(' ')) value = value.slice(1);
-      this.data.push(value);
+      if (field === 'event') this.type = value;
+      else this.data.push(value);
     }
     if (this.buffer.length > this.limit) return null;
     return out;

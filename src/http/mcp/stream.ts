@@ -92,20 +92,52 @@ export async function pump(
         return { kind: 'too-large' };
       }
       for (const event of events) {
-        const message = parseData(event.data);
+        const message = messageOf(event);
         if (message !== undefined) options.observe?.(message);
-        if (isResponseTo(message, id)) {
+        const role = roleIn(event, id);
+        if (role === 'answer') {
           // The request is answered: nothing after it belongs to this call.
           void reader.cancel().catch(() => {});
           return { kind: 'final', data: event.data!, event };
         }
-        options.forward(event);
+        if (role === 'other') options.forward(event);
       }
       if (next.done) return { kind: 'ended', error: timedOut ? 'timeout' : 'stream-ended-without-response', timedOut };
     }
   } finally {
     clearTimeout(timer);
   }
+}
+
+/**
+ * What one event of the answer to request `id` is to the call:
+ * - `answer`: a `message` event holding the JSON-RPC response to `id`,
+ *   the one event recorded as the call's answer;
+ * - `foreign`: a JSON-RPC response that is not that (another id, or an
+ *   event type other than `message`, which an EventSource or the MCP SDK
+ *   never reads as a message): never recorded, and not passed on, for a
+ *   client that matched it by id would take it as the answer to another of
+ *   its requests, and one that ignores the type as this call's answer, an
+ *   answer no retry would be replayed (docs/mcp.md "What is stored");
+ * - `other`: anything else (notifications, server requests, comments),
+ *   passed on as it came.
+ */
+export function roleIn(event: SseEvent, id: JsonRpcId): 'answer' | 'foreign' | 'other' {
+  const message = parseData(event.data);
+  if (!isResponse(message)) return 'other';
+  return event.type === 'message' && isResponseTo(message, id) ? 'answer' : 'foreign';
+}
+
+/** The JSON-RPC message of a `message` event (the only type an MCP client reads as one); undefined for any other event. */
+export function messageOf(event: SseEvent): unknown {
+  return event.type === 'message' ? parseData(event.data) : undefined;
+}
+
+/** A JSON-RPC response: an object with `result` or `error` and no `method`. */
+function isResponse(message: unknown): boolean {
+  if (message === null || typeof message !== 'object' || Array.isArray(message)) return false;
+  const m = message as Record<string, unknown>;
+  return m.method === undefined && ('result' in m || 'error' in m);
 }
 
 /** A JSON-RPC response (result or error, no method) whose id is `id`. */
