@@ -120,7 +120,7 @@ export function createProxyHandler(deps: ProxyDeps) {
 
     // 3. Headers (2, caller auth, runs as middleware before this handler).
     //    First what the HTTP parser let through but the upstream would read otherwise.
-    const shape = requestShapeProblem(req.headers, url.pathname);
+    const shape = requestShapeProblem(req.headers, url.pathname, url.search, route);
     if (shape !== null) return refuse(route, { code: 'invalid-request', detail: shape });
     // An MCP endpoint: JSON-RPC in the body, only tools/call decided (./mcp/pipeline.ts).
     if (route.protocol === 'mcp') return mcp({ req, route, params: matched.params, pathname: url.pathname, search: url.search, requestId, clientRequestId, trace: { ...trace }, started, span });
