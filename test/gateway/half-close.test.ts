@@ -1,4 +1,4 @@
-import type { Socket } from 'node:net';
+import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bearer, hsAuth, token } from '../auth/tokens.js';
 import { sendBytes } from '../faults/toolkit/raw-socket.js';
@@ -52,16 +52,17 @@ function holdAnswers(up: FakeUpstream): () => void {
   };
 }
 
-/** Resolves once the gateway's server has read the FIN of the next connection's client (so the upstream answers after it). */
-function clientFin(gw: TestGateway): Promise<void> {
-  return new Promise((resolve) => gw.running.server.once('connection', (socket: Socket) => socket.once('end', () => resolve())));
+/** The gateway's side of its next connection: once it has read the client's FIN (so the upstream answers after it), and once it is closed. */
+function nextConnection(gw: TestGateway): { fin: Promise<void>; closed: Promise<void> } {
+  const socket = new Promise<Socket>((resolve) => gw.running.server.once('connection', resolve));
+  return { fin: socket.then((s) => new Promise<void>((r) => s.once('end', () => r()))), closed: socket.then((s) => new Promise<void>((r) => s.once('close', () => r()))) };
 }
 
 describe('a client that half-closes after its request', () => {
   it('gets the whole answer (201 and its body) after its FIN, and the outcome is stored', async () => {
     const { up, gw } = await setup();
     const release = holdAnswers(up);
-    const fin = clientFin(gw);
+    const { fin } = nextConnection(gw);
     const answer = sendBytes(gw.url, request(gw, 'half-1'), { then: 'end', timeoutMs: 30_000 });
     await up.waitForCalls(1);
     await fin;
@@ -80,7 +81,7 @@ describe('a client that half-closes after its request', () => {
     const { up, gw } = await setup({ auth: hsAuth() });
     const release = holdAnswers(up);
     const auth = bearer(await token({ sub: 'billing' })).authorization;
-    const fin = clientFin(gw);
+    const { fin } = nextConnection(gw);
     const answer = sendBytes(gw.url, request(gw, 'half-2', [`Authorization: ${auth}`]), { then: 'end', timeoutMs: 30_000 });
     await up.waitForCalls(1);
     await fin;
@@ -88,6 +89,26 @@ describe('a client that half-closes after its request', () => {
     const res = await answer;
     expect(res.status, res.raw.slice(0, 300)).toBe(201);
     expect(JSON.parse(res.text)).toMatchObject({ effect: 1, key: 'half-2' });
+  });
+
+  it('a client that closes (FIN) and leaves: the upstream call completes, the outcome is stored, the connection closes once the answer is written', async () => {
+    const { up, gw } = await setup();
+    const release = holdAnswers(up);
+    const { fin, closed } = nextConnection(gw);
+    const socket = connect(Number(new URL(gw.url).port), '127.0.0.1');
+    socket.on('error', () => {});
+    socket.write(request(gw, 'left-1'));
+    await up.waitForCalls(1);
+    socket.destroy();
+    await fin;
+    release();
+    await up.waitFor(() => up.calls[0]!.finished, 'the held call answered');
+    const again = await command(gw.url, '/payments/charges', { fence: 1, entity: 'e', key: 'left-1', headers: { prefer: 'wait=10' } });
+    expect(again.status).toBe(201);
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect(up.effects).toBe(1);
+    // The left connection is closed, not kept for a client that is gone.
+    await closed;
   });
 
   it('control: a client that resets after its request gets nothing, the upstream call still completes and its outcome is replayed', async () => {
