@@ -69,6 +69,17 @@ describe('a request at the parser header cap', () => {
     expect(up.calls).toHaveLength(0);
   });
 
+  it("a server with its own maxHeadersCount (50): its cap counts, 60 filler fields are 431 and 30 are forwarded", async () => {
+    const { up, gw } = await setup();
+    gw.running.server.maxHeadersCount = 50;
+    const over = await sendBytes(gw.url, cappedRequest(gw, 60, 'chunked'));
+    expect(over.status, over.raw.slice(0, 300)).toBe(431);
+    expect(up.calls).toHaveLength(0);
+    const under = await sendBytes(gw.url, cappedRequest(gw, 30, 'chunked'));
+    expect(under.status, under.raw.slice(0, 300)).toBe(201);
+    expect(up.calls).toHaveLength(1);
+  });
+
   it('control: 900 filler fields (under the cap) and a plain chunked body are forwarded, every field seen', async () => {
     const { up, gw } = await setup();
     const res = await sendBytes(gw.url, cappedRequest(gw, 900, 'chunked'));
