@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { parseDuration } from '../core/duration.js';
-import { credentialHeaderCollision, DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT } from '../protocol/headers.js';
+import { credentialHeaderCollision, DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT, OVERRIDE_FIELDS } from '../protocol/headers.js';
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
 /**
@@ -135,6 +135,16 @@ export const RouteSchema = z.strictObject({
   upstreamHeaders: z.record(HeaderName, UpstreamHeader).default({}),
   /** Request headers never forwarded (besides hop-by-hop ones and the gateway's own credentials). */
   stripHeaders: z.array(HeaderName).default([]),
+  /**
+   * Path and method overrides this route's upstream may get (by default the
+   * headers are not forwarded and a `_method` query is 400): any of
+   * OVERRIDE_FIELDS, compared without regard to case (DESIGN §3.6).
+   */
+  allowOverrides: z
+    .array(
+      z.string().refine((n) => OVERRIDE_FIELDS.some((f) => f.toLowerCase() === n.toLowerCase()), { message: `must be one of ${OVERRIDE_FIELDS.join(', ')}` }),
+    )
+    .default([]),
   replayHeaders: z
     .array(HeaderName)
     .default(DEFAULT_REPLAY_HEADERS)

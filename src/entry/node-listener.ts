@@ -37,7 +37,21 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
       problemBaseOf(gateway.config),
     ),
   );
+  const headersTooLarge = toReply(
+    renderProblem(
+      {
+        code: 'headers-too-large',
+        detail: "the request has as many header fields as the HTTP parser keeps (the server's maxHeadersCount): any beyond are dropped unseen, and a request is never decided on part of its headers; send fewer",
+      },
+      problemBaseOf(gateway.config),
+    ),
+  );
   return (req, res) => {
+    // Node's parser stops keeping header fields at the server's cap and
+    // says nothing: a `Transfer-Encoding` or a fence past it would go
+    // unchecked (../http/request-shape.ts). At the cap the rest is unknown,
+    // so the request is refused on both ways in, before anything else.
+    if (atHeaderCap(req)) return write(req, res, headersTooLarge);
     const target = req.url ?? '';
     const host = req.headers.host;
     // A raw backslash in the path has two readings (a separator to URL
@@ -102,6 +116,24 @@ class NodeInbound implements Inbound {
     }
     return this.controller.signal;
   }
+}
+
+/**
+ * Node's default cap when `maxHeadersCount` is unset: its parser keeps 2000
+ * `rawHeaders` entries (1000 fields), whatever the http docs' "2000" says.
+ */
+const DEFAULT_HEADER_ENTRIES = 2000;
+
+/**
+ * Whether the parser may have dropped header fields: `rawHeaders` has as
+ * many entries as it keeps (twice the server's `maxHeadersCount`; 0 means
+ * no cap). It reads the fields in batches and stops after the batch that
+ * crosses the cap, so the length is at or past the cap, never short of it.
+ */
+function atHeaderCap(req: IncomingMessage): boolean {
+  const max = (req.socket as { server?: { maxHeadersCount?: number | null } }).server?.maxHeadersCount;
+  const entries = typeof max === 'number' ? max * 2 : DEFAULT_HEADER_ENTRIES;
+  return entries > 0 && req.rawHeaders.length >= entries;
 }
 
 /** Decodes every well-formed run of %XX (as Hono's router sees a path); malformed runs stay as they are. */

@@ -74,6 +74,15 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   // Slow-body and slow-header clients are cut off instead of holding sockets.
   server.requestTimeout = 60_000;
   server.headersTimeout = 20_000;
+  // A client's FIN ends what it sends, not what it reads: a client that
+  // half-closes after its request (nc, shutdown(SHUT_WR)) gets its answer,
+  // and the connection closes once that is written. Node's default ends
+  // our side at the FIN, so the answer of a forwarded, executed request was
+  // lost. A caller that has really gone still does not cancel the upstream
+  // call (DESIGN §3.6); its socket errors when the answer is written.
+  // `httpAllowHalfOpen` is in Node's http server but not in its typings;
+  // test/gateway/node-listener.test.ts fails if it stops working.
+  (server as Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
   // Without a cap, every connection a client opens costs a socket, a file
   // descriptor and its buffers until a timeout: enough of them exhaust the
   // descriptor limit, and then the store and the upstream cannot open theirs.

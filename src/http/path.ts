@@ -10,8 +10,10 @@
  *
  * Some readings are not equivalences but habits of particular servers, and no
  * single normal form can hold them all: decoding `%2F` or `%5C` into a
- * separator, dropping `;params` from a segment (Tomcat and other Java
- * servlet containers), merging `//` (nginx's `merge_slashes`).
+ * separator, decoding twice (`%252F`), dropping `;params` from a segment
+ * (Tomcat and other Java servlet containers), dropping trailing dots and
+ * spaces from a segment (IIS), folding non-ASCII letters to ASCII (`ſ`, the
+ * Kelvin sign, fullwidth forms), merging `//` (nginx's `merge_slashes`).
  * `alternativeReadings` lists them; the proxy refuses a path whose
  * alternatives would be routed differently (./router.ts `divergentReading`).
  * A raw `\` never gets this far on Node (../entry/node-listener.ts refuses
@@ -64,7 +66,20 @@ interface Reading {
   apply(path: string): string;
 }
 
+/**
+ * Tried in this order, each on the path and on what the readings before it
+ * made of it (so `%252F` is first decoded once more, then read as a
+ * separator).
+ */
 const READINGS: Reading[] = [
+  // Non-ASCII letters read as the ASCII ones they fold or normalise to: `ſ`
+  // (U+017F) is `s` and the Kelvin sign is `K` to case-insensitive matching
+  // (.NET, Go's EqualFold), fullwidth `ｐ` is `p` and `／` is `/` to NFKC and
+  // to Windows' best-fit mapping (IIS).
+  { applies: (p) => /%[C-F][0-9A-F]%[89AB][0-9A-F]/.test(p), apply: (p) => removeDotSegments(p.replace(/(?:%[0-9A-F]{2})+/g, foldRun)) },
+  // Decoded twice (a server that decodes the path before a framework decodes
+  // it again): `%252F` is `%2F`, `%252e%252e` is `..`.
+  { applies: (p) => p.includes('%25'), apply: (p) => normalizePath(p.replace(/%25/g, '%')) },
   // An encoded slash or backslash taken as a separator (many servers decode
   // the path before splitting it; IIS and others take `\` for `/`).
   { applies: (p) => /%2F/.test(p), apply: (p) => removeDotSegments(p.replace(/%2F/g, '/')) },
@@ -72,6 +87,9 @@ const READINGS: Reading[] = [
   // Path parameters dropped from each segment (`/payments;x/a`, `/..;/`), as
   // servlet containers do before matching.
   { applies: (p) => p.includes(';'), apply: (p) => removeDotSegments(p.replace(/;[^/]*/g, '')) },
+  // Trailing dots and spaces dropped from each segment, as Windows does with
+  // file names (IIS): `/payments./a` and `/payments%20/a` are `/payments/a`.
+  { applies: (p) => /(?:\.|%20)(?:\/|$)/.test(p), apply: (p) => p.split('/').map((s) => (s === '.' || s === '..' ? s : s.replace(/(?:\.|%20)+$/, ''))).join('/') },
   // Empty segments merged (`//payments/a` is `/payments/a` to nginx).
   { applies: (p) => p.includes('//'), apply: (p) => p.replace(/\/{2,}/g, '/') },
   // A trailing slash dropped (Express and most frameworks route `/a/b/` as
@@ -81,21 +99,59 @@ const READINGS: Reading[] = [
 
 /**
  * The other readings of `path` (already normal) that an upstream might
- * apply, alone and combined, without `path` itself.
+ * apply, alone and combined (in READINGS order), without `path` itself.
  */
 export function alternativeReadings(path: string): string[] {
-  const applicable = READINGS.filter((r) => r.applies(path));
-  if (applicable.length === 0) return [];
-  const out = new Set<string>();
-  // Every subset, in a fixed order: at most 2^4 readings, and only for a path
-  // that has the characters they act on.
-  for (let mask = 1; mask < 1 << applicable.length; mask++) {
-    let p = path;
-    applicable.forEach((r, i) => {
-      if (mask & (1 << i)) p = r.apply(p);
-    });
-    out.add(p);
+  const out = new Set<string>([path]);
+  for (const r of READINGS) {
+    // Every reading so far, this one applied to each where it can: every
+    // combination, in order, for at most 2^8 readings, and only for a path
+    // that has the characters they act on.
+    for (const p of [...out]) if (r.applies(p)) out.add(r.apply(p));
   }
   out.delete(path);
   return [...out];
+}
+
+/**
+ * A run of percent-encodings with each non-ASCII character that folds or
+ * NFKC-normalises to ASCII replaced by that ASCII (`/` and `.` raw, `\` as
+ * `/`, other characters outside the unreserved set encoded again); the
+ * rest, and a run that is not UTF-8, stay as they were.
+ */
+function foldRun(run: string): string {
+  let text: string;
+  try {
+    text = decodeURIComponent(run);
+  } catch {
+    return run;
+  }
+  let out = '';
+  let changed = false;
+  for (const ch of text) {
+    // ASCII in a run is encoded (normal form decoded the unreserved ones): as it was.
+    if (ch.charCodeAt(0) < 0x80) {
+      out += hexEncoded(ch);
+      continue;
+    }
+    const ascii = asciiFold(ch);
+    if (ascii === null) {
+      out += encodeURIComponent(ch).toUpperCase();
+      continue;
+    }
+    changed = true;
+    for (const c of ascii) out += c === '\\' ? '/' : UNRESERVED.test(c) || c === '/' ? c : hexEncoded(c);
+  }
+  return changed ? out : run;
+}
+
+function hexEncoded(c: string): string {
+  return `%${c.charCodeAt(0).toString(16).toUpperCase().padStart(2, '0')}`;
+}
+
+/** What a non-ASCII character is in ASCII to NFKC, or to case folding after it (`ı` is `I`); null when neither gives ASCII. */
+function asciiFold(ch: string): string | null {
+  const n = ch.normalize('NFKC');
+  for (const candidate of [n, n.toUpperCase(), n.toLowerCase()]) if (/^[\x00-\x7f]+$/.test(candidate)) return candidate;
+  return null;
 }

@@ -111,18 +111,19 @@ export function createProxyHandler(deps: ProxyDeps) {
     const { route } = matched;
     trace.route = route.name;
     //    One route decision per path: refused when an upstream could read it
-    //    another way that routes elsewhere (`%2F`, `%5C`, `;params`, `//`).
+    //    another way that routes elsewhere (`%2F`, `%5C`, `%252F`, `;params`,
+    //    `a./`, `ſ`, `//`, ./path.ts READINGS).
     const divergent = divergentReading(router, req.method, matched, alternativeReadings(url.pathname), folded, url.pathname);
     if (divergent !== null) {
       return refuse(route, {
         code: 'invalid-request',
-        detail: `the path can also be read as ${JSON.stringify(divergent.slice(0, 256))} (an encoded or raw separator, path parameters or repeated slashes), which another route (or other parameters) would take; send it in one unambiguous form`,
+        detail: `the path can also be read as ${JSON.stringify(divergent.slice(0, 256))} (an encoded or raw separator, a second decoding, path parameters, trailing dots or spaces, Unicode folding, repeated slashes, case), which another route (or other parameters) would take; send it in one unambiguous form`,
       });
     }
 
     // 3. Headers (2, caller auth, runs as middleware before this handler).
     //    First what the HTTP parser let through but the upstream would read otherwise.
-    const shape = requestShapeProblem(req.headers, url.pathname);
+    const shape = requestShapeProblem(req.headers, url.pathname, url.search, route);
     if (shape !== null) return refuse(route, { code: 'invalid-request', detail: shape });
     // An MCP endpoint: JSON-RPC in the body, only tools/call decided (./mcp/pipeline.ts).
     if (route.protocol === 'mcp') return mcp({ req, route, params: matched.params, pathname: url.pathname, search: url.search, requestId, clientRequestId, trace: { ...trace }, started, span });

@@ -1,5 +1,6 @@
 import type { RouteConfig } from '../config/schema.js';
 import type { HeaderReader } from './inbound.js';
+import { OVERRIDE_FIELDS, overrideHeaderName } from '../protocol/headers.js';
 import { connectionTokens, isHopByHop } from './forward.js';
 
 // Step 6 of the decision order (DESIGN §3.6): the request the upstream gets.
@@ -24,9 +25,14 @@ export function upstreamHeaders(
   const conn = connectionTokens(incoming.get('connection'), reliedOn(route));
   const strip = new Set(route.stripHeaders.map((h) => h.toLowerCase()));
   if (deps.stripAuthorization) strip.add('authorization');
+  const overrides = overridesStripped(route);
   const out: Record<string, string> = {};
   incoming.forEach((value, name) => {
     if (isHopByHop(name, conn) || strip.has(name)) return;
+    // A path or method override would have the upstream act on what the
+    // gateway did not decide (../protocol/headers.ts OVERRIDE_FIELDS);
+    // `X_Original_URL` too, which CGI-style stacks read as the same field.
+    if (name.charCodeAt(0) === 0x78 /* x */ && overrides.has(overrideHeaderName(name))) return;
     out[name] = value;
   });
   // Pass the fencing context on, so a cooperating upstream can check it too.
@@ -35,6 +41,22 @@ export function upstreamHeaders(
   out['x-request-id'] = command.requestId;
   for (const [name, value] of Object.entries(deps.upstreamHeaders.get(route.name) ?? {})) out[name.toLowerCase()] = value;
   return out;
+}
+
+const OVERRIDE_HEADERS = OVERRIDE_FIELDS.filter((f) => f.startsWith('X-')).map((f) => f.toLowerCase());
+const NO_OVERRIDES_ALLOWED: ReadonlySet<string> = new Set(OVERRIDE_HEADERS);
+const strippedByRoute = new WeakMap<RouteConfig, ReadonlySet<string>>();
+
+/** The override headers (lower case) not forwarded for `route`: all but those its `allowOverrides` names. */
+function overridesStripped(route: RouteConfig): ReadonlySet<string> {
+  if (route.allowOverrides.length === 0) return NO_OVERRIDES_ALLOWED;
+  let set = strippedByRoute.get(route);
+  if (set === undefined) {
+    const allowed = new Set(route.allowOverrides.map((n) => n.toLowerCase()));
+    set = new Set(OVERRIDE_HEADERS.filter((h) => !allowed.has(h)));
+    strippedByRoute.set(route, set);
+  }
+  return set;
 }
 
 /** Request fields the decision used (or the upstream needs to check it): end-to-end, whatever `Connection` lists. */

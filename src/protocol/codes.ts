@@ -17,6 +17,7 @@ export const ERROR_CODES = {
   'invalid-entity': { status: 400, title: 'Invalid fence entity', retryable: false },
   'invalid-request': { status: 400, title: 'Invalid request', retryable: false },
   'payload-too-large': { status: 413, title: 'Payload too large', retryable: false },
+  'headers-too-large': { status: 431, title: 'Request header fields too large', retryable: false },
   'stale-fence': { status: 409, title: 'Stale execution fence', retryable: false },
   'idempotency-key-reused': { status: 422, title: 'Idempotency key reused with a different request', retryable: false },
   'idempotency-in-progress': { status: 409, title: 'A request with this idempotency key is in progress', retryable: true },

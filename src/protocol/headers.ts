@@ -115,6 +115,34 @@ const GATEWAY_HEADERS = ['x-request-id', 'x-fence-entity', 'idempotent-replayed'
 const FRAMING_HEADERS = ['host', 'content-length', 'content-type', 'content-encoding', 'transfer-encoding', 'connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate'];
 
 /**
+ * Request fields that some upstream stacks read as the request's real path
+ * or method: IIS URL Rewrite and Symfony or Laravel behind trusted proxies
+ * take `X-Original-URL` / `X-Rewrite-URL` for the path; Symfony, Laravel,
+ * ASP.NET and many Express or Rails setups take the method from
+ * `X-HTTP-Method-Override`, `X-HTTP-Method` or `X-Method-Override`, and PHP
+ * frameworks from a `_method` query parameter. The gateway routes and
+ * fences on the request line, so an upstream that honoured them would act on
+ * another route's path, or with another method, under this route's policy
+ * (a POST to an unfenced route acting on a fenced path). Unless a route's
+ * `allowOverrides` names one, the headers are not forwarded
+ * (../http/upstream-request.ts) and the query parameter is refused
+ * (../http/request-shape.ts); DESIGN §3.3, §3.6.
+ */
+export const OVERRIDE_FIELDS = ['X-Original-URL', 'X-Rewrite-URL', 'X-HTTP-Method-Override', 'X-HTTP-Method', 'X-Method-Override', '_method'] as const;
+
+/** The query parameter of OVERRIDE_FIELDS; the others are headers. */
+export const METHOD_QUERY_PARAMETER = '_method';
+
+/**
+ * A request header's name as CGI-style stacks see it (`X_Original_URL` is
+ * `HTTP_X_ORIGINAL_URL`, the same variable as `X-Original-URL`), lower case,
+ * for comparing with OVERRIDE_FIELDS.
+ */
+export function overrideHeaderName(name: string): string {
+  return name.toLowerCase().replace(/_/g, '-');
+}
+
+/**
  * Response headers that mean something to a client or a cache besides the
  * key (`echoKey` would write the key into them): cookies, redirects, caching,
  * content metadata, authentication challenges, CORS and security policy.
@@ -130,6 +158,7 @@ export interface KeyHeaderRoute {
   entity: { header: string } | object;
   upstreamHeaders: Record<string, unknown>;
   stripHeaders?: string[];
+  allowOverrides?: string[];
   keyScope?: { header: string } | { claim: string } | undefined;
   echoKey?: boolean;
 }
@@ -184,6 +213,9 @@ function rewrittenHeader(name: string, said: string, route: KeyHeaderRoute, cont
   if (FRAMING_HEADERS.includes(name)) return `${said} frames the HTTP message (or is hop-by-hop) and does not reach the upstream as sent`;
   if (context.auth && name === 'authorization') return `${said} carries the caller's credentials, which the gateway checks and does not forward`;
   if ((route.stripHeaders ?? []).some((h) => h.toLowerCase() === name)) return `${said} is in this route's stripHeaders, so it never reaches the upstream`;
+  if (OVERRIDE_FIELDS.some((f) => f.toLowerCase() === overrideHeaderName(name)) && !(route.allowOverrides ?? []).some((f) => overrideHeaderName(f) === overrideHeaderName(name))) {
+    return `${said} is a path or method override header, which the gateway does not forward unless the route's allowOverrides names it`;
+  }
   if (Object.keys(route.upstreamHeaders).some((h) => h.toLowerCase() === name)) return `${said} is replaced by this route's upstreamHeaders`;
   return null;
 }

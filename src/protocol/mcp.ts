@@ -59,6 +59,7 @@ export const MCP_ERROR_CODES: Record<ErrorCode, number> = {
   'invalid-idempotency-key': -32007,
   'invalid-request': -32007,
   'payload-too-large': -32007,
+  'headers-too-large': -32007,
   'upstream-unavailable': -32008,
   'upstream-timeout': -32009,
   'upstream-response-too-large': -32010,

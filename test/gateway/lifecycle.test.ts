@@ -39,7 +39,9 @@ describe('a caller that disconnects mid-call does not cancel the upstream call (
         `X-Fence-Entity: e\r\nIdempotency-Key: k\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
     );
     await up.waitForCalls(1);
-    socket.destroy();
+    // A reset: a FIN alone is a half-close, which the gateway answers
+    // (node-listener.test.ts, where a caller that sends FIN and leaves is too).
+    socket.resetAndDestroy();
     // The gateway has seen the caller go: its only connection is closed.
     await until(
       () => new Promise<boolean>((resolve) => gw.running.server.getConnections((_e, count) => resolve(count === 0))),

@@ -24,6 +24,7 @@ import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 const ROUTES = (up: string): RouteInput[] => [
   paymentsRoute(up),
   paymentsRoute(up, { name: 'invoices', match: { path: '/invoices/:invoice/pay' }, entity: { path: ':invoice' } }),
+  paymentsRoute(up, { name: 'tickets', match: { path: '/tickets/*' } }),
   // A broader route with no fence: where a path that skipped /payments/* would land.
   { name: 'rest', match: { path: '/*', methods: ['POST'] }, upstream: up, fence: 'off', idempotency: 'off', mode: 'concurrent' },
 ];
@@ -178,6 +179,19 @@ describe('a path that another reading would route elsewhere: 400 invalid-request
     '/invoices/inv-1/pay/', // a trailing slash dropped (Express, most frameworks): the invoices route
     '/Payments/a', // case folded (Express by default, ASP.NET, IIS): the payments route
     '/INVOICES/inv-1/pay',
+    '/payments%252Fcharges', // decoded twice: %2F, then a separator
+    '/other/%252e%252e/payments/charges', // decoded twice: .., resolved
+    '/payments./charges', // trailing dots dropped from a segment (IIS, Windows names)
+    '/payments%20/charges', // trailing spaces too
+    '/payments.%20./charges',
+    '/invoices/inv-1./pay', // same route, other parameter (inv-1)
+    '/PAYMENT%C5%BF/charges', // ſ (U+017F) folds to s: /PAYMENTS, case-insensitively /payments
+    '/payment%C5%BF/charges',
+    '/tic%E2%84%AAets/a', // the Kelvin sign folds to k
+    '/%EF%BD%90ayments/charges', // fullwidth p (NFKC, Windows best-fit)
+    '/%EF%BC%B0%EF%BC%A1%EF%BC%B9MENTS/charges', // fullwidth PAY, then case
+    '/payments%EF%BC%8Fcharges', // fullwidth solidus: a separator once normalised
+    '/%EF%BD%89nvoices/inv-1/pay',
   ];
   it.each(AMBIGUOUS)('%s', async (path) => {
     for (const way of ways) {
@@ -189,6 +203,30 @@ describe('a path that another reading would route elsewhere: 400 invalid-request
       expect(res.body.type, way.name).toMatch(/\/invalid-request$/);
       expect(way.up.calls.length, `${way.name} ${path}`).toBe(calls);
       expect(snapshot(way.store), way.name).toBe(before);
+    }
+  });
+
+  it('control: ordinary paths with dots, spaces, non-ASCII letters or %25 that no reading moves to another route are forwarded in normal form', async () => {
+    const OK: [string, string][] = [
+      ['/payments/a.json', '/payments/a.json'],
+      ['/payments/charge.', '/payments/charge.'],
+      ['/payments/caf%c3%a9', '/payments/caf%C3%A9'],
+      ['/payments/100%25', '/payments/100%25'],
+      ['/payments/a%252Fb', '/payments/a%252Fb'],
+      ['/payments/%C5%BF', '/payments/%C5%BF'],
+      ['/invoices/inv.1/pay', '/invoices/inv.1/pay'],
+    ];
+    for (const way of ways) {
+      for (const [path, forwarded] of OK) {
+        const res = await way.send(path, fenced());
+        expect(res.status, `${way.name} ${path}`).toBe(201);
+        expect(way.up.calls.at(-1)!.url, `${way.name} ${path}`).toBe(forwarded);
+      }
+      // And on the unfenced catch-all, readings that stay on it.
+      for (const path of ['/other/v1.', '/other/%C5%BF', '/other/%EF%BD%90', '/other/a%2520b']) {
+        const res = await way.send(path, []);
+        expect(res.status, `${way.name} ${path}`).toBe(201);
+      }
     }
   });
 
@@ -296,6 +334,33 @@ describe('normalizePath, alternativeReadings (unit)', () => {
     // A trailing slash dropped (Express and most frameworks ignore it); never added.
     expect(alternativeReadings('/payments/a/')).toEqual(['/payments/a']);
     expect(alternativeReadings('/')).toEqual([]);
+  });
+
+  it('decoding twice, trailing dots and spaces, and Unicode folding are readings too (combined with the others)', () => {
+    expect(alternativeReadings('/payments%252Fcharges')).toEqual(expect.arrayContaining(['/payments%2Fcharges', '/payments/charges']));
+    expect(alternativeReadings('/other/%252e%252e/payments/charges')).toContain('/payments/charges');
+    expect(alternativeReadings('/payments./charges')).toEqual(['/payments/charges']);
+    expect(alternativeReadings('/payments%20/charges')).toEqual(['/payments/charges']);
+    expect(alternativeReadings('/a/.../b')).toEqual(expect.arrayContaining(['/a//b', '/a/b']));
+    expect(alternativeReadings('/payment%C5%BF/a')).toEqual(['/payments/a']);
+    expect(alternativeReadings('/tic%E2%84%AAets/a')).toEqual(['/ticKets/a']);
+    expect(alternativeReadings('/%EF%BD%90ayments%EF%BC%8Fa')).toEqual(expect.arrayContaining(['/payments/a']));
+    // Dotless i upper-cases to I; é has no ASCII form and stays as it is.
+    expect(alternativeReadings('/%C4%B1nvoices')).toEqual(['/Invoices']);
+    expect(alternativeReadings('/caf%C3%A9')).toEqual([]);
+    expect(alternativeReadings('/a%ZZ%C5')).toEqual([]);
+  });
+
+  it('negative control: without these readings the router sends such spellings to the unfenced catch-all, and case folding of the path alone does not object', () => {
+    const routes = parseConfig({ routes: ROUTES('http://127.0.0.1:1') }).routes;
+    const router = createRouter(routes);
+    const folded = createFoldedRouter(routes);
+    for (const path of ['/payments%252Fcharges', '/other/%252e%252e/payments/charges', '/payments./charges', '/payments%20/charges', '/payment%C5%BF/charges', '/tic%E2%84%AAets/a', '/%EF%BD%90ayments/charges']) {
+      const m = router('POST', path)!;
+      expect(m.route.name, path).toBe('rest');
+      expect(divergentReading(router, 'POST', m, [], folded, path), path).toBeNull();
+      expect(divergentReading(router, 'POST', m, alternativeReadings(path), folded, path), path).not.toBeNull();
+    }
   });
 
   it('case: a path another route takes once folded is refused, a parameter keeps its case; negative control: without the folded router it passes', () => {
