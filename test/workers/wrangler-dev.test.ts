@@ -249,9 +249,10 @@ describe('wrangler dev --local serves the HTTP contract', () => {
       const sent = shuffled(Array.from({ length: 120 }, (_, i) => (i % 4) + 1)).map((fence) => ({ fence, key: uniq('pay') }));
       const answers = await Promise.all(
         sent.map(async ({ fence, key }) => {
-          // A connection of its own (Connection: close): a pooled keep-alive
-          // connection the Worker's socket has closed meanwhile would read
-          // as a reset, which is the client's race, not an answer.
+          // A connection of its own (Connection: close): with fetch's pool,
+          // reused across rounds, a request now and then read ECONNRESET
+          // before any answer; fresh connections never did (and a transport
+          // failure would fail this test loudly, not pass it).
           const raw = await rawRequest(worker, {
             path: '/contention/charges',
             headers: [['Content-Type', 'application/json'], ['X-Execution-Fence', String(fence)], ['X-Fence-Entity', entity], ['Idempotency-Key', key]],
