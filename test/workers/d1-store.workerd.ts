@@ -301,7 +301,22 @@ describe('atomicity under real parallelism', () => {
 });
 
 describe('waiting, audit and sweeping', () => {
-  it('waitForChange wakes at once on a finish in this isolate, and is bounded otherwise', async () => {
+  // A finish runs in another request than its waiters; a waiter it resolved
+  // would wait on no I/O of its own, which workerd cancels as hung (500).
+  it('waitForChange is one poll on a timer of the caller: a finish in this isolate does not resolve it, and it is bounded', async () => {
+    const b = input();
+    await store.admit(b);
+    // A poll far beyond the test: only a wake-up from the finish, or the abort, ends this wait.
+    const slow = createD1Store({ db, pollMs: 600_000 });
+    const stop = new AbortController();
+    let settled = false;
+    const polled = slow.waitForChange(`e:${b.entity}`, 600_000, stop.signal).then(() => (settled = true));
+    await slow.finish(finishOf(b));
+    await new Promise<void>((r) => setTimeout(r, 0));
+    expect(settled).toBe(false);
+    stop.abort();
+    await polled;
+
     const a = input();
     await store.admit(a);
     const started = Date.now();

@@ -6,13 +6,14 @@
  * Runs under the main (Node) vitest config; needs no network.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ROOT } from '../helpers/child.js';
 import { rawRequest } from '../helpers/raw-http.js';
 import { freePort, startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { contractRoutes, describeHttpContract } from '../replicas/contract.js';
+import { answerOf, decreasingPairs, shuffled } from '../replicas/support.js';
 import { tempDir } from '../helpers/temp.js';
 
 const WRANGLER = join(ROOT, 'node_modules', 'wrangler', 'bin', 'wrangler.js');
@@ -63,6 +64,19 @@ async function stop(proc: Proc | null): Promise<void> {
   signal('SIGKILL'); // workerd children that outlived their parent
 }
 
+/**
+ * The Worker's own socket, behind the proxy `wrangler dev` listens with: the
+ * proxy's `reloadComplete` message names it in wrangler's debug log
+ * (WRANGLER_LOG_PATH, always written at debug level).
+ */
+function workerSocketUrl(dir: string): string {
+  const logs = join(dir, 'logs');
+  const text = readdirSync(logs).map((f) => readFileSync(join(logs, f), 'utf8')).join('\n');
+  const found = [...text.matchAll(/"type":"reloadComplete","proxyData":\{"userWorkerUrl":\{"protocol":"http:","hostname":"127\.0\.0\.1","port":"(\d+)"\}/g)].at(-1);
+  if (found === undefined) throw new Error(`no userWorkerUrl in the wrangler log under ${logs}`);
+  return `http://127.0.0.1:${found[1]}`;
+}
+
 async function waitUntilServing(url: string, proc: Proc, timeoutMs = 60_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
@@ -108,13 +122,13 @@ describe('wrangler dev --local serves the HTTP contract', () => {
     // `payments` is the route of wrangler.toml), pointed at this test's
     // upstream (`refused`: at a port nothing listens on), with an upstream
     // credential from a secret (a --var here, `wrangler secret` in production).
-    const config = {
-      store: { d1: 'DB' },
-      routes: contractRoutes(upstream.url, `http://127.0.0.1:${await freePort()}`, {
-        upstreamHeaders: { authorization: { env: 'UPSTREAM_TOKEN', prefix: 'Bearer ' } },
-        stripHeaders: ['x-strip-me'],
-      }),
-    };
+    const routes = contractRoutes(upstream.url, `http://127.0.0.1:${await freePort()}`, {
+      upstreamHeaders: { authorization: { env: 'UPSTREAM_TOKEN', prefix: 'Bearer ' } },
+      stripHeaders: ['x-strip-me'],
+    });
+    // The contention test's route: the contract's payments with a 5 s serial wait.
+    routes.push({ ...routes[0], name: 'contention', match: { path: '/contention/*', methods: ['POST'] }, serialWaitMs: 5_000 });
+    const config = { store: { d1: 'DB' }, routes };
     dev = runWrangler(
       [
         'dev', '--local', '--ip', '127.0.0.1', '--port', String(port), '--inspector-port', String(inspectorPort),
@@ -218,6 +232,57 @@ describe('wrangler dev --local serves the HTTP contract', () => {
       upstream.behave(null);
     }
   });
+  // Contention on one serial entity (docs/deploy-workers.md, "Waiting"):
+  // rounds of 120 concurrent requests, fences shuffled over 1..4, so that
+  // many are stale and the rest queue for the serial slot until it frees or
+  // the route's 5 s serial wait runs out. A waiter that waited on a promise
+  // another request resolved was cancelled by workerd as hung (500, "your
+  // Worker's code had hung"). Sent to the Worker's own socket: wrangler dev's
+  // proxy in front of it loses some of its connections to the Worker under
+  // this load and answers those itself (503 text/plain "Your worker restarted
+  // mid-request"), which is no answer of the gateway, reaches no upstream and
+  // exists only in wrangler dev (docs/deploy-workers.md).
+  it('120 concurrent requests with shuffled fences on one serial entity: no 500, only documented answers, each key upstream at most once, fences never go backwards', async () => {
+    const worker = workerSocketUrl(dir);
+    for (let round = 0; round < 3; round++) {
+      const entity = uniq('tool-job');
+      const sent = shuffled(Array.from({ length: 120 }, (_, i) => (i % 4) + 1)).map((fence) => ({ fence, key: uniq('pay') }));
+      const answers = await Promise.all(
+        sent.map(async ({ fence, key }) => {
+          // A connection of its own (Connection: close): with fetch's pool,
+          // reused across rounds, a request now and then read ECONNRESET
+          // before any answer; fresh connections never did (and a transport
+          // failure would fail this test loudly, not pass it).
+          const raw = await rawRequest(worker, {
+            path: '/contention/charges',
+            headers: [['Content-Type', 'application/json'], ['X-Execution-Fence', String(fence)], ['X-Fence-Entity', entity], ['Idempotency-Key', key]],
+            body: JSON.stringify({ amount: 1200 }),
+          });
+          const res = new Response(raw.body, { status: raw.status, headers: raw.headers });
+          const a = await answerOf(res);
+          const outcome = `${a.status} ${a.code ?? ''}`.trim();
+          return { fence, key, outcome, retryAfter: res.headers.get('retry-after'), text: a.body };
+        }),
+      );
+      const tally: Record<string, number> = {};
+      for (const a of answers) tally[a.outcome] = (tally[a.outcome] ?? 0) + 1;
+      console.log(`CONTENTION wrangler-dev round ${round} ${JSON.stringify(tally)}`);
+      const undocumented = answers.filter(
+        (a) => !['201', '409 stale-fence'].includes(a.outcome) && !(a.outcome === '409 entity-busy' && /^[1-9]\d*$/.test(a.retryAfter ?? '')),
+      );
+      expect(undocumented.map((a) => `${a.outcome} ${a.text.slice(0, 200)}`)).toEqual([]);
+      // Each admitted key reached the upstream once, a refused one never (G2, G5).
+      expect(answers.filter((a) => upstream.callsFor(a.key).length !== (a.outcome === '201' ? 1 : 0)).map((a) => a.outcome)).toEqual([]);
+      // In arrival order the fences at the upstream never go backwards (G1), one call at a time (G3).
+      const arrived = upstream.calls.filter((c) => c.entity === entity).map((c) => Number(c.fence));
+      expect(arrived.length).toBeGreaterThan(0);
+      expect(decreasingPairs(arrived)).toEqual([]);
+      expect(upstream.maxInflight(entity)).toBe(1);
+      // The highest fence is stale for nobody.
+      expect(answers.filter((a) => a.fence === 4 && a.outcome === '409 stale-fence')).toEqual([]);
+    }
+  }, 90_000);
+
   it('documented limit: workerd drops Connection before the Worker sees it, so a field it names reaches the upstream; stripHeaders removes one', async () => {
     const entity = uniq('tool-job');
     const key = uniq('pay');

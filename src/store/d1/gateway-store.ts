@@ -1,8 +1,6 @@
 import { AuditDelegate } from '../audit-delegate.js';
 import { LocalNotifier } from '../notifier.js';
 import {
-  entityTopic,
-  recordTopic,
   type AdmitInput,
   type AuditStore,
   type FinishInput,
@@ -27,6 +25,7 @@ export interface D1StoreOptions {
   /**
    * How often a waiter (serial slot, `Prefer: wait`) re-runs the admission.
    * Default 100 ms. Each poll is one D1 batch, so lower costs more queries.
+   * Every wait is a poll: a finish wakes no waiter early (`waitForChange`).
    */
   pollMs?: number;
 }
@@ -55,15 +54,16 @@ const INSERT_REJECTION = insertRejection(D1);
  * - Use the binding itself, not a `withSession()` read-replica session, for
  *   the admission: a batch with writes runs on the primary either way, but a
  *   replica could serve a stale `getEntity` / `listRejections` (admin only).
- * - `waitForChange` polls: Workers isolates share no memory, so a finish in
- *   another isolate cannot wake a waiter here. A finish in this isolate wakes
- *   its waiters at once; otherwise they re-check every `pollMs`. The
- *   gateway re-runs the admission after every wake-up, so a spurious or
- *   late wake-up costs latency and D1 reads, never safety.
+ * - `waitForChange` only polls, every `pollMs`, on a timer of the waiting
+ *   request's own: isolates share no memory, so a finish in another isolate
+ *   cannot wake a waiter, and a finish in this isolate must not (see
+ *   `waitForChange`). The gateway re-runs the admission after every
+ *   wake-up, so a late one costs latency and D1 reads, never safety.
  */
 export class D1GatewayStore extends AuditDelegate implements GatewayStore {
   readonly kind = 'd1';
   readonly db: D1DatabaseLike;
+  /** Only its timers: nothing calls `notify` (see `waitForChange`). */
   private readonly notifier: LocalNotifier;
   /** Binds `@name` parameters to statements prepared once per store (./binding.ts). */
   private readonly st: D1Bind;
@@ -94,8 +94,6 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
       const results = await this.db.batch(steps);
       if (recordedAt !== null) recorded = results[recordedAt]?.meta?.changes === 1;
     }
-    if (input.entity !== null) this.notifier.notify(entityTopic(input.entity));
-    if (input.key !== null) this.notifier.notify(recordTopic(input.scope, input.key));
     return { recorded };
   }
 
@@ -103,6 +101,17 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
     await this.st(INSERT_REJECTION, { reason: input.reason, presented: input.presentedFence, current: input.currentFence, ...rejectionParams(input) }).run();
   }
 
+  /**
+   * One poll interval (or less: `timeoutMs`, an abort), whatever the topic.
+   * A finish does not wake the waiters of this isolate, on purpose: it runs
+   * in another request, and a promise that request resolves is no pending
+   * I/O of the waiting one. workerd cancels a request whose pending work
+   * all belongs to other requests as hung (a 500 "your Worker's code had
+   * hung" the gateway never wrote; seen under `wrangler dev --local` with
+   * waiters on one serial entity, test/workers/wrangler-dev.test.ts). The
+   * timer set here belongs to the waiting request, and the runtime counts
+   * it as pending (DESIGN §8.3).
+   */
   waitForChange(topic: string, timeoutMs: number, signal?: AbortSignal): Promise<void> {
     return this.notifier.wait(topic, timeoutMs, signal);
   }
