@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto';
 import { LeaseError } from '../lease/errors.js';
 import { STORE_ID } from './keys.js';
-import type { FenceSource } from './types.js';
+import type { BeginResult, FenceGuard, FenceSource } from './types.js';
 
 /**
  * The part of a Redis client this source uses, in ioredis's shape, so that
@@ -29,10 +29,23 @@ const STORE_ID_SCRIPT = `redis.call('SET', KEYS[1], ARGV[1], 'NX') return redis.
 // KEYS[1] the fence key; KEYS[2] the guard key (optional), ARGV[1] the value it
 // must hold. The check and the INCR are one script, so a worker that lost the
 // queue's lock between its hand-out and here draws no fence at all; -1 means
-// not the owner.
+// not the owner. With a guard the answer is {fence, PTTL of the guard key}:
+// how long the lock is confirmed for at this very instant (docs/queues.md).
 const BEGIN_SCRIPT = `
-if #KEYS == 2 and redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-return redis.call('INCR', KEYS[1])`;
+if #KEYS == 1 then return redis.call('INCR', KEYS[1]) end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+return {redis.call('INCR', KEYS[1]), redis.call('PTTL', KEYS[2])}`;
+
+// KEYS[1] the guard key, ARGV[1] the value it must hold: its PTTL, or -3
+// (PTTL itself answers -2 and -1 only) when it does not hold the value.
+const GUARD_TTL_SCRIPT = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -3 end
+return redis.call('PTTL', KEYS[1])`;
+
+function redisKeyGuard(guard: FenceGuard): Extract<FenceGuard, { kind: 'redis-key' }> {
+  if (guard.kind !== 'redis-key') throw new LeaseError('invalid_input', `a Redis fence source takes a 'redis-key' guard, got '${guard.kind}'`);
+  return guard;
+}
 
 /**
  * The store identity is a key of its own (`<namespace>:store-id`). If the
@@ -50,13 +63,24 @@ export async function redisFenceSource(client: RedisLike, options: RedisFenceSou
     backend: 'redis',
     storeId,
     async begin(job, guard) {
-      if (guard !== undefined && guard.kind !== 'redis-key') throw new LeaseError('invalid_input', `a Redis fence source takes a 'redis-key' guard, got '${guard.kind}'`);
-      const keys = guard === undefined ? [fenceKey(job.queue, job.id)] : [fenceKey(job.queue, job.id), guard.key];
-      const args = guard === undefined ? [] : [guard.equals];
-      const n = Number(await client.eval(BEGIN_SCRIPT, keys.length, ...keys, ...args));
-      if (n === -1) return { ok: false, reason: 'not_owner' };
-      if (!Number.isSafeInteger(n) || n < 1) throw new LeaseError('invalid_input', `the fence key returned an unusable fence: ${n}`);
-      return { ok: true, fence: n };
+      if (guard === undefined) return answer(await client.eval(BEGIN_SCRIPT, 1, fenceKey(job.queue, job.id)));
+      const g = redisKeyGuard(guard);
+      const reply = await client.eval(BEGIN_SCRIPT, 2, fenceKey(job.queue, job.id), g.key, g.equals);
+      if (!Array.isArray(reply)) return answer(reply);
+      const result = answer(reply[0]);
+      return result.ok ? { ...result, guardTtlMs: Number(reply[1]) } : result;
+    },
+    async guardTtl(guard) {
+      const g = redisKeyGuard(guard);
+      const ttl = Number(await client.eval(GUARD_TTL_SCRIPT, 1, g.key, g.equals));
+      return ttl === -3 || ttl === -2 ? null : ttl;
     },
   };
+}
+
+function answer(reply: unknown): BeginResult {
+  const n = Number(reply);
+  if (n === -1) return { ok: false, reason: 'not_owner' };
+  if (!Number.isSafeInteger(n) || n < 1) throw new LeaseError('invalid_input', `the fence key returned an unusable fence: ${n}`);
+  return { ok: true, fence: n };
 }

@@ -6,7 +6,7 @@ import type { JobRef } from './keys.js';
 
 /**
  * A condition that must hold at the instant of the increment, checked in the
- * same statement (STYLE habit 1): "this worker still holds the job". Without
+ * same statement: "this worker still holds the job". Without
  * it, a worker frozen between the queue's hand-out and `begin` could wake
  * after a take-over and draw a higher fence than the new owner.
  *
@@ -19,7 +19,16 @@ export type FenceGuard =
   | { kind: 'redis-key'; key: string; equals: string };
 
 export type BeginResult =
-  | { ok: true; fence: number }
+  | {
+      ok: true;
+      fence: number;
+      /**
+       * `redis-key` guards: the guard key's remaining life in ms (`PTTL`) in
+       * the script that drew the fence, i.e. how long the queue's lock was
+       * still confirmed for; `-1` for a key without expiry.
+       */
+      guardTtlMs?: number;
+    }
   /** The guard did not hold: the job is no longer this worker's. Nothing was incremented. */
   | { ok: false; reason: 'not_owner' };
 
@@ -34,4 +43,11 @@ export interface FenceSource {
    * attempt, a take-over included, gets a strictly higher fence.
    */
   begin(job: JobRef, guard?: FenceGuard): Promise<BeginResult>;
+  /**
+   * Redis only: checks a `redis-key` guard without drawing a fence, in one
+   * script. The key's remaining life in ms (`PTTL`, `-1` without expiry),
+   * or `null` when the key no longer holds the value (the lock is gone or
+   * another worker's).
+   */
+  guardTtl?(guard: FenceGuard): Promise<number | null>;
 }

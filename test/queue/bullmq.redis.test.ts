@@ -8,7 +8,7 @@
  * Within the route's retention the stable Idempotency-Key alone would turn
  * W1's late charge into a replay; the fence is what still stops it once the
  * record is gone. So after W2 paid, the test backdates the gateway's
- * idempotency record past its retention (STYLE habit 2: the row, not the
+ * idempotency record past its retention (the row, not the
  * clock), standing for a worker that comes back after a long stall.
  */
 import { join } from 'node:path';
@@ -17,7 +17,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { LeaseLostError } from '../../src/lease/errors.js';
 import { createFenceSource, fencedProcessor } from '../../src/queue/bullmq.js';
 import { killAll, ROOT, spawnProc, TS_ARGS, type Proc } from '../helpers/child.js';
-import { paymentsRoute, rejectionRows, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { paymentsRoute, rejectionRows, startTestGateway, until, type TestGateway } from '../helpers/gateway.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { connectRedis, deleteKeys, REDIS_SKIP, uniquePrefix, type TestRedis } from './helpers/redis.js';
 
@@ -135,5 +135,116 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
     expect(ran).toBe(0);
     expect(await processor(job, 'token-of-W2')).toBe(1);
     expect(ran).toBe(1);
+  });
+});
+
+/**
+ * Signed fences (DESIGN §7) from BullMQ jobs: the JWS's `exp` is the lock end
+ * Redis last confirmed (the lock's PTTL when the fence was drawn, then after
+ * each renewal the watched worker reports), never "now + lockDuration" at
+ * the time of the call. One worker, no take-over: "fence-expired even
+ * before a newer owner shows up". Its stalled check is far off, so the job
+ * is not moved and run again while the test watches its one attempt.
+ */
+describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires with the BullMQ lock', () => {
+  const SECRET = 'queue-fence-secret-0123456789-abcdefghijk';
+  const GRACE_S = 1;
+  let redis: TestRedis;
+  let upstream: FakeUpstream;
+  let gateway: TestGateway;
+  const cleanups: (() => Promise<unknown>)[] = [];
+
+  beforeAll(async () => {
+    redis = connectRedis();
+    upstream = await startUpstream();
+    gateway = await startTestGateway({ routes: [paymentsRoute(upstream.url)], config: { fence: { signed: { secret: SECRET } } } });
+  });
+  afterEach(async () => {
+    await killAll();
+    for (const c of cleanups.splice(0)) await c();
+  });
+  afterAll(async () => {
+    await gateway?.close();
+    await upstream?.close();
+    await redis?.quit();
+  });
+
+  /** One job, one worker that waits for `call` before it mints and sends its charge. */
+  async function start(lockDuration: number, watch: boolean) {
+    const prefix = uniquePrefix('bull');
+    const namespace = uniquePrefix('fences');
+    const queue = new Queue('payments', { connection: connectRedis({ maxRetriesPerRequest: null }) as never, prefix });
+    cleanups.push(async () => {
+      await queue.close();
+      await deleteKeys(redis, prefix);
+      await deleteKeys(redis, namespace);
+    });
+    await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
+    const before = upstream.effects;
+    const config = { queue: 'payments', prefix, namespace, gateway: gateway.url, hold: false, unfenced: false, lockDuration, stalledInterval: 600_000, signed: { secret: SECRET, graceSeconds: GRACE_S }, waitForCall: true, watch };
+    const w = spawnProc('W', [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
+    const started = await w.next((m) => m.msg === 'started');
+    const startedAt = Date.now();
+    const call = async () => {
+      w.send('call');
+      const outcome = await w.next((m) => m.msg === 'refused' || m.msg === 'paid');
+      return { outcome, effects: upstream.effects - before };
+    };
+    return { w, started, startedAt, call, lockKey: `${prefix}:payments:order-1:lock` };
+  }
+
+  /** Waits (no assertion on time) until the lock is gone from Redis and its end plus the grace has passed. */
+  async function pastLockAndGrace(lockKey: string) {
+    await until(async () => (await redis.get(lockKey)) === null, 'the BullMQ lock to expire in Redis');
+    const goneAt = Date.now();
+    await until(() => Date.now() > goneAt + GRACE_S * 1000 + 1_500, 'the grace to pass');
+  }
+
+  test('a worker frozen past its lock mints a fence that is already expired: the gateway refuses it (fence-expired) and the upstream is not called', async () => {
+    const { w, started, call, lockKey } = await start(2_000, false);
+    w.pause(); // frozen before the call: no renewals, and the mint happens after the lock is gone
+    await pastLockAndGrace(lockKey);
+    w.resume();
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError', code: 'lease_lost', aborted: true });
+    expect(effects).toBe(0);
+    expect(rejectionRows(gateway.sqlite, 'fence-expired')).toContainEqual(expect.objectContaining({ entity: started.entity, presented_fence: 1 }));
+  });
+
+  test('control: the same worker calling within its lock is accepted (201), so the refusal above is the expiry and nothing else', async () => {
+    const { call } = await start(30_000, false);
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(effects).toBe(1);
+  });
+
+  test('watched, a frozen worker is refused as well once it wakes: its failed renewal (or the gateway) stops the late call, the upstream is not called', async () => {
+    const { w, call, lockKey } = await start(2_000, true);
+    w.pause();
+    await pastLockAndGrace(lockKey);
+    w.resume();
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError', code: 'lease_lost' });
+    expect(effects).toBe(0);
+  });
+
+  test('watched, a live worker past several lock durations is accepted: each renewal BullMQ reports moves exp to the lock end Redis confirms', async () => {
+    const LOCK = 3_000;
+    const { startedAt, call } = await start(LOCK, true);
+    // Well past the first lock end and the grace; BullMQ renews every LOCK / 2.
+    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(effects).toBe(1);
+  });
+
+  test('control: unwatched, the same long job is refused fence-expired: without renewals exp stays at the lock end begin confirmed', async () => {
+    const LOCK = 3_000;
+    const { started, startedAt, call } = await start(LOCK, false);
+    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'the first lock end and the grace');
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError' });
+    expect(effects).toBe(0);
+    expect(rejectionRows(gateway.sqlite, 'fence-expired')).toContainEqual(expect.objectContaining({ entity: started.entity }));
   });
 });

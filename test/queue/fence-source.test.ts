@@ -119,6 +119,33 @@ describe.each(backends)('fence source: $name', (backend) => {
   });
 });
 
+describe.skipIf(REDIS_SKIP !== null)('fence source: redis, the lock\'s remaining life', () => {
+  test('begin with a guard reports the guard key\'s PTTL; guardTtl reads it again, and answers null once the key holds another token or is gone', async () => {
+    const client = connectRedis() as ReturnType<typeof connectRedis> & { set(k: string, v: string, px: 'PX', ms: number): Promise<unknown> };
+    const namespace = uniquePrefix('fences');
+    disposers.push(async () => {
+      await deleteKeys(client, namespace);
+      await client.quit();
+    });
+    const source = await createFenceSource({ redis: client, namespace });
+    const lock = `${namespace}:lock`;
+    await client.set(lock, 'token-1', 'PX', 60_000);
+    const guard: FenceGuard = { kind: 'redis-key', key: lock, equals: 'token-1' };
+    const begun = await source.begin({ queue: 'q', id: 't' }, guard);
+    expect(begun).toMatchObject({ ok: true, fence: 1 });
+    const ttl = begun.ok ? begun.guardTtlMs! : -9;
+    expect(ttl).toBeGreaterThan(0);
+    expect(ttl).toBeLessThanOrEqual(60_000);
+    expect(await source.guardTtl!(guard)).toBeGreaterThan(0);
+    await client.set(lock, 'token-2', 'PX', 60_000);
+    expect(await source.guardTtl!(guard)).toBeNull();
+    await client.del(lock);
+    expect(await source.guardTtl!(guard)).toBeNull();
+    // Without a guard there is nothing to time: the fence alone.
+    expect(await source.begin({ queue: 'q', id: 't' })).toEqual({ ok: true, fence: 2 });
+  });
+});
+
 describe('jobKeys', () => {
   const store = 'a'.repeat(32);
   test('a colon in a queue name or job id cannot make two jobs share a key', () => {

@@ -17,7 +17,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { LeaseLostError } from '../../src/lease/errors.js';
 import { createFenceSource, fencedTask } from '../../src/queue/graphile-worker.js';
 import { killAll, ROOT, spawnProc, TS_ARGS, type Proc } from '../helpers/child.js';
-import { paymentsRoute, rejectionRows, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { paymentsRoute, rejectionRows, startTestGateway, until, type TestGateway } from '../helpers/gateway.js';
 import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
@@ -125,5 +125,95 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: a take-over after the
     await task({}, { job: { id: job.id, locked_by: 'holder' } });
     expect(ran).toBe(true);
     expect((await db.pool.query('SELECT fence::int AS fence FROM fencegate_queue_fences')).rows).toEqual([{ fence: 1 }]);
+  });
+});
+
+/**
+ * Signed fences (DESIGN §7) from graphile-worker tasks: nothing renews its
+ * lock, which lasts 4 h from the `locked_at` get_job wrote on the database's
+ * clock, so the JWS's `exp` is `locked_at + lockMs`, never "now + 4 h" at the
+ * time of the call. The test cannot wait 4 h: the task's `lockMs` is set to
+ * 2 s, standing for graphile-worker's 4 h (the adapter takes any value up to
+ * it), and the worker is frozen past that before its call.
+ */
+describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: the signed fence expires with the lock', () => {
+  const SECRET = 'queue-fence-secret-0123456789-abcdefghijk';
+  const GRACE_S = 1;
+  let upstream: FakeUpstream;
+  let gateway: TestGateway;
+  const cleanups: (() => Promise<unknown>)[] = [];
+
+  beforeAll(async () => {
+    upstream = await startUpstream();
+    gateway = await startTestGateway({ routes: [paymentsRoute(upstream.url)], config: { fence: { signed: { secret: SECRET } } } });
+  });
+  afterEach(async () => {
+    await killAll();
+    for (const c of cleanups.splice(0)) await c();
+  });
+  afterAll(async () => {
+    await gateway?.close();
+    await upstream?.close();
+  });
+
+  async function start(lockMs: number | undefined) {
+    const db = await createTestSchema('fgq');
+    const workerSchema = `${db.schema}_gw`;
+    await createFenceSource({ postgres: db.pool });
+    await runMigrations({ pgPool: db.pool, schema: workerSchema });
+    const utils = await makeWorkerUtils({ pgPool: db.pool, schema: workerSchema });
+    cleanups.push(async () => {
+      await utils.release();
+      await db.pool.query(`DROP SCHEMA IF EXISTS "${workerSchema}" CASCADE`);
+      await db.drop();
+    });
+    await utils.addJob('pay', { amount: 1200 });
+    const before = upstream.effects;
+    const config = { url: db.url, workerSchema, gateway: gateway.url, hold: false, unfenced: false, signed: { secret: SECRET, graceSeconds: GRACE_S }, waitForCall: true, lockMs };
+    const w = spawnProc('W', [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
+    const started = await w.next((m) => m.msg === 'started');
+    const call = async () => {
+      w.send('call');
+      const outcome = await w.next((m) => m.msg === 'refused' || m.msg === 'paid');
+      return { outcome, effects: upstream.effects - before };
+    };
+    return { w, started, call };
+  }
+
+  test('a worker frozen past its lock (locked_at + lockMs) mints an expired fence: the gateway refuses it (fence-expired) and the upstream is not called', async () => {
+    const LOCK = 2_000;
+    const { w, started, call } = await start(LOCK);
+    w.pause();
+    const lockEnd = new Date(started.lockedAt).getTime() + LOCK;
+    expect(Number.isFinite(lockEnd)).toBe(true);
+    await until(() => Date.now() > lockEnd + GRACE_S * 1000 + 2_000, 'the lock end and the grace to pass');
+    w.resume();
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError', code: 'lease_lost', aborted: true });
+    expect(effects).toBe(0);
+    expect(rejectionRows(gateway.sqlite, 'fence-expired')).toContainEqual(expect.objectContaining({ entity: started.entity, presented_fence: 1 }));
+  });
+
+  test('control: with graphile-worker\'s own 4 h lock the same frozen worker is accepted (201): its lock has not ended', async () => {
+    const { w, started, call } = await start(undefined);
+    w.pause();
+    await until(() => Date.now() > new Date(started.lockedAt).getTime() + 2_000 + GRACE_S * 1000 + 2_000, 'as long a freeze as above');
+    w.resume();
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(effects).toBe(1);
+  });
+
+  test('lockMs beyond graphile-worker\'s 4 h, and a signed task without locked_at, are refused before anything runs', async () => {
+    const db = await createTestSchema('fgq');
+    cleanups.push(() => db.drop());
+    const fences = await createFenceSource({ postgres: db.pool });
+    expect(() => fencedTask(async () => {}, { fences, lockMs: 5 * 3_600_000 })).toThrow(/lockMs must be/);
+    let ran = false;
+    const task = fencedTask(async () => {
+      ran = true;
+    }, { fences, fenceSigner: () => 'x' });
+    await expect(task({}, { job: { id: 1, locked_by: 'w' } })).rejects.toThrow(/locked_at/);
+    expect(ran).toBe(false);
   });
 });
