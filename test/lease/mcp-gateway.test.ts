@@ -6,13 +6,15 @@
  */
 import type { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { z } from 'zod';
+import { dispatchToolCalls, toolKinds, type ToolsInput } from '../../src/lease/dispatch.js';
 import { LeaseLostError } from '../../src/lease/errors.js';
 import type { McpClientLike } from '../../src/lease/mcp.js';
 import { runWorker } from '../../src/lease/runner/run-worker.js';
 import type { RunWorkerOptions } from '../../src/lease/runner/options.js';
 import type { JobContext, LeaseWorker } from '../../src/lease/runner/types.js';
 import type { JobStore } from '../../src/lease/types.js';
-import { rejectionRows, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { rejectionRows, startTestGateway, until, type TestGateway } from '../helpers/gateway.js';
 import { connectClient, startTicketServer, type TicketServer } from './helpers/mcp-server.js';
 import { TS_EXEC_ARGV } from './helpers/node.js';
 import { sqliteDatabase, type TestDatabase } from './helpers/stores.js';
@@ -122,5 +124,104 @@ describe('fencedMcp through the gateway mcp route', () => {
     const { tickets } = await scenario('ticket-unchecked', uncheckedClient);
     expect(tickets.map((t) => t.fence).sort()).toEqual(['1', '2']);
     expect(rejectionRows(unchecked.sqlite, 'stale-fence')).toEqual([]);
+  });
+});
+
+/**
+ * docs/mcp.md's route, as written there: `refund_payment` reads its entity
+ * from `/arguments/invoice_id`. A job dispatched with the tool's `entity`
+ * pointed at the same place is fenced on that invoice, so `ctx.mcp` sends
+ * the entity the route reads and the call goes through.
+ */
+describe("ctx.mcp through docs/mcp.md's route (entity from /arguments/invoice_id)", () => {
+  let db: TestDatabase;
+  let store: JobStore;
+  let server: TicketServer;
+  let gateway: TestGateway;
+  let client: Client;
+  const workers: LeaseWorker[] = [];
+  const HEARTBEAT = { heartbeatMs: 300, maxMissedHeartbeats: 3, jitterMs: 50 };
+  const refund = { schema: z.object({ invoice_id: z.string(), amount: z.number() }), leaseMs: 5_000, maxRunMs: 30_000, maxAttempts: 1 };
+
+  beforeAll(async () => {
+    db = await sqliteDatabase();
+    store = await db.open();
+    server = await startTicketServer();
+    server.fencing = false;
+    gateway = await startTestGateway({
+      routes: [
+        {
+          name: 'tickets',
+          protocol: 'mcp',
+          match: { path: '/mcp' },
+          upstream: new URL(server.url).origin,
+          fence: 'required',
+          idempotency: 'required',
+          mode: 'serial',
+          tools: {
+            refund_payment: { entity: { json: '/arguments/invoice_id' }, timeoutMs: 30000 },
+            search_tickets: { readOnly: true },
+            '*': { retention: '7d' },
+          },
+        },
+      ],
+    });
+    client = await connectClient(`${gateway.url}/mcp`);
+  });
+  afterEach(async () => {
+    await Promise.all(workers.splice(0).map((w) => w.stop({ release: true })));
+  });
+  afterAll(async () => {
+    await client?.close();
+    await gateway?.close();
+    await server?.close();
+    await db?.dispose();
+  });
+
+  /** Dispatches one refund with these tools, runs it through ctx.mcp, and reports how it ended. */
+  async function refundThrough(tools: ToolsInput, runId: string) {
+    const [answer] = await dispatchToolCalls(store, [{ type: 'tool_use', id: 'toolu_1', name: 'refund_payment', input: { invoice_id: `inv-${runId}`, amount: 1200 } }], { tools, runId, heartbeat: HEARTBEAT });
+    const jobId = (answer as { jobId: number }).jobId;
+    let error: unknown;
+    const worker = await runWorker({
+      store,
+      workerId: `W-${runId}`,
+      ...HEARTBEAT,
+      leaseMs: 5_000,
+      pollIntervalMs: 25,
+      threadExecArgv: TS_EXEC_ARGV,
+      kinds: toolKinds(tools),
+      handlers: {
+        refund_payment: async (ctx) => {
+          try {
+            const res = await ctx.mcp(client).callTool({ name: 'refund_payment', arguments: ctx.job.payload as Record<string, unknown> });
+            return (res as { structuredContent?: unknown }).structuredContent;
+          } catch (err) {
+            error = err;
+            throw err;
+          }
+        },
+      },
+    });
+    workers.push(worker);
+    const job = await until(async () => {
+      const j = await store.get(jobId);
+      return j && (j.state === 'succeeded' || j.state === 'failed') ? j : null;
+    }, `job ${jobId} to finish`);
+    return { job, error, arrivals: server.arrivals.filter((a) => a.tool === 'refund_payment' && a.arguments.invoice_id === `inv-${runId}`) };
+  }
+
+  test("with the tool's entity from the same pointer, the call is fenced on the invoice and reaches the tool once", async () => {
+    const { job, error, arrivals } = await refundThrough({ refund_payment: { ...refund, entity: { json: '/arguments/invoice_id' } } }, 'from-args');
+    expect(error).toBeUndefined();
+    expect(job).toMatchObject({ state: 'succeeded', fenceKey: 'inv-from-args', result: { refunded: 'inv-from-args' } });
+    expect(arrivals).toEqual([expect.objectContaining({ meta: expect.objectContaining({ 'io.fencegate/entity': 'inv-from-args', 'io.fencegate/idempotency-key': `${job.jobKey}:mcp:refund_payment` }) })]);
+  });
+
+  test("control: with the job's own entity (no entity in the dispatch entry) the route refuses the call invalid-entity and the tool is not called", async () => {
+    const { job, error, arrivals } = await refundThrough({ refund_payment: refund }, 'own-entity');
+    expect(error).toMatchObject({ name: 'McpRefusalError', code: 'invalid-entity' });
+    expect(job.fenceKey).toBe(job.jobKey);
+    expect(arrivals).toEqual([]);
   });
 });
