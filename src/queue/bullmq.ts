@@ -105,7 +105,9 @@ export function fencedProcessor<J extends BullJobLike, R>(
 
   async function fencedBullProcessor(job: J, token?: string, signal?: AbortSignal): Promise<R> {
     if (job.id === undefined || token === undefined) throw new LeaseConfigError('a fenced processor needs the job id and the lock token BullMQ passes to a Worker processor');
-    const guard: FenceGuard = { kind: 'redis-key', key: `${job.queueQualifiedName}:${job.id}:lock`, equals: token };
+    // lifeHash: the job's own hash, which BullMQ deletes with the job, marks this life of the id.
+    const jobHash = `${job.queueQualifiedName}:${job.id}`;
+    const guard: FenceGuard = { kind: 'redis-key', key: `${jobHash}:lock`, equals: token, lifeHash: jobHash };
     const run: Run = { jobId: job.id, guard, until: 0, checking: false };
     const attempt = await beginAttempt(options, { queue: job.queueQualifiedName, id: job.id }, guard, signal, (begun, sentAt) => {
       // The lock's PTTL in the script that drew the fence: the lock end as of begin.

@@ -55,7 +55,8 @@ export async function beginAttempt(
   if (!begun.ok) {
     throw new LeaseLostError(`job ${job.id} of ${job.queue} is no longer this worker's (its lock was taken over before the attempt drew a fence)`);
   }
-  const { entity, keyPrefix } = jobKeys(fences.storeId, job);
+  // A later life of a reused job id (BullMQ: removed, then added again) gets keys of its own.
+  const { entity, keyPrefix } = jobKeys(fences.storeId, { ...job, ...(begun.life !== undefined ? { life: begun.life } : {}) });
   const aborted = new AbortController();
   let refusal: LeaseLostError | null = null;
   const signal = queueSignal === undefined ? aborted.signal : AbortSignal.any([aborted.signal, queueSignal]);

@@ -16,7 +16,18 @@ import type { JobRef } from './keys.js';
  */
 export type FenceGuard =
   | { kind: 'sql'; where: string; values: readonly unknown[] }
-  | { kind: 'redis-key'; key: string; equals: string };
+  | {
+      kind: 'redis-key';
+      key: string;
+      equals: string;
+      /**
+       * The job's own hash in the queue's Redis (BullMQ's `<prefix>:<queue>:<id>`):
+       * the script marks it once per life of the job and answers which life
+       * of the job id it is (`BeginResult.life`), so a job removed and added
+       * again under the same id gets keys of its own (docs/queues.md).
+       */
+      lifeHash?: string;
+    };
 
 export type BeginResult =
   | {
@@ -28,6 +39,8 @@ export type BeginResult =
        * still confirmed for; `-1` for a key without expiry.
        */
       guardTtlMs?: number;
+      /** With a `lifeHash`: 1 for the first life of the job id in this store, 2 for the next, … */
+      life?: number;
     }
   /** The guard did not hold: the job is no longer this worker's. Nothing was incremented. */
   | { ok: false; reason: 'not_owner' };

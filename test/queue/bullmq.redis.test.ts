@@ -12,10 +12,10 @@
  * clock), standing for a worker that comes back after a long stall.
  */
 import { join } from 'node:path';
-import { Queue } from 'bullmq';
+import { Queue, Worker, type Job } from 'bullmq';
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
 import { LeaseLostError } from '../../src/lease/errors.js';
-import { createFenceSource, fencedProcessor } from '../../src/queue/bullmq.js';
+import { createFenceSource, fencedProcessor, type FenceSource } from '../../src/queue/bullmq.js';
 import { killAll, ROOT, spawnProc, TS_ARGS, type Proc } from '../helpers/child.js';
 import { paymentsRoute, rejectionRows, startTestGateway, until, type TestGateway } from '../helpers/gateway.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
@@ -246,5 +246,89 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     expect(outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError' });
     expect(effects).toBe(0);
     expect(rejectionRows(gateway.sqlite, 'fence-expired')).toContainEqual(expect.objectContaining({ entity: started.entity }));
+  });
+});
+
+/**
+ * A BullMQ job id used again after its job was removed (a custom `jobId`
+ * such as an order number): the new job is another job, and must not get
+ * the old one's Idempotency-Keys, or the gateway replays the old job's
+ * stored answer instead of running it. Real BullMQ workers in this process,
+ * real Redis, a real gateway.
+ */
+describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again after removal', () => {
+  let redis: TestRedis;
+  let upstream: FakeUpstream;
+  let gateway: TestGateway;
+  const cleanups: (() => Promise<unknown>)[] = [];
+
+  beforeAll(async () => {
+    redis = connectRedis();
+    upstream = await startUpstream();
+    gateway = await startTestGateway({ routes: [paymentsRoute(upstream.url)] });
+  });
+  afterEach(async () => {
+    for (const c of cleanups.splice(0).reverse()) await c();
+  });
+  afterAll(async () => {
+    await gateway?.close();
+    await upstream?.close();
+    await redis?.quit();
+  });
+
+  /** Runs job `order-1` twice, removing it in between; `wrap` may change the fence source. */
+  async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real) {
+    const prefix = uniquePrefix('bull');
+    const namespace = uniquePrefix('fences');
+    const connection = connectRedis({ maxRetriesPerRequest: null });
+    const queue = new Queue('payments', { connection: connection as never, prefix });
+    const fences = wrap(await createFenceSource({ redis: connection, namespace }));
+    const runs: { fence: number; keyPrefix: string; status: number; replayed: string | null }[] = [];
+    const processor = fencedProcessor<Job, unknown>(async (job, { fencedFetch, fence, keyPrefix }) => {
+      const res = await fencedFetch(`${gateway.url}/payments/charges`, { step: 'charge', method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(job.data) });
+      runs.push({ fence, keyPrefix, status: res.status, replayed: res.headers.get('idempotent-replayed') });
+      return res.status;
+    }, { fences });
+    const worker = new Worker('payments', processor as never, { connection: connection as never, prefix, lockDuration: 30_000 });
+    cleanups.push(async () => {
+      await worker.close();
+      await queue.close();
+      await deleteKeys(redis, prefix);
+      await deleteKeys(redis, namespace);
+      await connection.quit();
+    });
+    const before = upstream.effects;
+    for (let life = 1; life <= 2; life++) {
+      const done = new Promise<void>((resolve, reject) => {
+        worker.once('completed', () => resolve());
+        worker.once('failed', (_job, err) => reject(err));
+      });
+      await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
+      await done;
+      // Removed (as removeOnComplete would), so the same id can be added again as a new job.
+      await queue.remove('order-1');
+    }
+    return { runs, effects: upstream.effects - before };
+  }
+
+  test('the second job under the id gets keys of its own: both are charged, neither answer is a replay', async () => {
+    const { runs, effects } = await twoLives();
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, null]]);
+    expect(runs[1]!.keyPrefix).toBe(`${runs[0]!.keyPrefix}@2`);
+    // The fence kept rising across the lives: a stale worker of the first job is still refused.
+    expect(runs.map((r) => r.fence)).toEqual([1, 2]);
+    expect(effects).toBe(2);
+  });
+
+  test("negative control: without the job's life in the guard, the second job gets the first one's keys and the gateway replays the first charge", async () => {
+    const { runs, effects } = await twoLives((real) => ({
+      backend: real.backend,
+      storeId: real.storeId,
+      guardTtl: real.guardTtl,
+      begin: (job, guard) => real.begin(job, guard?.kind === 'redis-key' ? { kind: 'redis-key', key: guard.key, equals: guard.equals } : guard),
+    }));
+    expect(runs[1]!.keyPrefix).toBe(runs[0]!.keyPrefix);
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, 'true']]);
+    expect(effects).toBe(1);
   });
 });
