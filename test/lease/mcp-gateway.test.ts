@@ -34,7 +34,12 @@ describe('fencedMcp through the gateway mcp route', () => {
   /** Negative control: the same route with the checks switched off for create_ticket. */
   let unchecked: TestGateway;
   let uncheckedClient: Client;
+  /** docs/mcp.md's route, as written there: `refund_payment` reads its entity from `/arguments/invoice_id`. */
+  let docs: TestGateway;
+  let docsClient: Client;
   const workers: LeaseWorker[] = [];
+  const HEARTBEAT = { heartbeatMs: 300, maxMissedHeartbeats: 3, jitterMs: 50 };
+  const refund = { schema: z.object({ invoice_id: z.string(), amount: z.number() }), leaseMs: 5_000, maxRunMs: 30_000, maxAttempts: 1 };
 
   beforeAll(async () => {
     db = await sqliteDatabase();
@@ -46,6 +51,25 @@ describe('fencedMcp through the gateway mcp route', () => {
     client = await connectClient(`${gateway.url}/mcp`);
     unchecked = await startTestGateway({ routes: [route({ search_tickets: { readOnly: true }, create_ticket: { fence: 'off', idempotency: 'off' } })] });
     uncheckedClient = await connectClient(`${unchecked.url}/mcp`);
+    docs = await startTestGateway({
+      routes: [
+        {
+          name: 'tickets',
+          protocol: 'mcp',
+          match: { path: '/mcp' },
+          upstream: new URL(server.url).origin,
+          fence: 'required',
+          idempotency: 'required',
+          mode: 'serial',
+          tools: {
+            refund_payment: { entity: { json: '/arguments/invoice_id' }, timeoutMs: 30000 },
+            search_tickets: { readOnly: true },
+            '*': { retention: '7d' },
+          },
+        },
+      ],
+    });
+    docsClient = await connectClient(`${docs.url}/mcp`);
   });
   afterEach(async () => {
     await Promise.all(workers.splice(0).map((w) => w.stop({ release: true })));
@@ -53,17 +77,19 @@ describe('fencedMcp through the gateway mcp route', () => {
   afterAll(async () => {
     await client?.close();
     await uncheckedClient?.close();
+    await docsClient?.close();
+    await docs?.close();
     await gateway?.close();
     await unchecked?.close();
     await server?.close();
     await db?.dispose();
   });
 
-  async function start(options: Pick<RunWorkerOptions, 'handlers' | 'workerId'>) {
+  async function start(options: Pick<RunWorkerOptions, 'handlers' | 'workerId' | 'kinds'>) {
     // Long enough that a stalled disk or a stolen CPU does not end a lease
     // mid-test (a re-claim would raise the fence the tests check); no test
     // here waits for a lease to run out, they expire it (expireLease).
-    const worker = await runWorker({ store, leaseMs: 5_000, heartbeatMs: 300, maxMissedHeartbeats: 3, jitterMs: 50, pollIntervalMs: 25, threadExecArgv: TS_EXEC_ARGV, ...options });
+    const worker = await runWorker({ store, leaseMs: 5_000, ...HEARTBEAT, pollIntervalMs: 25, threadExecArgv: TS_EXEC_ARGV, ...options });
     workers.push(worker);
     return worker;
   }
@@ -125,76 +151,23 @@ describe('fencedMcp through the gateway mcp route', () => {
     expect(tickets.map((t) => t.fence).sort()).toEqual(['1', '2']);
     expect(rejectionRows(unchecked.sqlite, 'stale-fence')).toEqual([]);
   });
-});
 
-/**
- * docs/mcp.md's route, as written there: `refund_payment` reads its entity
- * from `/arguments/invoice_id`. A job dispatched with the tool's `entity`
- * pointed at the same place is fenced on that invoice, so `ctx.mcp` sends
- * the entity the route reads and the call goes through.
- */
-describe("ctx.mcp through docs/mcp.md's route (entity from /arguments/invoice_id)", () => {
-  let db: TestDatabase;
-  let store: JobStore;
-  let server: TicketServer;
-  let gateway: TestGateway;
-  let client: Client;
-  const workers: LeaseWorker[] = [];
-  const HEARTBEAT = { heartbeatMs: 300, maxMissedHeartbeats: 3, jitterMs: 50 };
-  const refund = { schema: z.object({ invoice_id: z.string(), amount: z.number() }), leaseMs: 5_000, maxRunMs: 30_000, maxAttempts: 1 };
-
-  beforeAll(async () => {
-    db = await sqliteDatabase();
-    store = await db.open();
-    server = await startTicketServer();
-    server.fencing = false;
-    gateway = await startTestGateway({
-      routes: [
-        {
-          name: 'tickets',
-          protocol: 'mcp',
-          match: { path: '/mcp' },
-          upstream: new URL(server.url).origin,
-          fence: 'required',
-          idempotency: 'required',
-          mode: 'serial',
-          tools: {
-            refund_payment: { entity: { json: '/arguments/invoice_id' }, timeoutMs: 30000 },
-            search_tickets: { readOnly: true },
-            '*': { retention: '7d' },
-          },
-        },
-      ],
-    });
-    client = await connectClient(`${gateway.url}/mcp`);
-  });
-  afterEach(async () => {
-    await Promise.all(workers.splice(0).map((w) => w.stop({ release: true })));
-  });
-  afterAll(async () => {
-    await client?.close();
-    await gateway?.close();
-    await server?.close();
-    await db?.dispose();
-  });
-
-  /** Dispatches one refund with these tools, runs it through ctx.mcp, and reports how it ended. */
+  /**
+   * Through docs/mcp.md's route: dispatches one refund with these tools, runs
+   * it through ctx.mcp, and reports how it ended. With the tool's `entity`
+   * pointed where the route reads it, the job is fenced on that invoice.
+   */
   async function refundThrough(tools: ToolsInput, runId: string) {
     const [answer] = await dispatchToolCalls(store, [{ type: 'tool_use', id: 'toolu_1', name: 'refund_payment', input: { invoice_id: `inv-${runId}`, amount: 1200 } }], { tools, runId, heartbeat: HEARTBEAT });
     const jobId = (answer as { jobId: number }).jobId;
     let error: unknown;
-    const worker = await runWorker({
-      store,
+    await start({
       workerId: `W-${runId}`,
-      ...HEARTBEAT,
-      leaseMs: 5_000,
-      pollIntervalMs: 25,
-      threadExecArgv: TS_EXEC_ARGV,
       kinds: toolKinds(tools),
       handlers: {
         refund_payment: async (ctx) => {
           try {
-            const res = await ctx.mcp(client).callTool({ name: 'refund_payment', arguments: ctx.job.payload as Record<string, unknown> });
+            const res = await ctx.mcp(docsClient).callTool({ name: 'refund_payment', arguments: ctx.job.payload as Record<string, unknown> });
             return (res as { structuredContent?: unknown }).structuredContent;
           } catch (err) {
             error = err;
@@ -203,7 +176,6 @@ describe("ctx.mcp through docs/mcp.md's route (entity from /arguments/invoice_id
         },
       },
     });
-    workers.push(worker);
     const job = await until(async () => {
       const j = await store.get(jobId);
       return j && (j.state === 'succeeded' || j.state === 'failed') ? j : null;

@@ -1,7 +1,7 @@
 /**
  * fencegate/bullmq end to end: real BullMQ workers in child processes on a
  * real Redis, a real gateway (in this process) in front of a counting
- * upstream. W1's lock is lost while it is frozen (SIGSTOP past
+ * h.upstream. W1's lock is lost while it is frozen (SIGSTOP past
  * `lockDuration`), W2 runs the job again as stalled; W1 then wakes up with
  * its charge already on the wire.
  *
@@ -13,38 +13,29 @@
  */
 import { join } from 'node:path';
 import { Queue, Worker, type Job } from 'bullmq';
-import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { LeaseLostError } from '../../src/lease/errors.js';
 import { createFenceSource, fencedProcessor, type FenceSource } from '../../src/queue/bullmq.js';
-import { killAll, ROOT, spawnProc, TS_ARGS, type Proc } from '../helpers/child.js';
-import { paymentsRoute, rejectionRows, startTestGateway, until, type TestGateway } from '../helpers/gateway.js';
-import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { ROOT, spawnProc, TS_ARGS, type Proc } from '../helpers/child.js';
+import { rejectionRows, until } from '../helpers/gateway.js';
+import { expectRefusedExpired, FENCE_SECRET, queueHarness } from './helpers/harness.js';
 import { connectRedis, deleteKeys, REDIS_SKIP, uniquePrefix, type TestRedis } from './helpers/redis.js';
 
 const WORKER = join(ROOT, 'test', 'queue', 'helpers', 'bullmq-worker.ts');
 const LOCK_MS = 1_000;
 const STALLED_MS = 300;
 
-describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled job', () => {
-  let redis: TestRedis;
-  let upstream: FakeUpstream;
-  let gateway: TestGateway;
-  const cleanups: (() => Promise<unknown>)[] = [];
+// One client for the suites' own reads and clean-ups (each worker has its own connections).
+let redis: TestRedis;
+beforeAll(() => {
+  if (REDIS_SKIP === null) redis = connectRedis();
+});
+afterAll(async () => {
+  await redis?.quit();
+});
 
-  beforeAll(async () => {
-    redis = connectRedis();
-    upstream = await startUpstream();
-    gateway = await startTestGateway({ routes: [paymentsRoute(upstream.url)] });
-  });
-  afterEach(async () => {
-    await killAll();
-    for (const c of cleanups.splice(0)) await c();
-  });
-  afterAll(async () => {
-    await gateway?.close();
-    await upstream?.close();
-    await redis?.quit();
-  });
+describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled job', () => {
+  const h = queueHarness();
 
   function startWorker(name: string, config: Record<string, unknown>): Proc {
     return spawnProc(name, [...TS_ARGS, WORKER, JSON.stringify({ lockDuration: LOCK_MS, stalledInterval: STALLED_MS, ...config })], { stdin: true });
@@ -55,13 +46,13 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
     const namespace = uniquePrefix('fences');
     const queueName = 'payments';
     const queue = new Queue(queueName, { connection: connectRedis({ maxRetriesPerRequest: null }) as never, prefix });
-    cleanups.push(async () => {
+    h.cleanups.push(async () => {
       await queue.close();
       await deleteKeys(redis, prefix);
       await deleteKeys(redis, namespace);
     });
-    const before = upstream.effects;
-    const common = { queue: queueName, prefix, namespace, gateway: gateway.url, unfenced };
+    const before = h.upstream.effects;
+    const common = { queue: queueName, prefix, namespace, gateway: h.gateway.url, unfenced };
     await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
 
     const w1 = startWorker('W1', { ...common, hold: true });
@@ -80,12 +71,12 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
 
     // The record of W2's charge is past its retention (DESIGN §2 G2 limit).
     const key = `${w2Started.entity}:charge`;
-    expect(gateway.sqlite.db.prepare('UPDATE idempotency_records SET expires_at = 1 WHERE key = ?').run(key).changes).toBe(1);
+    expect(h.gateway.sqlite.db.prepare('UPDATE idempotency_records SET expires_at = 1 WHERE key = ?').run(key).changes).toBe(1);
 
     w1.send('go');
     w1.resume();
     const w1Outcome = await w1.next((m) => m.msg === 'refused' || m.msg === 'paid');
-    return { w1Started, w2Started, w1Outcome, effects: upstream.effects - before, key, storeKey: namespace };
+    return { w1Started, w2Started, w1Outcome, effects: h.upstream.effects - before, key, storeKey: namespace };
   }
 
   test('the worker whose lock was lost cannot make a second payment: its late charge is refused as stale', async () => {
@@ -101,7 +92,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
 
     expect(w1Outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError', code: 'lease_lost', aborted: true });
     expect(effects).toBe(1);
-    expect(rejectionRows(gateway.sqlite, 'stale-fence')).toContainEqual(
+    expect(rejectionRows(h.gateway.sqlite, 'stale-fence')).toContainEqual(
       expect.objectContaining({ entity: w1Started.entity, presented_fence: 1, current_fence: 2, idempotency_key: key }),
     );
   });
@@ -119,7 +110,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
     // a wrong key every guarded begin there would have been refused.)
     const namespace = uniquePrefix('fences');
     const qqn = uniquePrefix('bull');
-    cleanups.push(async () => {
+    h.cleanups.push(async () => {
       await deleteKeys(redis, namespace);
       await deleteKeys(redis, qqn);
     });
@@ -147,48 +138,29 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
  * is not moved and run again while the test watches its one attempt.
  */
 describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires with the BullMQ lock', () => {
-  const SECRET = 'queue-fence-secret-0123456789-abcdefghijk';
   const GRACE_S = 1;
-  let redis: TestRedis;
-  let upstream: FakeUpstream;
-  let gateway: TestGateway;
-  const cleanups: (() => Promise<unknown>)[] = [];
-
-  beforeAll(async () => {
-    redis = connectRedis();
-    upstream = await startUpstream();
-    gateway = await startTestGateway({ routes: [paymentsRoute(upstream.url)], config: { fence: { signed: { secret: SECRET } } } });
-  });
-  afterEach(async () => {
-    await killAll();
-    for (const c of cleanups.splice(0)) await c();
-  });
-  afterAll(async () => {
-    await gateway?.close();
-    await upstream?.close();
-    await redis?.quit();
-  });
+  const h = queueHarness({ signed: true });
 
   /** One job, one worker that waits for `call` before it mints and sends its charge. */
   async function start(lockDuration: number, watch: boolean) {
     const prefix = uniquePrefix('bull');
     const namespace = uniquePrefix('fences');
     const queue = new Queue('payments', { connection: connectRedis({ maxRetriesPerRequest: null }) as never, prefix });
-    cleanups.push(async () => {
+    h.cleanups.push(async () => {
       await queue.close();
       await deleteKeys(redis, prefix);
       await deleteKeys(redis, namespace);
     });
     await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
-    const before = upstream.effects;
-    const config = { queue: 'payments', prefix, namespace, gateway: gateway.url, hold: false, unfenced: false, lockDuration, stalledInterval: 600_000, signed: { secret: SECRET, graceSeconds: GRACE_S }, waitForCall: true, watch };
+    const before = h.upstream.effects;
+    const config = { queue: 'payments', prefix, namespace, gateway: h.gateway.url, hold: false, unfenced: false, lockDuration, stalledInterval: 600_000, signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S }, waitForCall: true, watch };
     const w = spawnProc('W', [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
     const started = await w.next((m) => m.msg === 'started');
     const startedAt = Date.now();
     const call = async () => {
       w.send('call');
       const outcome = await w.next((m) => m.msg === 'refused' || m.msg === 'paid');
-      return { outcome, effects: upstream.effects - before };
+      return { outcome, effects: h.upstream.effects - before };
     };
     return { w, started, startedAt, call, lockKey: `${prefix}:payments:order-1:lock` };
   }
@@ -205,10 +177,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     w.pause(); // frozen before the call: no renewals, and the mint happens after the lock is gone
     await pastLockAndGrace(lockKey);
     w.resume();
-    const { outcome, effects } = await call();
-    expect(outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError', code: 'lease_lost', aborted: true });
-    expect(effects).toBe(0);
-    expect(rejectionRows(gateway.sqlite, 'fence-expired')).toContainEqual(expect.objectContaining({ entity: started.entity, presented_fence: 1 }));
+    expectRefusedExpired(h, await call(), started.entity);
   });
 
   test('control: the same worker calling within its lock is accepted (201), so the refusal above is the expiry and nothing else', async () => {
@@ -242,10 +211,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     const LOCK = 3_000;
     const { started, startedAt, call } = await start(LOCK, false);
     await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'the first lock end and the grace');
-    const { outcome, effects } = await call();
-    expect(outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError' });
-    expect(effects).toBe(0);
-    expect(rejectionRows(gateway.sqlite, 'fence-expired')).toContainEqual(expect.objectContaining({ entity: started.entity }));
+    expectRefusedExpired(h, await call(), started.entity);
   });
 });
 
@@ -257,24 +223,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
  * real Redis, a real gateway.
  */
 describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again after removal', () => {
-  let redis: TestRedis;
-  let upstream: FakeUpstream;
-  let gateway: TestGateway;
-  const cleanups: (() => Promise<unknown>)[] = [];
-
-  beforeAll(async () => {
-    redis = connectRedis();
-    upstream = await startUpstream();
-    gateway = await startTestGateway({ routes: [paymentsRoute(upstream.url)] });
-  });
-  afterEach(async () => {
-    for (const c of cleanups.splice(0).reverse()) await c();
-  });
-  afterAll(async () => {
-    await gateway?.close();
-    await upstream?.close();
-    await redis?.quit();
-  });
+  const h = queueHarness();
 
   /** Runs job `order-1` twice, removing it in between; `wrap` may change the fence source. */
   async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real) {
@@ -285,19 +234,19 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
     const fences = wrap(await createFenceSource({ redis: connection, namespace }));
     const runs: { fence: number; keyPrefix: string; status: number; replayed: string | null }[] = [];
     const processor = fencedProcessor<Job, unknown>(async (job, { fencedFetch, fence, keyPrefix }) => {
-      const res = await fencedFetch(`${gateway.url}/payments/charges`, { step: 'charge', method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(job.data) });
+      const res = await fencedFetch(`${h.gateway.url}/payments/charges`, { step: 'charge', method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(job.data) });
       runs.push({ fence, keyPrefix, status: res.status, replayed: res.headers.get('idempotent-replayed') });
       return res.status;
     }, { fences });
     const worker = new Worker('payments', processor as never, { connection: connection as never, prefix, lockDuration: 30_000 });
-    cleanups.push(async () => {
+    h.cleanups.push(async () => {
       await worker.close();
       await queue.close();
       await deleteKeys(redis, prefix);
       await deleteKeys(redis, namespace);
       await connection.quit();
     });
-    const before = upstream.effects;
+    const before = h.upstream.effects;
     for (let life = 1; life <= 2; life++) {
       const done = new Promise<void>((resolve, reject) => {
         worker.once('completed', () => resolve());
@@ -308,7 +257,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
       // Removed (as removeOnComplete would), so the same id can be added again as a new job.
       await queue.remove('order-1');
     }
-    return { runs, effects: upstream.effects - before };
+    return { runs, effects: h.upstream.effects - before };
   }
 
   test('the second job under the id gets keys of its own: both are charged, neither answer is a replay', async () => {
