@@ -207,6 +207,15 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     expect(effects).toBe(1);
   });
 
+  test('the withdrawn lockDurationMs option is refused rather than ignored; watch needs a source that can read the lock again', async () => {
+    const namespace = uniquePrefix('fences');
+    h.cleanups.push(() => deleteKeys(redis, namespace));
+    const fences = await createFenceSource({ redis, namespace });
+    expect(() => fencedProcessor(async () => 1, { fences, lockDurationMs: 2_000 } as never)).toThrow(/lockDurationMs is no longer an option/);
+    const blind = fencedProcessor(async () => 1, { fences: { backend: 'redis', storeId: fences.storeId, begin: fences.begin } });
+    expect(() => blind.watch({ on: () => undefined })).toThrow(/watch needs a fence source/);
+  });
+
   test('control: unwatched, the same long job is refused fence-expired: without renewals exp stays at the lock end begin confirmed', async () => {
     const LOCK = 3_000;
     const { started, startedAt, call } = await start(LOCK, false);
