@@ -31,7 +31,7 @@ import { startGateway } from '../dist/entry/node.js';
 import { createJsonLogger } from '../dist/http/logger.js';
 import { createSqliteJobStore, dispatchToolCalls } from '../dist/lease/index.js';
 import { holdingPath } from './mcp/network.mjs';
-import { TOOLS } from './mcp/tools.mjs';
+import { HEARTBEAT, TOOLS } from './mcp/tools.mjs';
 
 const here = fileURLToPath(new URL('.', import.meta.url));
 const t0 = Date.now();
@@ -152,13 +152,13 @@ async function main() {
     { type: 'tool_use', id: 'toolu_1', name: 'create_ticket', input: { title: 'Printer on fire' }, leaseMs: 86_400_000 },
     { type: 'tool_use', id: 'toolu_2', name: 'delete_all_tickets', input: {} },
   ];
-  const answers = await dispatchToolCalls(jobs, plan, { tools: TOOLS, runId: 'conv-7:turn-3' });
+  const answers = await dispatchToolCalls(jobs, plan, { tools: TOOLS, heartbeat: HEARTBEAT, runId: 'conv-7:turn-3' });
   say('The model proposes two tool calls; dispatchToolCalls enqueues only what the allow-list permits:');
   for (const [i, a] of answers.entries()) detail(`${plan[i].name}: ${a.status}${a.jobId ? ` (job ${a.jobId}, key ${a.key})` : ` (${a.reason})`}`);
   check(answers[0].status === 'enqueued' && answers[1].status === 'refused', 'create_ticket enqueued, delete_all_tickets refused');
   const job = await jobs.get(answers[0].jobId);
   check(job.maxAttempts === 3, `the lease and attempts come from the allow-list (3 attempts, 1.5 s lease), not the model's leaseMs: 86400000`);
-  const again = await dispatchToolCalls(jobs, plan, { tools: TOOLS, runId: 'conv-7:turn-3' });
+  const again = await dispatchToolCalls(jobs, plan, { tools: TOOLS, heartbeat: HEARTBEAT, runId: 'conv-7:turn-3' });
   check(again[0].status === 'duplicate' && again[0].jobId === job.id, `dispatching the same plan again: duplicate (job ${job.id}), nothing new`);
   const entity = job.jobKey;
 

@@ -11,3 +11,7 @@ export const TOOLS = {
     maxAttempts: 3,
   },
 };
+
+// The workers' heartbeat settings (runWorker options): the dispatcher passes
+// them too, so a lease no worker can hold is refused at dispatch.
+export const HEARTBEAT = { heartbeatMs: 250, maxMissedHeartbeats: 2, jitterMs: 100 };

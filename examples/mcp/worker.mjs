@@ -14,11 +14,10 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { Agent, fetch } from 'undici';
 import { openJobStore, runWorker, toolKinds } from '../../dist/lease/index.js';
-import { TOOLS } from './tools.mjs';
+import { HEARTBEAT, TOOLS } from './tools.mjs';
 
 const { workerId, store: descriptor, mcp, waitForGo } = JSON.parse(process.argv[2]);
 const say = (m) => process.stdout.write(`${JSON.stringify(m)}\n`);
-const LEASE = { heartbeatMs: 250, maxMissedHeartbeats: 2, jitterMs: 100 };
 
 let go;
 const gone = new Promise((resolve) => (go = resolve));
@@ -34,7 +33,7 @@ const store = await openJobStore(descriptor, { migrate: false });
 const worker = await runWorker({
   store,
   workerId,
-  ...LEASE,
+  ...HEARTBEAT,
   pollIntervalMs: 100,
   handlers: {
     create_ticket: async (ctx) => {

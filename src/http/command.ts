@@ -1,6 +1,7 @@
 import type { HeaderReader } from './inbound.js';
 import type { RouteConfig } from '../config/schema.js';
 import { duplicateOnPointerPath, foldName, keyTextOf, scanPointer } from '../core/json-duplicates.js';
+import { tokensOf, valueAtPointer } from '../core/json-pointer.js';
 import { checkKey, parseEntity, parseFence, parseIdempotencyKey } from '../protocol/headers.js';
 import type { Refusal } from '../protocol/problem.js';
 import { missingClaim } from './middleware/auth/middleware.js';
@@ -177,11 +178,6 @@ function keyAtPointer(pointer: string, body: Uint8Array): { ok: true; value: str
   return { ok: false, reason: `the key is ${what}; send a string or an integer` };
 }
 
-/** A JSON pointer's reference tokens, unescaped (RFC 6901). */
-export function tokensOf(pointer: string): string[] {
-  return pointer === '' ? [] : pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
-}
-
 /**
  * Where a token of the pointer finds no member of its own name but one whose
  * name folds to it (`"Customer"` for `/customer`, `"cuſtomer"` too): the
@@ -251,23 +247,9 @@ function stringAtPointer(pointer: string, body: Uint8Array): { ok: true; value: 
   return { ok: true, value: typeof node === 'string' ? node : null };
 }
 
-/**
- * What JSON.parse made of the body at the pointer's tokens, or undefined
- * when nothing is there. An array is entered only by an index (RFC 6901:
- * `0`, or digits without a leading zero): `/items/length` names no member,
- * never the array's length.
- */
-export function valueAtPointer(doc: unknown, tokens: string[]): unknown {
-  let node = doc;
-  for (const t of tokens) {
-    if (node === null || typeof node !== 'object') return undefined;
-    if (Array.isArray(node) ? !ARRAY_INDEX.test(t) : !Object.prototype.hasOwnProperty.call(node, t)) return undefined;
-    node = (node as Record<string, unknown>)[t];
-  }
-  return node;
-}
-const ARRAY_INDEX = /^(0|[1-9][0-9]*)$/;
-
 function refuse(code: Refusal['code'], detail: string): CommandResult {
   return { ok: false, refusal: { code, detail } };
 }
+
+// The pointer helpers live in ../core/json-pointer.ts (the lease module's dispatcher reads entities with them too).
+export { tokensOf, valueAtPointer };

@@ -16,8 +16,10 @@
  */
 import { LeaseError } from './errors.js';
 import type { LeaseEvents } from './events.js';
-import { normalizeCall } from './dispatch/plan.js';
-import { parseTools, type ParsedStage, type ParsedTool, type ToolsInput } from './dispatch/tools.js';
+import { valueAtPointer } from '../core/json-pointer.js';
+import { isNonCallBlock, normalizeCall } from './dispatch/plan.js';
+import { checkToolTiming, parseTools, type HeartbeatSettings, type ParsedStage, type ParsedTool, type ToolsInput } from './dispatch/tools.js';
+import { checkFenceKey } from './store-common.js';
 import type { Job, JobStore } from './types.js';
 
 export type RefusalCode = 'invalid_call' | 'unknown_tool' | 'invalid_arguments' | 'key_conflict' | 'too_many_calls';
@@ -29,13 +31,22 @@ export type DispatchAnswer =
   | { status: 'enqueued'; jobId: number; kind: string; key: string }
   /** The key was known (the same plan dispatched again): the existing job. */
   | { status: 'duplicate'; jobId: number; kind: string; key: string }
-  | { status: 'refused'; code: RefusalCode; reason: string };
+  | { status: 'refused'; code: RefusalCode; reason: string }
+  /** An Anthropic content block that is not a call (`text`, `thinking`): nothing to enqueue, and no position taken. */
+  | { status: 'skipped'; reason: string };
 
 export interface DispatchOptions {
   /** The allow-list: tool name → schema and limits (see `ToolConfig`). */
   tools: ToolsInput;
   /** Names the plan: the same run id and plan give the same job keys. Letters, digits and `._~:-`, up to 100. */
   runId: string;
+  /**
+   * The heartbeat settings of the workers that run these kinds (the
+   * `runWorker` options of the same names; default its defaults, 5 000 ms,
+   * 3, 1 000 ms). A tool whose `leaseMs` no such worker can hold is refused
+   * before anything is enqueued, naming the numbers.
+   */
+  heartbeat?: HeartbeatSettings;
 }
 
 /** The payload of a stage job (a tool with `stages`); a tool without stages gets its parsed arguments as payload. */
@@ -64,13 +75,14 @@ function encodePart(part: string): string {
   return part.replace(/%/g, '%25').replace(/:/g, '%3A');
 }
 
-async function enqueueStage(store: JobStore, key: string, stage: ParsedStage, payload: unknown): Promise<DispatchAnswer & { job?: Job }> {
+async function enqueueStage(store: JobStore, key: string, stage: ParsedStage, payload: unknown, fenceKey: string | null): Promise<Exclude<DispatchAnswer, { status: 'skipped' }> & { job?: Job }> {
   const res = await store.enqueue({
     kind: stage.kind,
     idempotencyKey: key,
     payload,
     maxAttempts: stage.maxAttempts,
     ...(stage.deadlineMs !== undefined ? { deadlineMs: stage.deadlineMs } : {}),
+    ...(fenceKey !== null ? { fenceKey } : {}),
   });
   if (res.created) return { status: 'enqueued', jobId: res.job.id, kind: stage.kind, key, job: res.job };
   if (!res.samePayload) {
@@ -81,6 +93,23 @@ async function enqueueStage(store: JobStore, key: string, stage: ParsedStage, pa
     };
   }
   return { status: 'duplicate', jobId: res.job.id, kind: stage.kind, key, job: res.job };
+}
+
+/**
+ * The jobs' fence key from the tool's `entity` pointer into `{ arguments }`
+ * (null: the job's own entity), read as an mcp route reads `params` (a
+ * string, or a safe integer as decimal text), and checked as a fence key.
+ */
+function entityOf(tool: ParsedTool, args: unknown): { ok: true; fenceKey: string | null } | { ok: false; reason: string } {
+  if (tool.entity === null) return { ok: true, fenceKey: null };
+  let node = valueAtPointer(args, tool.entity.tokens);
+  if (typeof node === 'number' && Number.isSafeInteger(node)) node = String(node);
+  if (typeof node !== 'string') return { ok: false, reason: `the tool's entity ${tool.entity.pointer} is not a string or an integer in the arguments` };
+  try {
+    return { ok: true, fenceKey: checkFenceKey(node) };
+  } catch (err) {
+    return { ok: false, reason: `the tool's entity ${tool.entity.pointer}: ${(err as Error).message}` };
+  }
 }
 
 /**
@@ -107,8 +136,17 @@ export async function dispatchToolCalls(store: JobStore, plan: readonly unknown[
     throw new LeaseError('invalid_input', `dispatchToolCalls: runId must match ${RUN_ID}`);
   }
   const tools = parseTools(options.tools);
+  checkToolTiming(tools, options.heartbeat);
   const answers: DispatchAnswer[] = [];
-  for (const [index, raw] of plan.entries()) {
+  // The position in a key counts calls only: a text block between two calls
+  // never moves the second one's key.
+  let index = -1;
+  for (const [at, raw] of plan.entries()) {
+    if (isNonCallBlock(raw)) {
+      answers.push({ status: 'skipped', reason: `entry ${at}: a ${(raw as { type: string }).type} block, not a tool call` });
+      continue;
+    }
+    index++;
     if (index >= MAX_PLAN_CALLS) {
       answers.push({ status: 'refused', code: 'too_many_calls', reason: `call ${index}: a plan holds at most ${MAX_PLAN_CALLS} calls; split it into several runs` });
       continue;
@@ -129,11 +167,16 @@ export async function dispatchToolCalls(store: JobStore, plan: readonly unknown[
       answers.push({ status: 'refused', code: 'invalid_arguments', reason: `call ${index}: arguments do not match the ${call.name} schema: ${issueText(parsed.error)}` });
       continue;
     }
+    const entity = entityOf(tool, { arguments: parsed.data });
+    if (!entity.ok) {
+      answers.push({ status: 'refused', code: 'invalid_arguments', reason: `call ${index}: ${entity.reason}` });
+      continue;
+    }
     const first = tool.stages[0]!;
     const payload: unknown = tool.staged
       ? ({ arguments: parsed.data, chain: chainOf(options.runId, index, tool, 0), previous: null } satisfies StagePayload)
       : parsed.data;
-    const { job, ...answer } = await enqueueStage(store, toolJobKey(options.runId, index, tool.name, first.name), first, payload);
+    const { job, ...answer } = await enqueueStage(store, toolJobKey(options.runId, index, tool.name, first.name), first, payload, entity.fenceKey);
     answers.push(answer);
     if (tool.staged && job) {
       let current: Job | undefined = job;
@@ -179,7 +222,10 @@ async function nextStage(store: JobStore, tools: ReturnType<typeof parseTools>, 
     chain: chainOf(chain.runId, chain.index, tool, i),
     previous: { stage: chain.stage, jobId: job.id, result: job.result },
   };
-  const { job: next, ...answer } = await enqueueStage(store, toolJobKey(chain.runId, chain.index, tool.name, stage.name), stage, payload);
+  // Every stage of the chain is fenced on the entity the first one was (the same arguments).
+  const entity = entityOf(tool, { arguments: p.arguments });
+  if (!entity.ok) return { answer: { status: 'refused', code: 'invalid_arguments', reason: entity.reason } };
+  const { job: next, ...answer } = await enqueueStage(store, toolJobKey(chain.runId, chain.index, tool.name, stage.name), stage, payload, entity.fenceKey);
   if (answer.status === 'refused') return { answer };
   return { answer: { ...answer, stage: stage.name }, ...(next ? { job: next } : {}) };
 }
@@ -212,5 +258,5 @@ export function followStages(events: LeaseEvents, store: JobStore, tools: ToolsI
   });
 }
 
-export { parseTools, toolKinds, type ToolConfig, type ToolLimits, type ToolsInput, type ToolStageConfig } from './dispatch/tools.js';
+export { parseTools, toolKinds, type HeartbeatSettings, type ToolConfig, type ToolLimits, type ToolsInput, type ToolStageConfig } from './dispatch/tools.js';
 export type { AnthropicToolUse, OpenAiToolCall, PlainToolCall, ProposedToolCall } from './dispatch/plan.js';

@@ -42,13 +42,16 @@ function text(value: unknown, field: string, max: number): string {
   return value;
 }
 
+/** A custom fence key: it travels as the X-Fence-Entity header, so 1–512 characters of printable ASCII, no spaces. */
+export function checkFenceKey(value: unknown): string {
+  const fenceKey = text(value, 'fenceKey', 512);
+  if (!/^[\x21-\x7e]+$/.test(fenceKey)) throw new LeaseError('invalid_input', 'fenceKey must be printable ASCII without spaces');
+  return fenceKey;
+}
+
 /** Checks an enqueue request and fills in defaults. Bad input is a caller fault, so it throws. */
 export function normaliseEnqueue(input: EnqueueInput) {
-  const fenceKey = input.fenceKey === undefined ? null : text(input.fenceKey, 'fenceKey', 512);
-  if (fenceKey !== null && !/^[\x21-\x7e]+$/.test(fenceKey)) {
-    // It travels as the X-Fence-Entity header: printable ASCII, no spaces.
-    throw new LeaseError('invalid_input', 'fenceKey must be printable ASCII without spaces');
-  }
+  const fenceKey = input.fenceKey === undefined ? null : checkFenceKey(input.fenceKey);
   return {
     kind: text(input.kind, 'kind', 200),
     idempotencyKey: text(input.idempotencyKey, 'idempotencyKey', 255),

@@ -15,6 +15,9 @@ export interface LeaseTiming {
   jitterMs: number;
 }
 
+/** `runWorker`'s heartbeat settings when its options leave them out. */
+export const HEARTBEAT_DEFAULTS: Omit<LeaseTiming, 'leaseMs'> = { heartbeatMs: 5_000, maxMissedHeartbeats: 3, jitterMs: 1_000 };
+
 /** Throws a `LeaseConfigError` naming the numbers when the invariant does not hold. */
 export function checkLeaseTiming(t: LeaseTiming, where: string): void {
   const needed = t.maxMissedHeartbeats * t.heartbeatMs + t.jitterMs;

@@ -31,37 +31,50 @@ export interface Attempt {
   context: FencedJobContext;
   /** The refusal, once the gateway refused the fence; the attempt must not report success. */
   stale(): LeaseLostError | null;
+  /** The queue says the lock is gone: abort the attempt as a gateway refusal would. */
+  lose(error: LeaseLostError): void;
 }
+
+/**
+ * Until when the queue's lock is confirmed, for the signed fence's `exp`
+ * (DESIGN §7): built from what `begin` saw (`sentAt`: `Date.now()` before its
+ * statement was sent), never from the clock at the time of a call.
+ */
+export type LockEnd = (begun: { fence: number; guardTtlMs?: number }, sentAt: number) => () => Date;
 
 export async function beginAttempt(
   options: AdapterOptions,
   job: JobRef,
   guard: FenceGuard | undefined,
   queueSignal: AbortSignal | undefined,
-  leaseUntil?: () => Date,
+  lockEnd?: LockEnd,
 ): Promise<Attempt> {
   const { fences, ...fenceOptions } = options;
+  const sentAt = Date.now();
   const begun = await fences.begin(job, guard);
   if (!begun.ok) {
     throw new LeaseLostError(`job ${job.id} of ${job.queue} is no longer this worker's (its lock was taken over before the attempt drew a fence)`);
   }
-  const { entity, keyPrefix } = jobKeys(fences.storeId, job);
+  // A later life of a reused job id (BullMQ: removed, then added again) gets keys of its own.
+  const { entity, keyPrefix } = jobKeys(fences.storeId, { ...job, ...(begun.life !== undefined ? { life: begun.life } : {}) });
   const aborted = new AbortController();
   let refusal: LeaseLostError | null = null;
   const signal = queueSignal === undefined ? aborted.signal : AbortSignal.any([aborted.signal, queueSignal]);
+  const lose = (error: LeaseLostError) => {
+    if (refusal !== null) return;
+    refusal = error;
+    aborted.abort(error);
+  };
   const fencedFetch = fencedFetchFor({
     ...fenceOptions,
     fence: begun.fence,
     entity,
     keyPrefix,
     signal,
-    leaseUntil,
-    onStale(error) {
-      refusal = error;
-      aborted.abort(error);
-    },
+    leaseUntil: lockEnd?.(begun, sentAt),
+    onStale: lose,
   });
-  return { context: { fence: begun.fence, entity, keyPrefix, fencedFetch, signal }, stale: () => refusal };
+  return { context: { fence: begun.fence, entity, keyPrefix, fencedFetch, signal }, stale: () => refusal, lose };
 }
 
 /** Runs the handler; a refused fence wins over whatever the handler made of it. */

@@ -19,7 +19,11 @@ export interface FencedFetchForOptions extends FenceOptions {
   signal?: AbortSignal;
   /** Called once, when the gateway first refuses the fence: abort the job's other work here. */
   onStale?: (error: LeaseLostError) => void;
-  /** For `fenceSigner`: until when the job is this worker's (e.g. the queue's lock end). */
+  /**
+   * For `fenceSigner`: until when the job was last confirmed this worker's
+   * (the queue's lock end as its store last reported it). Never "now + the
+   * lock's length": a worker frozen past its lock would mint a fresh fence.
+   */
   leaseUntil?: () => Date;
   /** The signed fence's `sub`; default `queue-worker`. */
   workerId?: string;

@@ -22,6 +22,11 @@ export interface GraphileJobLike {
   id: string | number | bigint;
   /** The worker that holds the job's lock (set by get_job). */
   locked_by: string | null;
+  /**
+   * When get_job locked the job, on the database's clock (its `now()`): the
+   * lock lasts until `locked_at` + 4 h. Needed with a `fenceSigner`.
+   */
+  locked_at?: Date | string | null;
 }
 
 export interface GraphileHelpersLike {
@@ -34,9 +39,16 @@ export type FencedTask<P, H extends GraphileHelpersLike> = (payload: P, helpers:
 export interface FencedTaskOptions extends AdapterOptions {
   /** graphile-worker's `schema`; default `graphile_worker`. */
   workerSchema?: string;
-  /** The signed fence's `exp` (DESIGN §7): graphile-worker's lock lasts 4 h unless reset. Default 4 h. */
+  /**
+   * How long graphile-worker's lock lasts from `locked_at`: its resetLockedAt
+   * frees locks older than 4 h, and nothing renews one. The signed fence's
+   * `exp` (DESIGN §7) is `locked_at + lockMs`. Default and maximum 4 h.
+   */
   lockMs?: number;
 }
+
+/** graphile-worker's resetLockedAt: `locked_at < now() - interval '4 hours'`. */
+const GRAPHILE_LOCK_MS = 4 * 3_600_000;
 
 const SCHEMA = /^[a-z_][a-z0-9_$]{0,62}$/;
 
@@ -57,21 +69,30 @@ export function fencedTask<P = unknown, H extends GraphileHelpersLike = Graphile
   options: FencedTaskOptions,
 ): (payload: P, helpers: H) => Promise<void> {
   if (options.fences?.backend !== 'postgres') throw new LeaseConfigError("fencegate/graphile-worker needs a PostgreSQL fence source on the worker's database (createFenceSource({ postgres }))");
-  const { workerSchema = 'graphile_worker', lockMs = 4 * 3_600_000, ...adapter } = options;
+  const { workerSchema = 'graphile_worker', lockMs = GRAPHILE_LOCK_MS, ...adapter } = options;
+  if (!Number.isSafeInteger(lockMs) || lockMs <= 0 || lockMs > GRAPHILE_LOCK_MS) {
+    throw new LeaseConfigError(`lockMs must be an integer of ms in 1–${GRAPHILE_LOCK_MS} (graphile-worker's lock lasts 4 h from locked_at), got ${String(lockMs)}`);
+  }
   if (!SCHEMA.test(workerSchema)) throw new LeaseConfigError(`workerSchema must be a plain lowercase identifier, got ${JSON.stringify(workerSchema)}`);
   // $3 the job id, $4 this worker's id. FOR SHARE: a take-over's get_job
   // (FOR UPDATE SKIP LOCKED) cannot lock the row between this check and the
   // increment, and a check that waited on one re-reads the row it locked.
   const owned = `EXISTS (SELECT 1 FROM "${workerSchema}"._private_jobs WHERE id = $3::bigint AND locked_by = $4 FOR SHARE)`;
   return async function fencedGraphileTask(payload, helpers) {
-    const { id, locked_by: workerId } = helpers.job;
+    const { id, locked_by: workerId, locked_at: lockedAt } = helpers.job;
     if (workerId === null) throw new LeaseConfigError('a fenced task needs the job as graphile-worker hands it out (locked_by is empty)');
+    // The lock's end as the database wrote it at hand-out, never the clock at
+    // the time of a call: a worker frozen past it mints an expired fence.
+    const lockedAtMs = lockedAt == null ? NaN : new Date(lockedAt).getTime();
+    if (adapter.fenceSigner !== undefined && !Number.isFinite(lockedAtMs)) {
+      throw new LeaseConfigError("a fenced task with a fenceSigner needs the job's locked_at as graphile-worker hands it out (the signed fence expires with the lock)");
+    }
     const attempt = await beginAttempt(
       adapter,
       { queue: workerSchema, id: String(id) },
       { kind: 'sql', where: owned, values: [String(id), workerId] },
       helpers.abortSignal,
-      () => new Date(Date.now() + lockMs),
+      () => () => new Date(lockedAtMs + lockMs),
     );
     await runAttempt(attempt, async () => task(payload, helpers, attempt.context));
   };

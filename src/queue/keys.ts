@@ -9,12 +9,23 @@ import { LeaseError } from '../lease/errors.js';
 export interface JobRef {
   queue: string;
   id: string;
+  /**
+   * Which life of the job id this is, when the queue lets an id be used
+   * again after its job was removed (1, the default: the first). From the
+   * second on, the key prefix names it, so a new job under an old id never
+   * replays the old job's stored answers.
+   */
+  life?: number;
 }
 
 export interface JobKeys {
   /** `queue-job:<storeId>:<queue>:<id>`: the fence entity. */
   entity: string;
-  /** The same string: each step's `Idempotency-Key` is `<keyPrefix>:<step>`. */
+  /**
+   * Each step's `Idempotency-Key` is `<keyPrefix>:<step>`: the entity, and
+   * for a later life of the job id `@<life>` after it (`@` is escaped in
+   * the encoded queue and id, and no step name holds one).
+   */
   keyPrefix: string;
 }
 
@@ -48,8 +59,11 @@ function part(what: string, value: unknown): string {
 export function jobKeys(storeId: string, job: JobRef): JobKeys {
   if (!STORE_ID.test(storeId)) throw new LeaseError('store_identity', `the fence store's id must be 32 lowercase hex characters, got ${JSON.stringify(storeId)}`);
   const key = `queue-job:${storeId}:${part('queue name', job.queue)}:${part('job id', job.id)}`;
-  if (key.length > MAX_KEY_PREFIX) {
-    throw new LeaseError('invalid_input', `queue name and job id are too long for an Idempotency-Key (prefix ${key.length} > ${MAX_KEY_PREFIX} characters)`);
+  const life = job.life ?? 1;
+  if (!Number.isSafeInteger(life) || life < 1) throw new LeaseError('invalid_input', `life must be a positive integer, got ${String(job.life)}`);
+  const keyPrefix = life === 1 ? key : `${key}@${life}`;
+  if (keyPrefix.length > MAX_KEY_PREFIX) {
+    throw new LeaseError('invalid_input', `queue name and job id are too long for an Idempotency-Key (prefix ${keyPrefix.length} > ${MAX_KEY_PREFIX} characters)`);
   }
-  return { entity: key, keyPrefix: key };
+  return { entity: key, keyPrefix };
 }

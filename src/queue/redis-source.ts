@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto';
 import { LeaseError } from '../lease/errors.js';
 import { STORE_ID } from './keys.js';
-import type { FenceSource } from './types.js';
+import type { BeginResult, FenceGuard, FenceSource } from './types.js';
 
 /**
  * The part of a Redis client this source uses, in ioredis's shape, so that
@@ -26,13 +26,46 @@ const NAMESPACE = /^[A-Za-z0-9._:{}-]{1,64}$/;
 // every later one reads it (SET NX then GET, atomically).
 const STORE_ID_SCRIPT = `redis.call('SET', KEYS[1], ARGV[1], 'NX') return redis.call('GET', KEYS[1])`;
 
+/** The field of a job's own hash that marks its life (BullMQ reads only the fields it knows). */
+export const LIFE_FIELD = 'fencegate:life';
+
 // KEYS[1] the fence key; KEYS[2] the guard key (optional), ARGV[1] the value it
 // must hold. The check and the INCR are one script, so a worker that lost the
 // queue's lock between its hand-out and here draws no fence at all; -1 means
-// not the owner.
+// not the owner. With a guard the answer is {fence, PTTL of the guard key}:
+// how long the lock is confirmed for at this very instant (docs/queues.md).
+//
+// With a life hash (KEYS[3] the job's own hash, KEYS[4] this source's record
+// of the job id's lives, ARGV[2] a fresh marker): the job's hash gets a marker
+// field once per life (HSETNX: every attempt of one life reads the first
+// one; the hash, and with it the marker, is gone once the job is removed),
+// and the answer's third member is the life's number: its position among
+// the markers this job id ever had.
 const BEGIN_SCRIPT = `
-if #KEYS == 2 and redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-return redis.call('INCR', KEYS[1])`;
+if #KEYS == 1 then return redis.call('INCR', KEYS[1]) end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+local fence = redis.call('INCR', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[2])
+if #KEYS == 2 then return {fence, ttl} end
+redis.call('HSETNX', KEYS[3], '${LIFE_FIELD}', ARGV[2])
+local marker = redis.call('HGET', KEYS[3], '${LIFE_FIELD}')
+local life = redis.call('HGET', KEYS[4], marker)
+if not life then
+  life = redis.call('HLEN', KEYS[4]) + 1
+  redis.call('HSET', KEYS[4], marker, life)
+end
+return {fence, ttl, tonumber(life)}`;
+
+// KEYS[1] the guard key, ARGV[1] the value it must hold: its PTTL, or -3
+// (PTTL itself answers -2 and -1 only) when it does not hold the value.
+const GUARD_TTL_SCRIPT = `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -3 end
+return redis.call('PTTL', KEYS[1])`;
+
+function redisKeyGuard(guard: FenceGuard): Extract<FenceGuard, { kind: 'redis-key' }> {
+  if (guard.kind !== 'redis-key') throw new LeaseError('invalid_input', `a Redis fence source takes a 'redis-key' guard, got '${guard.kind}'`);
+  return guard;
+}
 
 /**
  * The store identity is a key of its own (`<namespace>:store-id`). If the
@@ -46,17 +79,35 @@ export async function redisFenceSource(client: RedisLike, options: RedisFenceSou
   const storeId = String(await client.eval(STORE_ID_SCRIPT, 1, `${ns}:store-id`, randomBytes(16).toString('hex')));
   if (!STORE_ID.test(storeId)) throw new LeaseError('store_identity', `${ns}:store-id does not hold a 32-hex store id`);
   const fenceKey = (queue: string, id: string) => `${ns}:fence:${storeId}:${encodeURIComponent(queue)}:${encodeURIComponent(id)}`;
+  // Kept as the fence counter is (never deleted), so a later life never takes an earlier one's number.
+  const livesKey = (queue: string, id: string) => `${ns}:lives:${storeId}:${encodeURIComponent(queue)}:${encodeURIComponent(id)}`;
   return {
     backend: 'redis',
     storeId,
     async begin(job, guard) {
-      if (guard !== undefined && guard.kind !== 'redis-key') throw new LeaseError('invalid_input', `a Redis fence source takes a 'redis-key' guard, got '${guard.kind}'`);
-      const keys = guard === undefined ? [fenceKey(job.queue, job.id)] : [fenceKey(job.queue, job.id), guard.key];
-      const args = guard === undefined ? [] : [guard.equals];
-      const n = Number(await client.eval(BEGIN_SCRIPT, keys.length, ...keys, ...args));
-      if (n === -1) return { ok: false, reason: 'not_owner' };
-      if (!Number.isSafeInteger(n) || n < 1) throw new LeaseError('invalid_input', `the fence key returned an unusable fence: ${n}`);
-      return { ok: true, fence: n };
+      if (guard === undefined) return answer(await client.eval(BEGIN_SCRIPT, 1, fenceKey(job.queue, job.id)));
+      const g = redisKeyGuard(guard);
+      const keys = [fenceKey(job.queue, job.id), g.key, ...(g.lifeHash === undefined ? [] : [g.lifeHash, livesKey(job.queue, job.id)])];
+      const args = [g.equals, ...(g.lifeHash === undefined ? [] : [randomBytes(16).toString('hex')])];
+      const reply = await client.eval(BEGIN_SCRIPT, keys.length, ...keys, ...args);
+      if (!Array.isArray(reply)) return answer(reply);
+      const result = answer(reply[0]);
+      if (!result.ok) return result;
+      const life = reply[2] === undefined ? undefined : Number(reply[2]);
+      if (life !== undefined && (!Number.isSafeInteger(life) || life < 1)) throw new LeaseError('invalid_input', `the job's life record returned an unusable life: ${String(reply[2])}`);
+      return { ...result, guardTtlMs: Number(reply[1]), ...(life !== undefined ? { life } : {}) };
+    },
+    async guardTtl(guard) {
+      const g = redisKeyGuard(guard);
+      const ttl = Number(await client.eval(GUARD_TTL_SCRIPT, 1, g.key, g.equals));
+      return ttl === -3 || ttl === -2 ? null : ttl;
     },
   };
+}
+
+function answer(reply: unknown): BeginResult {
+  const n = Number(reply);
+  if (n === -1) return { ok: false, reason: 'not_owner' };
+  if (!Number.isSafeInteger(n) || n < 1) throw new LeaseError('invalid_input', `the fence key returned an unusable fence: ${n}`);
+  return { ok: true, fence: n };
 }

@@ -6,7 +6,7 @@ import type { JobRef } from './keys.js';
 
 /**
  * A condition that must hold at the instant of the increment, checked in the
- * same statement (STYLE habit 1): "this worker still holds the job". Without
+ * same statement: "this worker still holds the job". Without
  * it, a worker frozen between the queue's hand-out and `begin` could wake
  * after a take-over and draw a higher fence than the new owner.
  *
@@ -16,10 +16,32 @@ import type { JobRef } from './keys.js';
  */
 export type FenceGuard =
   | { kind: 'sql'; where: string; values: readonly unknown[] }
-  | { kind: 'redis-key'; key: string; equals: string };
+  | {
+      kind: 'redis-key';
+      key: string;
+      equals: string;
+      /**
+       * The job's own hash in the queue's Redis (BullMQ's `<prefix>:<queue>:<id>`):
+       * the script marks it once per life of the job and answers which life
+       * of the job id it is (`BeginResult.life`), so a job removed and added
+       * again under the same id gets keys of its own (docs/queues.md).
+       */
+      lifeHash?: string;
+    };
 
 export type BeginResult =
-  | { ok: true; fence: number }
+  | {
+      ok: true;
+      fence: number;
+      /**
+       * `redis-key` guards: the guard key's remaining life in ms (`PTTL`) in
+       * the script that drew the fence, i.e. how long the queue's lock was
+       * still confirmed for; `-1` for a key without expiry.
+       */
+      guardTtlMs?: number;
+      /** With a `lifeHash`: 1 for the first life of the job id in this store, 2 for the next, … */
+      life?: number;
+    }
   /** The guard did not hold: the job is no longer this worker's. Nothing was incremented. */
   | { ok: false; reason: 'not_owner' };
 
@@ -34,4 +56,11 @@ export interface FenceSource {
    * attempt, a take-over included, gets a strictly higher fence.
    */
   begin(job: JobRef, guard?: FenceGuard): Promise<BeginResult>;
+  /**
+   * Redis only: checks a `redis-key` guard without drawing a fence, in one
+   * script. The key's remaining life in ms (`PTTL`, `-1` without expiry),
+   * or `null` when the key no longer holds the value (the lock is gone or
+   * another worker's).
+   */
+  guardTtl?(guard: FenceGuard): Promise<number | null>;
 }

@@ -14,7 +14,7 @@ import { sqliteDatabase, type TestDatabase } from './helpers/stores.js';
 
 const tools = {
   create_ticket: { schema: z.object({ title: z.string().min(1) }), leaseMs: 20_000, maxRunMs: 45_000, maxAttempts: 2 },
-  search_tickets: { schema: z.object({ q: z.string() }).strict(), leaseMs: 5_000, maxRunMs: 10_000, maxAttempts: 5, deadlineMs: 60_000 },
+  search_tickets: { schema: z.object({ q: z.string() }).strict(), leaseMs: 20_000, maxRunMs: 10_000, maxAttempts: 5, deadlineMs: 60_000 },
   write_report: {
     schema: z.object({ topic: z.string() }),
     leaseMs: 30_000,
@@ -81,7 +81,7 @@ describe('dispatchToolCalls', () => {
 
     // Negative control: with the tool in the allow-list, the same call is enqueued.
     const [ok] = await dispatchToolCalls(store, [{ name: 'delete_everything', arguments: {} }], {
-      tools: { ...tools, delete_everything: { schema: z.object({}), leaseMs: 5_000, maxRunMs: 5_000, maxAttempts: 1 } },
+      tools: { ...tools, delete_everything: { schema: z.object({}), leaseMs: 20_000, maxRunMs: 5_000, maxAttempts: 1 } },
       runId: 'allow',
     });
     expect(ok).toMatchObject({ status: 'enqueued', kind: 'delete_everything' });
@@ -282,5 +282,97 @@ describe('stages', () => {
       .poll(() => db.sql('SELECT kind FROM tool_jobs WHERE idempotency_key = ?', [publishKey]), { timeout: 10_000, interval: 10 })
       .toEqual([{ kind: 'write_report.publish' }]);
     expect(errors).toEqual([]);
+  });
+});
+
+describe('Anthropic content blocks that are not calls', () => {
+  const text = (t: string) => ({ type: 'text', text: t });
+  const use = (id: string, title: string) => ({ type: 'tool_use', id, name: 'create_ticket', input: { title } });
+
+  test('text and thinking blocks between the calls are skipped, not refused, and the calls get the keys they get without them', async () => {
+    const calls = [use('toolu_1', 'first'), use('toolu_2', 'second'), { name: 'search_tickets', arguments: { q: 'x' } }];
+    const withText = [text('Let me open two tickets.'), calls[0], { type: 'thinking', thinking: '…', signature: 's' }, text('and then'), calls[1], { type: 'redacted_thinking', data: 'x' }, calls[2], text('Done.')];
+    const bare = await dispatchToolCalls(store, calls, { tools, runId: 'blocks-bare' });
+    const mixed = await dispatchToolCalls(store, withText, { tools, runId: 'blocks-mixed' });
+    const keysOf = (answers: typeof bare) => answers.flatMap((a) => ('key' in a ? [a.key.replace(/^blocks-[a-z]+:/, '')] : []));
+    expect(keysOf(bare)).toEqual(['0:create_ticket', '1:create_ticket', '2:search_tickets']);
+    expect(keysOf(mixed)).toEqual(keysOf(bare));
+    // One answer per entry, in order: the blocks answer `skipped`.
+    expect(mixed.map((a) => a.status)).toEqual(['skipped', 'enqueued', 'skipped', 'skipped', 'enqueued', 'skipped', 'enqueued', 'skipped']);
+    expect(mixed[0]).toEqual({ status: 'skipped', reason: 'entry 0: a text block, not a tool call' });
+    // Dispatching the text-laden plan again finds the same jobs.
+    const again = await dispatchToolCalls(store, withText, { tools, runId: 'blocks-mixed' });
+    expect(again.filter((a) => a.status !== 'skipped').map((a) => a.status)).toEqual(['duplicate', 'duplicate', 'duplicate']);
+  });
+
+  test('control: an entry of another unknown shape is still refused, and it keeps its position', async () => {
+    const answers = await dispatchToolCalls(store, [{ type: 'image', source: {} }, use('toolu_1', 'after')], { tools, runId: 'blocks-control' });
+    expect(answers[0]).toMatchObject({ status: 'refused', code: 'invalid_call' });
+    expect(answers[1]).toMatchObject({ status: 'enqueued', key: 'blocks-control:1:create_ticket' });
+  });
+});
+
+describe('leases the workers cannot hold', () => {
+  const short = { quick: { schema: z.object({}), leaseMs: 10_000, maxRunMs: 5_000, maxAttempts: 1 } } satisfies ToolsInput;
+
+  test("a leaseMs at or below maxMissedHeartbeats × heartbeatMs + jitterMs is refused at dispatch, naming the numbers; nothing is enqueued", async () => {
+    const before = await count();
+    // runWorker's defaults: 3 × 5 000 + 1 000 = 16 000 > 10 000.
+    await expect(dispatchToolCalls(store, [{ name: 'quick', arguments: {} }], { tools: short, runId: 'hb-default' })).rejects.toThrow(
+      /tools\.quick.*leaseMs \(10000\) must be greater than maxMissedHeartbeats × heartbeatMs \+ jitterMs = 3 × 5000 \+ 1000 = 16000/,
+    );
+    await expect(
+      dispatchToolCalls(store, [{ name: 'quick', arguments: {} }], { tools: short, heartbeat: { heartbeatMs: 3_000, maxMissedHeartbeats: 3, jitterMs: 1_000 }, runId: 'hb-slow' }),
+    ).rejects.toBeInstanceOf(LeaseConfigError);
+    // A stage's own lease is checked too.
+    const staged = { report: { schema: z.object({}), leaseMs: 30_000, maxRunMs: 5_000, maxAttempts: 1, stages: ['outline', { name: 'draft', leaseMs: 2_000 }] } } satisfies ToolsInput;
+    await expect(dispatchToolCalls(store, [{ name: 'report', arguments: {} }], { tools: staged, runId: 'hb-stage' })).rejects.toThrow(/tools\.report stage draft.*leaseMs \(2000\)/);
+    await expect(dispatchToolCalls(store, [], { tools: short, heartbeat: { heartbeatMs: 0 }, runId: 'hb-bad' })).rejects.toThrow(/heartbeat\.heartbeatMs/);
+    expect(await count()).toBe(before);
+  });
+
+  test('control: with heartbeat settings a worker can hold it under, the same tool is enqueued', async () => {
+    const [answer] = await dispatchToolCalls(store, [{ name: 'quick', arguments: {} }], { tools: short, heartbeat: { heartbeatMs: 2_000, maxMissedHeartbeats: 3, jitterMs: 1_000 }, runId: 'hb-fits' });
+    expect(answer).toMatchObject({ status: 'enqueued', kind: 'quick' });
+  });
+});
+
+describe("a tool's entity from its arguments", () => {
+  const refunds = {
+    refund_payment: { schema: z.object({ invoice_id: z.union([z.string(), z.number()]), amount: z.number() }), leaseMs: 30_000, maxRunMs: 60_000, maxAttempts: 3, entity: { json: '/arguments/invoice_id' } },
+    create_ticket: tools.create_ticket,
+  } satisfies ToolsInput;
+
+  test("the value at the pointer becomes the job's fence key; a tool without one keeps the job's own entity", async () => {
+    const answers = await dispatchToolCalls(
+      store,
+      [
+        { name: 'refund_payment', arguments: { invoice_id: 'inv_42', amount: 5 } },
+        { name: 'refund_payment', arguments: { invoice_id: 7, amount: 5 } },
+        { name: 'create_ticket', arguments: { title: 't' } },
+      ],
+      { tools: refunds, runId: 'entity' },
+    );
+    expect(answers.map((a) => a.status)).toEqual(["enqueued", "enqueued", "enqueued"]);
+    const jobs = await Promise.all(answers.map(async (a) => (await store.get((a as { jobId: number }).jobId))!));
+    expect(jobs.map((j) => j.fenceKey)).toEqual(['inv_42', '7', jobs[2]!.jobKey]);
+  });
+
+  test('a call without a usable entity there is refused invalid_arguments and enqueues nothing', async () => {
+    const before = await count();
+    const answers = await dispatchToolCalls(
+      store,
+      [
+        { name: 'refund_payment', arguments: { invoice_id: 'has space', amount: 5 } },
+        { name: 'refund_payment', arguments: { invoice_id: 1.5, amount: 5 } },
+      ],
+      { tools: refunds, runId: 'entity-bad' },
+    );
+    expect(answers).toEqual([
+      { status: 'refused', code: 'invalid_arguments', reason: expect.stringContaining('/arguments/invoice_id') },
+      { status: 'refused', code: 'invalid_arguments', reason: expect.stringContaining('/arguments/invoice_id') },
+    ]);
+    expect(await count()).toBe(before);
+    await expect(dispatchToolCalls(store, [], { tools: { t: { ...refunds.refund_payment, entity: { json: '/_meta/x' } } }, runId: 'r' })).rejects.toThrow(/tools\.t\.entity\.json/);
   });
 });

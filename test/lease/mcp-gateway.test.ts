@@ -6,13 +6,15 @@
  */
 import type { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { z } from 'zod';
+import { dispatchToolCalls, toolKinds, type ToolsInput } from '../../src/lease/dispatch.js';
 import { LeaseLostError } from '../../src/lease/errors.js';
 import type { McpClientLike } from '../../src/lease/mcp.js';
 import { runWorker } from '../../src/lease/runner/run-worker.js';
 import type { RunWorkerOptions } from '../../src/lease/runner/options.js';
 import type { JobContext, LeaseWorker } from '../../src/lease/runner/types.js';
 import type { JobStore } from '../../src/lease/types.js';
-import { rejectionRows, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { rejectionRows, startTestGateway, until, type TestGateway } from '../helpers/gateway.js';
 import { connectClient, startTicketServer, type TicketServer } from './helpers/mcp-server.js';
 import { TS_EXEC_ARGV } from './helpers/node.js';
 import { sqliteDatabase, type TestDatabase } from './helpers/stores.js';
@@ -32,7 +34,12 @@ describe('fencedMcp through the gateway mcp route', () => {
   /** Negative control: the same route with the checks switched off for create_ticket. */
   let unchecked: TestGateway;
   let uncheckedClient: Client;
+  /** docs/mcp.md's route, as written there: `refund_payment` reads its entity from `/arguments/invoice_id`. */
+  let docs: TestGateway;
+  let docsClient: Client;
   const workers: LeaseWorker[] = [];
+  const HEARTBEAT = { heartbeatMs: 300, maxMissedHeartbeats: 3, jitterMs: 50 };
+  const refund = { schema: z.object({ invoice_id: z.string(), amount: z.number() }), leaseMs: 5_000, maxRunMs: 30_000, maxAttempts: 1 };
 
   beforeAll(async () => {
     db = await sqliteDatabase();
@@ -44,6 +51,25 @@ describe('fencedMcp through the gateway mcp route', () => {
     client = await connectClient(`${gateway.url}/mcp`);
     unchecked = await startTestGateway({ routes: [route({ search_tickets: { readOnly: true }, create_ticket: { fence: 'off', idempotency: 'off' } })] });
     uncheckedClient = await connectClient(`${unchecked.url}/mcp`);
+    docs = await startTestGateway({
+      routes: [
+        {
+          name: 'tickets',
+          protocol: 'mcp',
+          match: { path: '/mcp' },
+          upstream: new URL(server.url).origin,
+          fence: 'required',
+          idempotency: 'required',
+          mode: 'serial',
+          tools: {
+            refund_payment: { entity: { json: '/arguments/invoice_id' }, timeoutMs: 30000 },
+            search_tickets: { readOnly: true },
+            '*': { retention: '7d' },
+          },
+        },
+      ],
+    });
+    docsClient = await connectClient(`${docs.url}/mcp`);
   });
   afterEach(async () => {
     await Promise.all(workers.splice(0).map((w) => w.stop({ release: true })));
@@ -51,17 +77,19 @@ describe('fencedMcp through the gateway mcp route', () => {
   afterAll(async () => {
     await client?.close();
     await uncheckedClient?.close();
+    await docsClient?.close();
+    await docs?.close();
     await gateway?.close();
     await unchecked?.close();
     await server?.close();
     await db?.dispose();
   });
 
-  async function start(options: Pick<RunWorkerOptions, 'handlers' | 'workerId'>) {
+  async function start(options: Pick<RunWorkerOptions, 'handlers' | 'workerId' | 'kinds'>) {
     // Long enough that a stalled disk or a stolen CPU does not end a lease
     // mid-test (a re-claim would raise the fence the tests check); no test
     // here waits for a lease to run out, they expire it (expireLease).
-    const worker = await runWorker({ store, leaseMs: 5_000, heartbeatMs: 300, maxMissedHeartbeats: 3, jitterMs: 50, pollIntervalMs: 25, threadExecArgv: TS_EXEC_ARGV, ...options });
+    const worker = await runWorker({ store, leaseMs: 5_000, ...HEARTBEAT, pollIntervalMs: 25, threadExecArgv: TS_EXEC_ARGV, ...options });
     workers.push(worker);
     return worker;
   }
@@ -122,5 +150,50 @@ describe('fencedMcp through the gateway mcp route', () => {
     const { tickets } = await scenario('ticket-unchecked', uncheckedClient);
     expect(tickets.map((t) => t.fence).sort()).toEqual(['1', '2']);
     expect(rejectionRows(unchecked.sqlite, 'stale-fence')).toEqual([]);
+  });
+
+  /**
+   * Through docs/mcp.md's route: dispatches one refund with these tools, runs
+   * it through ctx.mcp, and reports how it ended. With the tool's `entity`
+   * pointed where the route reads it, the job is fenced on that invoice.
+   */
+  async function refundThrough(tools: ToolsInput, runId: string) {
+    const [answer] = await dispatchToolCalls(store, [{ type: 'tool_use', id: 'toolu_1', name: 'refund_payment', input: { invoice_id: `inv-${runId}`, amount: 1200 } }], { tools, runId, heartbeat: HEARTBEAT });
+    const jobId = (answer as { jobId: number }).jobId;
+    let error: unknown;
+    await start({
+      workerId: `W-${runId}`,
+      kinds: toolKinds(tools),
+      handlers: {
+        refund_payment: async (ctx) => {
+          try {
+            const res = await ctx.mcp(docsClient).callTool({ name: 'refund_payment', arguments: ctx.job.payload as Record<string, unknown> });
+            return (res as { structuredContent?: unknown }).structuredContent;
+          } catch (err) {
+            error = err;
+            throw err;
+          }
+        },
+      },
+    });
+    const job = await until(async () => {
+      const j = await store.get(jobId);
+      return j && (j.state === 'succeeded' || j.state === 'failed') ? j : null;
+    }, `job ${jobId} to finish`);
+    return { job, error, arrivals: server.arrivals.filter((a) => a.tool === 'refund_payment' && a.arguments.invoice_id === `inv-${runId}`) };
+  }
+
+  test("with the tool's entity from the same pointer, the call is fenced on the invoice and reaches the tool once", async () => {
+    const { job, error, arrivals } = await refundThrough({ refund_payment: { ...refund, entity: { json: '/arguments/invoice_id' } } }, 'from-args');
+    expect(error).toBeUndefined();
+    expect(job).toMatchObject({ state: 'succeeded', fenceKey: 'inv-from-args', result: { refunded: 'inv-from-args' } });
+    expect(arrivals).toEqual([expect.objectContaining({ meta: expect.objectContaining({ 'io.fencegate/entity': 'inv-from-args', 'io.fencegate/idempotency-key': `${job.jobKey}:mcp:refund_payment` }) })]);
+  });
+
+  test("control: with the job's own entity (no entity in the dispatch entry) the route refuses the call invalid-entity and the tool is not called", async () => {
+    const { job, error, arrivals } = await refundThrough({ refund_payment: refund }, 'own-entity');
+    expect(error).toMatchObject({ name: 'McpRefusalError', code: 'invalid-entity' });
+    expect(job.fenceKey).toBe(job.jobKey);
+    expect(arrivals).toEqual([]);
   });
 });

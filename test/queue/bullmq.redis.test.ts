@@ -1,50 +1,41 @@
 /**
  * fencegate/bullmq end to end: real BullMQ workers in child processes on a
  * real Redis, a real gateway (in this process) in front of a counting
- * upstream. W1's lock is lost while it is frozen (SIGSTOP past
+ * h.upstream. W1's lock is lost while it is frozen (SIGSTOP past
  * `lockDuration`), W2 runs the job again as stalled; W1 then wakes up with
  * its charge already on the wire.
  *
  * Within the route's retention the stable Idempotency-Key alone would turn
  * W1's late charge into a replay; the fence is what still stops it once the
  * record is gone. So after W2 paid, the test backdates the gateway's
- * idempotency record past its retention (STYLE habit 2: the row, not the
+ * idempotency record past its retention (the row, not the
  * clock), standing for a worker that comes back after a long stall.
  */
 import { join } from 'node:path';
-import { Queue } from 'bullmq';
-import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { Queue, Worker, type Job } from 'bullmq';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { LeaseLostError } from '../../src/lease/errors.js';
-import { createFenceSource, fencedProcessor } from '../../src/queue/bullmq.js';
-import { killAll, ROOT, spawnProc, TS_ARGS, type Proc } from '../helpers/child.js';
-import { paymentsRoute, rejectionRows, startTestGateway, type TestGateway } from '../helpers/gateway.js';
-import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { createFenceSource, fencedProcessor, type FenceSource } from '../../src/queue/bullmq.js';
+import { ROOT, spawnProc, TS_ARGS, type Proc } from '../helpers/child.js';
+import { rejectionRows, until } from '../helpers/gateway.js';
+import { expectRefusedExpired, FENCE_SECRET, queueHarness } from './helpers/harness.js';
 import { connectRedis, deleteKeys, REDIS_SKIP, uniquePrefix, type TestRedis } from './helpers/redis.js';
 
 const WORKER = join(ROOT, 'test', 'queue', 'helpers', 'bullmq-worker.ts');
 const LOCK_MS = 1_000;
 const STALLED_MS = 300;
 
-describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled job', () => {
-  let redis: TestRedis;
-  let upstream: FakeUpstream;
-  let gateway: TestGateway;
-  const cleanups: (() => Promise<unknown>)[] = [];
+// One client for the suites' own reads and clean-ups (each worker has its own connections).
+let redis: TestRedis;
+beforeAll(() => {
+  if (REDIS_SKIP === null) redis = connectRedis();
+});
+afterAll(async () => {
+  await redis?.quit();
+});
 
-  beforeAll(async () => {
-    redis = connectRedis();
-    upstream = await startUpstream();
-    gateway = await startTestGateway({ routes: [paymentsRoute(upstream.url)] });
-  });
-  afterEach(async () => {
-    await killAll();
-    for (const c of cleanups.splice(0)) await c();
-  });
-  afterAll(async () => {
-    await gateway?.close();
-    await upstream?.close();
-    await redis?.quit();
-  });
+describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled job', () => {
+  const h = queueHarness();
 
   function startWorker(name: string, config: Record<string, unknown>): Proc {
     return spawnProc(name, [...TS_ARGS, WORKER, JSON.stringify({ lockDuration: LOCK_MS, stalledInterval: STALLED_MS, ...config })], { stdin: true });
@@ -55,13 +46,13 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
     const namespace = uniquePrefix('fences');
     const queueName = 'payments';
     const queue = new Queue(queueName, { connection: connectRedis({ maxRetriesPerRequest: null }) as never, prefix });
-    cleanups.push(async () => {
+    h.cleanups.push(async () => {
       await queue.close();
       await deleteKeys(redis, prefix);
       await deleteKeys(redis, namespace);
     });
-    const before = upstream.effects;
-    const common = { queue: queueName, prefix, namespace, gateway: gateway.url, unfenced };
+    const before = h.upstream.effects;
+    const common = { queue: queueName, prefix, namespace, gateway: h.gateway.url, unfenced };
     await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
 
     const w1 = startWorker('W1', { ...common, hold: true });
@@ -80,12 +71,12 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
 
     // The record of W2's charge is past its retention (DESIGN §2 G2 limit).
     const key = `${w2Started.entity}:charge`;
-    expect(gateway.sqlite.db.prepare('UPDATE idempotency_records SET expires_at = 1 WHERE key = ?').run(key).changes).toBe(1);
+    expect(h.gateway.sqlite.db.prepare('UPDATE idempotency_records SET expires_at = 1 WHERE key = ?').run(key).changes).toBe(1);
 
     w1.send('go');
     w1.resume();
     const w1Outcome = await w1.next((m) => m.msg === 'refused' || m.msg === 'paid');
-    return { w1Started, w2Started, w1Outcome, effects: upstream.effects - before, key, storeKey: namespace };
+    return { w1Started, w2Started, w1Outcome, effects: h.upstream.effects - before, key, storeKey: namespace };
   }
 
   test('the worker whose lock was lost cannot make a second payment: its late charge is refused as stale', async () => {
@@ -101,7 +92,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
 
     expect(w1Outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError', code: 'lease_lost', aborted: true });
     expect(effects).toBe(1);
-    expect(rejectionRows(gateway.sqlite, 'stale-fence')).toContainEqual(
+    expect(rejectionRows(h.gateway.sqlite, 'stale-fence')).toContainEqual(
       expect.objectContaining({ entity: w1Started.entity, presented_fence: 1, current_fence: 2, idempotency_key: key }),
     );
   });
@@ -119,7 +110,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
     // a wrong key every guarded begin there would have been refused.)
     const namespace = uniquePrefix('fences');
     const qqn = uniquePrefix('bull');
-    cleanups.push(async () => {
+    h.cleanups.push(async () => {
       await deleteKeys(redis, namespace);
       await deleteKeys(redis, qqn);
     });
@@ -135,5 +126,167 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
     expect(ran).toBe(0);
     expect(await processor(job, 'token-of-W2')).toBe(1);
     expect(ran).toBe(1);
+  });
+});
+
+/**
+ * Signed fences (DESIGN §7) from BullMQ jobs: the JWS's `exp` is the lock end
+ * Redis last confirmed (the lock's PTTL when the fence was drawn, then after
+ * each renewal the watched worker reports), never "now + lockDuration" at
+ * the time of the call. One worker, no take-over: "fence-expired even
+ * before a newer owner shows up". Its stalled check is far off, so the job
+ * is not moved and run again while the test watches its one attempt.
+ */
+describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires with the BullMQ lock', () => {
+  const GRACE_S = 1;
+  const h = queueHarness({ signed: true });
+
+  /** One job, one worker that waits for `call` before it mints and sends its charge. */
+  async function start(lockDuration: number, watch: boolean) {
+    const prefix = uniquePrefix('bull');
+    const namespace = uniquePrefix('fences');
+    const queue = new Queue('payments', { connection: connectRedis({ maxRetriesPerRequest: null }) as never, prefix });
+    h.cleanups.push(async () => {
+      await queue.close();
+      await deleteKeys(redis, prefix);
+      await deleteKeys(redis, namespace);
+    });
+    await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
+    const before = h.upstream.effects;
+    const config = { queue: 'payments', prefix, namespace, gateway: h.gateway.url, hold: false, unfenced: false, lockDuration, stalledInterval: 600_000, signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S }, waitForCall: true, watch };
+    const w = spawnProc('W', [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
+    const started = await w.next((m) => m.msg === 'started');
+    const startedAt = Date.now();
+    const call = async () => {
+      w.send('call');
+      const outcome = await w.next((m) => m.msg === 'refused' || m.msg === 'paid');
+      return { outcome, effects: h.upstream.effects - before };
+    };
+    return { w, started, startedAt, call, lockKey: `${prefix}:payments:order-1:lock` };
+  }
+
+  /** Waits (no assertion on time) until the lock is gone from Redis and its end plus the grace has passed. */
+  async function pastLockAndGrace(lockKey: string) {
+    await until(async () => (await redis.get(lockKey)) === null, 'the BullMQ lock to expire in Redis');
+    const goneAt = Date.now();
+    await until(() => Date.now() > goneAt + GRACE_S * 1000 + 1_500, 'the grace to pass');
+  }
+
+  test('a worker frozen past its lock mints a fence that is already expired: the gateway refuses it (fence-expired) and the upstream is not called', async () => {
+    const { w, started, call, lockKey } = await start(2_000, false);
+    w.pause(); // frozen before the call: no renewals, and the mint happens after the lock is gone
+    await pastLockAndGrace(lockKey);
+    w.resume();
+    expectRefusedExpired(h, await call(), started.entity);
+  });
+
+  test('control: the same worker calling within its lock is accepted (201), so the refusal above is the expiry and nothing else', async () => {
+    const { call } = await start(30_000, false);
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(effects).toBe(1);
+  });
+
+  test('watched, a frozen worker is refused as well once it wakes: its failed renewal (or the gateway) stops the late call, the upstream is not called', async () => {
+    const { w, call, lockKey } = await start(2_000, true);
+    w.pause();
+    await pastLockAndGrace(lockKey);
+    w.resume();
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError', code: 'lease_lost' });
+    expect(effects).toBe(0);
+  });
+
+  test('watched, a live worker past several lock durations is accepted: each renewal BullMQ reports moves exp to the lock end Redis confirms', async () => {
+    const LOCK = 3_000;
+    const { startedAt, call } = await start(LOCK, true);
+    // Well past the first lock end and the grace; BullMQ renews every LOCK / 2.
+    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(effects).toBe(1);
+  });
+
+  test('the withdrawn lockDurationMs option is refused rather than ignored; watch needs a source that can read the lock again', async () => {
+    const namespace = uniquePrefix('fences');
+    h.cleanups.push(() => deleteKeys(redis, namespace));
+    const fences = await createFenceSource({ redis, namespace });
+    expect(() => fencedProcessor(async () => 1, { fences, lockDurationMs: 2_000 } as never)).toThrow(/lockDurationMs is no longer an option/);
+    const blind = fencedProcessor(async () => 1, { fences: { backend: 'redis', storeId: fences.storeId, begin: fences.begin } });
+    expect(() => blind.watch({ on: () => undefined })).toThrow(/watch needs a fence source/);
+  });
+
+  test('control: unwatched, the same long job is refused fence-expired: without renewals exp stays at the lock end begin confirmed', async () => {
+    const LOCK = 3_000;
+    const { started, startedAt, call } = await start(LOCK, false);
+    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'the first lock end and the grace');
+    expectRefusedExpired(h, await call(), started.entity);
+  });
+});
+
+/**
+ * A BullMQ job id used again after its job was removed (a custom `jobId`
+ * such as an order number): the new job is another job, and must not get
+ * the old one's Idempotency-Keys, or the gateway replays the old job's
+ * stored answer instead of running it. Real BullMQ workers in this process,
+ * real Redis, a real gateway.
+ */
+describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again after removal', () => {
+  const h = queueHarness();
+
+  /** Runs job `order-1` twice, removing it in between; `wrap` may change the fence source. */
+  async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real) {
+    const prefix = uniquePrefix('bull');
+    const namespace = uniquePrefix('fences');
+    const connection = connectRedis({ maxRetriesPerRequest: null });
+    const queue = new Queue('payments', { connection: connection as never, prefix });
+    const fences = wrap(await createFenceSource({ redis: connection, namespace }));
+    const runs: { fence: number; keyPrefix: string; status: number; replayed: string | null }[] = [];
+    const processor = fencedProcessor<Job, unknown>(async (job, { fencedFetch, fence, keyPrefix }) => {
+      const res = await fencedFetch(`${h.gateway.url}/payments/charges`, { step: 'charge', method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(job.data) });
+      runs.push({ fence, keyPrefix, status: res.status, replayed: res.headers.get('idempotent-replayed') });
+      return res.status;
+    }, { fences });
+    const worker = new Worker('payments', processor as never, { connection: connection as never, prefix, lockDuration: 30_000 });
+    h.cleanups.push(async () => {
+      await worker.close();
+      await queue.close();
+      await deleteKeys(redis, prefix);
+      await deleteKeys(redis, namespace);
+      await connection.quit();
+    });
+    const before = h.upstream.effects;
+    for (let life = 1; life <= 2; life++) {
+      const done = new Promise<void>((resolve, reject) => {
+        worker.once('completed', () => resolve());
+        worker.once('failed', (_job, err) => reject(err));
+      });
+      await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
+      await done;
+      // Removed (as removeOnComplete would), so the same id can be added again as a new job.
+      await queue.remove('order-1');
+    }
+    return { runs, effects: h.upstream.effects - before };
+  }
+
+  test('the second job under the id gets keys of its own: both are charged, neither answer is a replay', async () => {
+    const { runs, effects } = await twoLives();
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, null]]);
+    expect(runs[1]!.keyPrefix).toBe(`${runs[0]!.keyPrefix}@2`);
+    // The fence kept rising across the lives: a stale worker of the first job is still refused.
+    expect(runs.map((r) => r.fence)).toEqual([1, 2]);
+    expect(effects).toBe(2);
+  });
+
+  test("negative control: without the job's life in the guard, the second job gets the first one's keys and the gateway replays the first charge", async () => {
+    const { runs, effects } = await twoLives((real) => ({
+      backend: real.backend,
+      storeId: real.storeId,
+      guardTtl: real.guardTtl,
+      begin: (job, guard) => real.begin(job, guard?.kind === 'redis-key' ? { kind: 'redis-key', key: guard.key, equals: guard.equals } : guard),
+    }));
+    expect(runs[1]!.keyPrefix).toBe(runs[0]!.keyPrefix);
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, 'true']]);
+    expect(effects).toBe(1);
   });
 });

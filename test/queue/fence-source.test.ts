@@ -119,7 +119,69 @@ describe.each(backends)('fence source: $name', (backend) => {
   });
 });
 
+describe.skipIf(REDIS_SKIP !== null)('fence source: redis, the lock\'s remaining life', () => {
+  test('begin with a guard reports the guard key\'s PTTL; guardTtl reads it again, and answers null once the key holds another token or is gone', async () => {
+    const client = connectRedis() as ReturnType<typeof connectRedis> & { set(k: string, v: string, px: 'PX', ms: number): Promise<unknown> };
+    const namespace = uniquePrefix('fences');
+    disposers.push(async () => {
+      await deleteKeys(client, namespace);
+      await client.quit();
+    });
+    const source = await createFenceSource({ redis: client, namespace });
+    const lock = `${namespace}:lock`;
+    await client.set(lock, 'token-1', 'PX', 60_000);
+    const guard: FenceGuard = { kind: 'redis-key', key: lock, equals: 'token-1' };
+    const begun = await source.begin({ queue: 'q', id: 't' }, guard);
+    expect(begun).toMatchObject({ ok: true, fence: 1 });
+    const ttl = begun.ok ? begun.guardTtlMs! : -9;
+    expect(ttl).toBeGreaterThan(0);
+    expect(ttl).toBeLessThanOrEqual(60_000);
+    expect(await source.guardTtl!(guard)).toBeGreaterThan(0);
+    await client.set(lock, 'token-2', 'PX', 60_000);
+    expect(await source.guardTtl!(guard)).toBeNull();
+    await client.del(lock);
+    expect(await source.guardTtl!(guard)).toBeNull();
+    // Without a guard there is nothing to time: the fence alone.
+    expect(await source.begin({ queue: 'q', id: 't' })).toEqual({ ok: true, fence: 2 });
+  });
+});
+
+describe.skipIf(REDIS_SKIP !== null)('fence source: redis, the lives of a job id', () => {
+  test('every attempt of one life reads the same life; once the job\'s hash is gone (the job removed), the id\'s next job is life 2', async () => {
+    const client = connectRedis() as ReturnType<typeof connectRedis> & { hset(k: string, f: string, v: string): Promise<unknown> };
+    const namespace = uniquePrefix('fences');
+    disposers.push(async () => {
+      await deleteKeys(client, namespace);
+      await client.quit();
+    });
+    const source = await createFenceSource({ redis: client, namespace });
+    const jobHash = `${namespace}:bull:q:7`;
+    await client.set(`${jobHash}:lock`, 'token-1');
+    await client.hset(jobHash, 'name', 'pay');
+    const guard: FenceGuard = { kind: 'redis-key', key: `${jobHash}:lock`, equals: 'token-1', lifeHash: jobHash };
+    const life = async () => {
+      const r = await source.begin({ queue: 'bull:q', id: '7' }, guard);
+      return r.ok ? [r.fence, r.life] : r.reason;
+    };
+    expect([await life(), await life()]).toEqual([[1, 1], [2, 1]]);
+    await client.del(jobHash);
+    await client.hset(jobHash, 'name', 'pay');
+    expect([await life(), await life()]).toEqual([[3, 2], [4, 2]]);
+  });
+});
+
 describe('jobKeys', () => {
+  test('a later life of a job id gets its own key prefix; the entity stays the id\'s', () => {
+    const store = 'a'.repeat(32);
+    const first = jobKeys(store, { queue: 'q', id: 'a@2' });
+    expect(jobKeys(store, { queue: 'q', id: 'a@2', life: 1 })).toEqual(first);
+    const second = jobKeys(store, { queue: 'q', id: 'a', life: 2 });
+    expect(second).toEqual({ entity: `queue-job:${store}:q:a`, keyPrefix: `queue-job:${store}:q:a@2` });
+    // An "@" in an id is encoded, so an id can never spell another id's later life.
+    expect(first.keyPrefix).toBe(`queue-job:${store}:q:a%402`);
+    expect(() => jobKeys(store, { queue: 'q', id: 'a', life: 0 })).toThrow(/life/);
+  });
+
   const store = 'a'.repeat(32);
   test('a colon in a queue name or job id cannot make two jobs share a key', () => {
     expect(jobKeys(store, { queue: 'a:b', id: 'c' }).keyPrefix).not.toBe(jobKeys(store, { queue: 'a', id: 'b:c' }).keyPrefix);

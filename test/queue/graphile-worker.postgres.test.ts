@@ -1,7 +1,7 @@
 /**
  * fencegate/graphile-worker end to end: real graphile-worker runners in
  * child processes on the real PostgreSQL (a private schema per test), a real
- * gateway in front of a counting upstream.
+ * gateway in front of a counting h.upstream.
  *
  * graphile-worker's lock lasts 4 hours. The test does not wait for that: it
  * simulates the expiry honestly in the database, by moving the job row's
@@ -13,48 +13,35 @@
  */
 import { join } from 'node:path';
 import { makeWorkerUtils, runMigrations, type WorkerUtils } from 'graphile-worker';
-import { afterAll, afterEach, beforeAll, describe, expect, test } from 'vitest';
+import { describe, expect, test } from 'vitest';
 import { LeaseLostError } from '../../src/lease/errors.js';
 import { createFenceSource, fencedTask } from '../../src/queue/graphile-worker.js';
-import { killAll, ROOT, spawnProc, TS_ARGS, type Proc } from '../helpers/child.js';
-import { paymentsRoute, rejectionRows, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { ROOT, spawnProc, TS_ARGS, type Proc } from '../helpers/child.js';
+import { rejectionRows, until } from '../helpers/gateway.js';
 import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
-import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
+import { expectRefusedExpired, FENCE_SECRET, queueHarness, type QueueHarness } from './helpers/harness.js';
 
 const WORKER = join(ROOT, 'test', 'queue', 'helpers', 'graphile-worker.ts');
 
+/** A private schema for the fence tables and one beside it for graphile-worker's own. */
+async function setUpSchemas(h: QueueHarness): Promise<{ db: TestSchema; workerSchema: string; utils: WorkerUtils }> {
+  const db = await createTestSchema('fgq');
+  const workerSchema = `${db.schema}_gw`;
+  await createFenceSource({ postgres: db.pool });
+  await runMigrations({ pgPool: db.pool, schema: workerSchema });
+  const utils = await makeWorkerUtils({ pgPool: db.pool, schema: workerSchema });
+  h.cleanups.push(async () => {
+    await utils.release();
+    await db.pool.query(`DROP SCHEMA IF EXISTS "${workerSchema}" CASCADE`);
+    await db.drop();
+  });
+  return { db, workerSchema, utils };
+}
+
 describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: a take-over after the lock expired', () => {
-  let upstream: FakeUpstream;
-  let gateway: TestGateway;
-  const cleanups: (() => Promise<unknown>)[] = [];
+  const h = queueHarness();
 
-  beforeAll(async () => {
-    upstream = await startUpstream();
-    gateway = await startTestGateway({ routes: [paymentsRoute(upstream.url)] });
-  });
-  afterEach(async () => {
-    await killAll();
-    for (const c of cleanups.splice(0)) await c();
-  });
-  afterAll(async () => {
-    await gateway?.close();
-    await upstream?.close();
-  });
-
-  /** A private schema for the fence tables and one beside it for graphile-worker's own. */
-  async function setUp(): Promise<{ db: TestSchema; workerSchema: string; utils: WorkerUtils }> {
-    const db = await createTestSchema('fgq');
-    const workerSchema = `${db.schema}_gw`;
-    await createFenceSource({ postgres: db.pool });
-    await runMigrations({ pgPool: db.pool, schema: workerSchema });
-    const utils = await makeWorkerUtils({ pgPool: db.pool, schema: workerSchema });
-    cleanups.push(async () => {
-      await utils.release();
-      await db.pool.query(`DROP SCHEMA IF EXISTS "${workerSchema}" CASCADE`);
-      await db.drop();
-    });
-    return { db, workerSchema, utils };
-  }
+  const setUp = () => setUpSchemas(h);
 
   function startWorker(name: string, config: Record<string, unknown>): Proc {
     return spawnProc(name, [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
@@ -62,8 +49,8 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: a take-over after the
 
   async function scenario(unfenced: boolean) {
     const { db, workerSchema, utils } = await setUp();
-    const common = { url: db.url, workerSchema, gateway: gateway.url, unfenced };
-    const before = upstream.effects;
+    const common = { url: db.url, workerSchema, gateway: h.gateway.url, unfenced };
+    const before = h.upstream.effects;
     const job = await utils.addJob('pay', { amount: 1200 });
 
     const w1 = startWorker('W1', { ...common, hold: true });
@@ -80,12 +67,12 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: a take-over after the
     await w2.next((m) => m.msg === 'completed');
 
     const key = `${w2Started.entity}:charge`;
-    expect(gateway.sqlite.db.prepare('UPDATE idempotency_records SET expires_at = 1 WHERE key = ?').run(key).changes).toBe(1);
+    expect(h.gateway.sqlite.db.prepare('UPDATE idempotency_records SET expires_at = 1 WHERE key = ?').run(key).changes).toBe(1);
 
     w1.send('go');
     w1.resume();
     const w1Outcome = await w1.next((m) => m.msg === 'refused' || m.msg === 'paid');
-    return { w1Started, w2Started, w1Outcome, effects: upstream.effects - before, key, job };
+    return { w1Started, w2Started, w1Outcome, effects: h.upstream.effects - before, key, job };
   }
 
   test('the worker whose lock expired cannot make a second payment: its late charge is refused as stale', async () => {
@@ -96,7 +83,7 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: a take-over after the
     expect(w2Started.entity).toMatch(/^queue-job:[0-9a-f]{32}:fgq_[0-9a-f]{12}_gw:\d+$/);
     expect(w1Outcome).toMatchObject({ msg: 'refused', name: 'LeaseLostError', code: 'lease_lost', aborted: true });
     expect(effects).toBe(1);
-    expect(rejectionRows(gateway.sqlite, 'stale-fence')).toContainEqual(
+    expect(rejectionRows(h.gateway.sqlite, 'stale-fence')).toContainEqual(
       expect.objectContaining({ entity: w1Started.entity, presented_fence: 1, current_fence: 2, idempotency_key: key }),
     );
   });
@@ -125,5 +112,67 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: a take-over after the
     await task({}, { job: { id: job.id, locked_by: 'holder' } });
     expect(ran).toBe(true);
     expect((await db.pool.query('SELECT fence::int AS fence FROM fencegate_queue_fences')).rows).toEqual([{ fence: 1 }]);
+  });
+});
+
+/**
+ * Signed fences (DESIGN §7) from graphile-worker tasks: nothing renews its
+ * lock, which lasts 4 h from the `locked_at` get_job wrote on the database's
+ * clock, so the JWS's `exp` is `locked_at + lockMs`, never "now + 4 h" at the
+ * time of the call. The test cannot wait 4 h: the task's `lockMs` is set to
+ * 2 s, standing for graphile-worker's 4 h (the adapter takes any value up to
+ * it), and the worker is frozen past that before its call.
+ */
+describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: the signed fence expires with the lock', () => {
+  const GRACE_S = 1;
+  const h = queueHarness({ signed: true });
+
+  async function start(lockMs: number | undefined) {
+    const { db, workerSchema, utils } = await setUpSchemas(h);
+    await utils.addJob('pay', { amount: 1200 });
+    const before = h.upstream.effects;
+    const config = { url: db.url, workerSchema, gateway: h.gateway.url, hold: false, unfenced: false, signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S }, waitForCall: true, lockMs };
+    const w = spawnProc('W', [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
+    const started = await w.next((m) => m.msg === 'started');
+    const call = async () => {
+      w.send('call');
+      const outcome = await w.next((m) => m.msg === 'refused' || m.msg === 'paid');
+      return { outcome, effects: h.upstream.effects - before };
+    };
+    return { w, started, call };
+  }
+
+  test('a worker frozen past its lock (locked_at + lockMs) mints an expired fence: the gateway refuses it (fence-expired) and the upstream is not called', async () => {
+    const LOCK = 2_000;
+    const { w, started, call } = await start(LOCK);
+    w.pause();
+    const lockEnd = new Date(started.lockedAt).getTime() + LOCK;
+    expect(Number.isFinite(lockEnd)).toBe(true);
+    await until(() => Date.now() > lockEnd + GRACE_S * 1000 + 2_000, 'the lock end and the grace to pass');
+    w.resume();
+    expectRefusedExpired(h, await call(), started.entity);
+  });
+
+  test('control: with graphile-worker\'s own 4 h lock the same frozen worker is accepted (201): its lock has not ended', async () => {
+    const { w, started, call } = await start(undefined);
+    w.pause();
+    await until(() => Date.now() > new Date(started.lockedAt).getTime() + 2_000 + GRACE_S * 1000 + 2_000, 'as long a freeze as above');
+    w.resume();
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(effects).toBe(1);
+  });
+
+  test('lockMs beyond graphile-worker\'s 4 h, and a signed task without locked_at, are refused before anything runs', async () => {
+    const db = await createTestSchema('fgq');
+    h.cleanups.push(() => db.drop());
+    const fences = await createFenceSource({ postgres: db.pool });
+    expect(() => fencedTask(async () => {}, { fences, lockMs: 5 * 3_600_000 })).toThrow(/lockMs must be/);
+    let ran = false;
+    const task = fencedTask(async () => {
+      ran = true;
+    }, { fences, fenceSigner: () => 'x' });
+    await expect(task({}, { job: { id: 1, locked_by: 'w' } })).rejects.toThrow(/locked_at/);
+    expect(ran).toBe(false);
   });
 });

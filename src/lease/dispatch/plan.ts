@@ -29,6 +29,19 @@ export interface AnthropicToolUse {
 
 export type ProposedToolCall = PlainToolCall | OpenAiToolCall | AnthropicToolUse;
 
+/**
+ * The Anthropic content blocks that are not calls: a model's message holds
+ * its text (and thinking) between the `tool_use` blocks, and a plan is
+ * often that whole `content` array. They are skipped, never refused, and
+ * take no position (the keys count calls only).
+ */
+const NOT_A_CALL = new Set(['text', 'thinking', 'redacted_thinking']);
+
+/** Is this entry of a plan an Anthropic block that is not a call (`{ type: "text", … }`)? Whatever else it holds, it is never dispatched. */
+export function isNonCallBlock(entry: unknown): boolean {
+  return isObject(entry) && typeof entry.type === 'string' && NOT_A_CALL.has(entry.type);
+}
+
 export type NormalizedCall =
   | { ok: true; name: string; arguments: unknown }
   | { ok: false; name: string | undefined; reason: string };

@@ -1,11 +1,13 @@
 /**
- * The allow-list of tool kinds a model may dispatch, parsed once with zod
- * (STYLE habit 4): each kind's argument schema and the limits its jobs run
- * under. The limits live here, never in a plan.
+ * The allow-list of tool kinds a model may dispatch, parsed once with zod:
+ * each kind's argument schema and the limits its jobs run under. The limits
+ * live here, never in a plan.
  */
 import { z } from 'zod';
+import { tokensOf } from '../../core/json-pointer.js';
 import { LeaseConfigError } from '../errors.js';
 import type { KindOptions, PayloadSchema } from '../runner/options.js';
+import { checkLeaseTiming, HEARTBEAT_DEFAULTS, type LeaseTiming } from '../timing.js';
 
 /** The limits of one job (a tool's, or one of its stages'). */
 export interface ToolLimits {
@@ -36,6 +38,16 @@ export interface ToolConfig<A = unknown> extends ToolLimits {
    * committed (see `advanceStage`).
    */
   stages?: (string | ToolStageConfig)[];
+  /**
+   * Where the jobs' fence entity comes from. Default: the job's own
+   * (`tool-job:<storeId>:<id>`). `{ json: "/arguments/<member>" }`: the
+   * value at that pointer of the call's `{ arguments }` (a string, or a safe
+   * integer as decimal text) becomes the job's `fenceKey`, so the worker's
+   * `_meta` entity is the one an mcp route with the same `entity` pointer
+   * reads from the call (docs/mcp.md). A call without a usable value there is
+   * refused `invalid_arguments`.
+   */
+  entity?: { json: string };
 }
 
 export type ToolsInput = Record<string, ToolConfig<any>>;
@@ -51,6 +63,8 @@ export interface ParsedTool {
   /** One entry per job of a call: a single unnamed stage for a tool without `stages`. */
   stages: ParsedStage[];
   staged: boolean;
+  /** The entity pointer (into `{ arguments }`) and its tokens, or null: the job's own entity. */
+  entity: { pointer: string; tokens: string[] } | null;
 }
 
 export type ParsedTools = ReadonlyMap<string, ParsedTool>;
@@ -68,6 +82,10 @@ const tool = z
     stages: z
       .array(z.union([stageName, z.object({ name: stageName, ...limits }).partial({ leaseMs: true, maxRunMs: true, maxAttempts: true }).strict()]))
       .min(1)
+      .optional(),
+    entity: z
+      .object({ json: z.string().regex(/^\/arguments\/.+$/, 'must be a JSON pointer into the call\'s arguments, "/arguments/<member>…"') })
+      .strict()
       .optional(),
   })
   .strict();
@@ -100,7 +118,8 @@ export function parseTools(tools: ToolsInput): ParsedTools {
       if (kinds.has(s.kind)) throw new LeaseConfigError(`dispatchToolCalls: tools.${name}: job kind ${s.kind} is used twice`);
       kinds.add(s.kind);
     }
-    out.set(name, { name, schema: t.schema, stages, staged: t.stages !== undefined });
+    const entity = t.entity ? { pointer: t.entity.json, tokens: tokensOf(t.entity.json) } : null;
+    out.set(name, { name, schema: t.schema, stages, staged: t.stages !== undefined, entity });
   }
   cache.set(tools, out);
   return out;
@@ -128,4 +147,25 @@ export function toolKinds(tools: ToolsInput, only?: readonly string[]): Record<s
     }
   }
   return out;
+}
+
+/** The heartbeat settings of the workers that run the allow-list's kinds (`runWorker`'s options of the same names). */
+export type HeartbeatSettings = Partial<Omit<LeaseTiming, 'leaseMs'>>;
+
+/**
+ * Throws a `LeaseConfigError` naming the tool, the stage and the numbers
+ * when a job's `leaseMs` is one no worker with these heartbeat settings can
+ * hold (DESIGN §6.3: `leaseMs > maxMissedHeartbeats × heartbeatMs +
+ * jitterMs`, the check `runWorker` makes at start-up). Settings left out are
+ * `runWorker`'s defaults.
+ */
+export function checkToolTiming(tools: ParsedTools, heartbeat: HeartbeatSettings = {}): void {
+  const settings = { ...HEARTBEAT_DEFAULTS, ...stripUndefined(heartbeat) };
+  const bad = Object.entries(settings).find(([field, v]) => !Number.isSafeInteger(v) || v < (field === 'jitterMs' ? 0 : 1));
+  if (bad) throw new LeaseConfigError(`dispatchToolCalls: heartbeat.${bad[0]} must be an integer ≥ ${bad[0] === 'jitterMs' ? 0 : 1}, got ${String(bad[1])}`);
+  for (const t of tools.values()) {
+    for (const s of t.stages) {
+      checkLeaseTiming({ ...settings, leaseMs: s.leaseMs }, `dispatchToolCalls: tools.${t.name}${t.staged ? ` stage ${s.name}` : ''} (heartbeat settings ${JSON.stringify(settings)})`);
+    }
+  }
 }

@@ -7,7 +7,7 @@ import { LeaseConfigError } from '../errors.js';
 import { LeaseEvents } from '../events.js';
 import type { FenceHeaderNames, FenceSigner } from '../fenced-fetch.js';
 import type { JobContext, JobHandler } from './types.js';
-import { checkLeaseTiming, type BackoffPolicy } from '../timing.js';
+import { checkLeaseTiming, HEARTBEAT_DEFAULTS, type BackoffPolicy } from '../timing.js';
 import type { JobStore, StoreDescriptor } from '../types.js';
 
 export interface KindOptions {
@@ -120,9 +120,9 @@ const schema = z
     workerId: z.string().min(1).max(200),
     handlers: z.record(z.string().min(1), handler).refine((h) => Object.keys(h).length > 0, 'needs at least one kind'),
     leaseMs: ms.default(30_000),
-    heartbeatMs: ms.default(5_000),
-    maxMissedHeartbeats: z.number().int().min(1).default(3),
-    jitterMs: z.number().int().min(0).default(1_000),
+    heartbeatMs: ms.default(HEARTBEAT_DEFAULTS.heartbeatMs),
+    maxMissedHeartbeats: z.number().int().min(1).default(HEARTBEAT_DEFAULTS.maxMissedHeartbeats),
+    jitterMs: z.number().int().min(0).default(HEARTBEAT_DEFAULTS.jitterMs),
     heartbeatTimeoutMs: ms.optional(),
     maxRunMs: ms.default(600_000),
     maxStallMs: ms.optional(),

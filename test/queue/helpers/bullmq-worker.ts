@@ -4,10 +4,11 @@
  * once through the gateway and reports what the queue's own counters said.
  */
 import { Worker, type Job } from 'bullmq';
+import { createFenceSigner } from '../../../src/lease/index.js';
 import { createFenceSource, fencedProcessor } from '../../../src/queue/bullmq.js';
 import type { FenceSource } from '../../../src/queue/types.js';
 import { connectRedis } from './redis.js';
-import { errorFields, holdingFetch, reply } from './child.js';
+import { command, errorFields, holdingFetch, reply } from './child.js';
 
 interface Config {
   queue: string;
@@ -20,6 +21,12 @@ interface Config {
   unfenced: boolean;
   lockDuration: number;
   stalledInterval: number;
+  /** Sign fences (the gateway has `fence.signed` with this secret). */
+  signed?: { secret: string; graceSeconds: number };
+  /** After `started`, wait for the test's `call` before the charge is built (and its fence minted). */
+  waitForCall?: boolean;
+  /** `processor.watch(worker)`: follow BullMQ's lock renewals. */
+  watch?: boolean;
 }
 
 const config = JSON.parse(process.argv[2]!) as Config;
@@ -39,6 +46,7 @@ const processor = fencedProcessor<Job, unknown>(
       stalledCounter: job.stalledCounter,
     });
     try {
+      if (config.waitForCall) await command('call');
       const res = await fencedFetch(`${config.gateway}/payments/charges`, {
         step: 'charge',
         method: 'POST',
@@ -53,7 +61,11 @@ const processor = fencedProcessor<Job, unknown>(
       throw err;
     }
   },
-  { fences, ...(config.hold ? { fetch: holdingFetch() } : {}) },
+  {
+    fences,
+    ...(config.hold ? { fetch: holdingFetch() } : {}),
+    ...(config.signed ? { fenceSigner: createFenceSigner({ secret: config.signed.secret }, { graceSeconds: config.signed.graceSeconds }) } : {}),
+  },
 );
 
 const worker = new Worker(config.queue, processor as never, {
@@ -64,6 +76,7 @@ const worker = new Worker(config.queue, processor as never, {
   stalledInterval: config.stalledInterval,
   maxStalledCount: 1,
 });
+if (config.watch) processor.watch(worker);
 worker.on('completed', (job) => reply({ msg: 'completed', jobId: job.id }));
 worker.on('failed', (job, err) => reply({ msg: 'failed', jobId: job?.id, ...errorFields(err) }));
 worker.on('error', (err) => reply({ msg: 'worker_error', ...errorFields(err) }));

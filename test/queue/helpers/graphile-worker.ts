@@ -5,9 +5,10 @@
  */
 import pg from 'pg';
 import { run } from 'graphile-worker';
+import { createFenceSigner } from '../../../src/lease/index.js';
 import { createFenceSource, fencedTask } from '../../../src/queue/graphile-worker.js';
 import type { FenceSource } from '../../../src/queue/types.js';
-import { errorFields, holdingFetch, reply } from './child.js';
+import { command, errorFields, holdingFetch, reply } from './child.js';
 
 interface Config {
   /** Connection string whose search_path is the test's schema (the fence tables). */
@@ -18,6 +19,12 @@ interface Config {
   hold: boolean;
   /** Negative control: every attempt presents fence 1. */
   unfenced: boolean;
+  /** Sign fences (the gateway has `fence.signed` with this secret). */
+  signed?: { secret: string; graceSeconds: number };
+  /** After `started`, wait for the test's `call` before the charge is built (and its fence minted). */
+  waitForCall?: boolean;
+  /** The adapter's `lockMs` (default graphile-worker's 4 h). */
+  lockMs?: number;
 }
 
 const config = JSON.parse(process.argv[2]!) as Config;
@@ -27,8 +34,9 @@ const fences: FenceSource = config.unfenced ? { backend: real.backend, storeId: 
 
 const pay = fencedTask<{ amount: number }>(
   async (payload, helpers, { fencedFetch, fence, entity, signal }) => {
-    reply({ msg: 'started', jobId: String(helpers.job.id), fence, entity, attempts: (helpers.job as { attempts?: number }).attempts });
+    reply({ msg: 'started', jobId: String(helpers.job.id), fence, entity, attempts: (helpers.job as { attempts?: number }).attempts, lockedAt: helpers.job.locked_at });
     try {
+      if (config.waitForCall) await command('call');
       const res = await fencedFetch(`${config.gateway}/payments/charges`, {
         step: 'charge',
         method: 'POST',
@@ -41,7 +49,13 @@ const pay = fencedTask<{ amount: number }>(
       throw err;
     }
   },
-  { fences, workerSchema: config.workerSchema, ...(config.hold ? { fetch: holdingFetch() } : {}) },
+  {
+    fences,
+    workerSchema: config.workerSchema,
+    ...(config.hold ? { fetch: holdingFetch() } : {}),
+    ...(config.signed ? { fenceSigner: createFenceSigner({ secret: config.signed.secret }, { graceSeconds: config.signed.graceSeconds }) } : {}),
+    ...(config.lockMs !== undefined ? { lockMs: config.lockMs } : {}),
+  },
 );
 
 const runner = await run({
