@@ -392,9 +392,10 @@ describe('mcp route: callers told apart by Authorization', () => {
     const ticket = async (client: Awaited<ReturnType<typeof agent>>) => JSON.parse(textOf(await call(client))).id as string;
     /** The route's JSON-RPC error for idempotency-key-reused, without the other agent's ticket. */
     const reused = async (client: Awaited<ReturnType<typeof agent>>) => {
-      const err = await call(client).then(() => null, (e: Error) => e);
-      expect(err?.message).toMatch(/idempotency-key-reused/);
-      expect(err?.message).not.toMatch(/T-\d/);
+      // A result (another agent's ticket) reads as its text, so a failure shows what was handed out.
+      const outcome = await call(client).then((r) => `result: ${textOf(r)}`, (e: Error) => `error: ${e.message}`);
+      expect(outcome).toMatch(/^error: .*idempotency-key-reused/);
+      expect(outcome).not.toMatch(/T-\d/);
     };
     return { up, gw, agent, ticket, reused };
   }
