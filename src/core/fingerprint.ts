@@ -29,10 +29,11 @@ import { foldName } from './json-duplicates.js';
  * of NULs (3, 4, 5) tells the forms apart, and an entity that reads
  * `cred:…` is the fifth field of a 5-field form, never a sixth. Within the
  * 6-field form the empty slot means no entity (an entity is 1–512
- * printable characters, ../protocol/headers.ts). Without credentials nothing is appended,
- * so those requests keep the fingerprint they had and existing records keep
- * replaying; a record stored before credentials counted answers a retry that
- * carries them with 422, as for the entity. The credential hash is an HMAC
+ * printable characters, ../protocol/headers.ts parseEntity), and the hash
+ * is hex. Without credentials nothing is appended, so those requests keep
+ * the fingerprint they had and existing records keep replaying; a record
+ * stored before credentials counted answers a retry that carries them with
+ * 422, as for the entity. The credential hash is an HMAC
  * under `credentialHashKey` (../http/key-scope.ts), and this digest adds
  * only public parts to it (method, path, body digest, entity), so a reader
  * of the table who lacks that key can no more test a guessed credential
