@@ -173,10 +173,21 @@ export const RouteSchema = z.strictObject({
   /**
    * Request headers that carry the caller's credentials to the upstream
    * (`x-api-key`), besides `Authorization`: a keyed hash of their values
-   * joins the key scope, so callers the upstream tells apart never share a
-   * stored answer (../http/key-scope.ts, DESIGN §2 G2).
+   * binds the key's record (`credentialBinding`), so callers the upstream
+   * tells apart are never handed each other's stored answer
+   * (../http/key-scope.ts, DESIGN §2 G2).
    */
   credentialHeaders: z.array(HeaderName).max(16).default([]),
+  /**
+   * Where that hash goes. `fingerprint` (default): into the request
+   * fingerprint, so a record answers only the credentials that made it and
+   * a request under its key with others (a refreshed token, another
+   * worker's, none) is 422, never a second execution. `scope`: into the key
+   * scope, each credential set its own key space (as Stripe scopes keys per
+   * API key), for credentials that never change between a command's
+   * attempts: with any other, a refreshed token's retry runs again.
+   */
+  credentialBinding: z.enum(['fingerprint', 'scope']).default('fingerprint'),
 });
 
 const StoreSchema = z.union([
@@ -268,7 +279,7 @@ export const ConfigSchema = z
     problemTypeBase: z.string().min(1).optional(),
     auth: AuthSchema.optional(),
     /**
-     * The HMAC key of the credential hashes in key scopes (../http/key-scope.ts):
+     * The HMAC key of the credential hashes in fingerprints and key scopes (../http/key-scope.ts):
      * 32+ characters, or `{ env }`. Without it the hash is an unkeyed,
      * domain-separated SHA-256, which lets a reader of the table confirm a
      * guessed low-entropy credential.

@@ -18,9 +18,32 @@ import { foldName } from './json-duplicates.js';
  * only when present, so a request without an entity keeps the fingerprint it
  * had before; a record stored before the entity counted answers a retry that
  * carries one with 422 `idempotency-key-reused`, never a second execution.
+ *
+ * The hash of the credentials the upstream sees (`credentials`, with the
+ * route's `credentialBinding: "fingerprint"`, DESIGN §2 G2) is in it for the
+ * same reason: a record is bound to the credentials that made it, so another
+ * caller's request under the key (other credentials, or none) is 422, never
+ * that caller's answer. With credentials the encoding always has six fields:
+ * the entity slot (empty when there is none) and then `cred:<hash>`. It
+ * cannot equal a 4- or 5-field encoding: no field holds a NUL, so the number
+ * of NULs (3, 4, 5) tells the forms apart, and an entity that reads
+ * `cred:…` is the fifth field of a 5-field form, never a sixth. Within the
+ * 6-field form the empty slot means no entity (an entity is 1–512
+ * printable characters, ../protocol/headers.ts parseEntity), and the hash
+ * is hex. Without credentials nothing is appended, so those requests keep
+ * the fingerprint they had and existing records keep replaying; a record
+ * stored before credentials counted answers a retry that carries them with
+ * 422, as for the entity. The credential hash is an HMAC
+ * under `credentialHashKey` (../http/key-scope.ts), and this digest adds
+ * only public parts to it (method, path, body digest, entity), so a reader
+ * of the table who lacks that key can no more test a guessed credential
+ * against the fingerprint than against the hash; without the key (the
+ * `credential-hash-unkeyed` warning) the hash is recomputable from a guess,
+ * and so is this digest from a guess and the request's public parts.
  */
-export function fingerprint(method: string, pathAndQuery: string, contentType: string, bodySha256: string, entity: string | null): string {
+export function fingerprint(method: string, pathAndQuery: string, contentType: string, bodySha256: string, entity: string | null, credentials: string | null = null): string {
   const fields = `${method}\0${pathAndQuery}\0${contentType}\0${bodySha256}`;
+  if (credentials !== null) return createHash('sha256').update(`${fields}\0${entity ?? ''}\0cred:${credentials}`).digest('hex');
   return createHash('sha256').update(entity === null ? fields : `${fields}\0${entity}`).digest('hex');
 }
 

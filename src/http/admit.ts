@@ -77,7 +77,7 @@ export function admissionRefusal(admission: RefusedAdmission, command: { fence: 
         extras: { entity, presented_fence: fence?.toString() ?? null, current_fence: admission.currentFence.toString() },
       };
     case 'idempotency-key-reused':
-      return { code: 'idempotency-key-reused', detail: 'this idempotency key was used for a different request (method, path, content type or body differ)', extras: { idempotency_key: key } };
+      return { code: 'idempotency-key-reused', detail: 'this idempotency key was used for a different request (method, path, content type, body, entity or the credentials sent differ)', extras: { idempotency_key: key } };
     case 'idempotency-in-progress':
       return {
         code: 'idempotency-in-progress',

@@ -11,9 +11,10 @@ import { setHeader } from './settle.js';
  * Always the route's; with caller auth, the caller's within it; with
  * `keyScope`, also the scope header's value or the verified token's claim
  * (a tenant), so that callers who share one credential, or none, or one
- * `sub` across tenants, do not share one key space; and the hash of the
- * credentials the upstream sees (`credentials`, credentialScopeOf), so that
- * callers the upstream tells apart never share one. The parts are joined
+ * `sub` across tenants, do not share one key space; and, on a route with
+ * `credentialBinding: "scope"`, the hash of the credentials the upstream
+ * sees (`credentials`, credentialBindingOf), so that callers the upstream
+ * tells apart never share one. The parts are joined
  * with NUL, which no route name, scope value or (in practice) caller id
  * contains; the `key-scope:` (header), `key-claim:` (claim) and `cred:`
  * marks keep one part from ever reading as another. A request with no
@@ -27,7 +28,7 @@ export function keyScopeOf(route: RouteConfig, caller: string | null, keyScope: 
   return scope;
 }
 
-/** How credentials are hashed into key scopes: HMAC-SHA256 under `credentialHashKey`, or (none configured) a domain-separated SHA-256. */
+/** How credentials are hashed for fingerprints and key scopes: HMAC-SHA256 under `credentialHashKey`, or (none configured) a domain-separated SHA-256. */
 export interface CredentialHashing {
   /** The gateway checks caller auth: the caller's `Authorization` is its own (the caller id scopes keys) and is never forwarded. */
   auth: boolean;
@@ -44,9 +45,10 @@ const CREDENTIAL_DOMAIN = 'fencegate/key-scope/credentials/v1\u0000';
  * each by lower-case name with its value as received (repeated fields joined
  * as `Headers.get` joins them), absent ones as null. An upstream that
  * authenticates its clients (an API key per customer, an MCP server's
- * OAuth token) scopes their idempotency keys by them; without this, two
- * callers who pick the same key would share one stored answer, and one
- * would be handed the other's result (DESIGN §2 G2).
+ * OAuth token) tells its clients apart by them; without this, two callers
+ * who pick the same key would share one stored answer, and one would be
+ * handed the other's result (DESIGN §2 G2). Where the hash goes is the
+ * route's `credentialBinding` (credentialBindingOf).
  *
  * HMAC-SHA256 under the configured `credentialHashKey`: the table then holds
  * a value that no one without the key can test a guessed credential against
@@ -65,6 +67,35 @@ export function credentialScopeOf(route: RouteConfig, headers: HeaderReader, has
   const material = CREDENTIAL_DOMAIN + JSON.stringify(names.map((n, i) => [n, values[i]]));
   const hash = hashing.key !== null ? createHmac('sha256', hashing.key) : createHash('sha256');
   return hash.update(material, 'utf8').digest('hex');
+}
+
+/** The credential hash of a request, placed as the route's `credentialBinding` says: in the fingerprint or in the key scope. */
+export interface CredentialBinding {
+  scope: string | null;
+  fingerprint: string | null;
+}
+
+/**
+ * `fingerprint` (the default): the hash enters the request fingerprint
+ * (../core/fingerprint.ts, DESIGN §3.4), so the key's record is bound to the
+ * credentials that made it. Another caller under the key (other
+ * credentials, or none where the first had some, or the reverse) is 422
+ * `idempotency-key-reused`: never handed the first one's answer, never run
+ * a second time. That is also what a retry gets whose credentials changed
+ * between attempts (an OAuth token refreshed, a worker taking over another's
+ * job with its own token, a record stored before credentials counted): a
+ * visible refusal, not a second execution, which in the scope it would be,
+ * since a new scope holds no record to replay or refuse. For the same reason
+ * the auth code refuses to scope keys by a claim that changes with every
+ * token (PER_TOKEN_CLAIMS in ../config/schema.ts).
+ *
+ * `scope`: the hash enters the key scope (keyScopeOf), each credential set
+ * its own key space, as Stripe scopes keys per API key: right only for
+ * credentials that never change between a command's attempts.
+ */
+export function credentialBindingOf(route: RouteConfig, headers: HeaderReader, hashing: CredentialHashing): CredentialBinding {
+  const hash = credentialScopeOf(route, headers, hashing);
+  return route.credentialBinding === 'scope' ? { scope: hash, fingerprint: null } : { scope: null, fingerprint: hash };
 }
 
 /** The configured `credentialHashKey`, read once at start-up; a missing variable stops it. */
@@ -100,17 +131,21 @@ export function warnGlobalKeys(config: Config, logger: Logger): void {
     keyed = true;
     // A claim scope needs auth (the config refuses it without), so it never gets here.
     if (route.keyScope !== undefined && 'claim' in route.keyScope) continue;
-    // Credentials scope keys only when the caller sends them: callers that send none still share one key space.
+    // Credentials bind records (or scope keys) only when the caller sends them: callers that send none still share one key space.
     const credentials = ['Authorization', ...route.credentialHeaders].join(', ');
+    const bound =
+      route.credentialBinding === 'scope'
+        ? `keys are scoped by the caller's credentials (${credentials}) only, so every caller that sends none shares one key space`
+        : `every caller shares one key space: a record answers only the credentials (${credentials}) that made it, others get 422, but callers that send none share stored answers and any caller can take a key another one will use`;
     const reason =
       route.keyScope === undefined
-        ? `no auth and no keyScope: keys are scoped by the caller's credentials (${credentials}) only, so every caller that sends none shares one key space; configure auth or keyScope`
+        ? `no auth and no keyScope: ${bound}; configure auth or keyScope`
         : `no auth: the keyScope header ${route.keyScope.header} is whatever the caller sends, so a caller can use another tenant's key space; it must be set by a trusted proxy that strips the client's copy, or configure auth`;
     logger.warn('global-keys', { route: route.name, reason });
   }
   if (keyed && config.credentialHashKey === undefined) {
     logger.warn('credential-hash-unkeyed', {
-      reason: 'no credentialHashKey: the credentials that scope keys are stored as an unkeyed SHA-256, against which a reader of the table can confirm a guessed low-entropy credential (an API key, a password); configure credentialHashKey',
+      reason: 'no credentialHashKey: the credentials that bind records are hashed into fingerprints (or key scopes) as an unkeyed SHA-256, against which a reader of the table can confirm a guessed low-entropy credential (an API key, a password); configure credentialHashKey',
     });
   }
 }

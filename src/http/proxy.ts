@@ -6,7 +6,7 @@ import { admissionRefusal, admitWithWaits, routeAdmission, storeEntity } from '.
 import { readBody } from './body.js';
 import type { Inbound, Reply } from './inbound.js';
 import { entityFromJson, keyFromJson, parseCommand } from './command.js';
-import { credentialScopeOf, echoKey, keyScopeOf, warnGlobalKeys, type CredentialHashing } from './key-scope.js';
+import { credentialBindingOf, echoKey, keyScopeOf, warnGlobalKeys, type CredentialHashing } from './key-scope.js';
 import { renderRefusal, toReply } from './errors.js';
 import { START_DEADLINE_PASSED, type Forwarder, type UpstreamResult } from './forward.js';
 import { errorText, type Logger } from './logger.js';
@@ -163,13 +163,15 @@ export function createProxyHandler(deps: ProxyDeps) {
       fence = checked.fence;
       trace.fence = fence.toString();
     }
+    // The credentials the upstream sees bind the record, in its fingerprint or its scope (./key-scope.ts credentialBindingOf).
+    const credentials = credentialBindingOf(route, req.headers, deps.credentialHashing);
     const input: AdmitInput = {
-      scope: keyScopeOf(route, caller, parsed.command.keyScope, credentialScopeOf(route, req.headers, deps.credentialHashing)),
+      scope: keyScopeOf(route, caller, parsed.command.keyScope, credentials.scope),
       key,
       entity: storeEntity(entity, caller, deps.config),
       fence,
-      // With the entity: the same key for another entity is 422, never that entity's replay.
-      fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', bodyDigest(route.fingerprint, body, payloadSha256, req.headers.get('content-type') ?? ''), entity),
+      // With the entity and the credentials: the same key for another entity, or from another caller, is 422, never their replay.
+      fingerprint: fingerprint(req.method, pathAndQuery, req.headers.get('content-type') ?? '', bodyDigest(route.fingerprint, body, payloadSha256, req.headers.get('content-type') ?? ''), entity, credentials.fingerprint),
       ...routeAdmission(route),
       audit,
     };

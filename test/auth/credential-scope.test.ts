@@ -1,11 +1,12 @@
 import { createHash, createHmac } from 'node:crypto';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { ConfigError, parseConfig } from '../../src/config/load.js';
+import { fingerprint } from '../../src/core/fingerprint.js';
 import { createGateway } from '../../src/http/gateway.js';
 import { createJsonLogger } from '../../src/http/logger.js';
 import type { GatewayStore } from '../../src/store/types.js';
 import { delegate } from '../helpers/delegate.js';
-import { command, effectOf, paymentsRoute, recordRows, snapshot, startTestGateway, tempDir, type TestGateway } from '../helpers/gateway.js';
+import { command, effectOf, expectProblem, paymentsRoute, recordRows, snapshot, startTestGateway, tempDir, type TestGateway } from '../helpers/gateway.js';
 import { startPgTestGateway } from '../helpers/pg-gateway.js';
 import { POSTGRES_URL } from '../helpers/postgres.js';
 import { startUpstream } from '../helpers/upstream.js';
@@ -13,22 +14,38 @@ import { bearer, hsAuth, token } from './tokens.js';
 import { connectClient, fenced, mcpRoute, startMcpGateway, textOf } from '../mcp/harness.js';
 import { startMcpUpstream } from '../mcp/mcp-upstream.js';
 
-// Without gateway auth, the key scope holds a keyed hash of the credentials
-// the upstream sees (Authorization, a route's credentialHeaders): two
-// callers that an upstream authenticating by key tells apart never share a
-// stored answer (Stripe scopes idempotency keys per API key). Real gateway
-// on loopback, real SQLite file, recording upstream; on the MCP route the
-// SDK's server and client. The negative control is a store that drops the
-// credential part of the scope (the scope as it was before): there the
-// second caller is handed the first one's answer.
+// Without gateway auth, a keyed hash of the credentials the upstream sees
+// (Authorization, a route's credentialHeaders) binds a key's record (DESIGN
+// §2 G2). By default (`credentialBinding: "fingerprint"`) it is in the
+// request fingerprint: another caller under the key, or the same caller with
+// a refreshed token, is 422, never handed the first answer and never run a
+// second time. With `"scope"` it is in the key scope: each credential set its
+// own key space (Stripe's rule), and a refreshed token's retry runs again.
+// Real gateway on loopback, real SQLite file (or PostgreSQL), recording
+// upstream; on the MCP route the SDK's server and client. Negative controls:
+// the fingerprint without its credential part (a mutant of
+// src/core/fingerprint.ts, switched on per test), and for "scope" a store that
+// drops the credential part of the scope; in both the second caller is
+// handed the first one's answer.
+
+const mutant = vi.hoisted(() => ({ dropCredentials: false }));
+vi.mock('../../src/core/fingerprint.js', async (importOriginal) => {
+  const real = await importOriginal<typeof import('../../src/core/fingerprint.js')>();
+  return {
+    ...real,
+    // The fix switched off: the fingerprint as it was before credentials entered it.
+    fingerprint: (m: string, p: string, c: string, b: string, e: string | null, cred: string | null = null) => real.fingerprint(m, p, c, b, e, mutant.dropCredentials ? null : cred),
+  };
+});
 
 const HASH_KEY = 'k'.repeat(16) + 'credential-hash-key';
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
+  mutant.dropCredentials = false;
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-/** The fix switched off: the scope without its credential part, as the store saw it before credentials entered it. */
+/** The fix of the "scope" binding switched off: the scope without its credential part, as the store saw it before credentials entered it. */
 const CREDENTIAL_PART = /\u0000cred:[0-9a-f]{64}/;
 const withoutCredentials = (store: GatewayStore): GatewayStore =>
   delegate(store, {
@@ -52,13 +69,144 @@ async function gateway(options: { route?: Record<string, unknown>; config?: Reco
   return { gw, up, warnings };
 }
 
-const charge = (gw: TestGateway, key: string, headers: Record<string, string> = {}) => command(gw.url, '/payments/charges', { key, headers });
+const BODY = '{"amount":1200}';
+const charge = (gw: TestGateway, key: string, headers: Record<string, string> = {}) => command(gw.url, '/payments/charges', { key, headers, body: BODY });
 const A = { authorization: 'Bearer sk_test_alice_0001' };
+const A_REFRESHED = { authorization: 'Bearer sk_test_alice_0001_refreshed' };
 const B = { authorization: 'Bearer sk_test_bob_0002' };
+const SCOPE = { credentialBinding: 'scope' };
 
-describe('plain route: callers told apart by Authorization', () => {
-  it('two callers with one key both reach the upstream, each gets its own answer and its own replay; a caller without credentials keeps the route scope', async () => {
+const MATERIAL = (pairs: [string, string | null][]) => 'fencegate/key-scope/credentials/v1\u0000' + JSON.stringify(pairs);
+const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
+/** The 4 public fields of a charge's fingerprint (DESIGN §3.4), as the gateway joins them. */
+const PUBLIC_FIELDS = `POST\u0000/payments/charges\u0000application/json\u0000${sha256(BODY)}`;
+const fingerprintRow = (gw: TestGateway, key: string) => (gw.sqlite.db.prepare('SELECT scope, fingerprint FROM idempotency_records WHERE key = ?').all(key) as { scope: string; fingerprint: string }[]);
+
+/** A 422 idempotency-key-reused that says credentials may be what differs and carries nothing of the record's answer. */
+async function expectReused(res: Response) {
+  const body = await expectProblem(res, 422, 'idempotency-key-reused');
+  expect(body.detail).toMatch(/credentials/);
+  expect(JSON.stringify(body)).not.toMatch(/effect|sk_test/);
+  expect(res.headers.get('idempotent-replayed')).toBeNull();
+}
+
+describe('plain route, default binding (fingerprint): a record answers only the credentials that made it', () => {
+  it('two callers with different Authorization and one key: the upstream executes once, B gets 422 and never A\'s body, A\'s retry replays', async () => {
     const { gw, up } = await gateway();
+    const a1 = await effectOf(await charge(gw, 'order-1', A));
+    expect(a1.effect).toBe(1);
+    await expectReused(await charge(gw, 'order-1', B));
+    await expectReused(await charge(gw, 'order-1', B));
+    const a2 = await charge(gw, 'order-1', A);
+    expect(a2.headers.get('idempotent-replayed')).toBe('true');
+    expect((await effectOf(a2)).effect).toBe(1);
+    expect(up.effects).toBe(1);
+    // One record, in the route's scope: the credentials are in its fingerprint, not its scope.
+    expect(recordRows(gw.sqlite, 'order-1').map((r) => r.scope)).toEqual(['payments']);
+  });
+
+  it('a caller whose token changed between two attempts gets 422, and the upstream count stays 1', async () => {
+    const { gw, up } = await gateway();
+    expect((await effectOf(await charge(gw, 'order-2', A))).effect).toBe(1);
+    await expectReused(await charge(gw, 'order-2', A_REFRESHED));
+    expect(up.effects).toBe(1);
+  });
+
+  it('no credentials after credentials is 422, and credentials after none is 422', async () => {
+    const { gw, up } = await gateway();
+    expect((await effectOf(await charge(gw, 'order-3', A))).effect).toBe(1);
+    await expectReused(await charge(gw, 'order-3'));
+    expect((await effectOf(await charge(gw, 'order-4'))).effect).toBe(2);
+    await expectReused(await charge(gw, 'order-4', A));
+    expect(up.effects).toBe(2);
+  });
+
+  it('requests without credentials keep the fingerprint and the scope they had, and keep replaying', async () => {
+    const { gw, up } = await gateway();
+    expect((await effectOf(await charge(gw, 'order-5'))).effect).toBe(1);
+    const again = await charge(gw, 'order-5');
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect((await effectOf(again)).effect).toBe(1);
+    expect((await effectOf(await charge(gw, 'order-6', { 'x-fence-entity': 'cust-1' }))).effect).toBe(2);
+    expect((await charge(gw, 'order-6', { 'x-fence-entity': 'cust-1' })).headers.get('idempotent-replayed')).toBe('true');
+    expect(up.effects).toBe(2);
+    // The 4- and 5-field forms of DESIGN §3.4, byte for byte: records stored before credentials counted still match.
+    expect(fingerprintRow(gw, 'order-5')).toEqual([{ scope: 'payments', fingerprint: sha256(PUBLIC_FIELDS) }]);
+    expect(fingerprintRow(gw, 'order-6')).toEqual([{ scope: 'payments', fingerprint: sha256(`${PUBLIC_FIELDS}\u0000cust-1`) }]);
+  });
+
+  it('the encoding with credentials is never a 4- or 5-field one, even for an entity that reads cred:<hash>', () => {
+    const h = 'ab'.repeat(32);
+    const args = ['POST', '/p', 'application/json', 'd'] as const;
+    const forms = [fingerprint(...args, null), fingerprint(...args, `cred:${h}`), fingerprint(...args, null, h), fingerprint(...args, `cred:${h}`, h), fingerprint(...args, 'e', h)];
+    expect(new Set(forms).size).toBe(forms.length);
+    expect(fingerprint(...args, null, h)).toBe(sha256(`POST\u0000/p\u0000application/json\u0000d\u0000\u0000cred:${h}`));
+  });
+
+  it('nothing of the credential is in the tables: the fingerprint is a digest over the public fields and the HMAC under credentialHashKey, which no one without the key can recompute from a guess', async () => {
+    const { gw } = await gateway();
+    await charge(gw, 'order-7', A);
+    await charge(gw, 'order-7', B); // a 422: a rejection row too
+    const dump = snapshot(gw.sqlite);
+    expect(dump).not.toContain('sk_test_alice');
+    expect(dump).not.toContain('sk_test_bob');
+    const material = MATERIAL([['authorization', A.authorization]]);
+    const [row] = fingerprintRow(gw, 'order-7');
+    expect(row!.fingerprint).toBe(sha256(`${PUBLIC_FIELDS}\u0000\u0000cred:${createHmac('sha256', HASH_KEY).update(material).digest('hex')}`));
+    // What a reader with a guess and no key could compute:
+    expect(row!.fingerprint).not.toBe(sha256(`${PUBLIC_FIELDS}\u0000\u0000cred:${sha256(material)}`));
+    expect(dump).not.toContain(createHmac('sha256', HASH_KEY).update(material).digest('hex'));
+  });
+
+  it('without credentialHashKey the hash is a domain-separated SHA-256 and the gateway warns so at start-up; with it, no warning', async () => {
+    const { gw, warnings } = await gateway({ config: {} });
+    await charge(gw, 'order-8', A);
+    expect(fingerprintRow(gw, 'order-8')[0]!.fingerprint).toBe(sha256(`${PUBLIC_FIELDS}\u0000\u0000cred:${sha256(MATERIAL([['authorization', A.authorization]]))}`));
+    expect(warnings('credential-hash-unkeyed')).toHaveLength(1);
+    // Callers that send no credentials still share one key space: the global-keys warning stays, and says what the binding does.
+    const [global] = warnings('global-keys');
+    expect(global.route).toBe('payments');
+    expect(global.reason).toMatch(/a record answers only the credentials \(Authorization\) that made it, others get 422/);
+    const keyed = await gateway();
+    expect(keyed.warnings('credential-hash-unkeyed')).toHaveLength(0);
+    expect(keyed.warnings('global-keys').map((w) => w.route)).toEqual(['payments']);
+  });
+
+  it('the binding survives a restart and is shared by replicas with the same key: a retry on a second gateway over the same file is a replay', async () => {
+    const dir = tempDir();
+    cleanups.push(() => dir.cleanup());
+    const dbPath = `${dir.dir}/shared.db`;
+    const one = await gateway({ dbPath });
+    expect((await effectOf(await charge(one.gw, 'order-9', A))).effect).toBe(1);
+    const two = await gateway({ dbPath });
+    const retry = await charge(two.gw, 'order-9', A);
+    expect(retry.headers.get('idempotent-replayed')).toBe('true');
+    await expectReused(await charge(two.gw, 'order-9', B));
+    expect(two.up.effects).toBe(0);
+  });
+
+  it('negative control: with the credential part dropped from the fingerprint, B is handed A\'s answer and never reaches the upstream', async () => {
+    mutant.dropCredentials = true;
+    const { gw, up } = await gateway();
+    expect((await effectOf(await charge(gw, 'order-1', A))).effect).toBe(1);
+    const b = await charge(gw, 'order-1', B);
+    expect(b.headers.get('idempotent-replayed')).toBe('true');
+    expect((await effectOf(b)).effect).toBe(1);
+    expect(up.effects).toBe(1);
+  });
+
+  it('credentialBinding is validated', () => {
+    const parse = (credentialBinding: unknown) => () => parseConfig({ store: { sqlite: ':memory:' }, routes: [paymentsRoute('http://127.0.0.1:1', { credentialBinding })] });
+    expect(parse('hash')).toThrow(ConfigError);
+    expect(parse('hash')).toThrow(/credentialBinding/);
+    expect(parse('scope')).not.toThrow();
+    expect(parseConfig({ store: { sqlite: ':memory:' }, routes: [paymentsRoute('http://127.0.0.1:1')] }).routes[0]!.credentialBinding).toBe('fingerprint');
+  });
+});
+
+describe('plain route, credentialBinding "scope": each credential set its own key space', () => {
+  it('two callers with one key both reach the upstream, each gets its own answer and its own replay; a caller without credentials keeps the route scope', async () => {
+    const { gw, up } = await gateway({ route: SCOPE });
     const a1 = await effectOf(await charge(gw, 'order-1', A));
     const b1 = await effectOf(await charge(gw, 'order-1', B));
     expect([a1.effect, b1.effect]).toEqual([1, 2]);
@@ -76,10 +224,21 @@ describe('plain route: callers told apart by Authorization', () => {
     const scopes = recordRows(gw.sqlite, 'order-1').map((r) => r.scope).sort();
     expect(scopes).toHaveLength(3);
     expect(scopes).toContain('payments');
+    // The fingerprint is the one without credentials: they are in the scope only.
+    expect(new Set(fingerprintRow(gw, 'order-1').map((r) => r.fingerprint))).toEqual(new Set([sha256(PUBLIC_FIELDS)]));
+  });
+
+  it('the rotation hazard, as documented: a retry with a refreshed token is in another scope and is executed again', async () => {
+    const { gw, up } = await gateway({ route: SCOPE });
+    expect((await effectOf(await charge(gw, 'order-2', A))).effect).toBe(1);
+    const retry = await charge(gw, 'order-2', A_REFRESHED);
+    expect(retry.headers.get('idempotent-replayed')).toBeNull();
+    expect((await effectOf(retry)).effect).toBe(2);
+    expect(up.effects).toBe(2);
   });
 
   it('negative control: with the credential part dropped from the scope, B is handed A\'s answer and never reaches the upstream', async () => {
-    const { gw, up } = await gateway({ wrapStore: withoutCredentials });
+    const { gw, up } = await gateway({ route: SCOPE, wrapStore: withoutCredentials });
     expect((await effectOf(await charge(gw, 'order-1', A))).effect).toBe(1);
     const b = await charge(gw, 'order-1', B);
     expect(b.headers.get('idempotent-replayed')).toBe('true');
@@ -88,57 +247,61 @@ describe('plain route: callers told apart by Authorization', () => {
   });
 
   it('nothing of the credential is in the tables: the scope holds HMAC-SHA256 under credentialHashKey, not a digest anyone can recompute', async () => {
-    const { gw } = await gateway();
+    const { gw, warnings } = await gateway({ route: SCOPE });
     await charge(gw, 'order-1', A);
-    const dump = snapshot(gw.sqlite);
-    expect(dump).not.toContain('sk_test_alice');
+    expect(snapshot(gw.sqlite)).not.toContain('sk_test_alice');
     const [row] = recordRows(gw.sqlite, 'order-1');
-    const material = 'fencegate/key-scope/credentials/v1\u0000' + JSON.stringify([['authorization', A.authorization]]);
+    const material = MATERIAL([['authorization', A.authorization]]);
     expect(row!.scope).toBe(`payments\u0000cred:${createHmac('sha256', HASH_KEY).update(material).digest('hex')}`);
-    expect(row!.scope).not.toContain(createHash('sha256').update(material).digest('hex'));
-    expect(row!.scope).not.toContain(createHash('sha256').update(A.authorization).digest('hex'));
-  });
-
-  it('without credentialHashKey the hash is a domain-separated SHA-256 and the gateway warns so at start-up; with it, no warning', async () => {
-    const { gw, warnings } = await gateway({ config: {} });
-    await charge(gw, 'order-1', A);
-    const material = 'fencegate/key-scope/credentials/v1\u0000' + JSON.stringify([['authorization', A.authorization]]);
-    expect(recordRows(gw.sqlite, 'order-1')[0]!.scope).toBe(`payments\u0000cred:${createHash('sha256').update(material).digest('hex')}`);
-    expect(warnings('credential-hash-unkeyed')).toHaveLength(1);
-    // Nothing identifies a caller that sends no credentials: the global-keys warning stays.
-    expect(warnings('global-keys').map((w) => w.route)).toEqual(['payments']);
-    const keyed = await gateway();
-    expect(keyed.warnings('credential-hash-unkeyed')).toHaveLength(0);
-    expect(keyed.warnings('global-keys').map((w) => w.route)).toEqual(['payments']);
-  });
-
-  it('the scope survives a restart and is shared by replicas with the same key: a retry on a second gateway over the same file is a replay', async () => {
-    const dir = tempDir();
-    cleanups.push(() => dir.cleanup());
-    const dbPath = `${dir.dir}/shared.db`;
-    const one = await gateway({ dbPath });
-    expect((await effectOf(await charge(one.gw, 'order-9', A))).effect).toBe(1);
-    const two = await gateway({ dbPath });
-    const retry = await charge(two.gw, 'order-9', A);
-    expect(retry.headers.get('idempotent-replayed')).toBe('true');
-    expect(two.up.effects).toBe(0);
+    expect(row!.scope).not.toContain(sha256(material));
+    expect(row!.scope).not.toContain(sha256(A.authorization));
+    expect(warnings('global-keys')[0].reason).toMatch(/keys are scoped by the caller's credentials \(Authorization\) only/);
   });
 });
 
 describe.skipIf(!POSTGRES_URL)('plain route on PostgreSQL', () => {
-  it('two callers with one key are two executions, each replayed; the row holds the HMAC, not the credential', async () => {
+  async function pgGateway(route: Record<string, unknown> = {}) {
     const up = await startUpstream();
     cleanups.push(() => up.close());
-    const gw = await startPgTestGateway({ routes: [paymentsRoute(up.url, { fence: 'off', mode: 'concurrent' })], config: { credentialHashKey: HASH_KEY } });
+    const gw = await startPgTestGateway({ routes: [paymentsRoute(up.url, { fence: 'off', mode: 'concurrent', ...route })], config: { credentialHashKey: HASH_KEY } });
     cleanups.unshift(() => gw.close());
-    const pg = (key: string, headers: Record<string, string>) => command(gw.url, '/payments/charges', { key, headers });
+    const pg = (key: string, headers: Record<string, string>) => command(gw.url, '/payments/charges', { key, headers, body: BODY });
+    const rows = async (key: string) => (await gw.schema.pool.query<{ scope: string; fingerprint: string }>('SELECT scope, fingerprint FROM idempotency_records WHERE key = $1', [key])).rows;
+    return { up, pg, rows };
+  }
+
+  it('default binding: two callers with one key are one execution, B gets 422, A replays; the row holds a digest over the HMAC, not the credential', async () => {
+    const { up, pg, rows } = await pgGateway();
+    expect((await effectOf(await pg('order-pg', A))).effect).toBe(1);
+    await expectReused(await pg('order-pg', B));
+    await expectReused(await pg('order-pg', A_REFRESHED));
+    const again = await pg('order-pg', A);
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect((await effectOf(again)).effect).toBe(1);
+    expect(up.effects).toBe(1);
+    const hmac = createHmac('sha256', HASH_KEY).update(MATERIAL([['authorization', A.authorization]])).digest('hex');
+    expect(await rows('order-pg')).toEqual([{ scope: 'payments', fingerprint: sha256(`${PUBLIC_FIELDS}\u0000\u0000cred:${hmac}`) }]);
+  });
+
+  it('negative control: with the credential part dropped from the fingerprint, B is handed A\'s answer', async () => {
+    mutant.dropCredentials = true;
+    const { up, pg } = await pgGateway();
+    expect((await effectOf(await pg('order-pg', A))).effect).toBe(1);
+    const b = await pg('order-pg', B);
+    expect(b.headers.get('idempotent-replayed')).toBe('true');
+    expect((await effectOf(b)).effect).toBe(1);
+    expect(up.effects).toBe(1);
+  });
+
+  it('"scope": two callers with one key are two executions, each replayed; the row holds the HMAC, not the credential', async () => {
+    const { up, pg, rows } = await pgGateway(SCOPE);
     expect((await effectOf(await pg('order-pg', A))).effect).toBe(1);
     expect((await effectOf(await pg('order-pg', B))).effect).toBe(2);
     expect((await effectOf(await pg('order-pg', A))).effect).toBe(1);
     expect(up.effects).toBe(2);
-    const { rows } = await gw.schema.pool.query<{ scope: string }>("SELECT scope FROM idempotency_records WHERE key = 'order-pg'");
-    expect(JSON.stringify(rows)).not.toContain('sk_test');
-    expect(rows).toHaveLength(2);
+    const found = await rows('order-pg');
+    expect(JSON.stringify(found)).not.toContain('sk_test');
+    expect(found).toHaveLength(2);
   });
 });
 
@@ -146,32 +309,53 @@ describe('credentialHeaders', () => {
   const K1 = { 'x-api-key': 'key-one' };
   const K2 = { 'x-api-key': 'key-two' };
 
-  it('a listed header scopes keys: two API keys, one idempotency key, two executions; the same API key replays', async () => {
+  it('a listed header binds the record: a second API key under one idempotency key is 422; the same API key replays', async () => {
     const { gw, up } = await gateway({ route: { credentialHeaders: ['X-Api-Key'] } });
     expect((await effectOf(await charge(gw, 'o', K1))).effect).toBe(1);
-    expect((await effectOf(await charge(gw, 'o', K2))).effect).toBe(2);
+    await expectReused(await charge(gw, 'o', K2));
     expect((await effectOf(await charge(gw, 'o', K1))).effect).toBe(1);
     // Authorization and the listed header together are one caller: either differing is another.
-    expect((await effectOf(await charge(gw, 'o', { ...K1, ...A }))).effect).toBe(3);
-    expect(up.effects).toBe(3);
+    await expectReused(await charge(gw, 'o', { ...K1, ...A }));
+    expect(up.effects).toBe(1);
     expect(snapshot(gw.sqlite)).not.toContain('key-one');
   });
 
-  it('control: a header the route does not list does not scope keys (the second API key is handed the first one\'s answer)', async () => {
+  it('with "scope", a listed header scopes keys: two API keys, one idempotency key, two executions', async () => {
+    const { gw, up } = await gateway({ route: { credentialHeaders: ['X-Api-Key'], ...SCOPE } });
+    expect((await effectOf(await charge(gw, 'o', K1))).effect).toBe(1);
+    expect((await effectOf(await charge(gw, 'o', K2))).effect).toBe(2);
+    expect((await effectOf(await charge(gw, 'o', K1))).effect).toBe(1);
+    expect((await effectOf(await charge(gw, 'o', { ...K1, ...A }))).effect).toBe(3);
+    expect(up.effects).toBe(3);
+  });
+
+  it('control: a header the route does not list does not bind the record (the second API key is handed the first one\'s answer)', async () => {
     const { gw, up } = await gateway();
     expect((await effectOf(await charge(gw, 'o', K1))).effect).toBe(1);
     expect((await effectOf(await charge(gw, 'o', K2))).effect).toBe(1);
     expect(up.effects).toBe(1);
   });
 
-  it('with gateway auth the caller scopes keys and a listed header still does: one caller, two API keys, two executions', async () => {
+  it('with gateway auth the caller scopes keys and a listed header binds the record; a new token of the same caller is a replay', async () => {
     const { gw, up } = await gateway({ route: { credentialHeaders: ['X-Api-Key'] }, config: { auth: hsAuth(), credentialHashKey: HASH_KEY } });
     const alice = bearer(await token({ sub: 'alice' }));
     expect((await effectOf(await charge(gw, 'o', { ...alice, ...K1 }))).effect).toBe(1);
-    expect((await effectOf(await charge(gw, 'o', { ...alice, ...K2 }))).effect).toBe(2);
+    await expectReused(await charge(gw, 'o', { ...alice, ...K2 }));
     expect((await effectOf(await charge(gw, 'o', { ...alice, ...K1 }))).effect).toBe(1);
-    // A new token of the same caller is the same scope: Authorization is the gateway's, never the upstream's, so it does not enter it.
-    expect((await effectOf(await charge(gw, 'o', { ...bearer(await token({ sub: 'alice', expIn: 600 })), ...K1 }))).effect).toBe(1);
+    // Authorization is the gateway's, never the upstream's: it enters neither the scope nor the fingerprint.
+    const refreshed = await charge(gw, 'o', { ...bearer(await token({ sub: 'alice', expIn: 900 })), ...K1 });
+    expect(refreshed.headers.get('idempotent-replayed')).toBe('true');
+    expect((await effectOf(refreshed)).effect).toBe(1);
+    expect(up.effects).toBe(1);
+    expect(recordRows(gw.sqlite, 'o').map((r) => r.scope)).toEqual(['payments\u0000alice']);
+  });
+
+  it('with gateway auth and "scope": one caller, two API keys, two executions; a new token of the same caller is the same scope', async () => {
+    const { gw, up } = await gateway({ route: { credentialHeaders: ['X-Api-Key'], ...SCOPE }, config: { auth: hsAuth(), credentialHashKey: HASH_KEY } });
+    const alice = bearer(await token({ sub: 'alice' }));
+    expect((await effectOf(await charge(gw, 'o', { ...alice, ...K1 }))).effect).toBe(1);
+    expect((await effectOf(await charge(gw, 'o', { ...alice, ...K2 }))).effect).toBe(2);
+    expect((await effectOf(await charge(gw, 'o', { ...bearer(await token({ sub: 'alice', expIn: 900 })), ...K1 }))).effect).toBe(1);
     expect(up.effects).toBe(2);
   });
 
@@ -194,23 +378,52 @@ describe('credentialHeaders', () => {
 });
 
 describe('mcp route: callers told apart by Authorization', () => {
-  async function setup(wrapStore?: (s: GatewayStore) => GatewayStore) {
+  async function setup(options: { route?: Record<string, unknown>; wrapStore?: (s: GatewayStore) => GatewayStore } = {}) {
     const up = await startMcpUpstream({ stateful: false, json: true });
     cleanups.push(() => up.close());
-    const gw = await startMcpGateway([mcpRoute(up.url)], { config: { credentialHashKey: HASH_KEY }, ...(wrapStore ? { wrapStore } : {}) });
+    const gw = await startMcpGateway([mcpRoute(up.url, options.route)], { config: { credentialHashKey: HASH_KEY }, ...(options.wrapStore ? { wrapStore: options.wrapStore } : {}) });
     cleanups.push(() => gw.close());
     const agent = async (headers: Record<string, string>) => {
       const c = await connectClient(`${gw.url}/mcp`, { headers });
       cleanups.unshift(() => c.close());
       return c.client;
     };
-    const ticket = async (client: Awaited<ReturnType<typeof agent>>) =>
-      JSON.parse(textOf(await client.callTool({ name: 'create_ticket', arguments: { title: 'printer on fire' }, _meta: fenced(1, 'job-1', 'job-1:create') }))).id as string;
-    return { up, gw, agent, ticket };
+    const call = (client: Awaited<ReturnType<typeof agent>>) => client.callTool({ name: 'create_ticket', arguments: { title: 'printer on fire' }, _meta: fenced(1, 'job-1', 'job-1:create') });
+    const ticket = async (client: Awaited<ReturnType<typeof agent>>) => JSON.parse(textOf(await call(client))).id as string;
+    /** The route's JSON-RPC error for idempotency-key-reused, without the other agent's ticket. */
+    const reused = async (client: Awaited<ReturnType<typeof agent>>) => {
+      // A result (another agent's ticket) reads as its text, so a failure shows what was handed out.
+      const outcome = await call(client).then((r) => `result: ${textOf(r)}`, (e: Error) => `error: ${e.message}`);
+      expect(outcome).toMatch(/^error: .*idempotency-key-reused/);
+      expect(outcome).not.toMatch(/T-\d/);
+    };
+    return { up, gw, agent, ticket, reused };
   }
 
-  it('two agents with different tokens and one key each create their ticket; each retry is its own replay; an agent without a token is a third caller', async () => {
-    const { up, gw, agent, ticket } = await setup();
+  it('default binding: a second agent with another token, the first with a refreshed token, and an agent without one are refused; the server makes one ticket; the first agent\'s retry replays', async () => {
+    const { up, gw, agent, ticket, reused } = await setup();
+    const [alice, bob, refreshed, nobody] = [await agent(A), await agent(B), await agent(A_REFRESHED), await agent({})];
+    expect(await ticket(alice)).toBe('T-1');
+    await reused(bob);
+    await reused(refreshed);
+    await reused(nobody);
+    expect(await ticket(alice)).toBe('T-1');
+    expect(up.tickets).toHaveLength(1);
+    expect(gw.decisions().map((d) => d.decision).filter((d) => d !== 'passed')).toEqual(['forwarded', 'idempotency-key-reused', 'idempotency-key-reused', 'idempotency-key-reused', 'replayed']);
+    expect(JSON.stringify(gw.sqlite.db.prepare('SELECT * FROM idempotency_records').all())).not.toContain('sk_test');
+  });
+
+  it('negative control: with the credential part dropped from the fingerprint, the second agent is handed the first one\'s ticket', async () => {
+    mutant.dropCredentials = true;
+    const { up, agent, ticket } = await setup();
+    const [alice, bob] = [await agent(A), await agent(B)];
+    expect(await ticket(alice)).toBe('T-1');
+    expect(await ticket(bob)).toBe('T-1');
+    expect(up.tickets).toHaveLength(1);
+  });
+
+  it('"scope": two agents with different tokens and one key each create their ticket; each retry is its own replay; an agent without a token is a third caller', async () => {
+    const { up, gw, agent, ticket } = await setup({ route: SCOPE });
     const [alice, bob, nobody] = [await agent(A), await agent(B), await agent({})];
     expect(await ticket(alice)).toBe('T-1');
     expect(await ticket(bob)).toBe('T-2');
@@ -223,8 +436,15 @@ describe('mcp route: callers told apart by Authorization', () => {
     expect(JSON.stringify(gw.sqlite.db.prepare('SELECT scope FROM idempotency_records').all())).not.toContain('sk_test');
   });
 
-  it('negative control: with the credential part dropped from the scope, the second agent is handed the first one\'s ticket', async () => {
-    const { up, agent, ticket } = await setup(withoutCredentials);
+  it('"scope", the rotation hazard: an agent whose token was refreshed creates a second ticket', async () => {
+    const { up, agent, ticket } = await setup({ route: SCOPE });
+    expect(await ticket(await agent(A))).toBe('T-1');
+    expect(await ticket(await agent(A_REFRESHED))).toBe('T-2');
+    expect(up.tickets).toHaveLength(2);
+  });
+
+  it('"scope" negative control: with the credential part dropped from the scope, the second agent is handed the first one\'s ticket', async () => {
+    const { up, agent, ticket } = await setup({ route: SCOPE, wrapStore: withoutCredentials });
     const [alice, bob] = [await agent(A), await agent(B)];
     expect(await ticket(alice)).toBe('T-1');
     expect(await ticket(bob)).toBe('T-1');

@@ -9,7 +9,7 @@ import { errorText } from '../logger.js';
 import type { ProxyDeps } from '../proxy.js';
 import { finishWithRetries } from '../settle.js';
 import { joinUrl, upstreamHeaders } from '../upstream-request.js';
-import { credentialScopeOf, keyScopeOf } from '../key-scope.js';
+import { credentialBindingOf, keyScopeOf } from '../key-scope.js';
 import { logRefusal } from '../refusal-log.js';
 import { parseToolCommand, presentedInCall } from './command.js';
 import type { ToolCall } from './message.js';
@@ -67,17 +67,19 @@ export async function decideCall(deps: ProxyDeps, call: ToolCall, policy: ToolPo
     ctx.trace.fence = fence.toString();
   }
   const tool = `mcp:${call.name}`;
+  // The credentials the MCP server sees bind the record as on plain routes (../key-scope.ts credentialBindingOf):
+  // it tells its clients apart by them; by default in the fingerprint, so a refreshed OAuth token's retry is 422, not a second call.
+  const credentials = credentialBindingOf(route, req.headers, deps.credentialHashing);
   const input: AdmitInput = {
     // Per route and tool (and caller), not per session: a retry on a new session gets the stored answer.
     // And per path: on a `/mcp/*` route `/mcp/tenant-a` and `/mcp/tenant-b` are two endpoints, so two key spaces.
-    // And per the credentials the upstream sees (../key-scope.ts), as on plain routes: an MCP server that authenticates its clients tells them apart.
-    scope: `${keyScopeOf(route, caller, null, credentialScopeOf(route, req.headers, deps.credentialHashing))}\u0000${tool}\u0000path:${ctx.pathname}`,
+    scope: `${keyScopeOf(route, caller, null, credentials.scope)}\u0000${tool}\u0000path:${ctx.pathname}`,
     key,
     entity: storeEntity(entity, caller, deps.config),
     fence,
     // The path and query as a plain route's (../proxy.ts), the tool and its arguments as written;
-    // not the JSON-RPC id, not _meta (progress tokens, the fence), not the session.
-    fingerprint: fingerprint('POST', ctx.pathname + ctx.search, 'application/json', sha256Hex(new TextEncoder().encode(`${tool}\u0000${call.argsDigest}`)), entity),
+    // not the JSON-RPC id, not _meta (progress tokens, the fence), not the session; the credentials with the default binding.
+    fingerprint: fingerprint('POST', ctx.pathname + ctx.search, 'application/json', sha256Hex(new TextEncoder().encode(`${tool}\u0000${call.argsDigest}`)), entity, credentials.fingerprint),
     ...routeAdmission(route),
     audit,
   };
