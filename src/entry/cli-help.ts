@@ -12,9 +12,10 @@ Usage:
   fencegate token   --config FILE --sub NAME [--scope "fencegate:proxy"] [--ttl 1h]
   fencegate resolve-unknown --url URL [--token T] --route NAME --from T --to T [--note TEXT] [--dry-run]
   fencegate --help  (fencegate <command> --help: that command's options)
+  fencegate --version
 
 Environment:
-  FENCEGATE_LOG_LEVEL  info (default) | warn | error | silent
+  FENCEGATE_LOG_LEVEL  info (default) | warn | error | silent (any case; empty is info; another word stops start-up)
   FENCEGATE_TOKEN      bearer token for --url commands (keeps it out of ps)
   DATABASE_URL         PostgreSQL store, as --database-url
   FENCEGATE_DEBUG=1    print the stack trace of an error

@@ -1,8 +1,9 @@
 #!/usr/bin/env node
+import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { readConfig } from '../config/read-file.js';
 import type { Config } from '../config/schema.js';
-import { createJsonLogger, type Logger, type LogLevel } from '../http/logger.js';
+import { createJsonLogger, LOG_LEVELS, parseLogLevel, type Logger } from '../http/logger.js';
 import { migrateLeasePostgresUrl, migrateLeaseSqlite } from '../lease/migrate.js';
 import { migrateSqlite, openSqlite } from '../store/sqlite/index.js';
 import { auditCommand, tokenCommand } from './cli-audit.js';
@@ -26,8 +27,13 @@ async function main(argv: string[]): Promise<number> {
       'database-url': { type: 'string' },
       lease: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
+      version: { type: 'boolean' },
     },
   });
+  if (values.version) {
+    process.stdout.write(`fencegate ${packageVersion()}\n`);
+    return 0;
+  }
   const command = positionals[0];
   if (command !== undefined && command !== 'serve' && command !== 'migrate' && command !== 'help') return usage(`unknown command "${command}"`);
   if (positionals.length > 1) return usage(`unexpected argument "${positionals[1]}"`, command);
@@ -35,7 +41,9 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(command === 'serve' ? SERVE_HELP : command === 'migrate' ? MIGRATE_HELP : HELP);
     return command === undefined && !values.help ? 2 : 0;
   }
-  const logger = createJsonLogger({ level: (process.env.FENCEGATE_LOG_LEVEL as LogLevel | undefined) ?? 'info' });
+  const level = parseLogLevel(process.env.FENCEGATE_LOG_LEVEL || 'info');
+  if (level === null) return usage(`FENCEGATE_LOG_LEVEL must be one of ${LOG_LEVELS.join(', ')} (it is ${JSON.stringify(process.env.FENCEGATE_LOG_LEVEL)})`, command);
+  const logger = createJsonLogger({ level });
 
   if (command === 'migrate') {
     const store = storeFrom(values);
@@ -155,3 +163,8 @@ main(argv).then(
     process.exit(reportError(err, ['serve', 'migrate', 'audit', 'token', 'resolve-unknown'].find((c) => c === argv[0])));
   },
 );
+
+/** The version in package.json, two folders up from this file in src/ and in dist/ alike. */
+function packageVersion(): string {
+  return (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+}

@@ -17,7 +17,7 @@ import { ConfigError, parseConfigText } from '../config/load.js';
 import type { Config } from '../config/schema.js';
 import { createFetchForwarder } from '../http/forward-fetch.js';
 import { createGateway, type Gateway } from '../http/gateway.js';
-import { createJsonLogger, type Logger, type LogLevel } from '../http/logger.js';
+import { createJsonLogger, LOG_LEVELS, parseLogLevel, type Logger } from '../http/logger.js';
 import { renderProblem } from '../protocol/problem.js';
 import { createD1Store, type D1DatabaseLike } from '../store/d1/index.js';
 
@@ -84,9 +84,10 @@ function isolateFor(env: WorkerEnv): Isolate {
   if (db === undefined || typeof db !== 'object' || typeof db.batch !== 'function') {
     throw new ConfigError(`store.d1: no D1 binding named ${config.store.d1} (add [[d1_databases]] binding = "${config.store.d1}" to wrangler.toml)`, ['store.d1']);
   }
-  const level = (env.FENCEGATE_LOG_LEVEL ?? 'info') as LogLevel;
+  const level = parseLogLevel(env.FENCEGATE_LOG_LEVEL || 'info');
+  if (level === null) throw new ConfigError(`FENCEGATE_LOG_LEVEL must be one of ${LOG_LEVELS.join(', ')} (it is ${JSON.stringify(env.FENCEGATE_LOG_LEVEL)})`, ['FENCEGATE_LOG_LEVEL']);
   // console.log: Workers Logs parse one JSON object per line.
-  const logger = createJsonLogger({ level: ['info', 'warn', 'error', 'silent'].includes(level) ? level : 'info', write: (line) => console.log(line) });
+  const logger = createJsonLogger({ level, write: (line) => console.log(line) });
   const store = createD1Store({ db });
   const forwarder = createFetchForwarder();
   // Upstream credentials (`upstreamHeaders: { env }`) come from Worker

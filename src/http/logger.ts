@@ -9,6 +9,19 @@ export type LogLevel = 'info' | 'warn' | 'error' | 'silent';
 
 const RANK: Record<LogLevel, number> = { info: 0, warn: 1, error: 2, silent: 3 };
 
+/** The levels FENCEGATE_LOG_LEVEL takes, in the order of RANK. */
+export const LOG_LEVELS = Object.keys(RANK) as LogLevel[];
+
+/**
+ * A level as an operator writes it (`WARN`, ` error `), or null for what is
+ * none of LOG_LEVELS: a typo must not start the gateway at another level
+ * than the one asked for without a word.
+ */
+export function parseLogLevel(text: string): LogLevel | null {
+  const level = text.trim().toLowerCase();
+  return (LOG_LEVELS as string[]).includes(level) ? (level as LogLevel) : null;
+}
+
 /**
  * @example
  * const log = createJsonLogger({ level: 'info' }); // writes to stdout

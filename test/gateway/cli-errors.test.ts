@@ -1,4 +1,4 @@
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { createServer, type AddressInfo, type Server } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -6,6 +6,7 @@ import { command, expectProblem, paymentsRoute, startTestGateway, tempDir } from
 import { CLI, killAll as killChildren, runNode, writeJson } from '../helpers/child.js';
 import { startUpstream } from '../helpers/upstream.js';
 import { hsAuth, token } from '../auth/tokens.js';
+import { parseLogLevel } from '../../src/http/logger.js';
 
 // How the `fencegate` CLI fails (src/entry/cli-errors.ts): one line on
 // stderr starting `fencegate: `, exit 2 for usage and 1 otherwise, no stack
@@ -75,6 +76,24 @@ describe('one-line errors with an exit code', () => {
     const r = await runNode([CLI, 'serve', '--config', config], { FENCEGATE_LOG_LEVEL: 'silent' });
     expect(r.code).toBe(1);
     expect(r.stderr).toBe(`fencegate: 127.0.0.1:${port} is already in use (another fencegate?): pick another port with --port N or listen.port in the config\n`);
+  });
+
+  it('FENCEGATE_LOG_LEVEL: another word stops start-up naming the levels; any case of a level is that level', async () => {
+    for (const bad of ['debug', 'verbose']) {
+      const r = await runNode([CLI, 'serve', '--config', noAuth, '--port', '0'], { FENCEGATE_LOG_LEVEL: bad });
+      expect(r.code, r.stderr).toBe(2);
+      expect(r.stderr).toBe(`fencegate: FENCEGATE_LOG_LEVEL must be one of info, warn, error, silent (it is ${JSON.stringify(bad)}) (fencegate serve --help)\n`);
+    }
+    // Control: WARN passes the check (the next one, --port's, is what stops it).
+    const r = await runNode([CLI, 'serve', '--config', noAuth, '--port', 'x'], { FENCEGATE_LOG_LEVEL: 'WARN' });
+    expect(r.stderr).toBe('fencegate: --port must be a number from 0 to 65535 (fencegate serve --help)\n');
+    expect([parseLogLevel('WARN'), parseLogLevel(' error '), parseLogLevel('Silent'), parseLogLevel('debug')]).toEqual(['warn', 'error', 'silent', null]);
+  });
+
+  it('--version prints the package version', async () => {
+    const r = await runNode([CLI, '--version']);
+    expect(r.code).toBe(0);
+    expect(r.stdout).toBe(`fencegate ${JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')).version}\n`);
   });
 
   it('a missing environment variable: names the field and the variable', async () => {
