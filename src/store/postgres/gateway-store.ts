@@ -24,6 +24,7 @@ import { createRejectionLog } from './rejections.js';
 import { createSweep } from './retention.js';
 import type { PoolLike } from './types.js';
 import { PgWakeups } from './wakeups.js';
+import { ReplicationCheck } from './replication-check.js';
 
 // Imported from here by ./index.ts; their homes are ./wakeups.ts and ./options.ts.
 export { DEFAULT_POLL_MS_LISTENING, DEFAULT_POLL_MS_POLLING } from './wakeups.js';
@@ -70,6 +71,8 @@ export class PostgresGatewayStore implements GatewayStore {
   private readonly reads: ReturnType<typeof createReads>;
   private readonly sweeper: ReturnType<typeof createSweep>;
   private readonly audit: AuditStore;
+  /** Whether a failover would keep acknowledged decisions (./replication-check.ts); null when switched off. */
+  readonly replication: ReplicationCheck | null;
   private closing: Promise<void> | null = null;
   /** Set by close() once the finish group is idle: from then on finishes are refused too. */
   private refusing = false;
@@ -84,6 +87,8 @@ export class PostgresGatewayStore implements GatewayStore {
     resolvedSchema: string;
     makeListenClient: (() => pg.Client) | null;
     pollMs?: number;
+    /** `false`: no replication check. Default 60000. */
+    replicationCheckMs?: number | false;
     onError?: (err: Error, source: 'pool' | 'listener') => void;
   }) {
     this.pool = init.pool;
@@ -106,6 +111,7 @@ export class PostgresGatewayStore implements GatewayStore {
     this.reads = createReads(ctx);
     this.sweeper = createSweep(ctx, () => this.closing !== null);
     this.audit = createPostgresAudit(ctx);
+    this.replication = init.replicationCheckMs === false ? null : new ReplicationCheck(this.pool, init.replicationCheckMs ?? 60_000);
   }
 
   // The audit methods (fence history, operator resolution) live in ./audit.ts.
@@ -115,9 +121,9 @@ export class PostgresGatewayStore implements GatewayStore {
   listOperatorActions: AuditStore['listOperatorActions'] = (page) => this.audit.listOperatorActions(page);
   auditStats: AuditStore['auditStats'] = () => this.audit.auditStats();
 
-  /** Starts the listener (resolves even if it could not connect yet: it retries). */
+  /** Starts the listener (resolves even if it could not connect yet: it retries) and the replication check (its first reading never fails the start). */
   async start(): Promise<void> {
-    await this.wakeups.start();
+    await Promise.all([this.wakeups.start(), this.replication?.start()]);
   }
 
   /** True when cross-replica wake-ups are live (for health checks and tests). */
@@ -184,6 +190,7 @@ export class PostgresGatewayStore implements GatewayStore {
       await this.admission.group.idle();
       await this.finishing.group.idle();
       this.refusing = true;
+      this.replication?.close();
       await this.wakeups.close();
       if (this.ownsPool) await this.pool.end();
     })();

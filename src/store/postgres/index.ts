@@ -10,6 +10,7 @@ export {
   type PostgresStoreOptions,
 } from './gateway-store.js';
 export { migratePostgres } from './migrate.js';
+export { ReplicationCheck, assessReplication, type ReplicationReport, type ReplicationLogLine } from './replication-check.js';
 export type { ClientLike, PoolLike, QueryResultLike } from './types.js';
 
 /**
@@ -40,6 +41,7 @@ export async function createPostgresStore(options: PostgresStoreOptions): Promis
       resolvedSchema,
       makeListenClient,
       pollMs: options.pollMs,
+      replicationCheckMs: options.replicationCheckMs,
       onError,
     });
     await store.start();

@@ -28,6 +28,12 @@ export interface PostgresStoreOptions {
   connectionTimeoutMs?: number;
   /** Server-side statement_timeout for the store's own connections. Default 10000 ms. */
   statementTimeoutMs?: number;
+  /**
+   * How often the store reads whether its server replicates synchronously
+   * (./replication-check.ts; docs/deploy-postgres.md "Replication and
+   * failover"): at start, then every this many ms. `false`: never. Default 60000.
+   */
+  replicationCheckMs?: number | false;
   /** Shown in pg_stat_activity. Default `fencegate`. */
   applicationName?: string;
   /**
