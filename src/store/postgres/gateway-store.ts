@@ -28,7 +28,8 @@ import { ReplicationCheck } from './replication-check.js';
 
 // Imported from here by ./index.ts; their homes are ./wakeups.ts and ./options.ts.
 export { DEFAULT_POLL_MS_LISTENING, DEFAULT_POLL_MS_POLLING } from './wakeups.js';
-export type { PostgresStoreOptions } from './options.js';
+export type { PgStoreNotice, PostgresStoreOptions } from './options.js';
+import type { PgStoreNotice } from './options.js';
 
 /**
  * The PostgreSQL gateway store, for several gateway replicas on one
@@ -73,6 +74,7 @@ export class PostgresGatewayStore implements GatewayStore {
   private readonly audit: AuditStore;
   /** Whether a failover would keep acknowledged decisions (./replication-check.ts); null when switched off. */
   readonly replication: ReplicationCheck | null;
+  private readonly notices: PgStoreNotice[];
   private closing: Promise<void> | null = null;
   /** Set by close() once the finish group is idle: from then on finishes are refused too. */
   private refusing = false;
@@ -87,6 +89,8 @@ export class PostgresGatewayStore implements GatewayStore {
     resolvedSchema: string;
     makeListenClient: (() => pg.Client) | null;
     pollMs?: number;
+    /** Said once to whoever subscribes (./pool.ts openPool). */
+    notices?: PgStoreNotice[];
     /** `false`: no replication check. Default 60000. */
     replicationCheckMs?: number | false;
     onError?: (err: Error, source: 'pool' | 'listener') => void;
@@ -111,6 +115,7 @@ export class PostgresGatewayStore implements GatewayStore {
     this.reads = createReads(ctx);
     this.sweeper = createSweep(ctx, () => this.closing !== null);
     this.audit = createPostgresAudit(ctx);
+    this.notices = init.notices ?? [];
     this.replication = init.replicationCheckMs === false ? null : new ReplicationCheck(this.pool, init.replicationCheckMs ?? 60_000);
   }
 
@@ -124,6 +129,16 @@ export class PostgresGatewayStore implements GatewayStore {
   /** Starts the listener (resolves even if it could not connect yet: it retries) and the replication check (its first reading never fails the start). */
   async start(): Promise<void> {
     await Promise.all([this.wakeups.start(), this.replication?.start()]);
+  }
+
+  /**
+   * What the gateway's log should say about this store: its start-up notices
+   * (./pool.ts) at once, then the replication check's lines (at once if it
+   * has one, and on each change). Returns the unsubscribe.
+   */
+  subscribe(fn: (notice: PgStoreNotice) => void): () => void {
+    for (const n of this.notices) fn(n);
+    return this.replication?.subscribe(fn) ?? (() => {});
   }
 
   /** True when cross-replica wake-ups are live (for health checks and tests). */

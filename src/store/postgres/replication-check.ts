@@ -1,3 +1,4 @@
+import type { PgStoreNotice } from './options.js';
 import type { PoolLike } from './types.js';
 
 /**
@@ -90,10 +91,8 @@ export function assessReplication(row: ReplicationRow): ReplicationReport {
 }
 
 /** A log line, for whoever holds the logger (the Node entry, src/entry/node.ts). */
-export interface ReplicationLogLine {
-  level: 'info' | 'warn';
+export interface ReplicationLogLine extends PgStoreNotice {
   msg: 'async-replication' | 'replication-unchecked' | 'sync-standby-missing' | 'replication-synchronous';
-  fields: Record<string, unknown>;
 }
 
 /**
