@@ -16,11 +16,9 @@
  */
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseConfig } from '../../src/config/load.js';
-import { startGateway, type RunningGateway } from '../../src/entry/node.js';
-import type { Logger } from '../../src/http/logger.js';
-import { createPostgresStore, type PostgresGatewayStore, type PostgresStoreOptions } from '../../src/store/postgres/index.js';
+import { createPostgresStore, type PostgresStoreOptions } from '../../src/store/postgres/index.js';
 import { command, expectProblem, paymentsRoute, until } from '../helpers/gateway.js';
+import { startLoggedPgGateway, type LoggedPgGateway } from '../helpers/pg-gateway.js';
 import { findPostgresBin, startPrivatePostgres, type PrivatePostgres } from '../helpers/private-postgres.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
@@ -29,8 +27,7 @@ if (BIN === null) {
   console.warn('[fencegate] initdb/pg_ctl/pg_basebackup not found (Debian: apt-get install postgresql; or set FENCEGATE_PG_BIN): the replication check test is SKIPPED.');
 }
 
-interface Line { level: string; msg: string; fields: Record<string, unknown> }
-interface Gw { url: string; running: RunningGateway; store: PostgresGatewayStore; lines: Line[] }
+type Gw = LoggedPgGateway;
 
 /** What the check logs (src/store/postgres/replication-check.ts); other start-up warnings are not this test's. */
 const REPLICATION_LINES = new Set(['async-replication', 'replication-unchecked', 'sync-standby-missing', 'replication-synchronous']);
@@ -60,19 +57,13 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
 
   /** A gateway on `url`; its store checks only when the test asks (the timer is 10 min). */
   async function gateway(url: string, store: Partial<PostgresStoreOptions> = {}): Promise<Gw> {
-    const lines: Line[] = [];
-    const push = (level: string) => (msg: string, fields: Record<string, unknown> = {}) => void lines.push({ level, msg, fields });
-    const logger: Logger = { info: push('info'), warn: push('warn'), error: push('error') };
     const s = await createPostgresStore({ connectionString: url, poolSize: 2, replicationCheckMs: 600_000, ...store });
-    const config = parseConfig({ listen: { host: '127.0.0.1', port: 0 }, store: { postgres: url }, routes: [paymentsRoute(up.url)] });
-    const running = await startGateway({ config, store: s, logger, env: {} });
-    const gw = { url: running.url, running, store: s, lines };
+    const gw = await startLoggedPgGateway(s, url, [paymentsRoute(up.url)]);
     gateways.push(gw);
     return gw;
   }
   async function stop(gw: Gw): Promise<void> {
-    await gw.running.close();
-    await gw.store.close();
+    await gw.close();
     gateways.splice(gateways.indexOf(gw), 1);
   }
   const scrape = async (gw: Gw) => gaugeOf(await (await fetch(`${gw.url}/_fencegate/metrics`)).text());

@@ -15,13 +15,11 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { parseConfig } from '../../src/config/load.js';
 import { openJobStore } from '../../src/lease/open.js';
-import { startGateway, type RunningGateway } from '../../src/entry/node.js';
-import type { Logger } from '../../src/http/logger.js';
 import { createPostgresStore, type PostgresGatewayStore, type PostgresStoreOptions } from '../../src/store/postgres/index.js';
 import { CLI, runNode, startGatewayChild, writeJson } from '../helpers/child.js';
 import { command, expectProblem, paymentsRoute, tempDir, until } from '../helpers/gateway.js';
+import { startLoggedPgGateway, type LoggedPgGateway } from '../helpers/pg-gateway.js';
 import { PGBOUNCER_BIN, startPgbouncer, type PrivatePgbouncer } from '../helpers/pgbouncer.js';
 import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
@@ -39,8 +37,7 @@ describe.runIf(IN_CI && !HAVE_PGBOUNCER)('PgBouncer in CI', () => {
   });
 });
 
-interface Line { level: string; msg: string; fields: Record<string, unknown> }
-interface Gw { url: string; running: RunningGateway; store: PostgresGatewayStore; lines: Line[] }
+type Gw = LoggedPgGateway;
 
 const errorsOf = (text: string, op: string) => Number(new RegExp(`^fencegate_store_errors_total\\{op="${op}"\\} (\\S+)$`, 'm').exec(text)?.[1]);
 
@@ -65,13 +62,7 @@ for (const mode of ['session', 'transaction'] as const) {
       return s;
     }
     async function gateway(options: PostgresStoreOptions): Promise<Gw> {
-      const lines: Line[] = [];
-      const push = (level: string) => (msg: string, fields: Record<string, unknown> = {}) => void lines.push({ level, msg, fields });
-      const logger: Logger = { info: push('info'), warn: push('warn'), error: push('error') };
-      const store = await open(options);
-      const config = parseConfig({ listen: { host: '127.0.0.1', port: 0 }, store: { postgres: bouncer.url }, routes: [paymentsRoute(up.url)] });
-      const running = await startGateway({ config, store, logger, env: {} });
-      const gw = { url: running.url, running, store, lines };
+      const gw = await startLoggedPgGateway(await open(options), bouncer.url, [paymentsRoute(up.url)]);
       gateways.push(gw);
       return gw;
     }
