@@ -188,6 +188,15 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     expect(replay.headers.get('idempotent-replayed')).toBe('true');
     await replay.arrayBuffer();
     expect(up.effects).toBe(effects);
+
+    // The promotion pitfall: a new primary that names synchronous standbys none of which is connected.
+    await sql(standby!.url, "ALTER SYSTEM SET synchronous_standby_names = 'nobody'");
+    await sql(standby!.url, 'SELECT pg_reload_conf()');
+    await until(async () => (await sql<{ s: string }>(standby!.url, "SELECT current_setting('synchronous_standby_names') AS s"))[0]!.s === 'nobody' || null, 'the reload');
+    await after.store.replication!.check();
+    expect(warned(after, 'sync-standby-missing')).toHaveLength(1);
+    expect(warned(after, 'sync-standby-missing')[0]!.fields.reason).toMatch(/every commit waits/);
+    expect(await scrape(after)).toBe(0);
     await stop(after);
   }, 120_000);
 });

@@ -99,7 +99,7 @@ export function configuredPool(
  * never named (a statement prepared on one server connection is unknown on
  * the next); and a client checked out (the migrator) gets the settings after
  * its BEGIN. Costs two round trips more per statement (BEGIN with the
- * settings, then COMMIT), measured in docs/deploy-postgres.md.
+ * settings, then COMMIT); docs/deploy-postgres.md "Through PgBouncer" has the figures.
  */
 export function transactionPooled(pool: pg.Pool, setLocal: string | null): PoolLike & Pick<pg.Pool, 'totalCount' | 'idleCount' | 'waitingCount'> {
   const unnamed = (text: unknown) => (typeof text === 'object' && text !== null ? { ...(text as pg.QueryConfig), name: undefined } : text);
