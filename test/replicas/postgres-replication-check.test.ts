@@ -114,7 +114,7 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     expect(await scrape(fresh)).toBe(1);
     await stop(fresh);
     await stop(running);
-  });
+  }, 120_000);
 
   it('the negative control: with the standby synchronous, no warning and the gauge is 0; a running gateway says the risk is gone', async () => {
     const running = await gateway(primary.url);
@@ -133,7 +133,7 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     expect(await scrape(fresh)).toBe(0);
     await stop(fresh);
     await stop(running);
-  });
+  }, 120_000);
 
   it('synchronous_commit local with a synchronous standby: async-replication all the same', async () => {
     await sql(primary.url, "DROP ROLE IF EXISTS fg_local; CREATE ROLE fg_local LOGIN SUPERUSER; ALTER ROLE fg_local SET synchronous_commit = 'local'");
