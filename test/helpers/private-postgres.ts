@@ -68,10 +68,11 @@ export interface PrivatePostgresOptions {
    */
   settings?: Record<string, string>;
   /**
-   * Make this server a streaming standby of that one (`pg_basebackup -R`,
-   * which writes standby.signal and primary_conninfo) instead of initdb.
+   * Make this server a streaming standby of the server on that loopback port
+   * (a PrivatePostgres, or a proxy in front of one) with `pg_basebackup -R`,
+   * which writes standby.signal and primary_conninfo, instead of initdb.
    */
-  standbyOf?: PrivatePostgres;
+  standbyOf?: { port: number };
   /** `cluster_name`: a standby's walreceiver reports it as application_name, which synchronous_standby_names matches. */
   name?: string;
 }

@@ -12,11 +12,14 @@
  * pg_stat_replication's sync_state starts normally and is told once that
  * the check could not tell. Last, a failover under synchronous replication
  * (the primary killed with `-m immediate`, the standby promoted) keeps
- * every acknowledged fence and key.
+ * every acknowledged fence and key; and its control, a failover to an
+ * asynchronous standby whose link (a FaultProxy) stalled, loses the fences
+ * and keys acknowledged meanwhile.
  */
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createPostgresStore, type PostgresStoreOptions } from '../../src/store/postgres/index.js';
+import { FaultProxy } from '../faults/toolkit/tcp-proxy.js';
 import { command, expectProblem, paymentsRoute, until } from '../helpers/gateway.js';
 import { startLoggedPgGateway, type LoggedPgGateway } from '../helpers/pg-gateway.js';
 import { findPostgresBin, startPrivatePostgres, type PrivatePostgres } from '../helpers/private-postgres.js';
@@ -40,6 +43,8 @@ const gaugeOf = (text: string): number | null => {
 describe.skipIf(BIN === null)('the replication check, on real streaming replication', () => {
   let primary: PrivatePostgres;
   let standby: PrivatePostgres | null = null;
+  let standby2: PrivatePostgres | null = null;
+  let link: FaultProxy | null = null;
   let up: FakeUpstream;
   const gateways: Gw[] = [];
   const clients: pg.Client[] = [];
@@ -81,6 +86,8 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     for (const gw of [...gateways]) await stop(gw).catch(() => {});
     for (const c of clients) await c.end().catch(() => {});
     await up?.close();
+    await standby2?.destroy();
+    await link?.close();
     await standby?.destroy();
     await primary?.destroy();
   }, 60_000);
@@ -197,6 +204,45 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     expect(warned(after, 'sync-standby-missing')).toHaveLength(1);
     expect(warned(after, 'sync-standby-missing')[0]!.fields.reason).toMatch(/every commit waits/);
     expect(await scrape(after)).toBe(0);
+    await stop(after);
+  }, 120_000);
+
+  it('the control: asynchronous replication, the link stalled, a failover: acknowledged fences and keys are lost, as the warning said they could be', async () => {
+    // The promoted server is the primary now; a second standby streams from it, asynchronously, through a proxy.
+    const p2 = standby!;
+    await sql(p2.url, "ALTER SYSTEM SET synchronous_standby_names = ''");
+    await sql(p2.url, 'SELECT pg_reload_conf()');
+    await until(async () => (await sql<{ s: string }>(p2.url, "SELECT current_setting('synchronous_standby_names') AS s"))[0]!.s === '' || null, 'the reload');
+    link = await FaultProxy.start({ target: { host: '127.0.0.1', port: p2.port }, name: 'replication' });
+    standby2 = await startPrivatePostgres(BIN!, { standbyOf: { port: link.port }, name: 'standby2' });
+    await until(async () => (await sql<{ sync_state: string }>(p2.url, "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'")).some((r) => r.sync_state === 'async') || null, 'an async standby', { timeoutMs: 60_000 });
+
+    const gw = await gateway(p2.url, { migrate: false });
+    expect(warned(gw, 'async-replication')).toHaveLength(1);
+    const send = async (fence: number, key: string) => {
+      const res = await command(gw.url, '/payments/charges', { fence, entity: 'failover', key });
+      expect(res.status, key).toBe(201);
+      await res.arrayBuffer();
+    };
+    for (let fence = 41; fence <= 45; fence++) await send(fence, `failover-${fence}`);
+    // 41…45 are on the standby (its replay reached the primary's WAL position); then the link stalls.
+    const { lsn } = (await sql<{ lsn: string }>(p2.url, 'SELECT pg_current_wal_lsn()::text AS lsn'))[0]!;
+    await until(async () => (await sql<{ ok: boolean }>(standby2!.url, `SELECT pg_last_wal_replay_lsn() >= '${lsn}'::pg_lsn AS ok`))[0]!.ok || null, 'the standby caught up');
+    link.blackhole(true);
+    // Acknowledged all the same: an asynchronous commit waits for no standby.
+    for (let fence = 46; fence <= 55; fence++) await send(fence, `failover-${fence}`);
+    await p2.stop('immediate');
+    await stop(gw).catch(() => {});
+    await standby2.promote();
+    await until(async () => (await sql<{ r: boolean }>(standby2!.url, 'SELECT pg_is_in_recovery() AS r'))[0]!.r === false || null, 'the promoted standby');
+
+    const after = await gateway(standby2.url, { migrate: false });
+    for (let fence = 41; fence <= 45; fence++) expect((await after.store.getRecords(`failover-${fence}`)).map((r) => r.state)).toEqual(['completed']);
+    // Lost: 46…55 were acknowledged, yet their records are gone and fence 50, lower than 55, is accepted.
+    for (let fence = 46; fence <= 55; fence++) expect(await after.store.getRecords(`failover-${fence}`), `failover-${fence}`).toEqual([]);
+    const lower = await command(after.url, '/payments/charges', { fence: 50, entity: 'failover', key: 'failover-after-loss' });
+    expect(lower.status).toBe(201);
+    await lower.arrayBuffer();
     await stop(after);
   }, 120_000);
 });
