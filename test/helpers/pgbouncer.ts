@@ -9,7 +9,7 @@ import { freePort } from './upstream.js';
  * A PRIVATE PgBouncer (Debian's `/usr/sbin/pgbouncer`, stock settings: no
  * `ignore_startup_parameters`, no `max_prepared_statements`) on a free
  * loopback port, in front of one PostgreSQL server. Its ini and userlist are
- * generated (auth trust, the `postgres` user); it refuses to run as root, so
+ * generated (auth trust, the `postgres` user or those named); it refuses to run as root, so
  * as root it runs as the `postgres` OS user, from a directory that is theirs.
  */
 
@@ -17,7 +17,7 @@ export const PGBOUNCER_BIN = process.env.FENCEGATE_PGBOUNCER ?? '/usr/sbin/pgbou
 
 export interface PrivatePgbouncer {
   port: number;
-  /** `postgres://postgres@127.0.0.1:<port>/<database>`. */
+  /** `postgres://postgres@127.0.0.1:<port>/<database>` (another role: replace the user). */
   url: string;
   /** PgBouncer's log so far (for failure messages). */
   log(): string;
@@ -31,20 +31,20 @@ export async function startPgbouncer(options: {
   mode: 'session' | 'transaction';
   /** Server connections per user and database (default 2: fewer than the store's pool, so transaction pooling mixes them). */
   poolSize?: number;
-  /** `connect_query`: run on each new server connection (e.g. `SET search_path TO …`, a role-level setting's stand-in). */
-  connectQuery?: string;
+  /** Roles it lets in (auth trust: no password). Default `postgres`. */
+  users?: string[];
 }): Promise<PrivatePgbouncer> {
   const server = new URL(options.server);
   const database = server.pathname.slice(1);
   const dir = tempDir('fencegate-pgbouncer-').dir;
   const port = await freePort();
   const logFile = join(dir, 'pgbouncer.log');
-  writeFileSync(join(dir, 'userlist.txt'), '"postgres" ""\n');
+  writeFileSync(join(dir, 'userlist.txt'), (options.users ?? ['postgres']).map((u) => `"${u}" ""\n`).join(''));
   writeFileSync(
     join(dir, 'pgbouncer.ini'),
     [
       '[databases]',
-      `${database} = host=${server.hostname} port=${server.port || 5432} dbname=${database}${options.connectQuery === undefined ? '' : ` connect_query='${options.connectQuery.replace(/'/g, "''")}'`}`,
+      `${database} = host=${server.hostname} port=${server.port || 5432} dbname=${database}`,
       '[pgbouncer]',
       'listen_addr = 127.0.0.1',
       `listen_port = ${port}`,

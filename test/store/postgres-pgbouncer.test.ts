@@ -13,6 +13,7 @@
  * prepared statements, which that pooler breaks (store errors, 503s).
  */
 import { existsSync } from 'node:fs';
+import pg from 'pg';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openJobStore } from '../../src/lease/open.js';
@@ -39,6 +40,17 @@ describe.runIf(IN_CI && !HAVE_PGBOUNCER)('PgBouncer in CI', () => {
 
 type Gw = LoggedPgGateway;
 
+/** Drops a role of the shared server (after the schema its tables were in). */
+async function dropRole(role: string): Promise<void> {
+  const c = new pg.Client({ connectionString: POSTGRES_URL });
+  await c.connect();
+  try {
+    await c.query(`DROP ROLE IF EXISTS ${role}`);
+  } finally {
+    await c.end();
+  }
+}
+
 const errorsOf = (text: string, op: string) => Number(new RegExp(`^fencegate_store_errors_total\\{op="${op}"\\} (\\S+)$`, 'm').exec(text)?.[1]);
 
 for (const mode of ['session', 'transaction'] as const) {
@@ -46,6 +58,8 @@ for (const mode of ['session', 'transaction'] as const) {
     let bouncer: PrivatePgbouncer;
     let schema: TestSchema;
     let up: FakeUpstream;
+    let leaseSchema: TestSchema | null = null;
+    let leaseRole: string | null = null;
     const gateways: Gw[] = [];
     const stores: PostgresGatewayStore[] = [];
     /** The store as a user behind this pooler configures it. */
@@ -72,8 +86,12 @@ for (const mode of ['session', 'transaction'] as const) {
       schema = await createTestSchema(`fg_pgb_${mode[0]}`, 1);
       // Transaction pooling: two server connections for six store connections, so it mixes them.
       // Session pooling pins a client connection to a server connection: room for every store here.
-      // The search_path on every server connection, as `ALTER ROLE … SET search_path` would: the lease store has no schema option.
-      bouncer = await startPgbouncer({ server: POSTGRES_URL!, mode, poolSize: mode === 'transaction' ? 2 : 30, connectQuery: `SET search_path TO ${schema.schema}` });
+      // The lease store has no schema option: a role of its own whose search_path is the test schema
+      // (ALTER ROLE … SET survives the pooler's DISCARD ALL, a connect_query would not).
+      leaseSchema = await createTestSchema(`fg_pgb_lease_${mode[0]}`, 1);
+      leaseRole = leaseSchema.schema;
+      await leaseSchema.pool.query(`CREATE ROLE ${leaseRole} LOGIN; ALTER SCHEMA ${leaseRole} OWNER TO ${leaseRole}; ALTER ROLE ${leaseRole} SET search_path = ${leaseRole}`);
+      bouncer = await startPgbouncer({ server: POSTGRES_URL!, mode, poolSize: mode === 'transaction' ? 2 : 30, users: ['postgres', leaseRole] });
       up = await startUpstream();
     }, 60_000);
 
@@ -83,6 +101,8 @@ for (const mode of ['session', 'transaction'] as const) {
       await up?.close();
       await bouncer?.stop();
       await schema?.drop();
+      await leaseSchema?.drop();
+      if (leaseRole !== null) await dropRole(leaseRole);
     }, 60_000);
 
     it('the statement timeout is in force on the store\'s connections, and ends a statement that runs past it', async () => {
@@ -113,21 +133,24 @@ for (const mode of ['session', 'transaction'] as const) {
       expect(gw.lines.filter((l) => l.level !== 'info' && l.msg !== 'global-keys')).toEqual([]);
     });
 
-    it('the lease store, opened as the heartbeat thread opens it (openJobStore with a statement timeout), migrates, claims, extends and completes through it', async () => {
-      const jobs = await openJobStore({ postgres: bouncer.url, ...(mode === 'transaction' ? { pooler: 'transaction' as const } : {}) }, { statementTimeoutMs: 5_000 });
-      try {
-        const N = 20;
-        await Promise.all(Array.from({ length: N }, (_, i) => jobs.enqueue({ kind: 'pgb', idempotencyKey: `pgb-job-${i}`, payload: { i } })));
-        const leases = await Promise.all(Array.from({ length: N }, (_, i) => jobs.claim({ workerId: `w${i}`, leaseMs: 60_000 })));
-        const held = leases.map((c) => c.lease).filter((l) => l !== null);
-        expect(held).toHaveLength(N);
-        expect((await Promise.all(held.map((l) => jobs.extend(l)))).every((r) => r.ok)).toBe(true);
-        expect((await Promise.all(held.map((l) => jobs.complete(l, { done: true })))).every((r) => r.ok)).toBe(true);
-        expect(await jobs.counts()).toEqual([{ state: 'succeeded', kind: 'pgb', count: N }]);
-      } finally {
-        await jobs.close();
-      }
-    });
+    for (const statementTimeoutMs of [5_000, undefined]) {
+      it(`the lease store, opened as the heartbeat thread opens it (openJobStore, statement timeout ${statementTimeoutMs ?? 'the server\'s'}), migrates, claims, extends and completes through it`, async () => {
+        const jobs = await openJobStore({ postgres: bouncer.url.replace('postgres@', `${leaseRole}@`), ...(mode === 'transaction' ? { pooler: 'transaction' as const } : {}) }, statementTimeoutMs === undefined ? {} : { statementTimeoutMs });
+        const kind = `pgb-${statementTimeoutMs ?? 'none'}`;
+        try {
+          const N = 20;
+          await Promise.all(Array.from({ length: N }, (_, i) => jobs.enqueue({ kind, idempotencyKey: `${kind}-${i}`, payload: { i } })));
+          const leases = await Promise.all(Array.from({ length: N }, (_, i) => jobs.claim({ workerId: `w${i}`, kinds: [kind], leaseMs: 60_000 })));
+          const held = leases.map((c) => c.lease).filter((l) => l !== null);
+          expect(held).toHaveLength(N);
+          expect((await Promise.all(held.map((l) => jobs.extend(l)))).every((r) => r.ok)).toBe(true);
+          expect((await Promise.all(held.map((l) => jobs.complete(l, { done: true })))).every((r) => r.ok)).toBe(true);
+          expect((await jobs.counts()).filter((c) => c.kind === kind)).toEqual([{ state: 'succeeded', kind, count: N }]);
+        } finally {
+          await jobs.close();
+        }
+      });
+    }
 
     if (mode === 'transaction') {
       it('`fencegate migrate` and `fencegate serve` with store.schema, store.pooler and store.listenUrl from the config file', async () => {
@@ -165,15 +188,17 @@ for (const mode of ['session', 'transaction'] as const) {
         expect(res.status).toBe(201);
       });
 
-      it('the control: a store not told about the transaction pooler (named prepared statements) fails through it', async () => {
+      it('named prepared statements through it: parallel reads fail on a store not told about the pooler (the control), none on one told', async () => {
+        // Six connections of the store parse the same statement name; the pooler has two server
+        // connections, and a name parsed twice on one is refused (42P05), one parsed elsewhere is unknown (26000).
+        const reads = (store: PostgresGatewayStore) => Promise.allSettled(Array.from({ length: 12 }, (_, i) => store.getEntity(`pgb-read-${i}`)));
         const { pooler: _, ...plain } = storeOptions();
-        const gw = await gateway(plain);
-        const answers = await Promise.all(Array.from({ length: 60 }, (_, i) => command(gw.url, '/payments/charges', { fence: 1, entity: `pgb-ctl-${i}`, key: `pgb-ctl-${i}` })));
-        const statuses = answers.map((r) => r.status);
-        await Promise.all(answers.map((r) => r.arrayBuffer()));
-        const text = await metrics(gw);
-        expect(statuses.filter((s) => s === 503).length + errorsOf(text, 'admit') + errorsOf(text, 'finish')).toBeGreaterThan(0);
-      }, 60_000);
+        const broken = (await reads(await open(plain))).filter((r) => r.status === 'rejected');
+        expect(broken.length).toBeGreaterThan(0);
+        for (const r of broken) expect(['42P05', '26000']).toContain((r as PromiseRejectedResult).reason.code);
+        const told = await reads(await open(storeOptions()));
+        expect(told.filter((r) => r.status === 'rejected')).toEqual([]);
+      });
     }
   });
 }

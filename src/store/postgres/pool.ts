@@ -23,7 +23,7 @@ export interface OpenedPool {
  * PgBouncer ("unsupported startup parameter"), and with
  * `ignore_startup_parameters` it would be dropped silently. So it is SET on
  * each new connection, or, behind a transaction pooler, SET LOCAL in each
- * transaction (./pool.ts transactionPooled): a session SET there lands on
+ * transaction (transactionPooled below): a session SET there lands on
  * whichever server connection is free, and stays on it for other clients.
  */
 export function openPool(options: PostgresStoreOptions, onError: (err: Error, source: 'pool') => void): OpenedPool {
@@ -98,8 +98,10 @@ export function configuredPool(
  * statement whatever server connection the pooler lends; statements are
  * never named (a statement prepared on one server connection is unknown on
  * the next); and a client checked out (the migrator) gets the settings after
- * its BEGIN. Costs two round trips more per statement (BEGIN with the
- * settings, then COMMIT); docs/deploy-postgres.md "Through PgBouncer" has the figures.
+ * its BEGIN. With settings, costs two round trips more per statement (BEGIN
+ * with the settings, then COMMIT); docs/deploy-postgres.md "Through
+ * PgBouncer" has the figures. Without (`setLocal` null), a statement is sent
+ * alone, unnamed.
  */
 export function transactionPooled(pool: pg.Pool, setLocal: string | null): PoolLike & Pick<pg.Pool, 'totalCount' | 'idleCount' | 'waitingCount'> {
   const unnamed = (text: unknown) => (typeof text === 'object' && text !== null ? { ...(text as pg.QueryConfig), name: undefined } : text);
@@ -124,10 +126,12 @@ export function transactionPooled(pool: pg.Pool, setLocal: string | null): PoolL
     end: () => pool.end(),
     connect: async () => onClient(await pool.connect()),
     async query(text, values) {
+      // Nothing to SET LOCAL: the statement's implicit transaction is enough.
+      if (setLocal === null) return pool.query(unnamed(text) as string, values) as never;
       const client = await pool.connect();
       let begun = false;
       try {
-        await client.query(setLocal === null ? 'BEGIN' : `BEGIN; ${setLocal}`);
+        await client.query(`BEGIN; ${setLocal}`);
         begun = true;
         const result = await client.query(unnamed(text) as string, values);
         await client.query('COMMIT');
