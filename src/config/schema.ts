@@ -192,7 +192,16 @@ export const RouteSchema = z.strictObject({
 
 const StoreSchema = z.union([
   z.strictObject({ sqlite: z.string().min(1), synchronous: z.enum(['FULL', 'NORMAL']).default('FULL') }),
-  z.strictObject({ postgres: z.string().min(1), poolSize: z.number().int().min(1).max(1000).default(10) }),
+  z.strictObject({
+    postgres: z.string().min(1),
+    poolSize: z.number().int().min(1).max(1000).default(10),
+    /** The tables' schema (created if missing); instead of `options=-c search_path=…` in the URL, which PgBouncer refuses. */
+    schema: z.string().min(1).max(63).optional(),
+    /** `transaction` behind a transaction-pooling PgBouncer (docs/deploy-postgres.md "Through PgBouncer"). */
+    pooler: z.enum(['session', 'transaction']).optional(),
+    /** A direct (or session-pooled) URL for the LISTEN connection, with `pooler: "transaction"`. */
+    listenUrl: z.string().min(1).optional(),
+  }),
   z.strictObject({ d1: z.string().min(1) }),
 ]);
 

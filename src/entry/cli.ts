@@ -59,7 +59,7 @@ async function main(argv: string[]): Promise<number> {
     if ('postgres' in store) {
       const pgModule = '../store/postgres/index.js';
       const { migratePostgresUrl } = await import(pgModule);
-      const applied = await migratePostgresUrl(store.postgres);
+      const applied = await migratePostgresUrl(store.postgres, { schema: store.schema, pooler: store.pooler });
       logger.info('migrated', { store: 'postgres', applied });
       return 0;
     }
@@ -133,7 +133,8 @@ async function migrateLease(store: Config['store'], logger: Logger): Promise<num
 function storeFrom(values: { config?: string; db?: string; 'database-url'?: string }, config?: Config): Config['store'] | null {
   if (values.db !== undefined) return { sqlite: values.db, synchronous: config && 'sqlite' in config.store ? config.store.synchronous : 'FULL' };
   const url = values['database-url'] ?? process.env.DATABASE_URL;
-  if (url !== undefined && url !== '') return { postgres: url, poolSize: config && 'postgres' in config.store ? config.store.poolSize : 10 };
+  // The URL replaces the configured one; the other PostgreSQL settings (schema, pooler, listenUrl) stay.
+  if (url !== undefined && url !== '') return { ...(config && 'postgres' in config.store ? config.store : { poolSize: 10 }), postgres: url };
   if (config !== undefined) return null;
   if (values.config !== undefined) return readConfig(values.config).store;
   return null;

@@ -50,6 +50,11 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const config = inlineKeyFiles(options.config);
   const logger = options.logger ?? createJsonLogger();
   const store = options.store ?? (await openStore(config.store));
+  // A PostgreSQL store's notices: whether a failover would keep acknowledged
+  // decisions (DESIGN §8.2; docs/deploy-postgres.md), logged at start and on
+  // each change, and what its pooler setting costs (no LISTEN).
+  const pgStore = store as { subscribe?: (fn: (l: { level: 'info' | 'warn'; msg: string; fields: Record<string, unknown> }) => void) => () => void };
+const unsubscribeStore = pgStore.subscribe?.((l) => logger[l.level](l.msg, l.fields));
   // With caller auth the admin API answers on any address, behind its scopes; without it, only on loopback.
   const admin = config.auth !== undefined || isLoopback(config.listen.host);
   if (!admin) logger.warn('admin-api-disabled', { reason: 'listening on a non-loopback address without caller authentication', host: config.listen.host });
@@ -148,6 +153,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
       shutdown ??= (async () => {
         for (const res of responding) if (!res.headersSent) res.shouldKeepAlive = false;
         clearInterval(sweeper);
+        unsubscribeStore?.();
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();
         await gateway.close();

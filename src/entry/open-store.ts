@@ -17,7 +17,13 @@ export async function openStore(store: Config['store'], options: OpenStoreOption
   if ('postgres' in store) {
     const pgStore = '../store/postgres/index.js';
     const mod = await import(pgStore);
-    return mod.createPostgresStore({ connectionString: store.postgres, poolSize: options.poolSize ?? store.poolSize });
+    return mod.createPostgresStore({
+      connectionString: store.postgres,
+      poolSize: options.poolSize ?? store.poolSize,
+      ...(store.schema === undefined ? {} : { schema: store.schema }),
+      ...(store.pooler === undefined ? {} : { pooler: store.pooler }),
+      ...(store.listenUrl === undefined ? {} : { listenConnectionString: store.listenUrl }),
+    });
   }
   throw new Error('store.d1 is only available on Cloudflare Workers (see wrangler.toml)');
 }

@@ -110,8 +110,10 @@ export function createGateway(options: GatewayOptions): Gateway {
     // before the stats query, which itself may wait for a client of that pool.
     const pool = (store as { pool?: { totalCount?: unknown; idleCount?: unknown; waitingCount?: unknown } }).pool;
     const counts = typeof pool?.waitingCount === 'number' ? { total: Number(pool.totalCount), idle: Number(pool.idleCount), waiting: pool.waitingCount } : undefined;
+    // A PostgreSQL store's replication check (its last reading; no round trip here).
+    const asyncReplication = (store as { replication?: { gauge?: unknown } | null }).replication?.gauge;
     const stats = await store.auditStats().catch(() => null);
-    return metrics.render({ inflight: active, stats, ...(counts ? { pool: counts } : {}) });
+    return metrics.render({ inflight: active, stats, ...(counts ? { pool: counts } : {}), ...(typeof asyncReplication === 'number' ? { asyncReplication } : {}) });
   };
   app.route(
     config.adminPrefix,

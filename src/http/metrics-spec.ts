@@ -43,6 +43,7 @@ export const SPECS = {
   storeUp: spec('fencegate_store_up', 'gauge', [], 'Whether the store answered this scrape.'),
   rejectionRows: spec('fencegate_rejection_log_rows', 'gauge', [], 'Rows in the rejection log.'),
   unknownRecords: spec('fencegate_outcome_unknown_records', 'gauge', [], 'Idempotency records waiting for an operator.'),
+  asyncReplication: spec('fencegate_store_async_replication', 'gauge', [], 'PostgreSQL: 1 when a failover may lose acknowledged decisions (a standby replicates asynchronously, or synchronous_commit is off/local while standbys exist), 0 when not; absent when the store cannot tell.'),
   pool: spec('fencegate_store_pool_clients', 'gauge', ['state'], 'PostgreSQL pool clients: total, idle, and requests waiting for one (waiting).'),
   sweeps: spec('fencegate_sweeps_total', 'counter', ['result'], 'Sweeps run, by result.'),
   swept: spec('fencegate_swept_rows_total', 'counter', ['kind'], 'Rows the sweeper deleted (dead_records: in-progress records whose lock expired, marked outcome_unknown).'),

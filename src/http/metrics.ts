@@ -36,6 +36,8 @@ export interface Gauges {
   stats?: { rejections: number; outcomeUnknown: number } | null;
   /** A PostgreSQL store's pool (pg's `totalCount`, `idleCount`, `waitingCount`); absent for other stores. */
   pool?: { total: number; idle: number; waiting: number };
+  /** A PostgreSQL store's replication check (1 at risk, 0 safe); absent when it cannot tell or for other stores. */
+  asyncReplication?: number;
 }
 
 /** A store call's end: `discarded` is a finish the store refused (the record had another owner). */
@@ -109,6 +111,7 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
   // Shown from the first sweep (before it there is no backlog to tell), and a pool only for a store that has one.
   let lastSweep: { backlog: ReturnType<MetricBackend['metric']>; seconds: ReturnType<MetricBackend['metric']> } | null = null;
   let pool: ReturnType<MetricBackend['metric']> | null = null;
+  let asyncReplication: ReturnType<MetricBackend['metric']> | null = null;
 
   return {
     contentType: b.contentType,
@@ -157,6 +160,10 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
         pool ??= b.metric(SPECS.pool);
         for (const state of ['total', 'idle', 'waiting'] as const) pool.set([state], g.pool[state]);
       }
+      if (g.asyncReplication !== undefined) {
+        asyncReplication ??= b.metric(SPECS.asyncReplication);
+        asyncReplication.set([], g.asyncReplication);
+      } else asyncReplication?.reset();
       return b.render();
     },
   };

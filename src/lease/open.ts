@@ -29,6 +29,7 @@ export async function openJobStore(descriptor: StoreDescriptor, options: OpenJob
   return createPostgresJobStore({
     ...storeOptions,
     connectionString: descriptor.postgres,
+    ...(descriptor.pooler === undefined ? {} : { pooler: descriptor.pooler }),
     ...(statementTimeoutMs === undefined
       ? {}
       : { queryTimeoutMs: statementTimeoutMs, connectionTimeoutMs: statementTimeoutMs }),

@@ -165,7 +165,7 @@ export interface JobCount {
  */
 export type StoreDescriptor =
   | { sqlite: string; busyTimeoutMs?: number }
-  | { postgres: string };
+  | { postgres: string; pooler?: 'session' | 'transaction' };
 
 export interface JobStore {
   readonly dialect: 'sqlite' | 'postgres';

@@ -71,3 +71,45 @@ export async function startPgTestGateway(options: {
     throw err;
   }
 }
+
+/** One line the gateway logged, as `logger[level](msg, fields)` was called. */
+export interface LoggedLine {
+  level: 'info' | 'warn' | 'error';
+  msg: string;
+  fields: Record<string, unknown>;
+}
+
+export interface LoggedPgGateway {
+  url: string;
+  running: RunningGateway;
+  store: PostgresGatewayStore;
+  /** Every line it logged, start-up included. */
+  lines: LoggedLine[];
+  /** Stops the gateway, then closes the store. */
+  close(): Promise<void>;
+}
+
+/**
+ * The Node gateway (startGateway) on a PostgreSQL store the test opened
+ * (a private server, a pooler), keeping what it logs; the config's store
+ * URL is `url` (the store given is used).
+ */
+export async function startLoggedPgGateway(store: PostgresGatewayStore, url: string, routes: RouteInput[]): Promise<LoggedPgGateway> {
+  const lines: LoggedLine[] = [];
+  const keep = (level: LoggedLine['level']) => (msg: string, fields: Record<string, unknown> = {}) => void lines.push({ level, msg, fields });
+  const config = parseConfig({ listen: { host: '127.0.0.1', port: 0 }, store: { postgres: url }, routes });
+  const running = await startGateway({ config, store, logger: { info: keep('info'), warn: keep('warn'), error: keep('error') }, env: {} });
+  return {
+    url: running.url,
+    running,
+    store,
+    lines,
+    async close() {
+      try {
+        await running.close();
+      } finally {
+        await store.close();
+      }
+    },
+  };
+}

@@ -22,6 +22,8 @@ export interface PrivatePostgres {
   stop(mode?: 'smart' | 'fast' | 'immediate'): Promise<void>;
   /** `pg_ctl start` with the same options; resolves once it accepts connections. */
   start(): Promise<void>;
+  /** `pg_ctl promote` (a standby becomes a primary); resolves once it is one. */
+  promote(): Promise<void>;
   /** The server log so far (for failure messages). */
   log(): string;
   /** Stops the server (immediate) and deletes the directory. Idempotent; never throws. */
@@ -57,7 +59,25 @@ function serverUser(): { uid: number; gid: number } | null {
   return { uid: uid!, gid: gid! };
 }
 
-export async function startPrivatePostgres(bin: string): Promise<PrivatePostgres> {
+export interface PrivatePostgresOptions {
+  /**
+   * More `-c name=value` server settings, e.g. `synchronous_standby_names`,
+   * `synchronous_commit`, `wal_level`, `max_wal_senders` (the defaults,
+   * replica and 10, already let a standby stream; initdb's pg_hba.conf
+   * trusts replication from 127.0.0.1).
+   */
+  settings?: Record<string, string>;
+  /**
+   * Make this server a streaming standby of the server on that loopback port
+   * (a PrivatePostgres, or a proxy in front of one) with `pg_basebackup -R`,
+   * which writes standby.signal and primary_conninfo, instead of initdb.
+   */
+  standbyOf?: { port: number };
+  /** `cluster_name`: a standby's walreceiver reports it as application_name, which synchronous_standby_names matches. */
+  name?: string;
+}
+
+export async function startPrivatePostgres(bin: string, init: PrivatePostgresOptions = {}): Promise<PrivatePostgres> {
   const user = serverUser();
   const dir = tempDir('fencegate-pg-').dir;
   if (user !== null) chownSync(dir, user.uid, user.gid);
@@ -84,6 +104,8 @@ export async function startPrivatePostgres(bin: string): Promise<PrivatePostgres
     '-c full_page_writes=off',
     '-c max_connections=60',
     '-c shared_buffers=16MB',
+    ...(init.name === undefined ? [] : [`-c cluster_name=${init.name}`]),
+    ...Object.entries(init.settings ?? {}).map(([k, v]) => `-c ${k}=${v}`),
   ].join(' ');
   const pgCtl = (args: string[]) => run('pg_ctl', ['-D', data, '-w', '-t', '60', ...args]);
 
@@ -117,6 +139,9 @@ export async function startPrivatePostgres(bin: string): Promise<PrivatePostgres
     async start() {
       await pgCtl(['-l', logFile, '-o', options, 'start']);
     },
+    async promote() {
+      await pgCtl(['promote']);
+    },
     log: () => (existsSync(logFile) ? readFileSync(logFile, 'utf8') : ''),
     async destroy() {
       if (destroyed) return;
@@ -127,7 +152,8 @@ export async function startPrivatePostgres(bin: string): Promise<PrivatePostgres
     },
   };
   try {
-    await run('initdb', ['-D', data, '-A', 'trust', '-U', 'postgres', '-E', 'UTF8', '--locale=C', '--no-sync']);
+    if (init.standbyOf === undefined) await run('initdb', ['-D', data, '-A', 'trust', '-U', 'postgres', '-E', 'UTF8', '--locale=C', '--no-sync']);
+    else await run('pg_basebackup', ['-D', data, '-R', '-X', 'stream', '-c', 'fast', '--no-sync', '-h', '127.0.0.1', '-p', String(init.standbyOf.port), '-U', 'postgres']);
     await instance.start();
   } catch (err) {
     await instance.destroy();

@@ -15,6 +15,12 @@ export type PostgresJobStoreOptions = JobStoreOptions & {
   connectionTimeoutMs?: number;
   /** Pool size on a pool the store opens itself; default 4. */
   poolMax?: number;
+  /**
+   * `transaction` behind a transaction-pooling PgBouncer, on a pool the store
+   * opens itself: statements unnamed, the timeout SET LOCAL per transaction
+   * (docs/deploy-postgres.md "Through PgBouncer").
+   */
+  pooler?: 'session' | 'transaction';
 } & (
     | { connectionString: string }
     /**
@@ -54,20 +60,24 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
     pool = options.pool;
   } else {
     // Loaded on demand: `pg` stays out of programs that only use SQLite.
-    const { default: pg } = await import('pg');
-    const own = new pg.Pool({
-      connectionString: options.connectionString,
-      max: options.poolMax ?? 4,
-      // Both sides: the server cancels a statement stuck on a lock, the client
-      // gives up on a connection that went silent.
-      ...(options.queryTimeoutMs === undefined
-        ? {}
-        : { query_timeout: options.queryTimeoutMs, statement_timeout: options.queryTimeoutMs }),
-      ...(options.connectionTimeoutMs === undefined ? {} : { connectionTimeoutMillis: options.connectionTimeoutMs }),
-    });
-    // An idle client that loses its connection emits 'error' on the pool; unheard,
-    // it would crash the process. The next query reports the fault instead.
-    own.on('error', () => {});
+    // The gateway store's pool: statement_timeout SET after connecting (a
+    // startup parameter is refused by PgBouncer), per transaction behind a
+    // transaction pooler, whose statements then go unnamed.
+    const { configuredPool } = await import('../../store/postgres/pool.js');
+    const own = configuredPool(
+      {
+        connectionString: options.connectionString,
+        max: options.poolMax ?? 4,
+        // Both sides: the server cancels a statement stuck on a lock, the client
+        // gives up on a connection that went silent.
+        ...(options.queryTimeoutMs === undefined ? {} : { query_timeout: options.queryTimeoutMs }),
+        ...(options.connectionTimeoutMs === undefined ? {} : { connectionTimeoutMillis: options.connectionTimeoutMs }),
+      },
+      { statementTimeoutMs: options.queryTimeoutMs ?? null, pooler: options.pooler },
+      // An idle client that loses its connection emits 'error' on the pool; unheard,
+      // it would crash the process. The next query reports the fault instead.
+      () => {},
+    );
     pool = own as unknown as PoolLike;
     ownsPool = true;
   }
@@ -81,7 +91,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
   }
 
   const descriptor: StoreDescriptor | undefined =
-    options.connectionString === undefined ? undefined : { postgres: options.connectionString };
+    options.connectionString === undefined ? undefined : { postgres: options.connectionString, ...(options.pooler === undefined ? {} : { pooler: options.pooler }) };
   const prepared = preparedOn(pool);
   const claim = claimer(prepared, options);
   const complete = completer(prepared);

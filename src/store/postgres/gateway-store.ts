@@ -24,10 +24,12 @@ import { createRejectionLog } from './rejections.js';
 import { createSweep } from './retention.js';
 import type { PoolLike } from './types.js';
 import { PgWakeups } from './wakeups.js';
+import { ReplicationCheck } from './replication-check.js';
 
 // Imported from here by ./index.ts; their homes are ./wakeups.ts and ./options.ts.
 export { DEFAULT_POLL_MS_LISTENING, DEFAULT_POLL_MS_POLLING } from './wakeups.js';
-export type { PostgresStoreOptions } from './options.js';
+export type { PgStoreNotice, PostgresStoreOptions } from './options.js';
+import type { PgStoreNotice } from './options.js';
 
 /**
  * The PostgreSQL gateway store, for several gateway replicas on one
@@ -70,6 +72,9 @@ export class PostgresGatewayStore implements GatewayStore {
   private readonly reads: ReturnType<typeof createReads>;
   private readonly sweeper: ReturnType<typeof createSweep>;
   private readonly audit: AuditStore;
+  /** Whether a failover would keep acknowledged decisions (./replication-check.ts); null when switched off. */
+  readonly replication: ReplicationCheck | null;
+  private readonly notices: PgStoreNotice[];
   private closing: Promise<void> | null = null;
   /** Set by close() once the finish group is idle: from then on finishes are refused too. */
   private refusing = false;
@@ -84,6 +89,10 @@ export class PostgresGatewayStore implements GatewayStore {
     resolvedSchema: string;
     makeListenClient: (() => pg.Client) | null;
     pollMs?: number;
+    /** Said once to whoever subscribes (./pool.ts openPool). */
+    notices?: PgStoreNotice[];
+    /** `false`: no replication check. Default 60000. */
+    replicationCheckMs?: number | false;
     onError?: (err: Error, source: 'pool' | 'listener') => void;
   }) {
     this.pool = init.pool;
@@ -106,6 +115,8 @@ export class PostgresGatewayStore implements GatewayStore {
     this.reads = createReads(ctx);
     this.sweeper = createSweep(ctx, () => this.closing !== null);
     this.audit = createPostgresAudit(ctx);
+    this.notices = init.notices ?? [];
+    this.replication = init.replicationCheckMs === false ? null : new ReplicationCheck(this.pool, init.replicationCheckMs ?? 60_000);
   }
 
   // The audit methods (fence history, operator resolution) live in ./audit.ts.
@@ -115,9 +126,19 @@ export class PostgresGatewayStore implements GatewayStore {
   listOperatorActions: AuditStore['listOperatorActions'] = (page) => this.audit.listOperatorActions(page);
   auditStats: AuditStore['auditStats'] = () => this.audit.auditStats();
 
-  /** Starts the listener (resolves even if it could not connect yet: it retries). */
+  /** Starts the listener (resolves even if it could not connect yet: it retries) and the replication check (its first reading never fails the start). */
   async start(): Promise<void> {
-    await this.wakeups.start();
+    await Promise.all([this.wakeups.start(), this.replication?.start()]);
+  }
+
+  /**
+   * What the gateway's log should say about this store: its start-up notices
+   * (./pool.ts) at once, then the replication check's lines (at once if it
+   * has one, and on each change). Returns the unsubscribe.
+   */
+  subscribe(fn: (notice: PgStoreNotice) => void): () => void {
+    for (const n of this.notices) fn(n);
+    return this.replication?.subscribe(fn) ?? (() => {});
   }
 
   /** True when cross-replica wake-ups are live (for health checks and tests). */
@@ -184,6 +205,7 @@ export class PostgresGatewayStore implements GatewayStore {
       await this.admission.group.idle();
       await this.finishing.group.idle();
       this.refusing = true;
+      this.replication?.close();
       await this.wakeups.close();
       if (this.ownsPool) await this.pool.end();
     })();

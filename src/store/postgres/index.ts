@@ -10,6 +10,7 @@ export {
   type PostgresStoreOptions,
 } from './gateway-store.js';
 export { migratePostgres } from './migrate.js';
+export { ReplicationCheck, assessReplication, type ReplicationReport, type ReplicationLogLine } from './replication-check.js';
 export type { ClientLike, PoolLike, QueryResultLike } from './types.js';
 
 /**
@@ -26,11 +27,11 @@ export async function createPostgresStore(options: PostgresStoreOptions): Promis
     throw new Error('createPostgresStore needs a connectionString or a pool');
   }
   const onError = options.onError ?? (() => {});
-  const { pool, ownsPool, makeListenClient } = openPool(options, onError);
+  const { pool, ownsPool, makeListenClient, notices } = openPool(options, onError);
 
   try {
     if (schema !== undefined) await ensureSchema(pool, schema);
-    if (options.migrate !== false) await migratePostgres(schema === undefined ? pool : inSchema(pool, schema));
+    if (options.migrate !== false) await migratePostgres(schema === undefined ? pool : inSchema(pool, schema, options.pooler));
     const resolvedSchema = schema ?? (await pool.query<{ s: string | null }>('SELECT current_schema() AS s')).rows[0]?.s;
     if (resolvedSchema === null || resolvedSchema === undefined) throw new Error('no schema: the search_path names no existing schema');
     const store = new PostgresGatewayStore({
@@ -40,6 +41,8 @@ export async function createPostgresStore(options: PostgresStoreOptions): Promis
       resolvedSchema,
       makeListenClient,
       pollMs: options.pollMs,
+      replicationCheckMs: options.replicationCheckMs,
+      notices,
       onError,
     });
     await store.start();
@@ -55,11 +58,13 @@ export async function createPostgresStore(options: PostgresStoreOptions): Promis
  * `migrations/gateway/postgres` files and changed function files (./sql),
  * and returns their names.
  */
-export async function migratePostgresUrl(url: string): Promise<string[]> {
+export async function migratePostgresUrl(url: string, options: { schema?: string; pooler?: 'session' | 'transaction' } = {}): Promise<string[]> {
   const pool = new pg.Pool({ connectionString: url, max: 1, application_name: 'fencegate-migrate' });
   pool.on('error', () => {});
   try {
-    return await migratePostgres(pool);
+    if (options.schema === undefined) return await migratePostgres(pool);
+    await ensureSchema(pool, options.schema);
+    return await migratePostgres(inSchema(pool, options.schema, options.pooler));
   } finally {
     await pool.end();
   }

@@ -26,8 +26,32 @@ export interface PostgresStoreOptions {
   pollMs?: number;
   /** A store call fails (→ 503 store-unavailable) after this long without a connection. Default 5000 ms. */
   connectionTimeoutMs?: number;
-  /** Server-side statement_timeout for the store's own connections. Default 10000 ms. */
+  /**
+   * What sits between the store and the server (docs/deploy-postgres.md
+   * "Through PgBouncer"). Absent or `session`: a direct connection or a
+   * session-pooling pooler; settings are SET once per connection.
+   * `transaction`: a transaction-pooling pooler (PgBouncer
+   * `pool_mode = transaction`): no named prepared statements, every store
+   * statement in its own transaction with its settings SET LOCAL, and LISTEN
+   * only on `listenConnectionString` (else polling, with a warning).
+   */
+  pooler?: 'session' | 'transaction';
+  /**
+   * Where the LISTEN connection goes instead of `connectionString`: a direct
+   * (or session-pooled) URL of the same database, for `pooler: "transaction"`.
+   */
+  listenConnectionString?: string;
+  /**
+   * Server-side statement_timeout for the store's own connections, SET after
+   * connecting (a startup parameter would be refused by PgBouncer). Default 10000 ms.
+   */
   statementTimeoutMs?: number;
+  /**
+   * How often the store reads whether its server replicates synchronously
+   * (./replication-check.ts; docs/deploy-postgres.md "Replication and
+   * failover"): at start, then every this many ms. `false`: never. Default 60000.
+   */
+  replicationCheckMs?: number | false;
   /** Shown in pg_stat_activity. Default `fencegate`. */
   applicationName?: string;
   /**
@@ -36,4 +60,11 @@ export interface PostgresStoreOptions {
    * recover by themselves, this is for logs. Default: ignored.
    */
   onError?: (err: Error, source: 'pool' | 'listener') => void;
+}
+
+/** A line for the gateway's log (src/entry/node.ts logs every one; the store holds no logger). */
+export interface PgStoreNotice {
+  level: 'info' | 'warn';
+  msg: string;
+  fields: Record<string, unknown>;
 }
