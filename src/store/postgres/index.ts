@@ -41,6 +41,7 @@ export async function createPostgresStore(options: PostgresStoreOptions): Promis
       makeListenClient,
       pollMs: options.pollMs,
       onError,
+      ...(options.onHealth ? { onHealth: options.onHealth } : {}),
     });
     await store.start();
     return store;

@@ -1,4 +1,5 @@
 import pg from 'pg';
+import { DEFAULT_QUERY_TIMEOUT_MS } from './health.js';
 import type { PostgresStoreOptions } from './options.js';
 import { quoteIdent } from './text.js';
 import type { ClientLike, PoolLike } from './types.js';
@@ -22,6 +23,11 @@ export function openPool(options: PostgresStoreOptions, onError: (err: Error, so
     application_name: options.applicationName ?? 'fencegate',
     connectionTimeoutMillis: options.connectionTimeoutMs ?? 5_000,
     statement_timeout: options.statementTimeoutMs ?? 10_000,
+    // The client side too, as the lease store's pool does: a round trip the
+    // server never answers (a silent network, a COMMIT waiting for a standby
+    // that is gone) fails after this, and the pool destroys its connection
+    // (the query is still active on it) instead of reusing it.
+    query_timeout: options.queryTimeoutMs ?? DEFAULT_QUERY_TIMEOUT_MS,
     keepAlive: true,
   };
   let opened: OpenedPool;
