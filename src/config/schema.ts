@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { parseDuration } from '../core/duration.js';
+import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/postgres/health.js';
 import { DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT } from '../protocol/headers.js';
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
@@ -164,7 +165,12 @@ export const RouteSchema = z.strictObject({
 
 const StoreSchema = z.union([
   z.strictObject({ sqlite: z.string().min(1), synchronous: z.enum(['FULL', 'NORMAL']).default('FULL') }),
-  z.strictObject({ postgres: z.string().min(1), poolSize: z.number().int().min(1).max(1000).default(10) }),
+  z.strictObject({
+    postgres: z.string().min(1),
+    poolSize: z.number().int().min(1).max(1000).default(10),
+    /** Client-side bound of each round trip to the database (docs/deploy-postgres.md §6). */
+    queryTimeout: Duration.prefault(DEFAULT_QUERY_TIMEOUT_MS).pipe(z.number().min(100, 'must be at least 100ms')),
+  }),
   z.strictObject({ d1: z.string().min(1) }),
 ]);
 
@@ -234,6 +240,12 @@ export const ConfigSchema = z
      * and file descriptors (about 10 KB of memory each when idle); ignored on Workers.
      */
     maxConnections: z.number().int().min(1).max(1_000_000).default(10_000),
+    /**
+     * Node entry: the longest SIGTERM/SIGINT's drain may take (in-flight
+     * requests, the finishes still pending, the store's close); past it what
+     * was not written is logged and the process exits (docs/deploy-postgres.md §4).
+     */
+    drainTimeout: Duration.prefault('30s'),
     /** How often expired records and old rejections are swept. */
     sweepInterval: Duration.prefault('60s'),
     rejectionRetention: Duration.prefault('90d'),

@@ -4,6 +4,7 @@ import { readConfig } from '../config/read-file.js';
 import type { Config } from '../config/schema.js';
 import { createJsonLogger, type Logger, type LogLevel } from '../http/logger.js';
 import { migrateLeasePostgresUrl, migrateLeaseSqlite } from '../lease/migrate.js';
+import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/postgres/health.js';
 import { migrateSqlite, openSqlite } from '../store/sqlite/index.js';
 import { auditCommand, tokenCommand } from './cli-audit.js';
 import { reportError, UsageError } from './cli-errors.js';
@@ -125,7 +126,11 @@ async function migrateLease(store: Config['store'], logger: Logger): Promise<num
 function storeFrom(values: { config?: string; db?: string; 'database-url'?: string }, config?: Config): Config['store'] | null {
   if (values.db !== undefined) return { sqlite: values.db, synchronous: config && 'sqlite' in config.store ? config.store.synchronous : 'FULL' };
   const url = values['database-url'] ?? process.env.DATABASE_URL;
-  if (url !== undefined && url !== '') return { postgres: url, poolSize: config && 'postgres' in config.store ? config.store.poolSize : 10 };
+  if (url !== undefined && url !== '') {
+    // The URL replaces the file's; its other PostgreSQL settings stay.
+    const file = config && 'postgres' in config.store ? config.store : null;
+    return { postgres: url, poolSize: file?.poolSize ?? 10, queryTimeout: file?.queryTimeout ?? DEFAULT_QUERY_TIMEOUT_MS };
+  }
   if (config !== undefined) return null;
   if (values.config !== undefined) return readConfig(values.config).store;
   return null;
