@@ -1,4 +1,5 @@
 import type { Logger } from '../http/logger.js';
+import { overrideStore } from '../store/override.js';
 import { retryDelayMs } from '../store/retry-schedule.js';
 import type { FinishInput, FinishResult, GatewayStore } from '../store/types.js';
 
@@ -96,21 +97,8 @@ export function drainingFinishes(store: GatewayStore, logger: Logger) {
     await store.close();
   };
 
-  const bound = new Map<PropertyKey, unknown>();
-  const wrapped = new Proxy(store, {
-    get(target, prop) {
-      if (prop === 'finish') return finish;
-      if (prop === 'close') return close;
-      const v = Reflect.get(target, prop, target);
-      if (typeof v !== 'function') return v;
-      let m = bound.get(prop);
-      if (m === undefined) bound.set(prop, (m = (v as (...a: unknown[]) => unknown).bind(target)));
-      return m;
-    },
-  });
-
   return {
-    store: wrapped,
+    store: overrideStore(store, { finish, close }),
     /** From now on a failed finish is retried in the background until it lands or `abandon()`. */
     drain(until: number): void {
       deadline = until;
