@@ -65,6 +65,8 @@ export function drainingFinishes(store: GatewayStore, logger: Logger) {
         if (abandoned) return;
         try {
           b.result = await store.finish(input);
+          // The request may have logged its finish as failed (store-error) when its own retries gave up: it landed after all.
+          logger.info('finish-drained', { ...describe(input), recorded: b.result.recorded, attempts: attempt + 2 });
           return;
         } catch (err) {
           b.error = err;
@@ -109,17 +111,19 @@ export function drainingFinishes(store: GatewayStore, logger: Logger) {
       abandoned = true;
       for (const wake of [...sleepers]) wake();
       const left = [...inFlight, ...[...background].filter(([, b]) => b.result === null).map(([input]) => input)];
-      for (const input of left) {
-        logger.error('finish-unwritten', {
-          route: input.scope.split('\u0000')[0],
-          idempotency_key: input.key,
-          entity: input.entity,
-          outcome: input.outcome,
-          request_id: input.audit.requestId,
-          reason,
-        });
-      }
+      for (const input of left) logger.error('finish-unwritten', { ...describe(input), reason });
       return left.length;
     },
+  };
+}
+
+/** What a log line says of a finish: never its body or headers. */
+function describe(input: FinishInput): Record<string, unknown> {
+  return {
+    route: input.scope.split('\u0000')[0],
+    idempotency_key: input.key,
+    entity: input.entity,
+    outcome: input.outcome,
+    request_id: input.audit.requestId,
   };
 }
