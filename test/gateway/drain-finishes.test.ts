@@ -4,7 +4,7 @@ import { drainingFinishes } from '../../src/entry/drain-finishes.js';
 import type { Logger } from '../../src/http/logger.js';
 import { overrideStore } from '../../src/store/override.js';
 import { createSqliteStore } from '../../src/store/sqlite/index.js';
-import type { FinishInput, GatewayStore } from '../../src/store/types.js';
+import type { AdmitInput, FinishInput, GatewayStore } from '../../src/store/types.js';
 import { admitInput } from '../store/helpers/inputs.js';
 import { tempDir } from '../helpers/temp.js';
 
@@ -45,6 +45,18 @@ function flaky(store: GatewayStore) {
   return { state, store: wrapped };
 }
 
+/** The finish of admission `a`: its upstream's answer, with a body that must never be logged. */
+const completedFinish = (a: AdmitInput, headers: [string, string][] = []): FinishInput => ({
+  scope: a.scope,
+  key: a.key,
+  entity: a.entity,
+  ownerToken: a.ownerToken,
+  audit: a.audit,
+  outcome: 'completed',
+  response: { status: 201, headers, body: new TextEncoder().encode('secret-body') },
+  retentionMs: 60_000,
+});
+
 /** The gateway's loop (src/http/settle.ts) in small: attempts every 20 ms until one lands or `attempts` failed. */
 async function gatewayAttempts(store: GatewayStore, input: FinishInput, attempts: number): Promise<boolean | null> {
   for (let i = 0; i < attempts; i++) {
@@ -60,17 +72,20 @@ async function gatewayAttempts(store: GatewayStore, input: FinishInput, attempts
 describe('a shutdown drain keeps the finishes it must not lose', () => {
   const tmp = tempDir('fencegate-drain-unit-');
   afterAll(() => tmp.cleanup());
+  /** A SQLite store in `file` whose finish fails while away, the drain around it, and admission `a` forwarded on it. */
+  const admitted = async (file: string, a: AdmitInput) => {
+    const real = createSqliteStore({ path: join(tmp.dir, file) });
+    const { state, store } = flaky(real);
+    expect((await real.admit(a)).outcome).toBe('forward');
+    return { state, drain: drainingFinishes(store, logger), a };
+  };
   afterEach(() => {
     lines.length = 0;
   });
 
   it('a finish failing during the drain lands in the background once the store is back, never two attempts at once', async () => {
-    const real = createSqliteStore({ path: join(tmp.dir, 'a.db') });
-    const { state, store } = flaky(real);
-    const drain = drainingFinishes(store, logger);
-    const a = admitInput();
-    expect((await real.admit(a)).outcome).toBe('forward');
-    const input: FinishInput = { scope: a.scope, key: a.key, entity: a.entity, ownerToken: a.ownerToken, audit: a.audit, outcome: 'completed', response: { status: 201, headers: [], body: new TextEncoder().encode('secret-body') }, retentionMs: 60_000 };
+    const { state, drain, a } = await admitted('a.db', admitInput());
+    const input = completedFinish(a);
 
     drain.drain(performance.now() + 60_000);
     // The gateway gives up after a few attempts (its lock ran out); the caller has its answer.
@@ -87,12 +102,8 @@ describe('a shutdown drain keeps the finishes it must not lose', () => {
   });
 
   it('abandoned at the deadline: one finish-unwritten line per finish, with route, key and request id, never the body', async () => {
-    const real = createSqliteStore({ path: join(tmp.dir, 'b.db') });
-    const { store } = flaky(real);
-    const drain = drainingFinishes(store, logger);
-    const a = admitInput({ scope: 'payments\u0000caller-1' });
-    expect((await real.admit(a)).outcome).toBe('forward');
-    const input: FinishInput = { scope: a.scope, key: a.key, entity: a.entity, ownerToken: a.ownerToken, audit: a.audit, outcome: 'completed', response: { status: 201, headers: [['x-secret', 'h']], body: new TextEncoder().encode('secret-body') }, retentionMs: 60_000 };
+    const { drain, a } = await admitted('b.db', admitInput({ scope: 'payments\u0000caller-1' }));
+    const input = completedFinish(a, [['x-secret', 'h']]);
 
     drain.drain(performance.now() + 60_000);
     expect(await gatewayAttempts(drain.store, input, 3)).toBeNull();
@@ -106,11 +117,7 @@ describe('a shutdown drain keeps the finishes it must not lose', () => {
   });
 
   it('control: not draining, a failed finish is left to the gateway, nothing retries it', async () => {
-    const real = createSqliteStore({ path: join(tmp.dir, 'c.db') });
-    const { state, store } = flaky(real);
-    const drain = drainingFinishes(store, logger);
-    const a = admitInput();
-    expect((await real.admit(a)).outcome).toBe('forward');
+    const { state, drain, a } = await admitted('c.db', admitInput());
     const input: FinishInput = { scope: a.scope, key: a.key, entity: a.entity, ownerToken: a.ownerToken, audit: a.audit, outcome: 'released' };
     expect(await gatewayAttempts(drain.store, input, 3)).toBeNull();
     const calls = state.calls;

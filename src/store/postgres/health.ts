@@ -1,3 +1,5 @@
+import { unsentFault } from './query.js';
+
 /**
  * Whether the store's round trips are being answered: down after one that
  * the server never answered (the client-side bound passed, the connection
@@ -31,11 +33,13 @@ export class RoundTripHealth {
   }
 }
 
-/** An ERROR answer from the server (a SQLSTATE with severity ERROR): not a fault of the round trip itself. */
+/**
+ * An ERROR answer from the server (a SQLSTATE with severity ERROR), or a
+ * fault of the driver before anything was sent (./query.ts `unsentFault`):
+ * not a fault of the round trip itself.
+ */
 function serverAnswered(err: unknown): boolean {
+  if (unsentFault(err)) return true;
   const e = err as { code?: unknown; severity?: unknown } | null;
   return e !== null && typeof e === 'object' && typeof e.code === 'string' && e.severity === 'ERROR';
 }
-
-/** The client-side bound of one round trip (`queryTimeoutMs`), when the store opens its own pool. */
-export const DEFAULT_QUERY_TIMEOUT_MS = 15_000;

@@ -1,5 +1,8 @@
 import type { PoolLike } from './types.js';
 
+/** The client-side bound of one round trip (`queryTimeoutMs`), when the store opens its own pool. */
+export const DEFAULT_QUERY_TIMEOUT_MS = 15_000;
+
 /** `createPostgresStore`'s options (./index.ts). */
 export interface PostgresStoreOptions {
   /** `postgres://…`. Either this or `pool`. */

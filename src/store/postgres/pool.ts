@@ -1,6 +1,5 @@
 import pg from 'pg';
-import { DEFAULT_QUERY_TIMEOUT_MS } from './health.js';
-import type { PostgresStoreOptions } from './options.js';
+import { DEFAULT_QUERY_TIMEOUT_MS, type PostgresStoreOptions } from './options.js';
 import { quoteIdent } from './text.js';
 import type { ClientLike, PoolLike } from './types.js';
 
