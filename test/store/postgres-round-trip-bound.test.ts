@@ -45,7 +45,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: a round trip that is never answered'
     await schema?.drop();
   });
 
-  it('fails past the bound, destroys the connection, frees the group, reports unhealthy, then recovers and releases what committed', async () => {
+  it('fails past the bound, destroys the connection, frees the group, reports unhealthy, then recovers and releases what committed', { timeout: 60_000 }, async () => {
     // A connection in the pool first (the warm-up is answered).
     const warm = fresh();
     expect((await store.admit(warm)).outcome).toBe('forward');
@@ -86,5 +86,32 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: a round trip that is never answered'
     expect(changes).toEqual([false, true]);
     // The retry of a lost admission is forwarded, not idempotency-in-progress.
     expect((await store.admit({ ...lost[0]!, ownerToken: `o-${randomUUID()}` })).outcome).toBe('forward');
+  });
+
+  it('a finish whose answer never comes fails past the bound (the one queued behind it too), is retried, and the record holds the answer', { timeout: 60_000 }, async () => {
+    const a = fresh();
+    const b = fresh();
+    expect((await store.admit(a)).outcome).toBe('forward');
+    expect((await store.admit(b)).outcome).toBe('forward');
+    const finishOf = (c: AdmitInput) => ({ scope: c.scope, key: c.key, entity: c.entity, ownerToken: c.ownerToken, audit: c.audit, outcome: 'completed' as const, response: { status: 201, headers: [] as [string, string][], body: new TextEncoder().encode(c.key!) }, retentionMs: 60_000 });
+
+    proxy.blackhole(true, 'down');
+    const first = store.finish(finishOf(a));
+    await until(() => (store.pool as pg.Pool).idleCount === 0, 'the first finish on its way');
+    const results = await Promise.allSettled([first, store.finish(finishOf(b))]);
+    for (const r of results) expect(r.status).toBe('rejected');
+    expect(store.healthy).toBe(false);
+
+    proxy.blackhole(false, 'down');
+    // The gateway retries a failed finish (src/http/settle.ts); it is never assumed written.
+    for (const c of [a, b]) {
+      const retry = await store.finish(finishOf(c));
+      // The first attempt may have committed (its answer was lost): then the retry is discarded as late, the answer stays.
+      expect(typeof retry.recorded).toBe('boolean');
+      const replay = await store.admit({ ...c, ownerToken: `o-${randomUUID()}` });
+      expect(replay.outcome).toBe('replay');
+      expect(new TextDecoder().decode((replay as { response: { body: Uint8Array } }).response.body)).toBe(c.key);
+    }
+    expect(store.healthy).toBe(true);
   });
 });
