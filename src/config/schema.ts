@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { parseDuration } from '../core/duration.js';
+import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/postgres/options.js';
 import { credentialHeaderCollision, DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT, OVERRIDE_FIELDS } from '../protocol/headers.js';
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
@@ -195,6 +196,8 @@ const StoreSchema = z.union([
   z.strictObject({
     postgres: z.string().min(1),
     poolSize: z.number().int().min(1).max(1000).default(10),
+    /** Client-side bound of each round trip to the database (docs/deploy-postgres.md §6). */
+    queryTimeout: Duration.prefault(DEFAULT_QUERY_TIMEOUT_MS).pipe(z.number().min(100, 'must be at least 100ms')),
     /** The tables' schema (created if missing); instead of `options=-c search_path=…` in the URL, which PgBouncer refuses. */
     schema: z.string().min(1).max(63).optional(),
     /** `transaction` behind a transaction-pooling PgBouncer (docs/deploy-postgres.md "Through PgBouncer"). */
@@ -271,6 +274,12 @@ export const ConfigSchema = z
      * and file descriptors (about 10 KB of memory each when idle); ignored on Workers.
      */
     maxConnections: z.number().int().min(1).max(1_000_000).default(10_000),
+    /**
+     * Node entry: the longest SIGTERM/SIGINT's drain may take (in-flight
+     * requests, the finishes still pending, the store's close); past it what
+     * was not written is logged and the process exits (docs/deploy-postgres.md §4).
+     */
+    drainTimeout: Duration.prefault('30s'),
     /** How often expired records and old rejections are swept. */
     sweepInterval: Duration.prefault('60s'),
     rejectionRetention: Duration.prefault('90d'),

@@ -32,8 +32,9 @@ Options:
   --db PATH            use this SQLite file as the store (overrides store)
   --database-url URL   use this PostgreSQL database (also DATABASE_URL)
 
-Migrations run at start-up. SIGTERM or SIGINT drain in-flight requests, then
-exit; a second signal exits at once.
+Migrations run at start-up. SIGTERM or SIGINT drain in-flight requests and
+pending finishes (for at most drainTimeout), then exit; a second signal exits
+at once.
 `;
 
 export const MIGRATE_HELP = `fencegate migrate — create or update the store's tables

@@ -5,6 +5,7 @@ import { readConfig } from '../config/read-file.js';
 import type { Config } from '../config/schema.js';
 import { createJsonLogger, LOG_LEVELS, parseLogLevel, type Logger } from '../http/logger.js';
 import { migrateLeasePostgresUrl, migrateLeaseSqlite } from '../lease/migrate.js';
+import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/postgres/options.js';
 import { migrateSqlite, openSqlite } from '../store/sqlite/index.js';
 import { auditCommand, tokenCommand } from './cli-audit.js';
 import { reportError, UsageError } from './cli-errors.js';
@@ -133,8 +134,8 @@ async function migrateLease(store: Config['store'], logger: Logger): Promise<num
 function storeFrom(values: { config?: string; db?: string; 'database-url'?: string }, config?: Config): Config['store'] | null {
   if (values.db !== undefined) return { sqlite: values.db, synchronous: config && 'sqlite' in config.store ? config.store.synchronous : 'FULL' };
   const url = values['database-url'] ?? process.env.DATABASE_URL;
-  // The URL replaces the configured one; the other PostgreSQL settings (schema, pooler, listenUrl) stay.
-  if (url !== undefined && url !== '') return { ...(config && 'postgres' in config.store ? config.store : { poolSize: 10 }), postgres: url };
+  // The URL replaces the configured one; the other PostgreSQL settings (schema, pooler, listenUrl, queryTimeout) stay.
+  if (url !== undefined && url !== '') return { ...(config && 'postgres' in config.store ? config.store : { poolSize: 10, queryTimeout: DEFAULT_QUERY_TIMEOUT_MS }), postgres: url };
   if (config !== undefined) return null;
   if (values.config !== undefined) return readConfig(values.config).store;
   return null;

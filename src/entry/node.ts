@@ -11,6 +11,7 @@ import { createMetrics } from '../http/metrics.js';
 import { createPromBackend } from '../http/metrics-node.js';
 import { loadTracing } from '../http/tracing.js';
 import type { Registry } from 'prom-client';
+import { drainingFinishes } from './drain-finishes.js';
 import { createNodeListener } from './node-listener.js';
 import { openStore } from './open-store.js';
 import { SWEEP_KINDS, type GatewayStore } from '../store/types.js';
@@ -22,7 +23,11 @@ export interface RunningGateway {
   server: Server;
   /** `http://host:port`, with the port actually bound. */
   url: string;
-  /** Stops accepting, finishes in-flight requests, closes the store. Idempotent. */
+  /**
+   * Stops accepting, finishes in-flight requests and the finishes still
+   * pending, closes the store; within `drainTimeout`, past which it logs each
+   * finish not written and resolves without waiting further. Idempotent.
+   */
   close(): Promise<void>;
 }
 
@@ -49,12 +54,12 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   // Key files (auth, fence.signed) are read here, before anything is opened.
   const config = inlineKeyFiles(options.config);
   const logger = options.logger ?? createJsonLogger();
-  const store = options.store ?? (await openStore(config.store));
+  const store = options.store ?? (await openStore(config.store, { logger }));
   // A PostgreSQL store's notices: whether a failover would keep acknowledged
   // decisions (DESIGN §8.2; docs/deploy-postgres.md), logged at start and on
   // each change, and what its pooler setting costs (no LISTEN).
   const pgStore = store as { subscribe?: (fn: (l: { level: 'info' | 'warn'; msg: string; fields: Record<string, unknown> }) => void) => () => void };
-const unsubscribeStore = pgStore.subscribe?.((l) => logger[l.level](l.msg, l.fields));
+  const unsubscribeStore = pgStore.subscribe?.((l) => logger[l.level](l.msg, l.fields));
   // With caller auth the admin API answers on any address, behind its scopes; without it, only on loopback.
   const admin = config.auth !== undefined || isLoopback(config.listen.host);
   if (!admin) logger.warn('admin-api-disabled', { reason: 'listening on a non-loopback address without caller authentication', host: config.listen.host });
@@ -62,13 +67,15 @@ const unsubscribeStore = pgStore.subscribe?.((l) => logger[l.level](l.msg, l.fie
   // A failed start (a missing credential, a port in use) must not leave the
   // database file and the upstream pool open behind the error.
   const forwarder = options.forwarder ?? createUndiciForwarder();
+  // A shutdown's finishes are retried until they land or the drain's time is up (./drain-finishes.ts).
+  const finishes = drainingFinishes(store, logger);
   let gateway: Gateway;
   try {
     // prom-client on Node (one registry, with the process metrics); the same names as the text backend.
     const metrics = createMetrics({ backend: createPromBackend(options.registry ? { registry: options.registry } : {}), routes: config.routes.map((r) => r.name) });
     // Spans from the first request when @opentelemetry/api is installed.
     await loadTracing();
-    gateway = createGateway({ config, store, forwarder, logger, admin, env: options.env, metrics });
+    gateway = createGateway({ config, store: finishes.store, forwarder, logger, admin, env: options.env, metrics });
   } catch (err) {
     if (options.forwarder === undefined) await forwarder.close?.();
     if (options.store === undefined) await store.close();
@@ -151,16 +158,25 @@ const unsubscribeStore = pgStore.subscribe?.((l) => logger[l.level](l.msg, l.fie
     url,
     close() {
       shutdown ??= (async () => {
+        // One bound for the whole drain: a store that never answers (a silent
+        // network) must not keep the process from exiting.
+        const deadline = performance.now() + config.drainTimeout;
+        finishes.drain(deadline);
         for (const res of responding) if (!res.headersSent) res.shouldKeepAlive = false;
         clearInterval(sweeper);
         unsubscribeStore?.();
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();
-        await gateway.close();
+        const closing = gateway.close();
+        if (await within(closing, deadline)) await closing; // its fault, if any, is close()'s
+        else {
+          const unwritten = finishes.abandon('drain-timeout');
+          logger.error('drain-timeout', { drain_timeout_ms: config.drainTimeout, inflight: gateway.inflight(), unwritten_finishes: unwritten });
+        }
         // The handlers are done, but a large answer may still be on its way
         // to the caller: cutting the connections now would truncate it
         // (the upstream call happened; the caller must get its answer).
-        await written(responding, SHUTDOWN_WRITE_MS);
+        await written(responding, Math.min(SHUTDOWN_WRITE_MS, Math.max(deadline - performance.now(), 0)));
         server.closeAllConnections();
         await closed;
       })();
@@ -171,6 +187,18 @@ const unsubscribeStore = pgStore.subscribe?.((l) => logger[l.level](l.msg, l.fie
 
 /** How long a shutdown waits for answers still being written (a slow reader must not hold it forever). */
 const SHUTDOWN_WRITE_MS = 30_000;
+
+/** True once `work` settled (a rejection included), false if `deadline` (performance.now() time) came first. */
+function within(work: Promise<unknown>, deadline: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => resolve(false), Math.max(deadline - performance.now(), 0));
+    const done = () => {
+      clearTimeout(timer);
+      resolve(true);
+    };
+    work.then(done, done);
+  });
+}
 
 /** Resolves when every response in `responding` has closed, or after `maxMs`. */
 function written(responding: Set<ServerResponse>, maxMs: number): Promise<void> {

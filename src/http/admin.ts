@@ -38,7 +38,13 @@ export function createAdminApp(options: AdminOptions): Hono {
     return new Response(r.body, { status: r.status, headers: r.headers });
   };
 
-  app.get('/health', (c) => c.json({ status: 'ok' }));
+  // Liveness: 200 while the process answers. A store that tracks whether its
+  // round trips are answered (PostgreSQL) adds `store`, for readiness
+  // (docs/deploy-postgres.md §4); the store is not queried here.
+  app.get('/health', (c) => {
+    const healthy = (store as { healthy?: unknown }).healthy;
+    return c.json(typeof healthy === 'boolean' ? { status: 'ok', store: healthy ? 'up' : 'unavailable' } : { status: 'ok' });
+  });
 
   app.get('/problems/:code', (c) => {
     const code = c.req.param('code');

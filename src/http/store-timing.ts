@@ -4,6 +4,7 @@
  * _late_finishes_total). A wrapper, so that no store backend has to know
  * about metrics; every other method is the store's own.
  */
+import { overrideStore } from '../store/override.js';
 import type { GatewayStore } from '../store/types.js';
 import type { Metrics } from './metrics.js';
 
@@ -34,17 +35,5 @@ export function timeStore(store: GatewayStore, metrics: Pick<Metrics, 'storeCall
       throw err;
     }
   };
-  // Stores are classes (methods on the prototype, private fields): bind to the store itself.
-  const bound = new Map<PropertyKey, unknown>();
-  return new Proxy(store, {
-    get(target, prop) {
-      if (prop === 'admit') return admit;
-      if (prop === 'finish') return finish;
-      const v = Reflect.get(target, prop, target);
-      if (typeof v !== 'function') return v;
-      let f = bound.get(prop);
-      if (f === undefined) bound.set(prop, (f = v.bind(target)));
-      return f;
-    },
-  });
+  return overrideStore(store, { admit, finish });
 }

@@ -13,15 +13,16 @@ import { readFileSync } from 'node:fs';
 import { parseConfigText } from '../../dist/config/load.js';
 import { startGateway } from '../../dist/entry/node.js';
 import { createJsonLogger } from '../../dist/http/logger.js';
-import { createPostgresStore } from '../../dist/store/postgres/index.js';
+import { openStore } from '../../dist/entry/open-store.js';
 
 const [configPath, databaseUrl, flag, off] = process.argv.slice(2);
 if (!configPath || !databaseUrl) throw new Error('usage: pg-gateway-child.mjs CONFIG.json DATABASE_URL [--checks-off fence]');
 const config = parseConfigText(readFileSync(configPath, 'utf8'), configPath);
-config.store = { postgres: databaseUrl, poolSize: 'postgres' in config.store ? config.store.poolSize : 10 };
+// The URL replaces the file's; its other PostgreSQL settings (poolSize, queryTimeout) stay, as with --database-url.
+config.store = { poolSize: 10, ...('postgres' in config.store ? config.store : {}), postgres: databaseUrl };
 const logger = createJsonLogger({ level: process.env.FENCEGATE_LOG_LEVEL ?? 'info' });
 
-const real = await createPostgresStore({ connectionString: databaseUrl, poolSize: config.store.poolSize });
+const real = await openStore(config.store, { logger });
 let store = real;
 if (flag === '--checks-off' && off === 'fence') {
   // The store never sees the fence: nothing is compared, nothing refused.

@@ -1,6 +1,6 @@
 import type { FinishInput, FinishResult } from '../types.js';
 import { RoundTripGroup, type GroupLimits, type Settled } from './finish-group.js';
-import type { PgContext } from './query.js';
+import { unsentFault, type PgContext } from './query.js';
 import { logText } from './rejections.js';
 import { encodeNullable, encodeText } from './text.js';
 import { decisionTopics, wakeLocal, type PgWakeups } from './wakeups.js';
@@ -101,14 +101,6 @@ function finishBytes(input: FinishInput): number {
   return n;
 }
 
-/**
- * A fault of the driver's serialisation (a string past V8's longest, a value
- * it cannot convert) is thrown before the statement is written: a RangeError
- * or TypeError without a SQLSTATE. A connection or server error is never one.
- */
-function unsentFault(err: unknown): boolean {
-  return (err instanceof RangeError || err instanceof TypeError) && !('code' in err);
-}
 
 /** fencegate_finish's twenty parameters for one finish, in order. */
 function finishParams(input: FinishInput, channel: string | null): unknown[] {

@@ -18,6 +18,7 @@ import { createAdmit } from './admit.js';
 import { createRelease } from './release.js';
 import { createPostgresAudit } from './audit.js';
 import { createFinish } from './finish.js';
+import { RoundTripHealth } from './health.js';
 import { poolQuery, qualifier, type PgContext } from './query.js';
 import { createReads } from './reads.js';
 import { createRejectionLog } from './rejections.js';
@@ -75,6 +76,7 @@ export class PostgresGatewayStore implements GatewayStore {
   /** Whether a failover would keep acknowledged decisions (./replication-check.ts); null when switched off. */
   readonly replication: ReplicationCheck | null;
   private readonly notices: PgStoreNotice[];
+  private readonly health: RoundTripHealth;
   private closing: Promise<void> | null = null;
   /** Set by close() once the finish group is idle: from then on finishes are refused too. */
   private refusing = false;
@@ -94,6 +96,7 @@ export class PostgresGatewayStore implements GatewayStore {
     /** `false`: no replication check. Default 60000. */
     replicationCheckMs?: number | false;
     onError?: (err: Error, source: 'pool' | 'listener') => void;
+    onHealth?: (healthy: boolean, err: Error | null) => void;
   }) {
     this.pool = init.pool;
     this.ownsPool = init.ownsPool;
@@ -105,12 +108,13 @@ export class PostgresGatewayStore implements GatewayStore {
       onError: (err) => onError(err, 'listener'),
     });
     this.channel = this.wakeups.channel;
-    const ctx: PgContext = { query: poolQuery(this.pool, () => this.closing !== null), table: qualifier(init.schema) };
+    this.health = new RoundTripHealth(init.onHealth);
+    const ctx: PgContext = { query: poolQuery(this.pool, () => this.closing !== null, this.health), table: qualifier(init.schema) };
     this.admission = createAdmit(ctx);
     this.unsent = createRelease(ctx, this.wakeups, () => this.closing !== null);
     // Finishes are refused only once close() drained their group: a finish
     // settles a request that was admitted before (DESIGN §3.7).
-    this.finishing = createFinish({ ...ctx, query: poolQuery(this.pool, () => this.refusing) }, this.wakeups);
+    this.finishing = createFinish({ ...ctx, query: poolQuery(this.pool, () => this.refusing, this.health) }, this.wakeups);
     this.rejections = createRejectionLog(ctx);
     this.reads = createReads(ctx);
     this.sweeper = createSweep(ctx, () => this.closing !== null);
@@ -139,6 +143,15 @@ export class PostgresGatewayStore implements GatewayStore {
   subscribe(fn: (notice: PgStoreNotice) => void): () => void {
     for (const n of this.notices) fn(n);
     return this.replication?.subscribe(fn) ?? (() => {});
+  }
+
+  /**
+   * False once a round trip went unanswered (past `queryTimeoutMs`, a lost
+   * or refused connection), true again after the next answered one: the
+   * admin API's `/health` reports it (`store`), docs/deploy-postgres.md.
+   */
+  get healthy(): boolean {
+    return this.health.healthy;
   }
 
   /** True when cross-replica wake-ups are live (for health checks and tests). */

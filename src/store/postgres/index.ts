@@ -44,6 +44,7 @@ export async function createPostgresStore(options: PostgresStoreOptions): Promis
       replicationCheckMs: options.replicationCheckMs,
       notices,
       onError,
+      ...(options.onHealth ? { onHealth: options.onHealth } : {}),
     });
     await store.start();
     return store;

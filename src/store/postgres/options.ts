@@ -1,5 +1,8 @@
 import type { PoolLike } from './types.js';
 
+/** The client-side bound of one round trip (`queryTimeoutMs`), when the store opens its own pool. */
+export const DEFAULT_QUERY_TIMEOUT_MS = 15_000;
+
 /** `createPostgresStore`'s options (./index.ts). */
 export interface PostgresStoreOptions {
   /** `postgres://…`. Either this or `pool`. */
@@ -52,6 +55,16 @@ export interface PostgresStoreOptions {
    * failover"): at start, then every this many ms. `false`: never. Default 60000.
    */
   replicationCheckMs?: number | false;
+  /**
+   * Client-side bound of every round trip on the store's own connections
+   * (node-postgres `query_timeout`), COMMIT included, which `statement_timeout`
+   * does not cover and which a silent network never delivers. Past it the call
+   * fails (→ 503 store-unavailable, an admission is released in the background,
+   * a finish is retried) and its connection is destroyed, not returned to the
+   * pool. Default 15000 ms (above `statementTimeoutMs`, so that the server's own
+   * timeout answers first when it can). A `pool` you bring keeps its own settings.
+   */
+  queryTimeoutMs?: number;
   /** Shown in pg_stat_activity. Default `fencegate`. */
   applicationName?: string;
   /**
@@ -60,6 +73,12 @@ export interface PostgresStoreOptions {
    * recover by themselves, this is for logs. Default: ignored.
    */
   onError?: (err: Error, source: 'pool' | 'listener') => void;
+  /**
+   * The store's round trips stopped being answered (`healthy` false, with the
+   * fault) or are answered again (true): see `PostgresGatewayStore.healthy`.
+   * Called on each change only. Default: ignored.
+   */
+  onHealth?: (healthy: boolean, err: Error | null) => void;
 }
 
 /** A line for the gateway's log (src/entry/node.ts logs every one; the store holds no logger). */

@@ -1,5 +1,5 @@
 import pg from 'pg';
-import type { PgStoreNotice, PostgresStoreOptions } from './options.js';
+import { DEFAULT_QUERY_TIMEOUT_MS, type PgStoreNotice, type PostgresStoreOptions } from './options.js';
 import { quoteIdent } from './text.js';
 import type { ClientLike, PoolLike } from './types.js';
 
@@ -31,6 +31,11 @@ export function openPool(options: PostgresStoreOptions, onError: (err: Error, so
     connectionString: options.connectionString,
     application_name: options.applicationName ?? 'fencegate',
     connectionTimeoutMillis: options.connectionTimeoutMs ?? 5_000,
+    // The client side too, as the lease store's pool does: a round trip the
+    // server never answers (a silent network, a COMMIT waiting for a standby
+    // that is gone) fails after this, and the pool destroys its connection
+    // (the query is still active on it) instead of reusing it.
+    query_timeout: options.queryTimeoutMs ?? DEFAULT_QUERY_TIMEOUT_MS,
     keepAlive: true,
   };
   const transaction = options.pooler === 'transaction';

@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import type { RoundTripHealth } from './health.js';
 import { quoteIdent } from './text.js';
 import type { PoolLike } from './types.js';
 
@@ -18,14 +19,35 @@ export interface PgContext {
  * own record). Hot-path statements are named, so each connection parses and
  * plans them once; the name carries a hash of the text, so two stores on
  * different schemas can share a pool. Refused once the store is closing.
+ * Each round trip's fate tells `health` whether the database answers.
  */
-export function poolQuery(pool: PoolLike, closed: () => boolean): Query {
+export function poolQuery(pool: PoolLike, closed: () => boolean, health?: RoundTripHealth): Query {
   return <R>(text: string, values: unknown[], prepared = true) => {
     if (closed()) return Promise.reject(new Error('the PostgreSQL gateway store is closed'));
-    if (!prepared) return pool.query<R>(text, values);
-    const named = { name: statementName(text), text, values };
-    return (pool as unknown as { query(q: typeof named): Promise<{ rows: R[] }> }).query(named);
+    const sent = prepared
+      ? (pool as unknown as { query(q: { name: string; text: string; values: unknown[] }): Promise<{ rows: R[] }> }).query({ name: statementName(text), text, values })
+      : pool.query<R>(text, values);
+    if (health === undefined) return sent;
+    return sent.then(
+      (r) => {
+        health.answered();
+        return r;
+      },
+      (err: unknown) => {
+        health.failed(err);
+        throw err;
+      },
+    );
   };
+}
+
+/**
+ * A fault of the driver's serialisation (a string past V8's longest, a value
+ * it cannot convert) is thrown before the statement is written: a RangeError
+ * or TypeError without a SQLSTATE. A connection or server error is never one.
+ */
+export function unsentFault(err: unknown): boolean {
+  return (err instanceof RangeError || err instanceof TypeError) && !('code' in err);
 }
 
 /** `"schema".name`, or the bare name when the store follows the search_path (`schema` null). */

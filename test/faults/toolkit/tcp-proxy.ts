@@ -10,6 +10,9 @@ import { connect, createServer, type Server, type Socket } from 'node:net';
  * Toxics:
  * - `latency(ms, jitter)`: every chunk is delayed, in both directions, order kept.
  * - `blackhole(true)`: connections stay open, every byte is swallowed.
+ *   `blackhole(true, 'down')` swallows only the target's bytes: requests
+ *   still arrive and take effect (a statement commits), their answers never
+ *   come back (a silent network after the send, a COMMIT that waits forever).
  * - `cut()` / `restore()`: every open connection is reset (RST) and new ones
  *   are reset on accept until `restore()`: a network partition that the
  *   endpoints notice at once.
@@ -132,6 +135,7 @@ export class FaultProxy extends EventEmitter {
   private jitterMs = 0;
   private isCut = false;
   private isBlackhole = false;
+  private isDownBlackhole = false;
   private holdFilter: ((head: RequestHead) => boolean) | null = null;
   private resetBudget = 0;
   private resetProbability = 0;
@@ -203,9 +207,10 @@ export class FaultProxy extends EventEmitter {
     return this.isCut;
   }
 
-  /** Swallows every byte in both directions while on; connections stay open. */
-  blackhole(on: boolean): void {
-    this.isBlackhole = on;
+  /** Swallows every byte in both directions (or only the target's, `'down'`) while on; connections stay open. */
+  blackhole(on: boolean, direction: 'both' | 'down' = 'both'): void {
+    if (direction === 'both') this.isBlackhole = on;
+    else this.isDownBlackhole = on;
   }
 
   /** The next `n` answers (first bytes of a response after a forwarded request) become resets. */
@@ -365,7 +370,7 @@ export class FaultProxy extends EventEmitter {
   }
 
   private fromServer(link: Link, chunk: Buffer): void {
-    if (this.isBlackhole) return;
+    if (this.isBlackhole || this.isDownBlackhole) return;
     if (link.held && !link.held.response) {
       const status = statusOf(chunk);
       if (status !== null) {
