@@ -83,7 +83,12 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: a round trip that is never answered'
     expect(store.unsent.stats.released + store.unsent.stats.nothing).toBe(3);
     await until(async () => (await schema.pool.query('SELECT 1 FROM idempotency_records WHERE key = ANY($1)', [lost.map((c) => c.key)])).rowCount === 0, 'the lost admissions released');
     expect(store.healthy).toBe(true);
-    expect(changes).toEqual([false, true]);
+    // Down once, up at the end; a connection the pool opened while the
+    // answers were swallowed can still time out after the link is back, so
+    // on a slow box the flag may go down and up once more in between.
+    expect(changes[0]).toBe(false);
+    expect(changes.at(-1)).toBe(true);
+    expect(changes.every((h, i) => h === (i % 2 === 1))).toBe(true);
     // The retry of a lost admission is forwarded, not idempotency-in-progress.
     expect((await store.admit({ ...lost[0]!, ownerToken: `o-${randomUUID()}` })).outcome).toBe('forward');
   });
