@@ -26,7 +26,7 @@ export interface AdminOptions {
 }
 
 /**
- * The admin API, mounted under `adminPrefix`. `GET /health` and
+ * The admin API, mounted under `adminPrefix`. `GET /health`, `GET /ready` and
  * `GET /problems/:code` always answer; the `/v1` audit endpoints only when
  * enabled (until caller auth exists: only on a loopback listener).
  */
@@ -44,6 +44,14 @@ export function createAdminApp(options: AdminOptions): Hono {
   app.get('/health', (c) => {
     const healthy = (store as { healthy?: unknown }).healthy;
     return c.json(typeof healthy === 'boolean' ? { status: 'ok', store: healthy ? 'up' : 'unavailable' } : { status: 'ok' });
+  });
+
+  // Readiness: 503 while the store says its round trips go unanswered, so a
+  // balancer can send the traffic to a replica whose database answers; a
+  // store that does not track it (SQLite, D1) is ready while the process is.
+  app.get('/ready', (c) => {
+    const healthy = (store as { healthy?: unknown }).healthy;
+    return healthy === false ? c.json({ status: 'unavailable', store: 'unavailable' }, 503) : c.json({ status: 'ready' });
   });
 
   app.get('/problems/:code', (c) => {

@@ -39,9 +39,9 @@ describe.skipIf(!POSTGRES_URL)('a PostgreSQL that stops answering, through a rea
       body: JSON.stringify({ amount: 1 }),
       signal: AbortSignal.timeout(CALLER_WAIT_MS),
     }).then(answerOf, transportFailure);
-  const health = async (): Promise<{ status: number; body: { status?: string; store?: string } | null }> => {
+  const health = async (path = 'health'): Promise<{ status: number; body: { status?: string; store?: string } | null }> => {
     try {
-      const res = await fetch(`${gw.url}/_fencegate/health`, { signal: AbortSignal.timeout(5_000) });
+      const res = await fetch(`${gw.url}/_fencegate/${path}`, { signal: AbortSignal.timeout(5_000) });
       return { status: res.status, body: (await res.json()) as { status?: string; store?: string } };
     } catch {
       return { status: 0, body: null };
@@ -73,6 +73,7 @@ describe.skipIf(!POSTGRES_URL)('a PostgreSQL that stops answering, through a rea
     const warm = await pay(`warm-${randomUUID()}`, `e-${randomUUID()}`);
     expect(warm.status).toBe(201);
     expect((await health()).body).toEqual({ status: 'ok', store: 'up' });
+    expect(await health('ready')).toEqual({ status: 200, body: { status: 'ready' } });
     const effectsBefore = up.effects;
 
     // The database goes silent; the connections stay open.
@@ -87,6 +88,8 @@ describe.skipIf(!POSTGRES_URL)('a PostgreSQL that stops answering, through a rea
       expect(a.code).toBe('store-unavailable');
     }
     expect(stalledHealth).toEqual({ status: 200, body: { status: 'ok', store: 'unavailable' } });
+    // Liveness stays 200 (a silent database must not get every replica restarted); readiness is 503.
+    expect(await health('ready')).toEqual({ status: 503, body: { status: 'unavailable', store: 'unavailable' } });
     const logged = await gw.proc.waitFor((m) => m.msg === 'store-unavailable', 'the store-unavailable log line', 5_000);
     expect(logged.error).toMatch(/timeout/i);
     // Nothing was sent upstream.
@@ -97,6 +100,7 @@ describe.skipIf(!POSTGRES_URL)('a PostgreSQL that stops answering, through a rea
     const after = await pay(`after-${randomUUID()}`, `e-${randomUUID()}`);
     expect(after.status).toBe(201);
     expect((await health()).body).toEqual({ status: 'ok', store: 'up' });
+    expect(await health('ready')).toEqual({ status: 200, body: { status: 'ready' } });
     // Each stalled key's retry is forwarded once (an admission that may have committed was released).
     for (const k of keys) expect((await pay(k.key, k.entity)).status).toBe(201);
     expect(up.effects).toBe(effectsBefore + 1 + keys.length);
