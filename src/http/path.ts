@@ -102,12 +102,35 @@ const READINGS: Reading[] = [
  * apply, alone and combined (in READINGS order), without `path` itself.
  */
 export function alternativeReadings(path: string): string[] {
+  return readingsWithin(path, Infinity)!;
+}
+
+/**
+ * How many characters of readings the gateway computes for one request
+ * (the path's length once per reading applied, kept or not): 128 KiB.
+ * Up to 2^8 combinations, each costing the path's length in every later
+ * reading and a route match: a 16 KB path with every kind of ambiguity
+ * took ~90 ms of the event loop, its plain form ~1 ms, so a client could
+ * stall the gateway with a few such requests a second. Within the bound
+ * the check costs a few milliseconds at most; an ordinary long path (few
+ * readings) stays far below it (DESIGN §3.1).
+ */
+export const MAX_READING_CHARS = 128 * 1024;
+
+/** `alternativeReadings`, or null once computing them would pass `maxChars` (MAX_READING_CHARS): the request is refused unread. */
+export function readingsWithin(path: string, maxChars: number = MAX_READING_CHARS): string[] | null {
   const out = new Set<string>([path]);
+  let spent = 0;
   for (const r of READINGS) {
     // Every reading so far, this one applied to each where it can: every
     // combination, in order, for at most 2^8 readings, and only for a path
     // that has the characters they act on.
-    for (const p of [...out]) if (r.applies(p)) out.add(r.apply(p));
+    for (const p of [...out]) {
+      if (!r.applies(p)) continue;
+      spent += p.length;
+      if (spent > maxChars) return null;
+      out.add(r.apply(p));
+    }
   }
   out.delete(path);
   return [...out];
