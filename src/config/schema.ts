@@ -137,7 +137,7 @@ export const RouteSchema = z.strictObject({
   stripHeaders: z.array(HeaderName).default([]),
   /**
    * Path and method overrides this route's upstream may get (by default the
-   * headers are not forwarded and a `_method` query is 400): any of
+   * headers are not forwarded and a `_method` query or POST body field is 400): any of
    * OVERRIDE_FIELDS, compared without regard to case (DESIGN §3.6).
    */
   allowOverrides: z

@@ -10,7 +10,7 @@ import { credentialScopeOf, echoKey, keyScopeOf, warnGlobalKeys, type Credential
 import { renderRefusal, toReply } from './errors.js';
 import { START_DEADLINE_PASSED, type Forwarder, type UpstreamResult } from './forward.js';
 import { errorText, type Logger } from './logger.js';
-import { requestShapeProblem } from './request-shape.js';
+import { bodyMethodProblem, requestShapeProblem } from './request-shape.js';
 import { requestIds } from './request-id.js';
 import { MAX_READING_CHARS, normalizePath, readingsWithin } from './path.js';
 import { createFoldedRouter, createRouter, divergentReading } from './router.js';
@@ -148,6 +148,9 @@ export function createProxyHandler(deps: ProxyDeps) {
       return refuse(route, { code: 'payload-too-large', detail: `the body exceeds this route's limit of ${route.maxBodyBytes} bytes` });
     }
     const body = read.body;
+    //    A method override in the body (Rails, Symfony and Laravel read one), as in the query (step 3).
+    const bodyMethod = bodyMethodProblem(req.method, req.headers.get('content-type'), body, route);
+    if (bodyMethod !== null) return refuse(route, { code: 'invalid-request', detail: bodyMethod });
     if ('json' in route.entity) {
       const fromBody = entityFromJson(route.entity.json, body);
       if (!fromBody.ok) return refuse(route, fromBody.refusal);
