@@ -251,6 +251,15 @@ export const ConfigSchema = z
      * and file descriptors (about 10 KB of memory each when idle); ignored on Workers.
      */
     maxConnections: z.number().int().min(1).max(1_000_000).default(10_000),
+    /**
+     * Node entry: how long an answer may sit unsent because the client takes
+     * none of it (it stopped reading, with or without a FIN) before its
+     * connection is destroyed. Each answer is held in memory until written,
+     * and nothing else times a connection out once its request is in, so
+     * without this a client that never reads would hold a socket and its
+     * answer (up to `maxResponseBytes`) for ever. At least 1s; ignored on Workers.
+     */
+    writeStallTimeout: Duration.prefault('30s').refine((ms) => ms >= 1000, { message: 'must be at least 1s' }),
     /** How often expired records and old rejections are swept. */
     sweepInterval: Duration.prefault('60s'),
     rejectionRetention: Duration.prefault('90d'),
