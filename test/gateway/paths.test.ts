@@ -192,6 +192,10 @@ describe('a path that another reading would route elsewhere: 400 invalid-request
     '/%EF%BC%B0%EF%BC%A1%EF%BC%B9MENTS/charges', // fullwidth PAY, then case
     '/payments%EF%BC%8Fcharges', // fullwidth solidus: a separator once normalised
     '/%EF%BD%89nvoices/inv-1/pay',
+    '/payments%u002Fcharges', // %uXXXX decoded (IIS, classic ASP.NET): %2F, then a separator
+    '/%u0070ayments/charges', // %u0070 is p
+    '/other/%u002e%u002e/payments/charges', // .., resolved
+    '/PAYMENT%u017F/charges', // ſ, then folded
   ];
   it.each(AMBIGUOUS)('%s', async (path) => {
     for (const way of ways) {
@@ -215,6 +219,7 @@ describe('a path that another reading would route elsewhere: 400 invalid-request
       ['/payments/a%252Fb', '/payments/a%252Fb'],
       ['/payments/%C5%BF', '/payments/%C5%BF'],
       ['/invoices/inv.1/pay', '/invoices/inv.1/pay'],
+      ['/payments/x%u0041', '/payments/x%u0041'],
     ];
     for (const way of ways) {
       for (const [path, forwarded] of OK) {
@@ -391,6 +396,10 @@ describe('normalizePath, alternativeReadings (unit)', () => {
     // Dotless i upper-cases to I; é has no ASCII form and stays as it is.
     expect(alternativeReadings('/%C4%B1nvoices')).toEqual(['/Invoices']);
     expect(alternativeReadings('/caf%C3%A9')).toEqual([]);
+    expect(alternativeReadings('/payments%u002Fa')).toEqual(['/payments%2Fa', '/payments/a']);
+    expect(alternativeReadings('/%u0070ayments/a')).toEqual(['/payments/a']);
+    expect(alternativeReadings('/x%uD800')).toEqual(['/x%EF%BF%BD']);
+    expect(alternativeReadings('/x%u00')).toEqual([]);
     expect(alternativeReadings('/a%ZZ%C5')).toEqual([]);
   });
 
