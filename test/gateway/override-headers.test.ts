@@ -163,7 +163,7 @@ describe('a _method field in a POST body (Rails, Symfony, Laravel read it there)
     const FORWARDED: [string | null, string, string?][] = [
       ['application/json', '{"amount":1,"nested":{"_method":"DELETE"}}'],
       ['application/json', '[{"_method":"DELETE"}]'],
-      ['application/json', '{"method":"DELETE","x_method":1}'],
+      ['application/json', '{"method":"DELETE","x_method":1,"payment_method":"pm_1"}'],
       ['application/x-www-form-urlencoded', 'method=DELETE&a=_method&_methods=1'],
       ['text/plain', '_method=DELETE'],
       ['multipart/form-data; boundary=b', MULTIPART('name="file"; filename="_method"')],
