@@ -138,7 +138,7 @@ export const RouteSchema = z.strictObject({
   stripHeaders: z.array(HeaderName).default([]),
   /**
    * Path and method overrides this route's upstream may get (by default the
-   * headers are not forwarded and a `_method` query is 400): any of
+   * headers are not forwarded and a `_method` query or POST body field is 400): any of
    * OVERRIDE_FIELDS, compared without regard to case (DESIGN §3.6).
    */
   allowOverrides: z
@@ -280,6 +280,15 @@ export const ConfigSchema = z
      * was not written is logged and the process exits (docs/deploy-postgres.md §4).
      */
     drainTimeout: Duration.prefault('30s'),
+    /**
+     * Node entry: how long an answer may sit unsent because the client takes
+     * none of it (it stopped reading, with or without a FIN) before its
+     * connection is destroyed. Each answer is held in memory until written,
+     * and nothing else times a connection out once its request is in, so
+     * without this a client that never reads would hold a socket and its
+     * answer (up to `maxResponseBytes`) for ever. At least 1s; ignored on Workers.
+     */
+    writeStallTimeout: Duration.prefault('30s').refine((ms) => ms >= 1000, { message: 'must be at least 1s' }),
     /** How often expired records and old rejections are swept. */
     sweepInterval: Duration.prefault('60s'),
     rejectionRetention: Duration.prefault('90d'),

@@ -120,6 +120,8 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
     if (shutdown !== null) res.shouldKeepAlive = false;
     responding.add(res);
     res.once('close', () => responding.delete(res));
+    // Once the whole answer is handed to the socket: a client that stops taking it is cut off.
+    res.once('prefinish', () => cutOffStalled(res, config.writeStallTimeout));
   });
   try {
     await new Promise<void>((resolve, reject) => {
@@ -183,6 +185,36 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
       return shutdown;
     },
   };
+}
+
+/**
+ * Destroys the connection of an answer that makes no progress to the client
+ * for `stallMs` (`writeStallTimeout`): checked every `stallMs`, progress is
+ * less of it queued in the socket than at the check before. Node times a
+ * connection out while its request comes in (requestTimeout, headersTimeout)
+ * and while it is idle between requests (keepAliveTimeout), never while an
+ * answer waits for a client that does not read (the FIN of a half-closing
+ * one included: it ends what the client sends, not what it reads). The
+ * answer is lost to that client only; its outcome is stored, so a retry with
+ * its key gets the replay (DESIGN §3.6). A client that reads, however
+ * slowly, keeps it: every interval it takes some more.
+ */
+function cutOffStalled(res: ServerResponse, stallMs: number): void {
+  const socket = res.socket;
+  if (socket === null || res.writableFinished) return;
+  let queued = socket.writableLength;
+  const timer = setInterval(() => {
+    const now = socket.writableLength;
+    if (now > 0 && now >= queued) {
+      clearInterval(timer);
+      socket.destroy();
+    }
+    queued = now;
+  }, stallMs);
+  timer.unref();
+  const stop = () => clearInterval(timer);
+  res.once('finish', stop);
+  res.once('close', stop);
 }
 
 /** How long a shutdown waits for answers still being written (a slow reader must not hold it forever). */

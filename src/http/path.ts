@@ -9,7 +9,7 @@
  * the path to its RFC 3986 §6.2.2 normal form, and routes and forwards that.
  *
  * Some readings are not equivalences but habits of particular servers, and no
- * single normal form can hold them all: decoding `%2F` or `%5C` into a
+ * single normal form can hold them all: decoding `%uXXXX` (IIS), `%2F` or `%5C` into a
  * separator, decoding twice (`%252F`), dropping `;params` from a segment
  * (Tomcat and other Java servlet containers), dropping trailing dots and
  * spaces from a segment (IIS), folding non-ASCII letters to ASCII (`ſ`, the
@@ -72,6 +72,10 @@ interface Reading {
  * separator).
  */
 const READINGS: Reading[] = [
+  // `%uXXXX` decoded to the character it names (IIS and classic ASP.NET's
+  // `UrlDecode`): `%u002F` is `%2F` to the readings after it, `%u002e` is
+  // `.`, `%u0070` is `p`.
+  { applies: (p) => /%u[0-9A-Fa-f]{4}/i.test(p), apply: (p) => removeDotSegments(normalizePath(p.replace(/%u([0-9A-Fa-f]{4})/gi, percentU))) },
   // Non-ASCII letters read as the ASCII ones they fold or normalise to: `ſ`
   // (U+017F) is `s` and the Kelvin sign is `K` to case-insensitive matching
   // (.NET, Go's EqualFold), fullwidth `ｐ` is `p` and `／` is `/` to NFKC and
@@ -102,12 +106,35 @@ const READINGS: Reading[] = [
  * apply, alone and combined (in READINGS order), without `path` itself.
  */
 export function alternativeReadings(path: string): string[] {
+  return readingsWithin(path, Infinity)!;
+}
+
+/**
+ * How many characters of readings the gateway computes for one request
+ * (the path's length once per reading applied, kept or not): 128 KiB.
+ * Up to 2^9 combinations, each costing the path's length in every later
+ * reading and a route match: a 16 KB path with every kind of ambiguity
+ * took ~90 ms of the event loop, its plain form ~1 ms, so a client could
+ * stall the gateway with a few such requests a second. Within the bound
+ * the check costs a few milliseconds at most; an ordinary long path (few
+ * readings) stays far below it (DESIGN §3.1).
+ */
+export const MAX_READING_CHARS = 128 * 1024;
+
+/** `alternativeReadings`, or null once computing them would pass `maxChars` (MAX_READING_CHARS): the request is refused unread. */
+export function readingsWithin(path: string, maxChars: number = MAX_READING_CHARS): string[] | null {
   const out = new Set<string>([path]);
+  let spent = 0;
   for (const r of READINGS) {
     // Every reading so far, this one applied to each where it can: every
-    // combination, in order, for at most 2^8 readings, and only for a path
+    // combination, in order, for at most 2^9 readings, and only for a path
     // that has the characters they act on.
-    for (const p of [...out]) if (r.applies(p)) out.add(r.apply(p));
+    for (const p of [...out]) {
+      if (!r.applies(p)) continue;
+      spent += p.length;
+      if (spent > maxChars) return null;
+      out.add(r.apply(p));
+    }
   }
   out.delete(path);
   return [...out];
@@ -143,6 +170,12 @@ function foldRun(run: string): string {
     for (const c of ascii) out += c === '\\' ? '/' : UNRESERVED.test(c) || c === '/' ? c : hexEncoded(c);
   }
   return changed ? out : run;
+}
+
+/** `%uXXXX` as RFC 3986 writes the character: itself if unreserved, else its percent-encoded UTF-8 (`/` as `%2F`; a lone surrogate as U+FFFD, as a decoder would take it). */
+function percentU(_m: string, hex: string): string {
+  const ch = String.fromCharCode(parseInt(hex, 16));
+  return ch >= '\ud800' && ch <= '\udfff' ? '%EF%BF%BD' : encodeURIComponent(ch);
 }
 
 function hexEncoded(c: string): string {

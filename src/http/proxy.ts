@@ -10,9 +10,9 @@ import { credentialBindingOf, echoKey, keyScopeOf, warnGlobalKeys, type Credenti
 import { renderRefusal, toReply } from './errors.js';
 import { START_DEADLINE_PASSED, type Forwarder, type UpstreamResult } from './forward.js';
 import { errorText, type Logger } from './logger.js';
-import { requestShapeProblem } from './request-shape.js';
+import { bodyMethodProblem, requestShapeProblem } from './request-shape.js';
 import { requestIds } from './request-id.js';
-import { alternativeReadings, normalizePath } from './path.js';
+import { MAX_READING_CHARS, normalizePath, readingsWithin } from './path.js';
 import { createFoldedRouter, createRouter, divergentReading } from './router.js';
 import { cutText, REJECTION_TEXT_LIMITS } from '../store/bounds.js';
 import type { SignedFenceCheck } from './signed-fence.js';
@@ -113,7 +113,16 @@ export function createProxyHandler(deps: ProxyDeps) {
     //    One route decision per path: refused when an upstream could read it
     //    another way that routes elsewhere (`%2F`, `%5C`, `%252F`, `;params`,
     //    `a./`, `ſ`, `//`, ./path.ts READINGS).
-    const divergent = divergentReading(router, req.method, matched, alternativeReadings(url.pathname), folded, url.pathname);
+    //    Within a bound of work (./path.ts MAX_READING_CHARS): a long path
+    //    with every kind of ambiguity would cost tens of milliseconds.
+    const readings = readingsWithin(url.pathname);
+    if (readings === null) {
+      return refuse(route, {
+        code: 'invalid-request',
+        detail: `the path is ${url.pathname.length} characters long and can be read in too many ways (encoded or raw separators, a second decoding, path parameters, trailing dots or spaces, Unicode folding, repeated slashes) for the gateway to check them all within its bound of ${MAX_READING_CHARS} characters; send it shorter or in one unambiguous form`,
+      });
+    }
+    const divergent = divergentReading(router, req.method, matched, readings, folded, url.pathname);
     if (divergent !== null) {
       return refuse(route, {
         code: 'invalid-request',
@@ -139,6 +148,9 @@ export function createProxyHandler(deps: ProxyDeps) {
       return refuse(route, { code: 'payload-too-large', detail: `the body exceeds this route's limit of ${route.maxBodyBytes} bytes` });
     }
     const body = read.body;
+    //    A method override in the body (Rails, Symfony and Laravel read one), as in the query (step 3).
+    const bodyMethod = bodyMethodProblem(req.method, req.headers.get('content-type'), body, route);
+    if (bodyMethod !== null) return refuse(route, { code: 'invalid-request', detail: bodyMethod });
     if ('json' in route.entity) {
       const fromBody = entityFromJson(route.entity.json, body);
       if (!fromBody.ok) return refuse(route, fromBody.refusal);

@@ -120,7 +120,8 @@ const FRAMING_HEADERS = ['host', 'content-length', 'content-type', 'content-enco
  * take `X-Original-URL` / `X-Rewrite-URL` for the path; Symfony, Laravel,
  * ASP.NET and many Express or Rails setups take the method from
  * `X-HTTP-Method-Override`, `X-HTTP-Method` or `X-Method-Override`, and PHP
- * frameworks from a `_method` query parameter. The gateway routes and
+ * frameworks, and Rails, from a `_method` query parameter or POST body
+ * field (../http/request-shape.ts). The gateway routes and
  * fences on the request line, so an upstream that honoured them would act on
  * another route's path, or with another method, under this route's policy
  * (a POST to an unfenced route acting on a fenced path). Unless a route's

@@ -2,7 +2,7 @@ import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { bearer, hsAuth, token } from '../auth/tokens.js';
 import { sendBytes, type RawAnswer } from '../faults/toolkit/raw-socket.js';
-import { command, paymentsRoute, snapshot, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { command, paymentsRoute, snapshot, startTestGateway, until, type TestGateway } from '../helpers/gateway.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
 // What the Node listener must not leave to Node's HTTP server defaults.
@@ -23,10 +23,10 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-async function setup(config: Record<string, unknown> = {}): Promise<{ up: FakeUpstream; gw: TestGateway }> {
+async function setup(config: Record<string, unknown> = {}, route: Record<string, unknown> = {}): Promise<{ up: FakeUpstream; gw: TestGateway }> {
   const up = await startUpstream();
   cleanups.push(() => up.close());
-  const gw = await startTestGateway({ routes: [paymentsRoute(up.url)], config });
+  const gw = await startTestGateway({ routes: [paymentsRoute(up.url, route)], config });
   cleanups.push(() => gw.close());
   return { up, gw };
 }
@@ -188,5 +188,43 @@ describe('a client that half-closes after its request', () => {
     expect((await answer).status).toBe(0);
     release();
     await expectReplayed(gw, up, 'gone-1');
+  });
+});
+
+describe('a client that stops reading its answer (writeStallTimeout)', () => {
+  // An answer larger than the kernel's socket buffers on loopback, so that
+  // most of it waits in the gateway's memory for a client that takes none.
+  const BIG = Buffer.alloc(8 * 1024 * 1024, 'a');
+  const connections = (gw: TestGateway) => new Promise<number>((r) => gw.running.server.getConnections((_e, n) => r(n)));
+
+  it('half-closed or not: every such connection is destroyed, the outcomes are stored and replayed to a reading retry', async () => {
+    // 1s: the stall this test means to expire; nothing else here is timed.
+    const { up, gw } = await setup({ writeStallTimeout: '1s' }, { maxResponseBytes: 16 * 1024 * 1024 });
+    up.behave(() => ({ kind: 'respond', status: 201, body: BIG }));
+    const port = Number(new URL(gw.url).port);
+    const clients: Socket[] = [];
+    for (let i = 0; i < 6; i++) {
+      const s = connect({ port, host: '127.0.0.1', allowHalfOpen: true });
+      s.on('error', () => {});
+      s.pause(); // never reads
+      s.write(request(gw, `stall-${i}`).replace('X-Fence-Entity: e', `X-Fence-Entity: e${i}`));
+      if (i % 2 === 0) s.end(); // half the clients half-close after the request
+      clients.push(s);
+      cleanups.push(() => void s.destroy());
+    }
+    await up.waitForCalls(6);
+    await until(async () => (await connections(gw)) === 0, 'the gateway to drop the stalled connections');
+    // Control: a client that reads gets the whole 8 MB replay under the same timeout.
+    const again = await command(gw.url, '/payments/charges', { fence: 1, entity: 'e0', key: 'stall-0', headers: { prefer: 'wait=10' } });
+    expect(again.status).toBe(201);
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect((await again.arrayBuffer()).byteLength).toBe(BIG.length);
+    expect(up.effects).toBe(6);
+  });
+
+  it('the default is 30s, and less than 1s stops start-up', async () => {
+    const { gw } = await setup();
+    expect(gw.config.writeStallTimeout).toBe(30_000);
+    await expect(setup({ writeStallTimeout: '500ms' })).rejects.toThrow(/writeStallTimeout.*at least 1s/s);
   });
 });

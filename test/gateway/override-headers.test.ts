@@ -116,6 +116,76 @@ describe('a _method query parameter', () => {
   });
 });
 
+describe('a _method field in a POST body (Rails, Symfony, Laravel read it there)', () => {
+  const MULTIPART = (name: string) =>
+    `--b\r\nContent-Disposition: form-data; name="amount"\r\n\r\n1\r\n--b\r\nContent-Disposition: form-data; ${name}\r\n\r\nDELETE\r\n--b--\r\n`;
+  const REFUSED: [string, string | null, string][] = [
+    ['form', 'application/x-www-form-urlencoded', '_method=DELETE'],
+    ['form, after another field, any case', 'application/x-www-form-urlencoded; charset=utf-8', 'a=1&_METHOD=put'],
+    ['form, encoded name', 'Application/X-WWW-Form-Urlencoded', 'a=1&%5Fmethod=PUT'],
+    ['form, PHP array name', 'application/x-www-form-urlencoded', '_method[]=PUT'],
+    ['no Content-Type (Rack reads a form)', null, '_method=DELETE'],
+    ['multipart, quoted name', 'multipart/form-data; boundary=b', MULTIPART('name="_method"')],
+    ['multipart, bare name', 'multipart/form-data; boundary=b', MULTIPART('name=_method')],
+    ['multipart, .method (PHP reads _method)', 'multipart/form-data; boundary=b', MULTIPART('name=".method"')],
+    ['JSON (Laravel)', 'application/json', '{"amount":1,"_method":"DELETE"}'],
+    ['JSON, escaped name', 'application/json', '{"\\u005fmethod":"DELETE"}'],
+    ['+json', 'application/vnd.api+json', '{"_method":"PATCH"}'],
+  ];
+
+  it.each(REFUSED)('%s: 400 invalid-request, not forwarded, nothing stored', async (_label, type, body) => {
+    const { up, gw } = await setup();
+    const before = snapshot(gw.sqlite);
+    const res = await rawRequest(gw.url, { path: '/other/x', headers: type === null ? [] : [['Content-Type', type]], body });
+    expect(res.status).toBe(400);
+    expect(res.headers['content-type']).toBe('application/problem+json');
+    const problem = JSON.parse(res.text);
+    expect(problem.type).toMatch(/\/invalid-request$/);
+    expect(problem.detail).toContain('"_method" field');
+    expect(up.calls).toHaveLength(0);
+    expect(snapshot(gw.sqlite)).toBe(before);
+  });
+
+  it('the fenced route too, and the Hono app alone (the Workers path)', async () => {
+    const { up, gw } = await setup();
+    const fenced = await rawRequest(gw.url, { path: '/payments/x', headers: [['Content-Type', 'application/x-www-form-urlencoded'], ['X-Execution-Fence', '1'], ['X-Fence-Entity', 'e'], ['Idempotency-Key', 'k']], body: '_method=DELETE' });
+    expect(fenced.status).toBe(400);
+    expect(up.calls).toHaveLength(0);
+    const g = createGateway({ config: parseConfig({ routes: routes(up.url) }), store: new SqliteGatewayStore({ path: ':memory:' }), forwarder: createFetchForwarder(), env: {} });
+    cleanups.push(() => g.close());
+    const res = await g.app.request('/other/x', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"_method":"DELETE"}' });
+    expect(res.status).toBe(400);
+    expect(up.calls).toHaveLength(0);
+  });
+
+  it('control: bodies where no framework reads _method as the method are forwarded as sent', async () => {
+    const { up, gw } = await setup({ match: { path: '/other/*', methods: ['POST', 'PUT'] } });
+    const FORWARDED: [string | null, string, string?][] = [
+      ['application/json', '{"amount":1,"nested":{"_method":"DELETE"}}'],
+      ['application/json', '[{"_method":"DELETE"}]'],
+      ['application/json', '{"method":"DELETE","x_method":1,"payment_method":"pm_1"}'],
+      ['application/x-www-form-urlencoded', 'method=DELETE&a=_method&_methods=1'],
+      ['text/plain', '_method=DELETE'],
+      ['multipart/form-data; boundary=b', MULTIPART('name="file"; filename="_method"')],
+      // Every framework overrides POST only.
+      ['application/x-www-form-urlencoded', '_method=DELETE', 'PUT'],
+    ];
+    for (const [type, body, method] of FORWARDED) {
+      const res = await rawRequest(gw.url, { method: method ?? 'POST', path: '/other/x', headers: type === null ? [] : [['Content-Type', type]], body });
+      expect(res.status, `${type} ${body}`).toBe(201);
+      expect(up.calls.at(-1)!.method).toBe(method ?? 'POST');
+      expect(up.calls.at(-1)!.body.toString(), `${type} ${body}`).toBe(body);
+    }
+  });
+
+  it('a route with "_method" in allowOverrides forwards such a body as sent', async () => {
+    const { up, gw } = await setup({ allowOverrides: ['_method'] });
+    const res = await rawRequest(gw.url, { path: '/other/x', headers: [['Content-Type', 'application/x-www-form-urlencoded']], body: '_method=DELETE' });
+    expect(res.status).toBe(201);
+    expect(up.calls[0]!.body.toString()).toBe('_method=DELETE');
+  });
+});
+
 describe('allowOverrides in the config', () => {
   it('a name that is not an override field stops start-up, naming the field and the choices', () => {
     const route = { ...routes('http://127.0.0.1:9')[1]!, allowOverrides: ['X-Forwarded-Host'] };

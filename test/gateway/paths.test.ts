@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
 import { createUndiciForwarder } from '../../src/http/forward-undici.js';
 import { createGateway, type Gateway } from '../../src/http/gateway.js';
-import { alternativeReadings, normalizePath, removeDotSegments } from '../../src/http/path.js';
+import { alternativeReadings, MAX_READING_CHARS, normalizePath, readingsWithin, removeDotSegments } from '../../src/http/path.js';
 import { createFoldedRouter, createRouter, divergentReading } from '../../src/http/router.js';
 import { SqliteGatewayStore } from '../../src/store/sqlite/gateway-store.js';
 import { paymentsRoute, snapshot, startTestGateway, tempDir, type RouteInput, type TestGateway } from '../helpers/gateway.js';
@@ -192,6 +192,10 @@ describe('a path that another reading would route elsewhere: 400 invalid-request
     '/%EF%BC%B0%EF%BC%A1%EF%BC%B9MENTS/charges', // fullwidth PAY, then case
     '/payments%EF%BC%8Fcharges', // fullwidth solidus: a separator once normalised
     '/%EF%BD%89nvoices/inv-1/pay',
+    '/payments%u002Fcharges', // %uXXXX decoded (IIS, classic ASP.NET): %2F, then a separator
+    '/%u0070ayments/charges', // %u0070 is p
+    '/other/%u002e%u002e/payments/charges', // .., resolved
+    '/PAYMENT%u017F/charges', // ſ, then folded
   ];
   it.each(AMBIGUOUS)('%s', async (path) => {
     for (const way of ways) {
@@ -215,6 +219,7 @@ describe('a path that another reading would route elsewhere: 400 invalid-request
       ['/payments/a%252Fb', '/payments/a%252Fb'],
       ['/payments/%C5%BF', '/payments/%C5%BF'],
       ['/invoices/inv.1/pay', '/invoices/inv.1/pay'],
+      ['/payments/x%u0041', '/payments/x%u0041'],
     ];
     for (const way of ways) {
       for (const [path, forwarded] of OK) {
@@ -250,6 +255,49 @@ describe('a path that another reading would route elsewhere: 400 invalid-request
     const res = await way.send('/payments/a?q=\\', fenced());
     expect(res.status).toBe(201);
     expect(way.up.calls.at(-1)!.url).toBe('/payments/a?q=\\');
+  });
+});
+
+describe('the cost of the readings is bounded (MAX_READING_CHARS): a path with too many, too long, is 400 unread', () => {
+  // Every kind of ambiguity in each segment, repeated to ~8 KB: 191
+  // readings of 8 KB each (~45 ms of the event loop per request unbounded).
+  const SEGMENT = '/a./b%20/c%252F%5C;x//%EF%BD%90/';
+  const hostile = `/payments${SEGMENT.repeat(Math.floor(8000 / SEGMENT.length))}`;
+
+  it('the crafted path: refused with the bound named, nothing forwarded, nothing stored', async () => {
+    expect(hostile.length).toBeGreaterThan(7900);
+    for (const way of ways) {
+      const before = snapshot(way.store);
+      const calls = way.up.calls.length;
+      const res = await way.send(hostile, fenced());
+      expect(res.status, way.name).toBe(400);
+      expect(res.type, way.name).toBe('application/problem+json');
+      expect(res.body.type, way.name).toMatch(/\/invalid-request$/);
+      expect(res.body.detail, way.name).toContain(`bound of ${MAX_READING_CHARS} characters`);
+      expect(way.up.calls.length, way.name).toBe(calls);
+      expect(snapshot(way.store), way.name).toBe(before);
+    }
+  });
+
+  it('control: an 8 KB path with few readings, and the crafted segment once, are checked and forwarded as before', async () => {
+    for (const way of ways) {
+      const long = `/payments/${'x'.repeat(8000)}/a%2Fb;v=1`;
+      const res = await way.send(long, fenced());
+      expect(res.status, way.name).toBe(201);
+      expect(way.up.calls.at(-1)!.url, way.name).toBe(long);
+      // One copy of the segment: every reading computed, and one of them is another route's.
+      const once = await way.send(`/other${SEGMENT}`, []);
+      expect(once.status, way.name).toBe(201);
+    }
+  });
+
+  it('readingsWithin (unit): the same readings under the bound, null past it', () => {
+    const short = normalizePath(`/a${SEGMENT}`);
+    expect(readingsWithin(short)).toEqual(alternativeReadings(short));
+    expect(readingsWithin(short)!.length).toBeGreaterThan(100);
+    expect(readingsWithin(short, short.length * 10)).toBeNull();
+    expect(readingsWithin(normalizePath(hostile))).toBeNull();
+    expect(alternativeReadings(normalizePath(hostile)).length).toBe(191);
   });
 });
 
@@ -348,6 +396,10 @@ describe('normalizePath, alternativeReadings (unit)', () => {
     // Dotless i upper-cases to I; é has no ASCII form and stays as it is.
     expect(alternativeReadings('/%C4%B1nvoices')).toEqual(['/Invoices']);
     expect(alternativeReadings('/caf%C3%A9')).toEqual([]);
+    expect(alternativeReadings('/payments%u002Fa')).toEqual(['/payments%2Fa', '/payments/a']);
+    expect(alternativeReadings('/%u0070ayments/a')).toEqual(['/payments/a']);
+    expect(alternativeReadings('/x%uD800')).toEqual(['/x%EF%BF%BD']);
+    expect(alternativeReadings('/x%u00')).toEqual([]);
     expect(alternativeReadings('/a%ZZ%C5')).toEqual([]);
   });
 

@@ -8,6 +8,9 @@ import { env } from 'cloudflare:workers';
 import { describe, expect, it } from 'vitest';
 import { createD1Store, type D1DatabaseLike, type D1PreparedStatementLike } from '../../src/store/d1/index.js';
 import type { AdmitInput, FinishInput } from '../../src/store/types.js';
+import type { RouteConfig } from '../../src/config/schema.js';
+import { admitWithWaits } from '../../src/http/admit.js';
+import type { Inbound } from '../../src/http/inbound.js';
 
 const db = env.DB;
 const store = createD1Store({ db, pollMs: 20 });
@@ -331,6 +334,31 @@ describe('waiting, audit and sweeping', () => {
     const ac = new AbortController();
     ac.abort();
     await store.waitForChange('e:nobody', 5_000, ac.signal);
+  });
+
+  // D1 allows 50 queries per invocation on the Free plan: a request polling
+  // past them would fail its own finish after the upstream call.
+  it('one request polls at most maxPolls times (all its waits together), however long it waits; the polls slow down as it waits', async () => {
+    const holder = input();
+    expect((await store.admit(holder)).outcome).toBe('forward');
+    let batches = 0;
+    const counted: D1DatabaseLike = { prepare: (q) => db.prepare(q), batch: (st) => (batches++, db.batch(st)) };
+    const route = { serialWaitMs: 1_500, maxWaitMs: 0 } as RouteConfig;
+    const waitFor = async (polling: ReturnType<typeof createD1Store>) => {
+      batches = 0;
+      const req = { headers: new Headers(), signal: new AbortController().signal } as unknown as Inbound;
+      const { admission } = await admitWithWaits(polling, input({ entity: holder.entity }), route, req);
+      expect(admission.outcome).toBe('entity-busy');
+      return batches;
+    };
+    // The cap: 5 polls, then one admission at the wait's end.
+    expect(await waitFor(createD1Store({ db: counted, pollMs: 20, maxPolls: 5 }))).toBeLessThanOrEqual(6);
+    // Control: under the default cap the 1.5 s wait polls more than that, yet
+    // fewer than every 20 ms (75): the interval grows with the time waited.
+    const free = await waitFor(createD1Store({ db: counted, pollMs: 20 }));
+    expect(free).toBeGreaterThan(6);
+    expect(free).toBeLessThan(40);
+    await store.finish(finishOf(holder));
   });
 
   it('records rejections decided before admission, and pages them newest first', async () => {

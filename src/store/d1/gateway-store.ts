@@ -26,9 +26,21 @@ export interface D1StoreOptions {
    * How often a waiter (serial slot, `Prefer: wait`) re-runs the admission.
    * Default 100 ms. Each poll is one D1 batch, so lower costs more queries.
    * Every wait is a poll: a finish wakes no waiter early (`waitForChange`).
+   * The interval grows with the time a request has waited, up to 1 s (or `pollMs` if longer).
    */
   pollMs?: number;
+  /**
+   * Most polls one request makes, all its waits together (default 40): D1
+   * allows 50 queries per Worker invocation on the Free plan (1000 on
+   * Paid), and past them every query of the request fails, its finish
+   * included, after the upstream call. The polls of a long wait are spread
+   * over it so that the last comes at its end.
+   */
+  maxPolls?: number;
 }
+
+/** The longest interval between two polls of one request, however long it has waited (unless `maxPolls` spreads them wider). */
+const MAX_POLL_INTERVAL_MS = 1000;
 
 
 const SWEEP = sweepStatements(D1);
@@ -54,7 +66,7 @@ const INSERT_REJECTION = insertRejection(D1);
  * - Use the binding itself, not a `withSession()` read-replica session, for
  *   the admission: a batch with writes runs on the primary either way, but a
  *   replica could serve a stale `getEntity` / `listRejections` (admin only).
- * - `waitForChange` only polls, every `pollMs`, on a timer of the waiting
+ * - `waitForChange` only polls (`pollInterval`), on a timer of the waiting
  *   request's own: isolates share no memory, so a finish in another isolate
  *   cannot wake a waiter, and a finish in this isolate must not (see
  *   `waitForChange`). The gateway re-runs the admission after every
@@ -65,6 +77,10 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
   readonly db: D1DatabaseLike;
   /** Only its timers: nothing calls `notify` (see `waitForChange`). */
   private readonly notifier: LocalNotifier;
+  private readonly pollMs: number;
+  private readonly maxPolls: number;
+  /** Per request (its AbortSignal), when it first polled and how often: no promise, nothing another request could resolve. */
+  private readonly waits = new WeakMap<AbortSignal, { since: number; polls: number }>();
   /** Binds `@name` parameters to statements prepared once per store (./binding.ts). */
   private readonly st: D1Bind;
   /** The audit methods' half (./audit.ts). */
@@ -74,7 +90,10 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
   constructor(options: D1StoreOptions) {
     super();
     this.db = options.db;
-    this.notifier = new LocalNotifier(options.pollMs ?? 100);
+    this.pollMs = options.pollMs ?? 100;
+    this.maxPolls = options.maxPolls ?? 40;
+    // Its timers only, each as long as `pollInterval` says.
+    this.notifier = new LocalNotifier(Number.POSITIVE_INFINITY);
     this.st = d1Binder(this.db);
     this.audit = createD1Audit(this.db);
   }
@@ -113,7 +132,26 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
    * it as pending (DESIGN §8.3).
    */
   waitForChange(topic: string, timeoutMs: number, signal?: AbortSignal): Promise<void> {
-    return this.notifier.wait(topic, timeoutMs, signal);
+    return this.notifier.wait(topic, this.pollInterval(timeoutMs, signal), signal);
+  }
+
+  /**
+   * How long this poll of the request behind `signal` sleeps: `pollMs`, then
+   * a quarter of the time it has waited, at most MAX_POLL_INTERVAL_MS, and
+   * at least its `timeoutMs` shared among the polls `maxPolls` leaves it;
+   * its last poll sleeps the whole `timeoutMs`. Each poll is one admission
+   * batch, so a request makes at most `maxPolls` + 1 of them, however long
+   * its `Prefer: wait` or `serialWaitMs`, and a waiter that has waited
+   * seconds polls once a second, not ten times.
+   */
+  private pollInterval(timeoutMs: number, signal: AbortSignal | undefined): number {
+    if (signal === undefined) return Math.min(timeoutMs, this.pollMs);
+    let wait = this.waits.get(signal);
+    if (wait === undefined) this.waits.set(signal, (wait = { since: Date.now(), polls: 0 }));
+    const left = this.maxPolls - ++wait.polls;
+    if (left <= 0) return timeoutMs;
+    const grown = Math.max(this.pollMs, Math.min(MAX_POLL_INTERVAL_MS, (Date.now() - wait.since) / 4));
+    return Math.min(timeoutMs, Math.max(grown, timeoutMs / (left + 1)));
   }
 
   async listRejections(query: RejectionQuery) {
