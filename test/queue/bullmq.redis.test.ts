@@ -142,7 +142,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
   const h = queueHarness({ signed: true });
 
   /** One job, one worker that waits for `call` before it mints and sends its charge. */
-  async function start(lockDuration: number, watch: boolean) {
+  async function start(lockDuration: number, watch: boolean, detached = false) {
     const prefix = uniquePrefix('bull');
     const namespace = uniquePrefix('fences');
     const queue = new Queue('payments', { connection: connectRedis({ maxRetriesPerRequest: null }) as never, prefix });
@@ -153,7 +153,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     });
     await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
     const before = h.upstream.effects;
-    const config = { queue: 'payments', prefix, namespace, gateway: h.gateway.url, hold: false, unfenced: false, lockDuration, stalledInterval: 600_000, signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S }, waitForCall: true, watch };
+    const config = { queue: 'payments', prefix, namespace, gateway: h.gateway.url, hold: false, unfenced: false, lockDuration, stalledInterval: 600_000, signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S }, waitForCall: true, watch, detached };
     const w = spawnProc('W', [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
     const started = await w.next((m) => m.msg === 'started');
     const startedAt = Date.now();
@@ -172,8 +172,11 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     await until(() => Date.now() > goneAt + GRACE_S * 1000 + 1_500, 'the grace to pass');
   }
 
+  // Detached (the job without its Worker): nothing follows the renewals, so the late call is minted
+  // and sent, and the gateway's refusal of its exp is what stops it. Followed, the failed renewal on
+  // waking stops it before it is sent (the watched test below).
   test('a worker frozen past its lock mints a fence that is already expired: the gateway refuses it (fence-expired) and the upstream is not called', async () => {
-    const { w, started, call, lockKey } = await start(2_000, false);
+    const { w, started, call, lockKey } = await start(2_000, false, true);
     w.pause(); // frozen before the call: no renewals, and the mint happens after the lock is gone
     await pastLockAndGrace(lockKey);
     w.resume();
@@ -216,11 +219,34 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     expect(() => blind.watch({ on: () => undefined })).toThrow(/watch needs a fence source/);
   });
 
-  test('control: unwatched, the same long job is refused fence-expired: without renewals exp stays at the lock end begin confirmed', async () => {
+  test('without watch, a live worker past several lock durations is accepted as well: the processor follows the Worker its job came from', async () => {
     const LOCK = 3_000;
-    const { started, startedAt, call } = await start(LOCK, false);
+    const { startedAt, call } = await start(LOCK, false);
+    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(effects).toBe(1);
+  });
+
+  test('control: a job that does not carry its Worker, unwatched, is refused fence-expired: without renewals exp stays at the lock end begin confirmed, and the error says so', async () => {
+    const LOCK = 3_000;
+    const { w, started, startedAt, call } = await start(LOCK, false, true);
     await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'the first lock end and the grace');
-    expectRefusedExpired(h, await call(), started.entity);
+    const late = await call();
+    expectRefusedExpired(h, late, started.entity);
+    // The handler's error names the expiry; the run's failure (BullMQ's failedReason) also says what to do.
+    expect(late.outcome.message).toMatch(/as expired \(fence-expired\)/);
+    expect(late.outcome.message).not.toMatch(/newer/);
+    expect((await w.next((m) => m.msg === 'failed')).message).toMatch(/as expired \(fence-expired\).*processor\.watch\(worker\)/);
+  });
+
+  test('watched, a detached job is accepted past several lock durations: watch is what a processor without the job\'s Worker needs', async () => {
+    const LOCK = 3_000;
+    const { startedAt, call } = await start(LOCK, true, true);
+    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
+    const { outcome, effects } = await call();
+    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(effects).toBe(1);
   });
 });
 
