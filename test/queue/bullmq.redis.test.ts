@@ -260,17 +260,21 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
 describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again after removal', () => {
   const h = queueHarness();
 
-  /** Runs job `order-1` twice, removing it in between; `wrap` may change the fence source. */
-  async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real) {
+  /**
+   * Runs job `order-1` twice, removing it in between; `wrap` may change the
+   * fence source, `between` runs after the removal (the same worker and
+   * source carry on).
+   */
+  async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real, between?: (namespace: string) => Promise<unknown>) {
     const prefix = uniquePrefix('bull');
     const namespace = uniquePrefix('fences');
     const connection = connectRedis({ maxRetriesPerRequest: null });
     const queue = new Queue('payments', { connection: connection as never, prefix });
     const fences = wrap(await createFenceSource({ redis: connection, namespace }));
-    const runs: { fence: number; keyPrefix: string; status: number; replayed: string | null }[] = [];
-    const processor = fencedProcessor<Job, unknown>(async (job, { fencedFetch, fence, keyPrefix }) => {
+    const runs: { fence: number; entity: string; keyPrefix: string; status: number; replayed: string | null }[] = [];
+    const processor = fencedProcessor<Job, unknown>(async (job, { fencedFetch, fence, entity, keyPrefix }) => {
       const res = await fencedFetch(`${h.gateway.url}/payments/charges`, { step: 'charge', method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(job.data) });
-      runs.push({ fence, keyPrefix, status: res.status, replayed: res.headers.get('idempotent-replayed') });
+      runs.push({ fence, entity, keyPrefix, status: res.status, replayed: res.headers.get('idempotent-replayed') });
       return res.status;
     }, { fences });
     const worker = new Worker('payments', processor as never, { connection: connection as never, prefix, lockDuration: 30_000 });
@@ -291,8 +295,9 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
       await done;
       // Removed (as removeOnComplete would), so the same id can be added again as a new job.
       await queue.remove('order-1');
+      if (life === 1) await between?.(namespace);
     }
-    return { runs, effects: h.upstream.effects - before };
+    return { runs, effects: h.upstream.effects - before, namespace };
   }
 
   test('the second job under the id gets keys of its own: both are charged, neither answer is a replay', async () => {
@@ -302,6 +307,21 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
     // The fence kept rising across the lives: a stale worker of the first job is still refused.
     expect(runs.map((r) => r.fence)).toEqual([1, 2]);
     expect(effects).toBe(2);
+  });
+
+  // The suite's Redis is shared, so the loss is this namespace's keys (the
+  // store id, the counters, the lives), which is what a restart without
+  // persistence or a flush leaves of them.
+  test('after the Redis lost the fence keys (restart without persistence), the running worker takes the new identity: the second job gets keys of its own and the identity a process started after the loss reads', async () => {
+    const { runs, effects, namespace } = await twoLives(undefined, (ns) => deleteKeys(redis, ns));
+    // Counted from 1 again, and life 1 again, but under a new identity: nothing of the first job's is reused.
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, null]]);
+    expect(effects).toBe(2);
+    expect(runs.map((r) => r.fence)).toEqual([1, 1]);
+    expect(runs[1]!.entity).not.toBe(runs[0]!.entity);
+    // A worker process started after the loss fences the job on the same entity.
+    const later = await createFenceSource({ redis, namespace });
+    expect(runs[1]!.entity).toContain(`queue-job:${later.storeId}:`);
   });
 
   test("negative control: without the job's life in the guard, the second job gets the first one's keys and the gateway replays the first charge", async () => {
