@@ -305,6 +305,26 @@ describe('Anthropic content blocks that are not calls', () => {
     expect(again.filter((a) => a.status !== 'skipped').map((a) => a.status)).toEqual(['duplicate', 'duplicate', 'duplicate']);
   });
 
+  test('server_tool_use and mcp_tool_use blocks (calls the API ran itself) and their results are skipped, never dispatched, even for an allowed tool whose arguments may be empty', async () => {
+    const optional = { list_tickets: { schema: z.object({ q: z.string().optional() }), leaseMs: 20_000, maxRunMs: 10_000, maxAttempts: 1 } };
+    const plan = [
+      { type: 'server_tool_use', id: 'srvtoolu_1', name: 'list_tickets', input: { q: 'a' } },
+      { type: 'web_search_tool_result', tool_use_id: 'srvtoolu_1', content: [] },
+      { type: 'mcp_tool_use', id: 'mcptoolu_1', name: 'list_tickets', server_name: 'tickets', input: { q: 'b' } },
+      { type: 'mcp_tool_result', tool_use_id: 'mcptoolu_1', is_error: false, content: [] },
+      { type: 'future_tool_use', id: 'x_1', name: 'list_tickets', input: {} },
+      { type: 'tool_use', id: 'toolu_1', name: 'list_tickets', input: { q: 'c' } },
+    ];
+    const answers = await dispatchToolCalls(store, plan, { tools: optional, runId: 'blocks-server' });
+    expect(answers.map((a) => a.status)).toEqual(['skipped', 'skipped', 'skipped', 'skipped', 'refused', 'enqueued']);
+    expect(answers[2]).toEqual({ status: 'skipped', reason: 'entry 2: a mcp_tool_use block, not a tool call' });
+    // An unknown typed block is refused (it keeps its position), never read as { name } with empty arguments.
+    expect(answers[4]).toMatchObject({ status: 'refused', code: 'invalid_call' });
+    expect(answers[5]).toMatchObject({ status: 'enqueued', key: 'blocks-server:1:list_tickets' });
+    // One job: the client's own tool_use, with its own arguments.
+    expect(await db.sql("SELECT payload FROM tool_jobs WHERE idempotency_key LIKE 'blocks-server:%'")).toEqual([{ payload: JSON.stringify({ q: 'c' }) }]);
+  });
+
   test('control: an entry of another unknown shape is still refused, and it keeps its position', async () => {
     const answers = await dispatchToolCalls(store, [{ type: 'image', source: {} }, use('toolu_1', 'after')], { tools, runId: 'blocks-control' });
     expect(answers[0]).toMatchObject({ status: 'refused', code: 'invalid_call' });
