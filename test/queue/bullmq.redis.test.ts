@@ -200,14 +200,22 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     expect(effects).toBe(0);
   });
 
-  test('watched, a live worker past several lock durations is accepted: each renewal BullMQ reports moves exp to the lock end Redis confirms', async () => {
+  /** A live worker that calls well past its first lock end and the grace; BullMQ renews every LOCK / 2. */
+  async function callPastSeveralLocks(watch: boolean, detached: boolean) {
     const LOCK = 3_000;
-    const { startedAt, call } = await start(LOCK, true);
-    // Well past the first lock end and the grace; BullMQ renews every LOCK / 2.
-    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
-    const { outcome, effects } = await call();
-    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
-    expect(effects).toBe(1);
+    const run = await start(LOCK, watch, detached);
+    await until(() => Date.now() > run.startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
+    return { ...run, late: await run.call() };
+  }
+
+  test.each([
+    ['watched, a live worker past several lock durations is accepted: each renewal BullMQ reports moves exp to the lock end Redis confirms', true, false],
+    ['without watch, a live worker past several lock durations is accepted as well: the processor follows the Worker its job came from', false, false],
+    ["watched, a detached job is accepted past several lock durations: watch is what a processor without the job's Worker needs", true, true],
+  ])('%s', async (_name, watch, detached) => {
+    const { late } = await callPastSeveralLocks(watch, detached);
+    expect(late.outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(late.effects).toBe(1);
   });
 
   test('the withdrawn lockDurationMs option is refused rather than ignored; watch needs a source that can read the lock again', async () => {
@@ -219,34 +227,13 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     expect(() => blind.watch({ on: () => undefined })).toThrow(/watch needs a fence source/);
   });
 
-  test('without watch, a live worker past several lock durations is accepted as well: the processor follows the Worker its job came from', async () => {
-    const LOCK = 3_000;
-    const { startedAt, call } = await start(LOCK, false);
-    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
-    const { outcome, effects } = await call();
-    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
-    expect(effects).toBe(1);
-  });
-
   test('control: a job that does not carry its Worker, unwatched, is refused fence-expired: without renewals exp stays at the lock end begin confirmed, and the error says so', async () => {
-    const LOCK = 3_000;
-    const { w, started, startedAt, call } = await start(LOCK, false, true);
-    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'the first lock end and the grace');
-    const late = await call();
+    const { w, started, late } = await callPastSeveralLocks(false, true);
     expectRefusedExpired(h, late, started.entity);
     // The handler's error names the expiry; the run's failure (BullMQ's failedReason) also says what to do.
     expect(late.outcome.message).toMatch(/as expired \(fence-expired\)/);
     expect(late.outcome.message).not.toMatch(/newer/);
     expect((await w.next((m) => m.msg === 'failed')).message).toMatch(/as expired \(fence-expired\).*processor\.watch\(worker\)/);
-  });
-
-  test('watched, a detached job is accepted past several lock durations: watch is what a processor without the job\'s Worker needs', async () => {
-    const LOCK = 3_000;
-    const { startedAt, call } = await start(LOCK, true, true);
-    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
-    const { outcome, effects } = await call();
-    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
-    expect(effects).toBe(1);
   });
 });
 
