@@ -252,7 +252,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
    * fence source, `between` runs after the removal (the same worker and
    * source carry on).
    */
-  async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real, between?: (namespace: string) => Promise<unknown>) {
+  async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real, between?: (namespace: string) => Promise<unknown>, removeOnComplete = false) {
     const prefix = uniquePrefix('bull');
     const namespace = uniquePrefix('fences');
     const connection = connectRedis({ maxRetriesPerRequest: null });
@@ -278,10 +278,10 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
         worker.once('completed', () => resolve());
         worker.once('failed', (_job, err) => reject(err));
       });
-      await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
+      await queue.add('pay', { amount: 1200 }, { jobId: 'order-1', removeOnComplete });
       await done;
-      // Removed (as removeOnComplete would), so the same id can be added again as a new job.
-      await queue.remove('order-1');
+      // Removed (by removeOnComplete, or here), so the same id can be added again as a new job.
+      if (!removeOnComplete) await queue.remove('order-1');
       if (life === 1) await between?.(namespace);
     }
     return { runs, effects: h.upstream.effects - before, namespace };
@@ -293,6 +293,13 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
     expect(runs[1]!.keyPrefix).toBe(`${runs[0]!.keyPrefix}@2`);
     // The fence kept rising across the lives: a stale worker of the first job is still refused.
     expect(runs.map((r) => r.fence)).toEqual([1, 2]);
+    expect(effects).toBe(2);
+  });
+
+  test('the same with removeOnComplete and the id added again as soon as the first job completed: the marker is random, not a time, so the second job still gets keys of its own', async () => {
+    const { runs, effects } = await twoLives(undefined, undefined, true);
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, null]]);
+    expect(runs[1]!.keyPrefix).toBe(`${runs[0]!.keyPrefix}@2`);
     expect(effects).toBe(2);
   });
 
