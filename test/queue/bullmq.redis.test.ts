@@ -190,8 +190,11 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     expect(effects).toBe(1);
   });
 
-  test('watched, a frozen worker is refused as well once it wakes: its failed renewal (or the gateway) stops the late call, the upstream is not called', async () => {
-    const { w, call, lockKey } = await start(2_000, true);
+  test.each([
+    ['watched, a frozen worker is refused as well once it wakes: its failed renewal (or the gateway) stops the late call, the upstream is not called', true],
+    ['unwatched, a frozen worker that follows the Worker its job came from is refused the same way', false],
+  ])('%s', async (_name, watch) => {
+    const { w, call, lockKey } = await start(2_000, watch);
     w.pause();
     await pastLockAndGrace(lockKey);
     w.resume();
