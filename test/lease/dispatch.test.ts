@@ -395,4 +395,21 @@ describe("a tool's entity from its arguments", () => {
     expect(await count()).toBe(before);
     await expect(dispatchToolCalls(store, [], { tools: { t: { ...refunds.refund_payment, entity: { json: '/_meta/x' } } }, runId: 'r' })).rejects.toThrow(/tools\.t\.entity\.json/);
   });
+
+  test("arguments kept by a passthrough schema with a member whose name differs from the entity's only in case are refused: the route would refuse every attempt invalid-entity", async () => {
+    const loose = { refund_payment: { ...refunds.refund_payment, schema: z.object({ invoice_id: z.string(), amount: z.number() }).passthrough() } } satisfies ToolsInput;
+    const before = await count();
+    const answers = await dispatchToolCalls(
+      store,
+      [
+        { name: 'refund_payment', arguments: { invoice_id: 'inv_1', Invoice_ID: 'inv_2', amount: 5 } },
+        // Control: the same loose schema with no such twin is enqueued, its extra member kept.
+        { name: 'refund_payment', arguments: { invoice_id: 'inv_1', note: 'x', amount: 5 } },
+      ],
+      { tools: loose, runId: 'entity-fold' },
+    );
+    expect(answers[0]).toEqual({ status: 'refused', code: 'invalid_arguments', reason: expect.stringMatching(/\/arguments\/invoice_id.*differ only in case/) });
+    expect(answers[1]).toMatchObject({ status: 'enqueued' });
+    expect(await count()).toBe(before + 1);
+  });
 });
