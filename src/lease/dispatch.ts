@@ -16,6 +16,7 @@
  */
 import { LeaseError } from './errors.js';
 import type { LeaseEvents } from './events.js';
+import { duplicateOnPointerPath } from '../core/json-duplicates.js';
 import { valueAtPointer } from '../core/json-pointer.js';
 import { isNonCallBlock, normalizeCall } from './dispatch/plan.js';
 import { checkToolTiming, parseTools, type HeartbeatSettings, type ParsedStage, type ParsedTool, type ToolsInput } from './dispatch/tools.js';
@@ -102,6 +103,15 @@ async function enqueueStage(store: JobStore, key: string, stage: ParsedStage, pa
  */
 function entityOf(tool: ParsedTool, args: unknown): { ok: true; fenceKey: string | null } | { ok: false; reason: string } {
   if (tool.entity === null) return { ok: true, fenceKey: null };
+  // Two members on the way whose names differ only in case (a payload kept
+  // by a passthrough schema): the route refuses such a call (invalid-request,
+  // DESIGN §3.4: a case-insensitive upstream may act on the other one), so
+  // every attempt of the job would be refused. Checked on the text the
+  // handler sends.
+  const repeated = duplicateOnPointerPath(JSON.stringify(args), tool.entity.tokens);
+  if (repeated !== null) {
+    return { ok: false, reason: `the tool's entity ${tool.entity.pointer}: the object at "${repeated.object}" has members whose names differ only in case, so parsers disagree on the entity` };
+  }
   let node = valueAtPointer(args, tool.entity.tokens);
   if (typeof node === 'number' && Number.isSafeInteger(node)) node = String(node);
   if (typeof node !== 'string') return { ok: false, reason: `the tool's entity ${tool.entity.pointer} is not a string or an integer in the arguments` };

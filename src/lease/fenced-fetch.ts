@@ -61,8 +61,11 @@ export interface FenceContext {
   leaseUntil(): Date;
   /** Throws `LeaseLostError` or `OwnershipUnknownError` when no new external action may start. */
   assertCanStart(): void;
-  /** The gateway refused our fence: the lease is lost. */
-  markLost(cause: 'stale_fence'): void;
+  /**
+   * The gateway refused our fence: the lease is lost. `refusal` says which
+   * answer it was (`fence-expired`: a signed fence past its `exp`).
+   */
+  markLost(cause: 'stale_fence', refusal?: FenceRefusal): void;
   emit(event: LeaseEvent): void;
   /**
    * An external action has started; the returned function is called when it
@@ -129,16 +132,31 @@ async function fenceValue(ctx: FenceContext, signer: FenceSigner | undefined): P
   });
 }
 
-/** Does this response say our fence is stale (problem+json or the gateway's Stripe shape)? */
-async function isFenceRefusal(res: Response): Promise<unknown> {
+export type FenceRefusal = 'stale-fence' | 'fence-expired';
+
+/** Which fence refusal this response is (problem+json or the gateway's Stripe shape), if any, and its body. */
+async function isFenceRefusal(res: Response): Promise<{ body: unknown; code: FenceRefusal } | undefined> {
   if (res.status !== 409) return undefined;
   if (!/json/i.test(res.headers.get('content-type') ?? '')) return undefined;
   const body = (await res.clone().json().catch(() => null)) as
     | { type?: unknown; error?: { code?: unknown } }
     | null;
-  if (typeof body?.type === 'string' && /\/(stale-fence|fence-expired)$/.test(body.type)) return body;
-  if (body?.error?.code === 'stale_fence' || body?.error?.code === 'fence_expired') return body;
+  const m = typeof body?.type === 'string' ? /\/(stale-fence|fence-expired)$/.exec(body.type) : null;
+  if (m) return { body, code: m[1] as FenceRefusal };
+  if (body?.error?.code === 'stale_fence' || body?.error?.code === 'fence_expired') return { body, code: body.error.code === 'stale_fence' ? 'stale-fence' : 'fence-expired' };
   return undefined;
+}
+
+/**
+ * The error text of a refused fence. `fence-expired` is not a newer owner:
+ * the signed fence's `exp`, the lease end last confirmed when it was minted,
+ * had passed (DESIGN §7), e.g. after a pause past the lease.
+ */
+export function fenceRefusalText(fence: number, entity: string, refusal: FenceRefusal | undefined, whose = 'a newer owner holds it'): string {
+  if (refusal === 'fence-expired') {
+    return `the gateway refused fence ${fence} for ${entity} as expired (fence-expired): the signed fence's exp, the lease end last confirmed when it was minted, had passed`;
+  }
+  return `the gateway refused fence ${fence} for ${entity}: ${whose}`;
 }
 
 /**
@@ -222,10 +240,8 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
     const refusal = await isFenceRefusal(res);
     span.end(res.status, undefined, refusal !== undefined ? 'stale-fence' : res.headers.get('idempotent-replayed') === 'true' ? 'replayed' : undefined);
     if (refusal !== undefined) {
-      ctx.markLost('stale_fence');
-      throw new LeaseLostError(`the gateway refused fence ${ctx.fencingToken} for ${ctx.fenceKey}: a newer owner holds it`, {
-        cause: refusal,
-      });
+      ctx.markLost('stale_fence', refusal.code);
+      throw new LeaseLostError(fenceRefusalText(ctx.fencingToken, ctx.fenceKey, refusal.code), { cause: refusal.body });
     }
     return res;
   };

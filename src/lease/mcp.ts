@@ -8,7 +8,7 @@
  * `@modelcontextprotocol/sdk` `Client`, or anything shaped like it, fits.
  */
 import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
-import { createStep, type FenceContext, type FenceOptions } from './fenced-fetch.js';
+import { createStep, fenceRefusalText, type FenceContext, type FenceOptions, type FenceRefusal } from './fenced-fetch.js';
 // One table for both sides of the wire: the gateway's MCP route reads these names and sends these codes.
 import { caseVariantOf, MCP_CALL_MEMBERS, MCP_META, MCP_META_MEMBERS } from '../protocol/mcp.js';
 import { neverConnected } from '../protocol/connect-errors.js';
@@ -226,10 +226,9 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
           }
           const rpc = asRpcError(err);
           if (rpc && isFenceLost(rpc)) {
-            ctx.markLost('stale_fence');
-            throw new LeaseLostError(`the gateway refused fence ${ctx.fencingToken} for ${ctx.fenceKey}: a newer owner holds it`, {
-              cause: err,
-            });
+            const refusal = dataType(rpc.data) as FenceRefusal;
+            ctx.markLost('stale_fence', refusal);
+            throw new LeaseLostError(fenceRefusalText(ctx.fencingToken, ctx.fenceKey, refusal), { cause: err });
           }
           // -32000 is the SDK's ConnectionClosed: the request may have landed.
           if (rpc && (isLocalTimeout(rpc) || rpc.code === -32000)) {

@@ -39,8 +39,10 @@ export interface FencedBullProcessor<J extends BullJobLike, R> {
   /**
    * Follows the worker's lock renewals: after each one BullMQ reports for a
    * job this processor runs, the adapter reads the lock in Redis again, and
-   * the signed fence's `exp` moves to the end it confirmed. Without it `exp`
-   * stays at the lock end that `begin` confirmed (docs/queues.md).
+   * the signed fence's `exp` moves to the end it confirmed. A run follows the
+   * Worker its job came from by itself (`job.queue`); call this for a worker
+   * whose jobs do not carry it. Unfollowed, `exp` stays at the lock end that
+   * `begin` confirmed (docs/queues.md). Watching a worker twice is one watch.
    */
   watch<W extends BullWorkerLike>(worker: W): W;
 }
@@ -102,6 +104,14 @@ export function fencedProcessor<J extends BullJobLike, R>(
   const confirmAll = (jobIds: readonly string[]) => {
     for (const id of jobIds) for (const run of runs.get(id) ?? []) void confirm(run);
   };
+  const watched = new WeakSet<object>();
+  function follow(worker: BullWorkerLike): void {
+    if (watched.has(worker)) return;
+    watched.add(worker);
+    worker.on('locksRenewed', (renewed) => confirmAll(renewed.jobIds));
+    // A failed renewal is checked the same way: the lock itself says whether this run lost it.
+    worker.on('lockRenewalFailed', (jobIds) => confirmAll(jobIds));
+  }
 
   async function fencedBullProcessor(job: J, token?: string, signal?: AbortSignal): Promise<R> {
     if (job.id === undefined || token === undefined) throw new LeaseConfigError('a fenced processor needs the job id and the lock token BullMQ passes to a Worker processor');
@@ -115,6 +125,14 @@ export function fencedProcessor<J extends BullJobLike, R>(
       return () => new Date(run.until);
     });
     run.attempt = attempt;
+    // The Worker that handed out the job renews its lock: follow it without
+    // being asked, or a job longer than one lock duration would mint expired
+    // fences. A renewal reported before this run is registered is not lost
+    // time: begin's own read saw it, or the next renewal's read does.
+    // `job.queue` (protected in BullMQ's types) is what created the job: for
+    // a job a Worker hands its processor, that Worker (`Job.fromJSON(worker, …)`).
+    const source = (job as unknown as { queue?: unknown }).queue;
+    if (fences.guardTtl !== undefined && isWorkerLike(source)) follow(source);
     const live = runs.get(job.id) ?? new Set<Run>();
     runs.set(job.id, live.add(run));
     try {
@@ -128,12 +146,15 @@ export function fencedProcessor<J extends BullJobLike, R>(
   return Object.assign(fencedBullProcessor, {
     watch<W extends BullWorkerLike>(worker: W): W {
       if (fences.guardTtl === undefined) throw new LeaseConfigError('watch needs a fence source that can read the lock again (createFenceSource({ redis }))');
-      worker.on('locksRenewed', (renewed) => confirmAll(renewed.jobIds));
-      // A failed renewal is checked the same way: the lock itself says whether this run lost it.
-      worker.on('lockRenewalFailed', (jobIds) => confirmAll(jobIds));
+      follow(worker);
       return worker;
     },
   });
+}
+
+/** An event emitter in a BullMQ Worker's shape (a Queue has `on` too, but never emits renewals: following it changes nothing). */
+function isWorkerLike(value: unknown): value is BullWorkerLike {
+  return typeof value === 'object' && value !== null && typeof (value as { on?: unknown }).on === 'function';
 }
 
 export { createFenceSource, type FenceSourceOptions } from './fence-source.js';

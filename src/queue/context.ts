@@ -56,7 +56,8 @@ export async function beginAttempt(
     throw new LeaseLostError(`job ${job.id} of ${job.queue} is no longer this worker's (its lock was taken over before the attempt drew a fence)`);
   }
   // A later life of a reused job id (BullMQ: removed, then added again) gets keys of its own.
-  const { entity, keyPrefix } = jobKeys(fences.storeId, { ...job, ...(begun.life !== undefined ? { life: begun.life } : {}) });
+  // The identity the fence was drawn under (a Redis source replaces a lost one), never one read later.
+  const { entity, keyPrefix } = jobKeys(begun.storeId ?? fences.storeId, { ...job, ...(begun.life !== undefined ? { life: begun.life } : {}) });
   const aborted = new AbortController();
   let refusal: LeaseLostError | null = null;
   const signal = queueSignal === undefined ? aborted.signal : AbortSignal.any([aborted.signal, queueSignal]);

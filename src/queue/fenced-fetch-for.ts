@@ -5,7 +5,7 @@
  * comes from a `FenceSource` instead of a claim.
  */
 import { LeaseError, LeaseLostError } from '../lease/errors.js';
-import { createFencedFetch, type FenceContext, type FencedFetch, type FenceOptions } from '../lease/fenced-fetch.js';
+import { createFencedFetch, fenceRefusalText, type FenceContext, type FencedFetch, type FenceOptions } from '../lease/fenced-fetch.js';
 import { MAX_KEY_PREFIX } from './keys.js';
 
 export interface FencedFetchForOptions extends FenceOptions {
@@ -63,9 +63,15 @@ export function fencedFetchFor(options: FencedFetchForOptions): FencedFetch {
       if (lost.signal.aborted) throw lost.signal.reason as Error;
       if (signal?.aborted) throw signal.reason instanceof Error ? signal.reason : new LeaseLostError('the job was aborted');
     },
-    markLost() {
+    markLost(_cause, refusal) {
       if (lost.signal.aborted) return;
-      const error = new LeaseLostError(`the gateway refused fence ${fence} for ${entity}: a newer attempt holds the job`);
+      // An expired fence here is the queue's lock end as last confirmed (leaseUntil): say how that happens.
+      const text = fenceRefusalText(fence, entity, refusal, 'a newer attempt holds the job');
+      const error = new LeaseLostError(
+        refusal === 'fence-expired'
+          ? `${text}: the worker was paused past the queue's lock, or the lock's renewals were not followed (BullMQ: a processor follows the Worker its job came from; for jobs that do not carry it, call processor.watch(worker); docs/queues.md)`
+          : text,
+      );
       lost.abort(error);
       onStale?.(error);
     },

@@ -5,6 +5,7 @@
 import { randomBytes } from 'node:crypto';
 import { LeaseError } from '../lease/errors.js';
 import { STORE_ID } from './keys.js';
+import type { JobRef } from './keys.js';
 import type { BeginResult, FenceGuard, FenceSource } from './types.js';
 
 /**
@@ -29,32 +30,43 @@ const STORE_ID_SCRIPT = `redis.call('SET', KEYS[1], ARGV[1], 'NX') return redis.
 /** The field of a job's own hash that marks its life (BullMQ reads only the fields it knows). */
 export const LIFE_FIELD = 'fencegate:life';
 
-// KEYS[1] the fence key; KEYS[2] the guard key (optional), ARGV[1] the value it
+// KEYS[1] the store-id key, ARGV[1] the identity this source draws under:
+// -2 when the key no longer holds it (the Redis restarted without
+// persistence, was flushed, or evicted the key), before anything is written.
+// Otherwise a process that still holds the old identity and one started
+// after the loss would fence one job on two entities, neither of which ever
+// sees the other's fences (docs/queues.md).
+//
+// KEYS[2] the fence key; KEYS[3] the guard key (optional), ARGV[2] the value it
 // must hold. The check and the INCR are one script, so a worker that lost the
 // queue's lock between its hand-out and here draws no fence at all; -1 means
 // not the owner. With a guard the answer is {fence, PTTL of the guard key}:
 // how long the lock is confirmed for at this very instant (docs/queues.md).
 //
-// With a life hash (KEYS[3] the job's own hash, KEYS[4] this source's record
-// of the job id's lives, ARGV[2] a fresh marker): the job's hash gets a marker
+// With a life hash (KEYS[4] the job's own hash, KEYS[5] this source's record
+// of the job id's lives, ARGV[3] a fresh marker): the job's hash gets a marker
 // field once per life (HSETNX: every attempt of one life reads the first
 // one; the hash, and with it the marker, is gone once the job is removed),
 // and the answer's third member is the life's number: its position among
 // the markers this job id ever had.
 const BEGIN_SCRIPT = `
-if #KEYS == 1 then return redis.call('INCR', KEYS[1]) end
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-local fence = redis.call('INCR', KEYS[1])
-local ttl = redis.call('PTTL', KEYS[2])
-if #KEYS == 2 then return {fence, ttl} end
-redis.call('HSETNX', KEYS[3], '${LIFE_FIELD}', ARGV[2])
-local marker = redis.call('HGET', KEYS[3], '${LIFE_FIELD}')
-local life = redis.call('HGET', KEYS[4], marker)
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -2 end
+if #KEYS == 2 then return redis.call('INCR', KEYS[2]) end
+if redis.call('GET', KEYS[3]) ~= ARGV[2] then return -1 end
+local fence = redis.call('INCR', KEYS[2])
+local ttl = redis.call('PTTL', KEYS[3])
+if #KEYS == 3 then return {fence, ttl} end
+redis.call('HSETNX', KEYS[4], '${LIFE_FIELD}', ARGV[3])
+local marker = redis.call('HGET', KEYS[4], '${LIFE_FIELD}')
+local life = redis.call('HGET', KEYS[5], marker)
 if not life then
-  life = redis.call('HLEN', KEYS[4]) + 1
-  redis.call('HSET', KEYS[4], marker, life)
+  life = redis.call('HLEN', KEYS[5]) + 1
+  redis.call('HSET', KEYS[5], marker, life)
 end
 return {fence, ttl, tonumber(life)}`;
+
+/** The script's answer when the store-id key no longer holds the source's identity. */
+const IDENTITY_LOST = -2;
 
 // KEYS[1] the guard key, ARGV[1] the value it must hold: its PTTL, or -3
 // (PTTL itself answers -2 and -1 only) when it does not hold the value.
@@ -76,26 +88,50 @@ function redisKeyGuard(guard: FenceGuard): Extract<FenceGuard, { kind: 'redis-ke
 export async function redisFenceSource(client: RedisLike, options: RedisFenceSourceOptions = {}): Promise<FenceSource> {
   const ns = options.namespace ?? 'fencegate:queue';
   if (!NAMESPACE.test(ns)) throw new LeaseError('invalid_config', `namespace must match ${NAMESPACE}, got ${JSON.stringify(ns)}`);
-  const storeId = String(await client.eval(STORE_ID_SCRIPT, 1, `${ns}:store-id`, randomBytes(16).toString('hex')));
-  if (!STORE_ID.test(storeId)) throw new LeaseError('store_identity', `${ns}:store-id does not hold a 32-hex store id`);
-  const fenceKey = (queue: string, id: string) => `${ns}:fence:${storeId}:${encodeURIComponent(queue)}:${encodeURIComponent(id)}`;
+  const storeIdKey = `${ns}:store-id`;
+  const readIdentity = async () => {
+    const id = String(await client.eval(STORE_ID_SCRIPT, 1, storeIdKey, randomBytes(16).toString('hex')));
+    if (!STORE_ID.test(id)) throw new LeaseError('store_identity', `${storeIdKey} does not hold a 32-hex store id`);
+    return id;
+  };
+  let storeId = await readIdentity();
+  const fenceKey = (id: string, queue: string, job: string) => `${ns}:fence:${id}:${encodeURIComponent(queue)}:${encodeURIComponent(job)}`;
   // Kept as the fence counter is (never deleted), so a later life never takes an earlier one's number.
-  const livesKey = (queue: string, id: string) => `${ns}:lives:${storeId}:${encodeURIComponent(queue)}:${encodeURIComponent(id)}`;
+  const livesKey = (id: string, queue: string, job: string) => `${ns}:lives:${id}:${encodeURIComponent(queue)}:${encodeURIComponent(job)}`;
+
+  async function beginUnder(id: string, job: JobRef, guard: FenceGuard | undefined): Promise<BeginResult | typeof IDENTITY_LOST> {
+    if (guard === undefined) return answer(await client.eval(BEGIN_SCRIPT, 2, storeIdKey, fenceKey(id, job.queue, job.id), id), id);
+    const g = redisKeyGuard(guard);
+    const keys = [storeIdKey, fenceKey(id, job.queue, job.id), g.key, ...(g.lifeHash === undefined ? [] : [g.lifeHash, livesKey(id, job.queue, job.id)])];
+    const args = [id, g.equals, ...(g.lifeHash === undefined ? [] : [randomBytes(16).toString('hex')])];
+    const reply = await client.eval(BEGIN_SCRIPT, keys.length, ...keys, ...args);
+    if (!Array.isArray(reply)) return answer(reply, id);
+    const result = answer(reply[0], id);
+    if (result === IDENTITY_LOST || !result.ok) return result;
+    const life = reply[2] === undefined ? undefined : Number(reply[2]);
+    if (life !== undefined && (!Number.isSafeInteger(life) || life < 1)) throw new LeaseError('invalid_input', `the job's life record returned an unusable life: ${String(reply[2])}`);
+    return { ...result, guardTtlMs: Number(reply[1]), ...(life !== undefined ? { life } : {}) };
+  }
+
   return {
     backend: 'redis',
-    storeId,
+    /** The identity of the latest begin: a lost one is replaced (below), so read the one a `BeginResult` names. */
+    get storeId() {
+      return storeId;
+    },
     async begin(job, guard) {
-      if (guard === undefined) return answer(await client.eval(BEGIN_SCRIPT, 1, fenceKey(job.queue, job.id)));
-      const g = redisKeyGuard(guard);
-      const keys = [fenceKey(job.queue, job.id), g.key, ...(g.lifeHash === undefined ? [] : [g.lifeHash, livesKey(job.queue, job.id)])];
-      const args = [g.equals, ...(g.lifeHash === undefined ? [] : [randomBytes(16).toString('hex')])];
-      const reply = await client.eval(BEGIN_SCRIPT, keys.length, ...keys, ...args);
-      if (!Array.isArray(reply)) return answer(reply);
-      const result = answer(reply[0]);
-      if (!result.ok) return result;
-      const life = reply[2] === undefined ? undefined : Number(reply[2]);
-      if (life !== undefined && (!Number.isSafeInteger(life) || life < 1)) throw new LeaseError('invalid_input', `the job's life record returned an unusable life: ${String(reply[2])}`);
-      return { ...result, guardTtlMs: Number(reply[1]), ...(life !== undefined ? { life } : {}) };
+      const first = await beginUnder(storeId, job, guard);
+      if (first !== IDENTITY_LOST) return first;
+      // The identity is gone with the counters it named: take the store's
+      // current one (a new one if none is there yet, as at start-up), so
+      // every process on this Redis fences a job on one entity again, and
+      // the fresh counters never present fences under the old entities.
+      const lost = storeId;
+      const current = await readIdentity();
+      if (storeId === lost) storeId = current;
+      const again = await beginUnder(current, job, guard);
+      if (again === IDENTITY_LOST) throw new LeaseError('store_identity', `${storeIdKey} changed again while this fence was drawn; nothing was drawn, try the attempt again`);
+      return again;
     },
     async guardTtl(guard) {
       const g = redisKeyGuard(guard);
@@ -105,9 +141,10 @@ export async function redisFenceSource(client: RedisLike, options: RedisFenceSou
   };
 }
 
-function answer(reply: unknown): BeginResult {
+function answer(reply: unknown, storeId: string): BeginResult | typeof IDENTITY_LOST {
   const n = Number(reply);
+  if (n === IDENTITY_LOST) return IDENTITY_LOST;
   if (n === -1) return { ok: false, reason: 'not_owner' };
   if (!Number.isSafeInteger(n) || n < 1) throw new LeaseError('invalid_input', `the fence key returned an unusable fence: ${n}`);
-  return { ok: true, fence: n };
+  return { ok: true, fence: n, storeId };
 }

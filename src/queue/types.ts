@@ -41,13 +41,19 @@ export type BeginResult =
       guardTtlMs?: number;
       /** With a `lifeHash`: 1 for the first life of the job id in this store, 2 for the next, … */
       life?: number;
+      /**
+       * Redis: the store identity the fence was drawn under, for `jobKeys`. A
+       * Redis that lost its identity (restarted without persistence, flushed)
+       * gets a new one at the next `begin`, and `FenceSource.storeId` follows.
+       */
+      storeId?: string;
     }
   /** The guard did not hold: the job is no longer this worker's. Nothing was incremented. */
   | { ok: false; reason: 'not_owner' };
 
 export interface FenceSource {
   readonly backend: 'postgres' | 'sqlite' | 'redis';
-  /** 32 hex characters; part of every entity and key built from this source. */
+  /** 32 hex characters; part of every entity and key built from this source (Redis: the latest begin's, see `BeginResult.storeId`). */
   readonly storeId: string;
   /**
    * Raises the job's fence by one and returns it, in one atomic statement

@@ -305,6 +305,26 @@ describe('Anthropic content blocks that are not calls', () => {
     expect(again.filter((a) => a.status !== 'skipped').map((a) => a.status)).toEqual(['duplicate', 'duplicate', 'duplicate']);
   });
 
+  test('server_tool_use and mcp_tool_use blocks (calls the API ran itself) and their results are skipped, never dispatched, even for an allowed tool whose arguments may be empty', async () => {
+    const optional = { list_tickets: { schema: z.object({ q: z.string().optional() }), leaseMs: 20_000, maxRunMs: 10_000, maxAttempts: 1 } };
+    const plan = [
+      { type: 'server_tool_use', id: 'srvtoolu_1', name: 'list_tickets', input: { q: 'a' } },
+      { type: 'web_search_tool_result', tool_use_id: 'srvtoolu_1', content: [] },
+      { type: 'mcp_tool_use', id: 'mcptoolu_1', name: 'list_tickets', server_name: 'tickets', input: { q: 'b' } },
+      { type: 'mcp_tool_result', tool_use_id: 'mcptoolu_1', is_error: false, content: [] },
+      { type: 'future_tool_use', id: 'x_1', name: 'list_tickets', input: {} },
+      { type: 'tool_use', id: 'toolu_1', name: 'list_tickets', input: { q: 'c' } },
+    ];
+    const answers = await dispatchToolCalls(store, plan, { tools: optional, runId: 'blocks-server' });
+    expect(answers.map((a) => a.status)).toEqual(['skipped', 'skipped', 'skipped', 'skipped', 'refused', 'enqueued']);
+    expect(answers[2]).toEqual({ status: 'skipped', reason: 'entry 2: a mcp_tool_use block, not a tool call' });
+    // An unknown typed block is refused (it keeps its position), never read as { name } with empty arguments.
+    expect(answers[4]).toMatchObject({ status: 'refused', code: 'invalid_call' });
+    expect(answers[5]).toMatchObject({ status: 'enqueued', key: 'blocks-server:1:list_tickets' });
+    // One job: the client's own tool_use, with its own arguments.
+    expect(await db.sql("SELECT payload FROM tool_jobs WHERE idempotency_key LIKE 'blocks-server:%'")).toEqual([{ payload: JSON.stringify({ q: 'c' }) }]);
+  });
+
   test('control: an entry of another unknown shape is still refused, and it keeps its position', async () => {
     const answers = await dispatchToolCalls(store, [{ type: 'image', source: {} }, use('toolu_1', 'after')], { tools, runId: 'blocks-control' });
     expect(answers[0]).toMatchObject({ status: 'refused', code: 'invalid_call' });
@@ -374,5 +394,22 @@ describe("a tool's entity from its arguments", () => {
     ]);
     expect(await count()).toBe(before);
     await expect(dispatchToolCalls(store, [], { tools: { t: { ...refunds.refund_payment, entity: { json: '/_meta/x' } } }, runId: 'r' })).rejects.toThrow(/tools\.t\.entity\.json/);
+  });
+
+  test("arguments kept by a passthrough schema with a member whose name differs from the entity's only in case are refused: the route would refuse every attempt invalid-entity", async () => {
+    const loose = { refund_payment: { ...refunds.refund_payment, schema: z.object({ invoice_id: z.string(), amount: z.number() }).passthrough() } } satisfies ToolsInput;
+    const before = await count();
+    const answers = await dispatchToolCalls(
+      store,
+      [
+        { name: 'refund_payment', arguments: { invoice_id: 'inv_1', Invoice_ID: 'inv_2', amount: 5 } },
+        // Control: the same loose schema with no such twin is enqueued, its extra member kept.
+        { name: 'refund_payment', arguments: { invoice_id: 'inv_1', note: 'x', amount: 5 } },
+      ],
+      { tools: loose, runId: 'entity-fold' },
+    );
+    expect(answers[0]).toEqual({ status: 'refused', code: 'invalid_arguments', reason: expect.stringMatching(/\/arguments\/invoice_id.*differ only in case/) });
+    expect(answers[1]).toMatchObject({ status: 'enqueued' });
+    expect(await count()).toBe(before + 1);
   });
 });

@@ -93,6 +93,8 @@ describe('fencedFetch', () => {
       const err = await createFencedFetch(ctx)(`${base}${path}`, { step: 'charge' }).catch((e: unknown) => e);
       expect(err).toBeInstanceOf(LeaseLostError);
       expect(lost).toEqual(['stale_fence']);
+      // An expired fence is said to be one, never "a newer owner".
+      expect((err as Error).message).toMatch(path === '/expired' ? /as expired \(fence-expired\)/ : /a newer owner holds it/);
     }
   });
 

@@ -85,7 +85,7 @@ describe('fencedMcp through the gateway mcp route', () => {
     await db?.dispose();
   });
 
-  async function start(options: Pick<RunWorkerOptions, 'handlers' | 'workerId' | 'kinds'>) {
+  async function start(options: Pick<RunWorkerOptions, 'handlers' | 'workerId' | 'kinds' | 'concurrency'>) {
     // Long enough that a stalled disk or a stolen CPU does not end a lease
     // mid-test (a re-claim would raise the fence the tests check); no test
     // here waits for a lease to run out, they expire it (expireLease).
@@ -195,5 +195,77 @@ describe('fencedMcp through the gateway mcp route', () => {
     expect(error).toMatchObject({ name: 'McpRefusalError', code: 'invalid-entity' });
     expect(job.fenceKey).toBe(job.jobKey);
     expect(arrivals).toEqual([]);
+  });
+
+  /**
+   * Two refunds of one invoice, dispatched by two runs and running at once
+   * (one worker, concurrency 2): the jobs share the invoice's fence (docs/mcp.md,
+   * "The entity"). On this store claims are serialised, so the second claim
+   * draws a token above the first one's; the job claimed first then calls
+   * last, with the lower token.
+   */
+  async function twoRefundsOfOneInvoice(maxAttempts: number) {
+    const invoice = `inv-shared-${maxAttempts}`;
+    const tools: ToolsInput = { refund_payment: { ...refund, maxAttempts, entity: { json: '/arguments/invoice_id' } } };
+    const jobIds: number[] = [];
+    for (const [runId, amount] of [[`shared-${maxAttempts}-a`, 100], [`shared-${maxAttempts}-b`, 200]] as const) {
+      const [answer] = await dispatchToolCalls(store, [{ name: 'refund_payment', arguments: { invoice_id: invoice, amount } }], { tools, runId, heartbeat: HEARTBEAT });
+      jobIds.push((answer as { jobId: number }).jobId);
+    }
+    const gates = new Map([[100, gate()], [200, gate()]]);
+    const started: { amount: number; token: number }[] = [];
+    const errors: unknown[] = [];
+    await start({
+      workerId: `W-shared-${maxAttempts}`,
+      kinds: toolKinds(tools),
+      concurrency: 2,
+      handlers: {
+        refund_payment: async (ctx) => {
+          const args = ctx.job.payload as { invoice_id: string; amount: number };
+          started.push({ amount: args.amount, token: ctx.job.fencingToken });
+          await gates.get(args.amount)!.opened;
+          try {
+            return await ctx.mcp(docsClient).callTool({ name: 'refund_payment', arguments: args });
+          } catch (err) {
+            errors.push(err);
+            throw err;
+          }
+        },
+      },
+    });
+    const settled = (id: number) => until(async () => {
+      const j = await store.get(id);
+      return j && (j.state === 'succeeded' || j.state === 'failed') ? j : null;
+    }, `job ${id} to finish`);
+    await until(() => started.length === 2, 'both refunds to be running');
+    const firstStarted = [...started];
+    // The job claimed second (the higher token) calls first, then the other one.
+    const [low, high] = [...firstStarted].sort((x, y) => x.token - y.token);
+    const byAmount = (amount: number) => jobIds[amount === 100 ? 0 : 1]!;
+    gates.get(high!.amount)!.open();
+    const highJob = await settled(byAmount(high!.amount));
+    gates.get(low!.amount)!.open();
+    const lowJob = await settled(byAmount(low!.amount));
+    const arrivals = server.arrivals.filter((a) => a.tool === 'refund_payment' && a.arguments.invoice_id === invoice);
+    return { invoice, firstStarted, low: low!, high: high!, highJob, lowJob, errors, arrivals, started };
+  }
+
+  test('two refunds of one invoice at once, maxAttempts 1: the one claimed first calls after the other with the lower token, is refused stale-fence and fails without refunding', async () => {
+    const r = await twoRefundsOfOneInvoice(1);
+    // Never the same token on this store: the later claim is above the earlier one.
+    expect(r.firstStarted.map((s) => s.token).sort()).toEqual([1, 2]);
+    expect(r.highJob).toMatchObject({ state: 'succeeded', fenceKey: r.invoice });
+    expect(r.lowJob).toMatchObject({ state: 'failed', fenceKey: r.invoice });
+    expect(r.errors).toEqual([expect.any(LeaseLostError)]);
+    expect(rejectionRows(docs.sqlite, 'stale-fence')).toContainEqual(expect.objectContaining({ entity: r.invoice, presented_fence: 1, current_fence: 2 }));
+    expect(r.arrivals.map((a) => a.arguments.amount)).toEqual([r.high.amount]);
+  });
+
+  test('the same with maxAttempts 2: the refused job runs again with a token above both and refunds; both refunds reach the tool, once each', async () => {
+    const r = await twoRefundsOfOneInvoice(2);
+    expect(r.highJob).toMatchObject({ state: 'succeeded' });
+    expect(r.lowJob).toMatchObject({ state: 'succeeded', fencingToken: 3 });
+    expect(r.started.map((s) => [s.amount, s.token])).toContainEqual([r.low.amount, 3]);
+    expect(r.arrivals.map((a) => a.arguments.amount)).toEqual([r.high.amount, r.low.amount]);
   });
 });

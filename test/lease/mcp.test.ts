@@ -134,6 +134,11 @@ describe('fencedMcp', () => {
       server.failNext(error);
       await expect(fencedMcp(client, ctx).callTool({ name: 'create_ticket', arguments: { title: 'x' } })).rejects.toBeInstanceOf(LeaseLostError);
       expect(lost).toEqual(['stale_fence']);
+      // An expired fence is said to be one, never "a newer owner".
+      server.failNext(error);
+      await expect(fencedMcp(client, context().ctx).callTool({ name: 'create_ticket', arguments: { title: 'x' } })).rejects.toThrow(
+        error.data.type === 'fence-expired' ? /as expired \(fence-expired\)/ : /a newer owner holds it/,
+      );
     }
 
     const { ctx, lost } = context();

@@ -164,6 +164,14 @@ describe('a `{json}` entity pointer into params: a member that differs from a to
     expect(up.ran).toHaveLength(1);
   });
 
+  it('`customer` and `Customer` side by side: refused as well, invalid-request (what the dispatcher refuses to enqueue, test/lease/dispatch.test.ts)', async () => {
+    const { up, gw } = await setup(route);
+    const a = await post(gw.url, call({ name: 'pay', arguments: { customer: 'bob', Customer: 'eve' }, _meta: { [MCP_META.fence]: '5' } }));
+    expect(a.refusal).toBe('invalid-request');
+    expect(a.body.error!.data.detail).toContain('the object at "/params/arguments" has');
+    expect(up.seen).toHaveLength(0);
+  });
+
   it('the gap, with the fold switched off: the call is admitted with no entity (no fence check, no serial slot) and runs', async () => {
     const { up, gw } = await setup(route);
     fold.mode = 'none';

@@ -142,7 +142,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
   const h = queueHarness({ signed: true });
 
   /** One job, one worker that waits for `call` before it mints and sends its charge. */
-  async function start(lockDuration: number, watch: boolean) {
+  async function start(lockDuration: number, watch: boolean, detached = false) {
     const prefix = uniquePrefix('bull');
     const namespace = uniquePrefix('fences');
     const queue = new Queue('payments', { connection: connectRedis({ maxRetriesPerRequest: null }) as never, prefix });
@@ -153,7 +153,7 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     });
     await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
     const before = h.upstream.effects;
-    const config = { queue: 'payments', prefix, namespace, gateway: h.gateway.url, hold: false, unfenced: false, lockDuration, stalledInterval: 600_000, signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S }, waitForCall: true, watch };
+    const config = { queue: 'payments', prefix, namespace, gateway: h.gateway.url, hold: false, unfenced: false, lockDuration, stalledInterval: 600_000, signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S }, waitForCall: true, watch, detached };
     const w = spawnProc('W', [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
     const started = await w.next((m) => m.msg === 'started');
     const startedAt = Date.now();
@@ -172,8 +172,11 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     await until(() => Date.now() > goneAt + GRACE_S * 1000 + 1_500, 'the grace to pass');
   }
 
+  // Detached (the job without its Worker): nothing follows the renewals, so the late call is minted
+  // and sent, and the gateway's refusal of its exp is what stops it. Followed, the failed renewal on
+  // waking stops it before it is sent (the watched test below).
   test('a worker frozen past its lock mints a fence that is already expired: the gateway refuses it (fence-expired) and the upstream is not called', async () => {
-    const { w, started, call, lockKey } = await start(2_000, false);
+    const { w, started, call, lockKey } = await start(2_000, false, true);
     w.pause(); // frozen before the call: no renewals, and the mint happens after the lock is gone
     await pastLockAndGrace(lockKey);
     w.resume();
@@ -187,8 +190,11 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     expect(effects).toBe(1);
   });
 
-  test('watched, a frozen worker is refused as well once it wakes: its failed renewal (or the gateway) stops the late call, the upstream is not called', async () => {
-    const { w, call, lockKey } = await start(2_000, true);
+  test.each([
+    ['watched, a frozen worker is refused as well once it wakes: its failed renewal (or the gateway) stops the late call, the upstream is not called', true],
+    ['unwatched, a frozen worker that follows the Worker its job came from is refused the same way', false],
+  ])('%s', async (_name, watch) => {
+    const { w, call, lockKey } = await start(2_000, watch);
     w.pause();
     await pastLockAndGrace(lockKey);
     w.resume();
@@ -197,14 +203,22 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     expect(effects).toBe(0);
   });
 
-  test('watched, a live worker past several lock durations is accepted: each renewal BullMQ reports moves exp to the lock end Redis confirms', async () => {
+  /** A live worker that calls well past its first lock end and the grace; BullMQ renews every LOCK / 2. */
+  async function callPastSeveralLocks(watch: boolean, detached: boolean) {
     const LOCK = 3_000;
-    const { startedAt, call } = await start(LOCK, true);
-    // Well past the first lock end and the grace; BullMQ renews every LOCK / 2.
-    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
-    const { outcome, effects } = await call();
-    expect(outcome).toMatchObject({ msg: 'paid', status: 201 });
-    expect(effects).toBe(1);
+    const run = await start(LOCK, watch, detached);
+    await until(() => Date.now() > run.startedAt + LOCK + GRACE_S * 1000 + 2_000, 'several lock renewals');
+    return { ...run, late: await run.call() };
+  }
+
+  test.each([
+    ['watched, a live worker past several lock durations is accepted: each renewal BullMQ reports moves exp to the lock end Redis confirms', true, false],
+    ['without watch, a live worker past several lock durations is accepted as well: the processor follows the Worker its job came from', false, false],
+    ["watched, a detached job is accepted past several lock durations: watch is what a processor without the job's Worker needs", true, true],
+  ])('%s', async (_name, watch, detached) => {
+    const { late } = await callPastSeveralLocks(watch, detached);
+    expect(late.outcome).toMatchObject({ msg: 'paid', status: 201 });
+    expect(late.effects).toBe(1);
   });
 
   test('the withdrawn lockDurationMs option is refused rather than ignored; watch needs a source that can read the lock again', async () => {
@@ -216,11 +230,13 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     expect(() => blind.watch({ on: () => undefined })).toThrow(/watch needs a fence source/);
   });
 
-  test('control: unwatched, the same long job is refused fence-expired: without renewals exp stays at the lock end begin confirmed', async () => {
-    const LOCK = 3_000;
-    const { started, startedAt, call } = await start(LOCK, false);
-    await until(() => Date.now() > startedAt + LOCK + GRACE_S * 1000 + 2_000, 'the first lock end and the grace');
-    expectRefusedExpired(h, await call(), started.entity);
+  test('control: a job that does not carry its Worker, unwatched, is refused fence-expired: without renewals exp stays at the lock end begin confirmed, and the error says so', async () => {
+    const { w, started, late } = await callPastSeveralLocks(false, true);
+    expectRefusedExpired(h, late, started.entity);
+    // The handler's error names the expiry; the run's failure (BullMQ's failedReason) also says what to do.
+    expect(late.outcome.message).toMatch(/as expired \(fence-expired\)/);
+    expect(late.outcome.message).not.toMatch(/newer/);
+    expect((await w.next((m) => m.msg === 'failed')).message).toMatch(/as expired \(fence-expired\).*processor\.watch\(worker\)/);
   });
 });
 
@@ -234,17 +250,21 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
 describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again after removal', () => {
   const h = queueHarness();
 
-  /** Runs job `order-1` twice, removing it in between; `wrap` may change the fence source. */
-  async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real) {
+  /**
+   * Runs job `order-1` twice, removing it in between; `wrap` may change the
+   * fence source, `between` runs after the removal (the same worker and
+   * source carry on).
+   */
+  async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real, between?: (namespace: string) => Promise<unknown>, removeOnComplete = false) {
     const prefix = uniquePrefix('bull');
     const namespace = uniquePrefix('fences');
     const connection = connectRedis({ maxRetriesPerRequest: null });
     const queue = new Queue('payments', { connection: connection as never, prefix });
     const fences = wrap(await createFenceSource({ redis: connection, namespace }));
-    const runs: { fence: number; keyPrefix: string; status: number; replayed: string | null }[] = [];
-    const processor = fencedProcessor<Job, unknown>(async (job, { fencedFetch, fence, keyPrefix }) => {
+    const runs: { fence: number; entity: string; keyPrefix: string; status: number; replayed: string | null }[] = [];
+    const processor = fencedProcessor<Job, unknown>(async (job, { fencedFetch, fence, entity, keyPrefix }) => {
       const res = await fencedFetch(`${h.gateway.url}/payments/charges`, { step: 'charge', method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(job.data) });
-      runs.push({ fence, keyPrefix, status: res.status, replayed: res.headers.get('idempotent-replayed') });
+      runs.push({ fence, entity, keyPrefix, status: res.status, replayed: res.headers.get('idempotent-replayed') });
       return res.status;
     }, { fences });
     const worker = new Worker('payments', processor as never, { connection: connection as never, prefix, lockDuration: 30_000 });
@@ -261,12 +281,13 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
         worker.once('completed', () => resolve());
         worker.once('failed', (_job, err) => reject(err));
       });
-      await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
+      await queue.add('pay', { amount: 1200 }, { jobId: 'order-1', removeOnComplete });
       await done;
-      // Removed (as removeOnComplete would), so the same id can be added again as a new job.
-      await queue.remove('order-1');
+      // Removed (by removeOnComplete, or here), so the same id can be added again as a new job.
+      if (!removeOnComplete) await queue.remove('order-1');
+      if (life === 1) await between?.(namespace);
     }
-    return { runs, effects: h.upstream.effects - before };
+    return { runs, effects: h.upstream.effects - before, namespace };
   }
 
   test('the second job under the id gets keys of its own: both are charged, neither answer is a replay', async () => {
@@ -276,6 +297,28 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
     // The fence kept rising across the lives: a stale worker of the first job is still refused.
     expect(runs.map((r) => r.fence)).toEqual([1, 2]);
     expect(effects).toBe(2);
+  });
+
+  test('the same with removeOnComplete and the id added again as soon as the first job completed: the marker is random, not a time, so the second job still gets keys of its own', async () => {
+    const { runs, effects } = await twoLives(undefined, undefined, true);
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, null]]);
+    expect(runs[1]!.keyPrefix).toBe(`${runs[0]!.keyPrefix}@2`);
+    expect(effects).toBe(2);
+  });
+
+  // The suite's Redis is shared, so the loss is this namespace's keys (the
+  // store id, the counters, the lives), which is what a restart without
+  // persistence or a flush leaves of them.
+  test('after the Redis lost the fence keys (restart without persistence), the running worker takes the new identity: the second job gets keys of its own and the identity a process started after the loss reads', async () => {
+    const { runs, effects, namespace } = await twoLives(undefined, (ns) => deleteKeys(redis, ns));
+    // Counted from 1 again, and life 1 again, but under a new identity: nothing of the first job's is reused.
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, null]]);
+    expect(effects).toBe(2);
+    expect(runs.map((r) => r.fence)).toEqual([1, 1]);
+    expect(runs[1]!.entity).not.toBe(runs[0]!.entity);
+    // A worker process started after the loss fences the job on the same entity.
+    const later = await createFenceSource({ redis, namespace });
+    expect(runs[1]!.entity).toContain(`queue-job:${later.storeId}:`);
   });
 
   test("negative control: without the job's life in the guard, the second job gets the first one's keys and the gateway replays the first charge", async () => {

@@ -142,7 +142,26 @@ describe.skipIf(REDIS_SKIP !== null)('fence source: redis, the lock\'s remaining
     await client.del(lock);
     expect(await source.guardTtl!(guard)).toBeNull();
     // Without a guard there is nothing to time: the fence alone.
-    expect(await source.begin({ queue: 'q', id: 't' })).toEqual({ ok: true, fence: 2 });
+    expect(await source.begin({ queue: 'q', id: 't' })).toEqual({ ok: true, fence: 2, storeId: source.storeId });
+  });
+
+  test('a Redis that lost its keys (restart without persistence): a source opened before the loss draws under the identity one opened after it created, never the lost one', async () => {
+    const client = connectRedis();
+    const namespace = uniquePrefix('fences');
+    disposers.push(async () => {
+      await deleteKeys(client, namespace);
+      await client.quit();
+    });
+    const before = await createFenceSource({ redis: client, namespace });
+    const lost = before.storeId;
+    expect(await before.begin({ queue: 'q', id: 'j' })).toMatchObject({ ok: true, fence: 1, storeId: lost });
+    await deleteKeys(client, namespace);
+    const after = await createFenceSource({ redis: client, namespace });
+    expect(after.storeId).not.toBe(lost);
+    // Both fence job j under the new identity, on one counter: the old process no longer names an entity of its own.
+    expect(await before.begin({ queue: 'q', id: 'j' })).toMatchObject({ ok: true, fence: 1, storeId: after.storeId });
+    expect(await after.begin({ queue: 'q', id: 'j' })).toMatchObject({ ok: true, fence: 2, storeId: after.storeId });
+    expect(before.storeId).toBe(after.storeId);
   });
 });
 

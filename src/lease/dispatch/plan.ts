@@ -30,16 +30,20 @@ export interface AnthropicToolUse {
 export type ProposedToolCall = PlainToolCall | OpenAiToolCall | AnthropicToolUse;
 
 /**
- * The Anthropic content blocks that are not calls: a model's message holds
- * its text (and thinking) between the `tool_use` blocks, and a plan is
- * often that whole `content` array. They are skipped, never refused, and
- * take no position (the keys count calls only).
+ * The Anthropic content blocks that are not calls for this dispatcher: a
+ * model's message holds its text (and thinking) between the `tool_use`
+ * blocks, and a plan is often that whole `content` array. `server_tool_use`
+ * and `mcp_tool_use` are calls too, but ones the API ran itself (its server
+ * tools, its MCP connector): dispatching one would run it a second time.
+ * Their results (`*_tool_result`) come with them. All of them are skipped,
+ * never refused, and take no position (the keys count calls only).
  */
-const NOT_A_CALL = new Set(['text', 'thinking', 'redacted_thinking']);
+const NOT_A_CALL = new Set(['text', 'thinking', 'redacted_thinking', 'server_tool_use', 'mcp_tool_use']);
+const A_RESULT = /^[a-z_]*tool_result$/;
 
-/** Is this entry of a plan an Anthropic block that is not a call (`{ type: "text", … }`)? Whatever else it holds, it is never dispatched. */
+/** Is this entry of a plan an Anthropic block that is not a call to dispatch (`{ type: "text", … }`)? Whatever else it holds, it is never dispatched. */
 export function isNonCallBlock(entry: unknown): boolean {
-  return isObject(entry) && typeof entry.type === 'string' && NOT_A_CALL.has(entry.type);
+  return isObject(entry) && typeof entry.type === 'string' && (NOT_A_CALL.has(entry.type) || A_RESULT.test(entry.type));
 }
 
 export type NormalizedCall =
@@ -71,6 +75,11 @@ export function normalizeCall(call: unknown): NormalizedCall {
   } else if (call.type === 'tool_use') {
     name = call.name;
     args = call.input;
+  } else if (typeof call.type === 'string' && call.type !== 'function') {
+    // A typed block of another kind is never read as a plain call: its
+    // `name` with no `arguments` would run the tool with {} (a block type
+    // added to the API later, say, that the API runs itself).
+    return { ok: false, name: undefined, reason: `a ${JSON.stringify(call.type.slice(0, 64))} entry is not a tool call (a call is { name, arguments }, OpenAI's { function } or Anthropic's tool_use)` };
   } else {
     name = call.name;
     args = call.arguments;

@@ -25,8 +25,10 @@ interface Config {
   signed?: { secret: string; graceSeconds: number };
   /** After `started`, wait for the test's `call` before the charge is built (and its fence minted). */
   waitForCall?: boolean;
-  /** `processor.watch(worker)`: follow BullMQ's lock renewals. */
+  /** `processor.watch(worker)`: follow BullMQ's lock renewals explicitly. */
   watch?: boolean;
+  /** The processor gets each job without the Worker that created it (`job.queue`), as a job a Worker did not hand out would come. */
+  detached?: boolean;
 }
 
 const config = JSON.parse(process.argv[2]!) as Config;
@@ -68,7 +70,11 @@ const processor = fencedProcessor<Job, unknown>(
   },
 );
 
-const worker = new Worker(config.queue, processor as never, {
+// A detached job: the same job, its `queue` (the Worker) hidden, so the adapter has no worker to follow.
+const handed = config.detached
+  ? (job: Job, token?: string, signal?: AbortSignal) => processor(Object.create(job, { queue: { value: undefined } }) as Job, token, signal)
+  : processor;
+const worker = new Worker(config.queue, handed as never, {
   connection: connection as never,
   prefix: config.prefix,
   concurrency: 1,
