@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { parseDuration } from '../core/duration.js';
-import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/postgres/options.js';
+import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/query-timeout.js';
 import { credentialHeaderCollision, DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT, OVERRIDE_FIELDS } from '../protocol/headers.js';
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');

@@ -5,7 +5,7 @@ import { readConfig } from '../config/read-file.js';
 import type { Config } from '../config/schema.js';
 import { createJsonLogger, LOG_LEVELS, parseLogLevel, type Logger } from '../http/logger.js';
 import { migrateLeasePostgresUrl, migrateLeaseSqlite } from '../lease/migrate.js';
-import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/postgres/options.js';
+import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/query-timeout.js';
 import { migrateSqlite, openSqlite } from '../store/sqlite/index.js';
 import { auditCommand, tokenCommand } from './cli-audit.js';
 import { reportError, UsageError } from './cli-errors.js';

@@ -1,7 +1,6 @@
 import type { PoolLike } from './types.js';
 
-/** The client-side bound of one round trip (`queryTimeoutMs`), when the store opens its own pool. */
-export const DEFAULT_QUERY_TIMEOUT_MS = 15_000;
+export { DEFAULT_QUERY_TIMEOUT_MS } from '../query-timeout.js';
 
 /** `createPostgresStore`'s options (./index.ts). */
 export interface PostgresStoreOptions {
