@@ -1,6 +1,6 @@
 /**
  * The runner's typed events (DESIGN §6). They carry ids, tokens, lease ends,
- * request ids and hashes, never payloads, results or bodies (STYLE habit 10).
+ * request ids and hashes, never payloads, results or bodies (CONTRIBUTING.md convention 10).
  */
 
 interface JobFields {

@@ -52,7 +52,7 @@ describe('GET /v1/rejections', () => {
     const gw = await gateway([paymentsRoute(up.url)]);
     await seed(gw, 12);
     await gw.sqlite.recordRejection(rejection(100, { reason: 'idempotency-key-reused', entity: 'e-0', caller: 'caller-0' }));
-    // Backdate the first four rows by three hours (STYLE: backdate rows, never fake the clock).
+    // Backdate the first four rows by three hours (CONTRIBUTING.md convention 2: backdate rows, never fake the clock).
     gw.sqlite.db.prepare('UPDATE rejections SET at = at - 3 * 3600000 WHERE id <= 4').run();
 
     const ids = (body: any) => body.items.map((r: any) => Number(r.id));

@@ -13,7 +13,7 @@ import { createTestSchema, POSTGRES_URL } from '../helpers/postgres.js';
 import { CLI, killAll as killChildren, runNode, startGatewayChild, writeJson } from '../helpers/child.js';
 
 // The `fencegate` CLI as a child process: an invalid configuration stops
-// start-up with a message naming the field (DESIGN §5, STYLE habit 4).
+// start-up with a message naming the field (DESIGN §5, CONTRIBUTING.md convention 4).
 
 const tmp = tempDir();
 afterAll(async () => {

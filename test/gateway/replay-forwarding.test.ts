@@ -261,7 +261,7 @@ describe('routes where the fence or the key is optional or off still proxy', () 
   });
 });
 
-// STYLE habit 7: a test that would pass with the feature removed is not a
+// CONTRIBUTING.md convention 7: a test that would pass with the feature removed is not a
 // test. Each scenario runs twice on the same real components: once as
 // shipped (the safety property holds), once with the check switched off by
 // wrapping the store the gateway is given (the violation shows at the

@@ -2,8 +2,8 @@ import type { GatewayStore } from '../../src/store/types.js';
 
 /**
  * A store that passes every call to `inner`, but for `overrides`: the base of
- * the test-only wrappers that switch one check off (negative controls, STYLE
- * habit 7). No Node import, so the workerd suites use it too.
+ * the test-only wrappers that switch one check off (negative controls,
+ * CONTRIBUTING.md convention 7). No Node import, so the workerd suites use it too.
  */
 export function delegate(inner: GatewayStore, overrides: Partial<GatewayStore>): GatewayStore {
   return {

@@ -136,7 +136,7 @@ export function rejectionRows(store: SqliteGatewayStore, reason?: string): { rea
 
 /**
  * Makes the lock of a record and the entity's serial slot look expired, as
- * if the gateway holding them had died (STYLE habit 2: backdate the row,
+ * if the gateway holding them had died (CONTRIBUTING.md convention 2: backdate the row,
  * never fake the database clock).
  */
 export function expireLocks(store: SqliteGatewayStore, key: string, entity: string | null): void {

@@ -3,7 +3,7 @@
 // negative control. Built from the compiled package (`npm run build` first)
 // as `fencegate serve --database-url URL` builds it, except that the test may
 // ask for a store wrapper that switches a check off. The production code has
-// no such switch, and must not get one (STYLE habit 7).
+// no such switch, and must not get one (CONTRIBUTING.md convention 7).
 //
 //   node test/helpers/pg-gateway-child.mjs CONFIG.json DATABASE_URL [--checks-off fence]
 //

@@ -5,7 +5,7 @@ import { delegate } from './delegate.js';
 /**
  * Wrappers around a real store, for tests only. The gateway has no switch to
  * turn its checks off, and must not get one: a negative control wraps the
- * store it is given instead (STYLE habit 7).
+ * store it is given instead (CONTRIBUTING.md convention 7).
  */
 
 /** Negative control: the store never sees the fence, so no fence is ever checked. */

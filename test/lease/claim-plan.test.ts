@@ -1,7 +1,7 @@
 /**
  * Claim cost must not grow with finished rows (the seed's primary-key-only
  * claim walked past every one of them). Asserted on query plans and, on
- * PostgreSQL, on buffers touched, never on timings (STYLE habit 9).
+ * PostgreSQL, on buffers touched, never on timings (CONTRIBUTING.md convention 9).
  */
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';

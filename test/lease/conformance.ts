@@ -358,7 +358,7 @@ export function jobStoreConformance(name: string, factory: TestDatabaseFactory):
       await expect(store.claim({ workerId: 'w1', kinds: [] })).rejects.toThrow(/kinds/);
     });
 
-    // Negative control (STYLE habit 7): the scenario below catches a complete()
+    // Negative control (CONTRIBUTING.md convention 7): the scenario below catches a complete()
     // without the ownership condition. It runs once with the real statement
     // and once with the condition removed, and the property only holds for
     // the real one.

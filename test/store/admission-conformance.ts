@@ -1,5 +1,5 @@
 /**
- * THE admission conformance property (STYLE "One rule, several dialects"):
+ * THE admission conformance property (CONTRIBUTING.md convention 5):
  * every store (SQLite in both modes, PostgreSQL, D1 under workerd) is driven
  * with random command sequences, and each answer and each resulting state
  * (fences, serial slots, records, the rejection log) must equal what the

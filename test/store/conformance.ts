@@ -1,5 +1,5 @@
 /**
- * THE store conformance suite (STYLE habit 5): every backend of
+ * THE store conformance suite (CONTRIBUTING.md convention 5): every backend of
  * `GatewayStore` (SQLite, PostgreSQL, D1) must pass it, through the
  * interface only. Backend-specific powers (moving rows into the past, a
  * second replica on the same database) come through the harness the factory
@@ -13,7 +13,7 @@
  * The safety checks (`checkStaleFence`, `checkFenceRace`, `checkSingleForward`,
  * `checkSerialExclusive`) return the violations they saw instead of asserting,
  * so that the suite can also run them against wrappers that switch a check
- * off (negative controls, STYLE habit 7) and see them fail.
+ * off (negative controls, CONTRIBUTING.md convention 7) and see them fail.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CUT_MARKER, REJECTION_TEXT_LIMITS as LIMITS, cutText } from '../../src/store/bounds.js';

@@ -2,7 +2,7 @@
  * The sweeper keeps up: one sweep works through every batch of every kind of
  * row past its retention, giving the event loop a turn between batches, and
  * reports what it left (`backlog`), which `/metrics` shows. Rows are put in
- * the past in SQL (STYLE habit 2), several default batches (1,000) of each.
+ * the past in SQL (CONTRIBUTING.md convention 2), several default batches (1,000) of each.
  * The conformance suite (./conformance.ts) holds every store to the same
  * contract with small batches; this file is the SQLite store at full size,
  * and the gateway's metrics.

@@ -1,5 +1,5 @@
 /**
- * `runWorker` options, parsed once at start-up (STYLE habit 4): an invalid
+ * `runWorker` options, parsed once at start-up (CONTRIBUTING.md convention 4): an invalid
  * value fails with a `LeaseConfigError` that names the field.
  */
 import { z } from 'zod';
