@@ -2,6 +2,7 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'n
 import { join, relative } from 'node:path';
 import ts from 'typescript';
 import { describe, expect, it } from 'vitest';
+import { ConfigError, parseConfig } from '../../src/config/load.js';
 import { ROOT } from '../helpers/child.js';
 
 // Every TypeScript/JavaScript block (```ts, ```typescript, ```js,
@@ -31,17 +32,27 @@ import { ROOT } from '../helpers/child.js';
 //       the block is not compiled; the reason is required, and the test
 //       reports every skipped block with it (there are none today).
 //
-// Anything else after `snippet:` fails the test, so a typo cannot skip a
-// block silently. A failure names the markdown file, the line in it and the
-// compiler's message.
+// JSON blocks are not code, and most are wire examples; a json block that
+// shows gateway configuration says so, and then goes through the gateway's
+// own parser (parseConfig, as `fencegate serve` reads its file):
+//
+//   <!-- snippet: config -->        a config, or some of its top-level members
+//                                   (a plain route is added when it has none)
+//   <!-- snippet: config route -->  one entry of `routes`
+//
+// Anything else after `snippet:`, or a directive with no block right below
+// it, fails the test, so a typo cannot skip a block silently. A failure names
+// the markdown file, the line in it and the compiler's (or parser's) message.
 
 const LANGS: Record<string, 'ts' | 'js' | 'mjs'> = { ts: 'ts', typescript: 'ts', js: 'js', javascript: 'js', mjs: 'mjs' };
 
 interface Block {
   file: string; // relative to the repository
   line: number; // 1-based line of the first code line in the markdown file
-  lang: 'ts' | 'js' | 'mjs';
+  lang: 'ts' | 'js' | 'mjs' | 'json';
   code: string[];
+  /** json blocks: checked only with a `config` directive. */
+  config?: 'whole' | 'route';
   continues: boolean;
   given?: { line: number; code: string[] };
   skip?: string;
@@ -52,7 +63,8 @@ function extractBlocks(file: string, text: string, problems: string[]): Block[] 
   const lines = text.split('\n');
   const blocks: Block[] = [];
   // The directives seen since the last non-comment, non-blank line.
-  let pending: { continues: boolean; given?: Block['given']; skip?: string } = { continues: false };
+  let pending: { continues: boolean; given?: Block['given']; skip?: string; config?: Block['config'] } = { continues: false };
+  const anyPending = () => pending.continues || pending.given !== undefined || pending.skip !== undefined || pending.config !== undefined;
   for (let i = 0; i < lines.length; i++) {
     const raw = lines[i]!;
     const fence = /^(\s*)(`{3,}|~{3,})\s*([\w-]*)/.exec(raw);
@@ -63,8 +75,10 @@ function extractBlocks(file: string, text: string, problems: string[]): Block[] 
       const close = new RegExp(`^\\s*${marker[0] === '`' ? '`' : '~'}{${marker.length},}\\s*$`);
       for (; j < lines.length && !close.test(lines[j]!); j++) body.push(lines[j]!.startsWith(indent) ? lines[j]!.slice(indent.length) : lines[j]!);
       const lang = LANGS[info.toLowerCase()];
-      if (lang) blocks.push({ file, line: i + 2, lang, code: body, ...pending });
-      else if (pending.continues || pending.given || pending.skip) problems.push(`${file}:${i + 1}: a snippet directive above a \`${info || 'plain'}\` block, which is not compiled`);
+      if (lang && pending.config) problems.push(`${file}:${i + 1}: \`snippet: config\` above a \`${info}\` block (it is for json blocks)`);
+      if (lang) blocks.push({ file, line: i + 2, lang, code: body, continues: pending.continues, ...(pending.given ? { given: pending.given } : {}), ...(pending.skip !== undefined ? { skip: pending.skip } : {}) });
+      else if (info.toLowerCase() === 'json' && pending.config && !pending.continues && !pending.given && pending.skip === undefined) blocks.push({ file, line: i + 2, lang: 'json', code: body, continues: false, config: pending.config });
+      else if (anyPending()) problems.push(`${file}:${i + 1}: a snippet directive that does not apply to this \`${info || 'plain'}\` block`);
       pending = { continues: false };
       i = j;
       continue;
@@ -80,15 +94,21 @@ function extractBlocks(file: string, text: string, problems: string[]): Block[] 
       const head = parts[0]!.trim();
       if (head === 'continues' && parts.length === 1) pending.continues = true;
       else if (head === 'given') pending.given = { line: i + 2, code: parts.slice(1) };
+      else if (head === 'config' && parts.length === 1) pending.config = 'whole';
+      else if (head === 'config route' && parts.length === 1) pending.config = 'route';
       else if (/^skip\b/.test(head) && parts.length === 1) {
         const reason = head.slice(4).trim();
         if (!reason) problems.push(`${file}:${i + 1}: \`snippet: skip\` needs a reason`);
         pending.skip = reason || '(no reason)';
-      } else problems.push(`${file}:${i + 1}: unknown snippet directive "${parts.join(' ').trim()}" (continues, given, skip <reason>)`);
+      } else problems.push(`${file}:${i + 1}: unknown snippet directive "${parts.join(' ').trim()}" (continues, given, skip <reason>, config, config route)`);
       i = j;
       continue;
     }
-    if (raw.trim() !== '') pending = { continues: false };
+    if (raw.trim() !== '') {
+      // A directive applies to the block right below it, not to one further on.
+      if (anyPending()) problems.push(`${file}:${i + 1}: a snippet directive with no code block right below it`);
+      pending = { continues: false };
+    }
   }
   return blocks;
 }
@@ -101,9 +121,32 @@ interface Piece {
 }
 
 interface CheckResult {
-  compiled: number; // blocks compiled
+  compiled: number; // TS/JS blocks compiled
+  configs: number; // json blocks checked as configuration
   skipped: string[]; // `<file>:<line>: <reason>`
   problems: string[];
+}
+
+// The smallest route, for a `config` block that shows top-level settings only
+// (a config needs at least one route).
+const PLAIN_ROUTE = { name: 'snippet', match: { path: '/snippet/*' }, upstream: 'http://127.0.0.1:9000' };
+
+/** A `config` json block through the gateway's own parser: the problem, or undefined. */
+function checkConfig(b: Block): string | undefined {
+  let json: unknown;
+  try {
+    json = JSON.parse(b.code.join('\n'));
+  } catch (err) {
+    return `not valid JSON: ${(err as Error).message}`;
+  }
+  if (typeof json !== 'object' || json === null || Array.isArray(json)) return 'a config block holds one JSON object';
+  const config = b.config === 'route' ? { routes: [json] } : 'routes' in json ? json : { ...json, routes: [PLAIN_ROUTE] };
+  try {
+    parseConfig(config);
+    return undefined;
+  } catch (err) {
+    return err instanceof ConfigError ? err.message.replace(/\n\s*/g, '; ') : String(err);
+  }
 }
 
 /** Type-checks the TS/JS blocks of the given markdown texts in one program. */
@@ -116,6 +159,7 @@ function checkMarkdown(sources: { file: string; text: string }[]): CheckResult {
     const maps = new Map<string, Piece[]>();
     const roots: string[] = [];
     let compiled = 0;
+    let configs = 0;
     let n = 0;
     for (const { file, text } of sources) {
       let current: { path: string; lines: string[]; pieces: Piece[] } | undefined;
@@ -128,6 +172,12 @@ function checkMarkdown(sources: { file: string; text: string }[]): CheckResult {
         current = undefined;
       };
       for (const b of extractBlocks(file, text, problems)) {
+        if (b.lang === 'json') {
+          configs++;
+          const problem = checkConfig(b);
+          if (problem) problems.push(`${file}:${b.line}: ${problem}`);
+          continue;
+        }
         if (b.skip !== undefined) {
           skipped.push(`${file}:${b.line}: ${b.skip}`);
           continue;
@@ -199,7 +249,7 @@ function checkMarkdown(sources: { file: string; text: string }[]): CheckResult {
       if (piece) problems.push(`${piece.file}:${piece.mdLine + line - piece.from}:${character + 1}: TS${d.code}: ${message}`);
       else problems.push(`${relative(ROOT, d.file.fileName)}:${line + 1}: TS${d.code}: ${message}`);
     }
-    return { compiled, skipped, problems };
+    return { compiled, configs, skipped, problems };
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
@@ -217,9 +267,10 @@ describe('code snippets in README.md and docs/*.md', () => {
     expect(r.problems.join('\n')).toBe('');
     // The extractor found the blocks at all (a broken fence pattern would find none and pass).
     expect(r.compiled).toBeGreaterThanOrEqual(15);
+    expect(r.configs).toBeGreaterThanOrEqual(7);
   }, 60_000);
 
-  it('control: a broken block, a directive typo and a skip without reason are each reported at their markdown line', () => {
+  it('control: a broken block, a bad config, a directive typo, a stray directive and a skip without reason are each reported at their markdown line', () => {
     const md = [
       '# x', // 1
       '', // 2
@@ -244,14 +295,26 @@ describe('code snippets in README.md and docs/*.md', () => {
       '```ts', // 21
       'this is not TypeScript', // 22
       '```', // 23
+      '<!-- snippet: config route -->', // 24
+      '```json', // 25
+      '{ "name": "p", "match": { "path": "/p/*" }, "upstream": "http://127.0.0.1:9000", "timeoutMS": 5 }', // 26: timeoutMs
+      '```', // 27
+      '<!-- snippet: config -->', // 28
+      'a paragraph, so the directive is above no block', // 29
+      '```json', // 30
+      '{ "not": "checked" }', // 31
+      '```', // 32
     ].join('\n');
     const r = checkMarkdown([{ file: 'control.md', text: md }]);
     expect(r.compiled).toBe(3);
     expect(r.skipped).toEqual(['control.md:22: (no reason)']);
-    expect(r.problems).toHaveLength(4);
+    expect(r.configs).toBe(1);
+    expect(r.problems).toHaveLength(6);
     expect(r.problems).toContainEqual(expect.stringMatching(/^control\.md:9:\d+: TS2339: Property 'data' does not exist on type 'BullJobLike'/));
     expect(r.problems).toContainEqual(expect.stringMatching(/^control\.md:14:\d+: TS2322: Type 'unknown' is not assignable to type 'number'/));
     expect(r.problems).toContainEqual(expect.stringMatching(/^control\.md:16: unknown snippet directive "contineus/));
     expect(r.problems).toContainEqual('control.md:20: `snippet: skip` needs a reason');
+    expect(r.problems).toContainEqual(expect.stringMatching(/^control\.md:26: invalid configuration:; routes\[0\]: unknown key "timeoutMS" \(did you mean "timeoutMs"\?\)/));
+    expect(r.problems).toContainEqual('control.md:29: a snippet directive with no code block right below it');
   }, 60_000);
 });
