@@ -1,4 +1,4 @@
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import ts from 'typescript';
 import { describe, expect, it } from 'vitest';
@@ -262,6 +262,8 @@ function docs(): { file: string; text: string }[] {
 
 describe('code snippets in README.md and docs/*.md', () => {
   it('every TS/JS block type-checks against the built package', () => {
+    // Without dist/ every `fencegate/*` import fails to resolve: say why once.
+    expect(existsSync(join(ROOT, 'dist', 'index.d.ts')), 'dist/ is not built: run `npm run build` first (`npm test` does)').toBe(true);
     const r = checkMarkdown(docs());
     if (r.skipped.length > 0) console.log(`snippets not compiled (${r.skipped.length}):\n${r.skipped.join('\n')}`);
     expect(r.problems.join('\n')).toBe('');
