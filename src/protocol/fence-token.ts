@@ -61,7 +61,7 @@ export async function mintFence(claims: FenceClaimsInput, key: FenceSigningKey, 
  * A `fenceSigner` for `fencegate/lease` (its `FenceSigner` seam): the lease
  * module passes `exp` = the lease end in epoch seconds; this adds the grace.
  * @example
- * runWorker({ ..., fence: { fenceSigner: createFenceSigner({ secret: process.env.FENCE_SECRET! }, { graceSeconds: 5 }) } });
+ * runWorker({ ..., fenceSigner: createFenceSigner({ secret: process.env.FENCE_SECRET! }, { graceSeconds: 5 }) });
  */
 export function createFenceSigner(key: FenceSigningKey, options: { graceSeconds?: number; issuer?: string } = {}) {
   const grace = options.graceSeconds ?? 5;
