@@ -157,9 +157,11 @@ export function warnGlobalKeys(config: Config, logger: Logger): void {
     // A claim scope needs auth (the config refuses it without), so it never gets here.
     if (route.keyScope !== undefined && 'claim' in route.keyScope) continue;
     // Credentials bind records (or scope keys) only when the caller sends them: callers that send none still share one key space.
-    const credentials = [...(credentialNamesOf(route, false).includes('authorization') ? ['Authorization'] : []), ...route.credentialHeaders].join(', ') || 'none reach the upstream';
+    const credentials = [...(credentialNamesOf(route, false).includes('authorization') ? ['Authorization'] : []), ...route.credentialHeaders].join(', ');
     const bound =
-      route.credentialBinding === 'scope'
+      credentials === ''
+        ? "every caller shares one key space and its stored answers: no credential of the caller reaches the upstream (the route's stripHeaders or upstreamHeaders replace Authorization), so none binds a record"
+        : route.credentialBinding === 'scope'
         ? `keys are scoped by the caller's credentials (${credentials}) only, so every caller that sends none shares one key space`
         : `every caller shares one key space: a record answers only the credentials (${credentials}) that made it, others get 422, but callers that send none share stored answers and any caller can take a key another one will use`;
     const reason =

@@ -312,7 +312,8 @@ describe('an Authorization the upstream never sees binds nothing (the gateway\'s
     ['stripHeaders lists Authorization', { stripHeaders: ['Authorization'] }, undefined],
   ] as const)('%s: under either binding, a retry whose caller-side token changed is a replay, one execution, and the row has no credential part', async (_, route, seen) => {
     for (const binding of ['fingerprint', 'scope'] as const) {
-      const { gw, up } = await gateway({ route: { ...route, credentialBinding: binding } });
+      const { gw, up, warnings } = await gateway({ route: { ...route, credentialBinding: binding } });
+      expect(warnings('global-keys').map((w) => w.reason)).toEqual([expect.stringContaining('no credential of the caller reaches the upstream')]);
       expect((await effectOf(await charge(gw, 'order-gw', A))).effect).toBe(1);
       const retry = await charge(gw, 'order-gw', A_REFRESHED);
       expect(retry.headers.get('idempotent-replayed')).toBe('true');
