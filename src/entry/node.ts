@@ -121,6 +121,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
     responding.add(res);
     res.once('close', () => responding.delete(res));
     // Once the whole answer is handed to the socket: a client that stops taking it is cut off.
+    // (A streamed answer is bounded by what may wait for its caller, ../http/mcp/stream.ts CallerStream.)
     res.once('prefinish', () => cutOffStalled(res, config.writeStallTimeout));
   });
   try {
@@ -189,8 +190,12 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
 
 /**
  * Destroys the connection of an answer that makes no progress to the client
- * for `stallMs` (`writeStallTimeout`): checked every `stallMs`, progress is
- * less of it queued in the socket than at the check before. Node times a
+ * for `stallMs` (`writeStallTimeout`): checked every `stallMs`, a stall is
+ * bytes queued in the socket at this check and the one before with none of
+ * them taken by the client in between. Taken, not what is left queued: a
+ * buffered answer is one write, whose queued length stays whole until the
+ * client has taken all of it, so a client reading a large answer slowly
+ * was cut off at the first check as if it read nothing. Node times a
  * connection out while its request comes in (requestTimeout, headersTimeout)
  * and while it is idle between requests (keepAliveTimeout), never while an
  * answer waits for a client that does not read (the FIN of a half-closing
@@ -202,14 +207,28 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
 function cutOffStalled(res: ServerResponse, stallMs: number): void {
   const socket = res.socket;
   if (socket === null || res.writableFinished) return;
-  let queued = socket.writableLength;
+  // Taken: the writes completed (bytesWritten counts the queued bytes too),
+  // and within the write under way what the kernel accepted of it: a large
+  // chunk (a whole buffered answer is one) completes only once all of it is
+  // taken, so its progress shows only in the handle's write queue (libuv's
+  // writeQueueSize, internal to Node; without it, completed writes only).
+  const handle = (socket as { _handle?: { writeQueueSize?: unknown } | null })._handle;
+  const completed = () => socket.bytesWritten - socket.writableLength;
+  const inQueue = () => (typeof handle?.writeQueueSize === 'number' ? handle.writeQueueSize : 0);
+  let queued = socket.writableLength > 0;
+  let done = completed();
+  let left = inQueue();
   const timer = setInterval(() => {
-    const now = socket.writableLength;
-    if (now > 0 && now >= queued) {
+    const nowDone = completed();
+    const nowLeft = inQueue();
+    const pending = socket.writableLength > 0;
+    if (pending && queued && nowDone === done && nowLeft >= left) {
       clearInterval(timer);
       socket.destroy();
     }
-    queued = now;
+    queued = pending;
+    done = nowDone;
+    left = nowLeft;
   }, stallMs);
   timer.unref();
   const stop = () => clearInterval(timer);

@@ -1,7 +1,7 @@
 import { createHash, createHmac } from 'node:crypto';
 import type { Config, RouteConfig } from '../config/schema.js';
 import { ConfigError } from '../config/load.js';
-import { formatIdempotencyKey } from '../protocol/headers.js';
+import { credentialHeaderCollision, formatIdempotencyKey } from '../protocol/headers.js';
 import type { HeaderReader, Reply } from './inbound.js';
 import type { Logger } from './logger.js';
 import { setHeader } from './settle.js';
@@ -60,14 +60,39 @@ const CREDENTIAL_DOMAIN = 'fencegate/key-scope/credentials/v1\u0000';
  * lands in another scope and runs again.
  */
 export function credentialScopeOf(route: RouteConfig, headers: HeaderReader, hashing: CredentialHashing): string | null {
-  const names = hashing.auth ? [] : ['authorization'];
-  for (const h of route.credentialHeaders) if (!names.includes(h.toLowerCase())) names.push(h.toLowerCase());
+  const names = credentialNamesOf(route, hashing.auth);
+  if (names.length === 0) return null;
   const values = names.map((n) => headers.get(n));
   if (values.every((v) => v === null)) return null;
   const material = CREDENTIAL_DOMAIN + JSON.stringify(names.map((n, i) => [n, values[i]]));
   const hash = hashing.key !== null ? createHmac('sha256', hashing.key) : createHash('sha256');
   return hash.update(material, 'utf8').digest('hex');
 }
+
+/**
+ * The request headers whose values are the credentials the upstream sees
+ * (lower case): the route's `credentialHeaders` (the config refuses one that
+ * does not reach the upstream as sent) and the caller's `Authorization`
+ * where it reaches the upstream: not with caller auth (checked and
+ * dropped), nor when the route's `stripHeaders` lists it or its
+ * `upstreamHeaders` sets it (the gateway's own credential then replaces
+ * the caller's). A header the upstream never sees tells no two of its
+ * clients apart; binding it would refuse a retry whose caller-side token
+ * changed (422), or with `"scope"` run that retry a second time, although
+ * the upstream saw one credential both times.
+ */
+function credentialNamesOf(route: RouteConfig, auth: boolean): readonly string[] {
+  const cache = auth ? namesWithAuth : namesWithoutAuth;
+  let names = cache.get(route);
+  if (names === undefined) {
+    const list = credentialHeaderCollision(route, 'Authorization', { auth }) === null ? ['authorization'] : [];
+    for (const h of route.credentialHeaders) if (!list.includes(h.toLowerCase())) list.push(h.toLowerCase());
+    cache.set(route, (names = list));
+  }
+  return names;
+}
+const namesWithAuth = new WeakMap<RouteConfig, readonly string[]>();
+const namesWithoutAuth = new WeakMap<RouteConfig, readonly string[]>();
 
 /** The credential hash of a request, placed as the route's `credentialBinding` says: in the fingerprint or in the key scope. */
 export interface CredentialBinding {
@@ -132,9 +157,11 @@ export function warnGlobalKeys(config: Config, logger: Logger): void {
     // A claim scope needs auth (the config refuses it without), so it never gets here.
     if (route.keyScope !== undefined && 'claim' in route.keyScope) continue;
     // Credentials bind records (or scope keys) only when the caller sends them: callers that send none still share one key space.
-    const credentials = ['Authorization', ...route.credentialHeaders].join(', ');
+    const credentials = [...(credentialNamesOf(route, false).includes('authorization') ? ['Authorization'] : []), ...route.credentialHeaders].join(', ');
     const bound =
-      route.credentialBinding === 'scope'
+      credentials === ''
+        ? "every caller shares one key space and its stored answers: no credential of the caller reaches the upstream (the route's stripHeaders or upstreamHeaders replace Authorization), so none binds a record"
+        : route.credentialBinding === 'scope'
         ? `keys are scoped by the caller's credentials (${credentials}) only, so every caller that sends none shares one key space`
         : `every caller shares one key space: a record answers only the credentials (${credentials}) that made it, others get 422, but callers that send none share stored answers and any caller can take a key another one will use`;
     const reason =

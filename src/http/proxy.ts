@@ -149,7 +149,7 @@ export function createProxyHandler(deps: ProxyDeps) {
     }
     const body = read.body;
     //    A method override in the body (Rails, Symfony and Laravel read one), as in the query (step 3).
-    const bodyMethod = bodyMethodProblem(req.method, req.headers.get('content-type'), body, route);
+    const bodyMethod = bodyMethodProblem(req.method, req.headers.get('content-type'), body, route, req.headers.get('content-encoding'));
     if (bodyMethod !== null) return refuse(route, { code: 'invalid-request', detail: bodyMethod });
     if ('json' in route.entity) {
       const fromBody = entityFromJson(route.entity.json, body);

@@ -62,17 +62,26 @@ export function requestShapeProblem(headers: HeaderReader, pathname: string, sea
  * - JSON (`application/json`, `+json`) whose top-level object has a
  *   `_method` member (as the decoder reads it: `"\u005fmethod"` too).
  * The body is not changed, for the reason the query is not (DESIGN §3.3).
+ * Such a body under a `Content-Encoding` (gzip, …) is refused too: the scan
+ * would read compressed bytes and see no field, while a server that
+ * decompresses request bodies before the framework reads them (Apache's
+ * `SetInputFilter DEFLATE` in front of PHP) would see one.
  * Returns the reason for a 400 `invalid-request`, or null.
  */
-export function bodyMethodProblem(method: string, contentType: string | null, body: Uint8Array, route: Pick<RouteConfig, 'allowOverrides'>): string | null {
+export function bodyMethodProblem(method: string, contentType: string | null, body: Uint8Array, route: Pick<RouteConfig, 'allowOverrides'>, contentEncoding: string | null = null): string | null {
   if (method !== 'POST' || body.byteLength === 0) return null;
   if (route.allowOverrides.some((n) => n.toLowerCase() === METHOD_QUERY_PARAMETER)) return null;
   const media = (contentType ?? '').split(';')[0]!.trim().toLowerCase();
+  const form = media === '' || media === 'application/x-www-form-urlencoded';
+  const json = media === 'application/json' || media.endsWith('+json');
+  if ((form || json || media === 'multipart/form-data') && contentEncoding !== null && contentEncoding.split(',').some((c) => c.trim() !== '' && c.trim().toLowerCase() !== 'identity')) {
+    return `the body is ${media === '' ? 'a form' : media} sent with Content-Encoding ${JSON.stringify(contentEncoding.slice(0, 64))}, in which the gateway cannot see whether it holds a "_method" field, which some upstream frameworks (Rails, Symfony, Laravel) take as the method of a POST once their server has decoded the body; send it uncoded, or name _method in the route's allowOverrides`;
+  }
   // UTF-8 with replacement: every ASCII byte stays itself, whatever the
   // charset, and no other byte can become one, so no ASCII name is missed.
   const text = new TextDecoder().decode(body);
   let found = false;
-  if (media === '' || media === 'application/x-www-form-urlencoded') {
+  if (form) {
     found = hasMethodParameter(`?${text}`);
   } else if (media === 'multipart/form-data') {
     // Each part's `Content-Disposition: form-data; name="…"` (quoted or not),
@@ -83,7 +92,7 @@ export function bodyMethodProblem(method: string, contentType: string | null, bo
         if (hasMethodParameter(`?${encodeURIComponent(m[1]!.replace(/^"|"$/g, ''))}`)) found = true;
       }
     }
-  } else if (media === 'application/json' || media.endsWith('+json')) {
+  } else if (json) {
     // No member can decode to `_method` without `method` or an escape in the text.
     if (/method|\\u/i.test(text)) found = topLevelMember(body, METHOD_QUERY_PARAMETER);
   }

@@ -305,6 +305,26 @@ describe.skipIf(!POSTGRES_URL)('plain route on PostgreSQL', () => {
   });
 });
 
+describe('an Authorization the upstream never sees binds nothing (the gateway\'s own credential, or stripped)', () => {
+  // The control is the rotation hazard above: the same retry on a route that forwards Authorization is executed again under "scope".
+  it.each([
+    ['upstreamHeaders sets Authorization', { upstreamHeaders: { Authorization: 'Bearer sk_gateway_own' } }, 'Bearer sk_gateway_own'],
+    ['stripHeaders lists Authorization', { stripHeaders: ['Authorization'] }, undefined],
+  ] as const)('%s: under either binding, a retry whose caller-side token changed is a replay, one execution, and the row has no credential part', async (_, route, seen) => {
+    for (const binding of ['fingerprint', 'scope'] as const) {
+      const { gw, up, warnings } = await gateway({ route: { ...route, credentialBinding: binding } });
+      expect(warnings('global-keys').map((w) => w.reason)).toEqual([expect.stringContaining('no credential of the caller reaches the upstream')]);
+      expect((await effectOf(await charge(gw, 'order-gw', A))).effect).toBe(1);
+      const retry = await charge(gw, 'order-gw', A_REFRESHED);
+      expect(retry.headers.get('idempotent-replayed')).toBe('true');
+      expect((await effectOf(retry)).effect).toBe(1);
+      expect(up.effects).toBe(1);
+      expect(up.calls[0]!.headers.authorization).toBe(seen);
+      expect(fingerprintRow(gw, 'order-gw')).toEqual([{ scope: 'payments', fingerprint: sha256(PUBLIC_FIELDS) }]);
+    }
+  });
+});
+
 describe('credentialHeaders', () => {
   const K1 = { 'x-api-key': 'key-one' };
   const K2 = { 'x-api-key': 'key-two' };

@@ -222,6 +222,35 @@ describe('a client that stops reading its answer (writeStallTimeout)', () => {
     expect(up.effects).toBe(6);
   });
 
+  it('a client that reads the answer slowly, some of it every interval, is never cut off: it gets all of it', async () => {
+    // The answer is one write, whose queued length stays whole until all of it is taken: the
+    // stall check must see the bytes taken within it, or this reader is cut at the first check.
+    const { up, gw } = await setup({ writeStallTimeout: '1s' }, { maxResponseBytes: 16 * 1024 * 1024 });
+    up.behave(() => ({ kind: 'respond', status: 201, body: BIG }));
+    const s = connect({ port: Number(new URL(gw.url).port), host: '127.0.0.1' });
+    cleanups.push(() => void s.destroy());
+    s.pause();
+    s.write(request(gw, 'slow-reader', ['Connection: close']));
+    let got = 0;
+    const ended = new Promise<string>((resolve) => {
+      s.on('end', () => resolve('end'));
+      s.on('error', (e) => resolve(`error ${e.message}`));
+      s.on('close', () => resolve('close'));
+    });
+    // Two reads every 50 ms (about 2.5 MB/s): some of the answer every interval, never all of it at once.
+    let reads = 0;
+    s.on('data', (chunk: Buffer) => {
+      got += chunk.length;
+      if (++reads % 2 === 0) s.pause();
+    });
+    const reader = setInterval(() => s.resume(), 50);
+    cleanups.push(() => clearInterval(reader));
+    expect(await ended).toBe('end');
+    clearInterval(reader);
+    expect(got).toBeGreaterThan(BIG.length);
+    expect(up.effects).toBe(1);
+  });
+
   it('the default is 30s, and less than 1s stops start-up', async () => {
     const { gw } = await setup();
     expect(gw.config.writeStallTimeout).toBe(30_000);

@@ -1,3 +1,4 @@
+import { gzipSync } from 'node:zlib';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ConfigError, parseConfig } from '../../src/config/load.js';
 import { createFetchForwarder } from '../../src/http/forward-fetch.js';
@@ -176,6 +177,34 @@ describe('a _method field in a POST body (Rails, Symfony, Laravel read it there)
       expect(up.calls.at(-1)!.method).toBe(method ?? 'POST');
       expect(up.calls.at(-1)!.body.toString(), `${type} ${body}`).toBe(body);
     }
+  });
+
+  it('a coded body (Content-Encoding gzip) of a type the scan reads is refused, since a server that decodes it may find _method; control: identity, another type, PUT, and allowOverrides are forwarded', async () => {
+    const { up, gw } = await setup({ match: { path: '/other/*', methods: ['POST', 'PUT'] } });
+    const zipped = gzipSync('_method=DELETE');
+    for (const [type, coding] of [['application/x-www-form-urlencoded', 'gzip'], ['application/json', 'br'], [null, 'identity, gzip'], ['multipart/form-data; boundary=b', 'deflate']] as const) {
+      const before = snapshot(gw.sqlite);
+      const res = await rawRequest(gw.url, { path: '/other/x', headers: [...(type === null ? [] : [['Content-Type', type] as [string, string]]), ['Content-Encoding', coding]], body: zipped });
+      expect(res.status, `${type} ${coding}`).toBe(400);
+      const problem = JSON.parse(res.text);
+      expect(problem.type).toMatch(/\/invalid-request$/);
+      expect(problem.detail).toContain('Content-Encoding');
+      expect(snapshot(gw.sqlite)).toBe(before);
+    }
+    expect(up.calls).toHaveLength(0);
+    const FORWARDED: [string, string, string][] = [
+      ['application/x-www-form-urlencoded', 'identity', 'POST'],
+      ['text/plain', 'gzip', 'POST'],
+      ['application/json', 'gzip', 'PUT'],
+    ];
+    for (const [type, coding, method] of FORWARDED) {
+      const res = await rawRequest(gw.url, { method, path: '/other/x', headers: [['Content-Type', type], ['Content-Encoding', coding]], body: coding === 'identity' ? 'a=1' : zipped });
+      expect(res.status, `${type} ${coding} ${method}`).toBe(201);
+    }
+    const { up: up2, gw: allowed } = await setup({ allowOverrides: ['_method'] });
+    const res = await rawRequest(allowed.url, { path: '/other/x', headers: [['Content-Type', 'application/x-www-form-urlencoded'], ['Content-Encoding', 'gzip']], body: zipped });
+    expect(res.status).toBe(201);
+    expect(up2.calls[0]!.body.equals(zipped)).toBe(true);
   });
 
   it('a route with "_method" in allowOverrides forwards such a body as sent', async () => {
