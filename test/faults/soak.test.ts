@@ -42,15 +42,26 @@ describe('randomized soak', () => {
     expectClean(report, FAULT_KINDS);
   });
 
-  it('negative control: the same soak with the gateway fence check switched off REPORTS violations', { timeout: TIMEOUT }, async () => {
-    const report = await soak({
-      backend: 'sqlite',
-      checksOff: 'fence',
-      durationMs: 12_000,
-      weights: { staleOwner: 6, pause: 2, kill: 1, upstreamReset: 1, latency: 1, gatewayKill: 0 },
-    });
-    expect(report.harnessErrors).toEqual([]);
-    expect(report.late.delivered).toBeGreaterThan(0);
+  it('negative control: the same soak with the gateway fence check switched off REPORTS violations', { timeout: TIMEOUT * 3 }, async () => {
+    // The control's premise is a late request delivered after a newer owner
+    // of its job reached the upstream; on a loaded box every stale-owner
+    // fault of a run can wait out its bound first (seen in a CI run: 2 late
+    // requests, both before any newer owner). Such a run proves nothing
+    // either way, so it is run again (up to three runs in all); a run that
+    // has the premise must report the violation.
+    let report!: SoakReport;
+    for (let run = 0; run < 3; run++) {
+      report = await soak({
+        backend: 'sqlite',
+        checksOff: 'fence',
+        durationMs: 12_000,
+        weights: { staleOwner: 6, pause: 2, kill: 1, upstreamReset: 1, latency: 1, gatewayKill: 0 },
+        seed: SEED + run,
+      });
+      expect(report.harnessErrors).toEqual([]);
+      if (report.late.afterNewer > 0) break;
+    }
+    expect(report.late.afterNewer).toBeGreaterThan(0);
     // Late requests with old fences reached the upstream after newer ones.
     expect(report.violations.filter((v) => v.startsWith('I3 '))).not.toEqual([]);
   });

@@ -78,7 +78,8 @@ export interface SoakReport {
   jobs: { total: number; succeeded: number; failed: number; failedBy: Record<string, number>; outcomeUnknown: number; stuck: number };
   effects: { total: number; charges: number; notifies: number };
   faults: Record<FaultKind, number>;
-  late: { delivered: number; refused: number; admitted: number; noAnswer: number };
+  /** `afterNewer`: delivered once a newer owner of the job had reached the upstream (the others waited out their bound first). */
+  late: { delivered: number; refused: number; admitted: number; noAnswer: number; afterNewer: number };
   workerEvents: { claims: number; takeovers: number; leaseLost: number; resultRejected: number };
   restartRetries: { gateway: number; workers: number };
   rejections: Record<string, number>;
@@ -121,7 +122,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
   const started = Date.now();
   const harnessErrors: string[] = [];
   const faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, 0])) as Record<FaultKind, number>;
-  const late = { delivered: 0, refused: 0, admitted: 0, noAnswer: 0 };
+  const late = { delivered: 0, refused: 0, admitted: 0, noAnswer: 0, afterNewer: 0 };
   const workerEvents = { claims: 0, takeovers: 0, leaseLost: 0, resultRejected: 0 };
   /** Starts that failed and were retried (a process restarted while its database was cut). */
   const restartRetries = { gateway: 0, workers: 0 };
@@ -376,14 +377,16 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
             const fence = Number(req.head.headers['x-execution-fence']);
             // Until a newer owner of the job has reached the upstream (bounded).
             const deadline = Date.now() + 2 * LEASE.leaseMs + 6_000;
+            let newer = false;
             while (Date.now() < deadline) {
               const seen = await effectsFor(entity).catch(() => []);
-              if (seen.some((e) => Number(e.fence) > fence)) break;
+              if ((newer = seen.some((e) => Number(e.fence) > fence))) break;
               await sleep(200);
             }
             const delivered = await slot.gw.release(10_000);
             for (const h of delivered) {
               late.delivered++;
+              if (newer) late.afterNewer++;
               if (h.response === undefined) late.noAnswer++;
               else if (h.response.status === 409 && h.response.text.includes('stale-fence')) late.refused++;
               else late.admitted++;
@@ -572,7 +575,7 @@ export function summarize(r: SoakReport): string {
     `${r.workers} workers: jobs=${r.jobs.total} (succeeded ${r.jobs.succeeded}, failed ${r.jobs.failed}${failed ? `: ${failed}` : ''}; visibly outcome_unknown ${r.jobs.outcomeUnknown}; stuck ${r.jobs.stuck}) ` +
     `effects=${r.effects.total} (charges ${r.effects.charges}, notifies ${r.effects.notifies}) ` +
     `claims=${r.workerEvents.claims} takeovers=${r.workerEvents.takeovers} leaseLost=${r.workerEvents.leaseLost} ` +
-    `faults: ${faults}; late requests ${r.late.delivered} (refused stale-fence ${r.late.refused}, admitted ${r.late.admitted}, no answer ${r.late.noAnswer}); ` +
+    `faults: ${faults}; late requests ${r.late.delivered} (after a newer owner ${r.late.afterNewer}; refused stale-fence ${r.late.refused}, admitted ${r.late.admitted}, no answer ${r.late.noAnswer}); ` +
     `stale-fence refusals ${r.rejections['stale-fence'] ?? 0}; restarts retried (database cut at start-up): gateway ${r.restartRetries.gateway}, workers ${r.restartRetries.workers}; violations=${r.violations.length}${r.harnessErrors.length ? ` HARNESS ERRORS=${r.harnessErrors.length}` : ''}`
   );
 }
