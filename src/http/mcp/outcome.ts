@@ -98,9 +98,11 @@ export function transportRefusal(status: number, headers: [string, string][], bo
 function responseIn(headers: [string, string][], body: Uint8Array, id: JsonRpcId, limit: number): { data: string; body: string | null } | null {
   if (isEventStream(headers)) {
     const events = eventsOf(body, limit) ?? [];
-    const answer = events.find((e) => roleIn(e, id) === 'answer');
+    // One parse of each event's data, for both uses below.
+    const roles = events.map((e) => roleIn(e, id));
+    const answer = events[roles.indexOf('answer')];
     if (answer === undefined) return null;
-    const kept = events.filter((e) => roleIn(e, id) !== 'foreign');
+    const kept = events.filter((_, i) => roles[i] !== 'foreign');
     return { data: answer.data!, body: kept.length === events.length ? null : kept.map((e) => e.raw).join('') };
   }
   let text: string;

@@ -183,7 +183,7 @@ export function createMcpHandler(deps: ProxyDeps) {
   }
 
   function learnFrom(headers: [string, string][], body: Uint8Array, route: RouteConfig, endpoint: string, listId: string | number): void {
-    const messages = isEventStream(headers) ? (eventsOf(body, route.maxResponseBytes) ?? []).map(messageOf) : [parseData(new TextDecoder().decode(body))];
+    const messages = isEventStream(headers) ? (eventsOf(body, route.maxResponseBytes) ?? []).map((e) => messageOf(e)) : [parseData(new TextDecoder().decode(body))];
     for (const msg of messages) if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
   }
 }

@@ -92,9 +92,11 @@ export async function pump(
         return { kind: 'too-large' };
       }
       for (const event of events) {
-        const message = messageOf(event);
+        // Parsed once: what observe sees and what decides the event's role.
+        const data = parseData(event.data);
+        const message = messageOf(event, data);
         if (message !== undefined) options.observe?.(message);
-        const role = roleIn(event, id);
+        const role = roleIn(event, id, data);
         if (role === 'answer') {
           // The request is answered: nothing after it belongs to this call.
           void reader.cancel().catch(() => {});
@@ -122,15 +124,14 @@ export async function pump(
  * - `other`: anything else (notifications, server requests, comments),
  *   passed on as it came.
  */
-export function roleIn(event: SseEvent, id: JsonRpcId): 'answer' | 'foreign' | 'other' {
-  const message = parseData(event.data);
+export function roleIn(event: SseEvent, id: JsonRpcId, message: unknown = parseData(event.data)): 'answer' | 'foreign' | 'other' {
   if (!isResponse(message)) return 'other';
   return event.type === 'message' && isResponseTo(message, id) ? 'answer' : 'foreign';
 }
 
 /** The JSON-RPC message of a `message` event (the only type an MCP client reads as one); undefined for any other event. */
-export function messageOf(event: SseEvent): unknown {
-  return event.type === 'message' ? parseData(event.data) : undefined;
+export function messageOf(event: SseEvent, data: unknown = parseData(event.data)): unknown {
+  return event.type === 'message' ? data : undefined;
 }
 
 /** A JSON-RPC response: an object with `result` or `error` and no `method`. */
