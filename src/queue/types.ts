@@ -6,7 +6,7 @@ import type { JobRef } from './keys.js';
 
 /**
  * A condition that must hold at the instant of the increment, checked in the
- * same statement: "this worker still holds the job". Without
+ * same statement (CONTRIBUTING.md convention 1): "this worker still holds the job". Without
  * it, a worker frozen between the queue's hand-out and `begin` could wake
  * after a take-over and draw a higher fence than the new owner.
  *
