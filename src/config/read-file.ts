@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { ConfigError, parseConfigText } from './load.js';
+import { ConfigError, parseConfigText, type ParseOptions } from './load.js';
 import type { Config } from './schema.js';
 
 /**
@@ -7,12 +7,12 @@ import type { Config } from './schema.js';
  * configuration from a binding).
  * @throws ConfigError naming the file when it cannot be read, or every bad field.
  */
-export function readConfig(path: string): Config {
+export function readConfig(path: string, options: ParseOptions = {}): Config {
   let text: string;
   try {
     text = readFileSync(path, 'utf8');
   } catch (err) {
     throw new ConfigError(`cannot read config file ${path}: ${(err as Error).message}`, []);
   }
-  return parseConfigText(text, path);
+  return parseConfigText(text, path, options);
 }

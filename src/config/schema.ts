@@ -58,6 +58,38 @@ const Entity = z.union([
   z.strictObject({ json: z.string().regex(/^(\/.*)?$/, 'must be a JSON pointer (RFC 6901), e.g. "/invoice_id"') }),
 ]);
 
+/**
+ * Fields that also take `{ "env": "NAME", "prefix"?: … }`, resolved before
+ * validation (./env-refs.ts ENV_FIELDS), so the schema itself sees only the
+ * string; the JSON Schema (`fencegate config schema`, ./json-schema.ts)
+ * offers both forms for them.
+ */
+export const ENV_CAPABLE = new WeakSet<z.ZodType>();
+function envCapable<T extends z.ZodType>(schema: T): T {
+  ENV_CAPABLE.add(schema);
+  return schema;
+}
+
+/**
+ * A PEM for upstream TLS: a file path (read once at start-up by the Node
+ * entry, relative to the working directory), or the PEM itself, inline
+ * (`{ "pem": … }`) or from `{ "env": … }`.
+ */
+const PemSource = envCapable(z.union([z.string().min(1), z.strictObject({ pem: z.string().min(1) })]));
+
+/**
+ * TLS towards a route's upstream (docs/deploy.md "Upstream TLS"): a CA to
+ * trust instead of the system's, and a client certificate for mutual TLS.
+ */
+export const UpstreamTlsSchema = z
+  .strictObject({
+    ca: PemSource.optional(),
+    cert: PemSource.optional(),
+    key: PemSource.optional(),
+  })
+  .refine((t) => (t.cert === undefined) === (t.key === undefined), 'needs both "cert" and "key" for a client certificate, or neither');
+export type UpstreamTlsConfig = z.output<typeof UpstreamTlsSchema>;
+
 /** A header sent to the upstream: a literal, or a secret read from an environment variable. */
 const UpstreamHeader = z.union([
   z.string(),
@@ -106,9 +138,13 @@ export const RouteSchema = z.strictObject({
    * Base URL; the request's path and query are appended to it. A query or a
    * fragment here would swallow them (`http://up?x=1` + `/pay` is `/?x=1/pay`).
    */
-  upstream: z
-    .url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' })
-    .refine((u) => !/[?#]/.test(u), 'must be a base URL without a query or fragment: the request path and query are appended to it'),
+  upstream: envCapable(
+    z
+      .url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' })
+      .refine((u) => !/[?#]/.test(u), 'must be a base URL without a query or fragment: the request path and query are appended to it'),
+  ),
+  /** TLS towards an `https://` upstream: a CA, a client certificate (mTLS). Read once at start-up. */
+  tls: UpstreamTlsSchema.optional(),
   entity: Entity.default({ header: 'X-Fence-Entity' }),
   fence: z.enum(['required', 'optional', 'off']).default('required'),
   fenceHeader: HeaderName.default('X-Execution-Fence'),
@@ -194,7 +230,7 @@ export const RouteSchema = z.strictObject({
 const StoreSchema = z.union([
   z.strictObject({ sqlite: z.string().min(1), synchronous: z.enum(['FULL', 'NORMAL']).default('FULL') }),
   z.strictObject({
-    postgres: z.string().min(1),
+    postgres: envCapable(z.string().min(1)),
     poolSize: z.number().int().min(1).max(1000).default(10),
     /** Client-side bound of each round trip to the database (docs/deploy-postgres.md §6). */
     queryTimeout: Duration.prefault(DEFAULT_QUERY_TIMEOUT_MS).pipe(z.number().min(100, 'must be at least 100ms')),
@@ -203,7 +239,7 @@ const StoreSchema = z.union([
     /** `transaction` behind a transaction-pooling PgBouncer (docs/deploy-postgres.md "Through PgBouncer"). */
     pooler: z.enum(['session', 'transaction']).optional(),
     /** A direct (or session-pooled) URL for the LISTEN connection, with `pooler: "transaction"`. */
-    listenUrl: z.string().min(1).optional(),
+    listenUrl: envCapable(z.string().min(1)).optional(),
   }),
   z.strictObject({ d1: z.string().min(1) }),
 ]);
@@ -260,6 +296,8 @@ export const SignedFenceSchema = z
 
 export const ConfigSchema = z
   .strictObject({
+    /** The JSON Schema an editor checks the file against (examples/fencegate.schema.json); ignored. */
+    $schema: z.string().optional(),
     listen: z
       .strictObject({ host: z.string().min(1).default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080) })
       .prefault({}),
@@ -364,6 +402,9 @@ export const ConfigSchema = z
       const foreign = route.protocol === 'mcp' ? route.match.methods.filter((m) => m !== 'POST' && m !== 'GET' && m !== 'DELETE') : [];
       if (foreign.length > 0) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'methods'], message: `an mcp route takes only POST, GET and DELETE (not ${foreign.join(', ')})` });
+      }
+      if (route.tls !== undefined && !route.upstream.startsWith('https:')) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'tls'], message: 'applies only to an https:// upstream' });
       }
       if (route.match.path.startsWith(`${config.adminPrefix}/`) || route.match.path === config.adminPrefix) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `overlaps the admin prefix ${config.adminPrefix}` });

@@ -1,7 +1,7 @@
 import { getRequestListener } from '@hono/node-server';
 import { createServer, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { inlineKeyFiles } from '../config/key-files.js';
+import { prepareConfig } from '../config/prepare.js';
 import type { Config } from '../config/schema.js';
 import { createUndiciForwarder } from '../http/forward-undici.js';
 import type { Forwarder } from '../http/forward.js';
@@ -51,8 +51,9 @@ export function isLoopback(host: string): boolean {
  * close that drains in-flight requests before the store goes away.
  */
 export async function startGateway(options: StartOptions): Promise<RunningGateway> {
-  // Key files (auth, fence.signed) are read here, before anything is opened.
-  const config = inlineKeyFiles(options.config);
+  // Key and TLS files are read and every secret checked here, before
+  // anything is opened: a refused configuration leaves no store file behind.
+  const config = await prepareConfig(options.config, options.env ?? process.env);
   const logger = options.logger ?? createJsonLogger();
   const store = options.store ?? (await openStore(config.store, { logger }));
   // A PostgreSQL store's notices: whether a failover would keep acknowledged
