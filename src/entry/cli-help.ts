@@ -18,6 +18,8 @@ Environment:
   FENCEGATE_LOG_LEVEL  info (default) | warn | error | silent (any case; empty is info; another word stops start-up)
   FENCEGATE_TOKEN      bearer token for --url commands (keeps it out of ps)
   DATABASE_URL         PostgreSQL store, as --database-url
+  FENCEGATE_CONFIG     configuration file when --config is not given (serve, migrate)
+  PORT                 serve: listen port when --port is not given (wins over listen.port)
   FENCEGATE_DEBUG=1    print the stack trace of an error
 `;
 
@@ -27,14 +29,18 @@ Usage:
   fencegate serve --config FILE [--port N] [--db PATH | --database-url URL]
 
 Options:
-  --config FILE        JSON configuration (README: Configuration)
-  --port N             override listen.port (0: any free port)
+  --config FILE        JSON configuration (README: Configuration); default FENCEGATE_CONFIG
+  --port N             override listen.port and PORT (0: any free port)
   --db PATH            use this SQLite file as the store (overrides store)
   --database-url URL   use this PostgreSQL database (also DATABASE_URL)
 
+Environment: FENCEGATE_CONFIG (the file, without --config), PORT (the port,
+without --port; wins over listen.port), and every variable a "{ "env": … }"
+in the configuration names.
+
 Migrations run at start-up. SIGTERM or SIGINT drain in-flight requests and
 pending finishes (for at most drainTimeout), then exit; a second signal exits
-at once.
+at once. SIGHUP re-reads the configuration (docs/deploy.md "Reload").
 `;
 
 export const MIGRATE_HELP = `fencegate migrate — create or update the store's tables

@@ -48,7 +48,7 @@ async function main(argv: string[]): Promise<number> {
 
   if (command === 'migrate') {
     const store = storeFrom(values);
-    if (store === null) return usage('migrate needs --config, --db or --database-url', 'migrate');
+    if (store === null) return usage('migrate needs --config, --db or --database-url (or FENCEGATE_CONFIG, DATABASE_URL)', 'migrate');
     if (values.lease) return migrateLease(store, logger);
     if ('sqlite' in store) {
       const db = openSqlite(store.sqlite);
@@ -68,12 +68,15 @@ async function main(argv: string[]): Promise<number> {
   }
 
   if (command === 'serve') {
-    if (values.config === undefined) return usage('serve needs --config FILE', 'serve');
-    const config = readConfig(values.config);
-    if (values.port !== undefined) {
-      if (!/^\d{1,5}$/.test(values.port) || Number(values.port) > 65535) return usage('--port must be a number from 0 to 65535', 'serve');
-      config.listen.port = Number(values.port);
-    }
+    // A container or a unit names its file in the environment (docs/deploy.md); --config wins over it.
+    const configPath = values.config ?? (process.env.FENCEGATE_CONFIG || undefined);
+    if (configPath === undefined) return usage('serve needs --config FILE (or FENCEGATE_CONFIG)', 'serve');
+    // Every `{ "env": … }`, secrets included, is resolved now: a missing one stops start-up before the store is opened.
+    const config = readConfig(configPath, { env: process.env });
+    // The port: --port, else PORT (set by platforms that assign one), else listen.port (docs/deploy.md "Port").
+    const port = portOverride(values.port, process.env.PORT);
+    if (typeof port === 'string') return usage(port, 'serve');
+    if (port !== null) config.listen.port = port;
     const store = storeFrom(values, config);
     if (store !== null) config.store = store;
     const running = await startGateway({ config, logger });
@@ -131,13 +134,22 @@ async function migrateLease(store: Config['store'], logger: Logger): Promise<num
   return 0;
 }
 
+/** `--port`, else a non-empty PORT, as a port number; null when neither is set; a string saying what is wrong. */
+function portOverride(flag: string | undefined, env: string | undefined): number | null | string {
+  const [name, value] = flag !== undefined ? ['--port', flag] : env !== undefined && env !== '' ? ['PORT', env] : [null, null];
+  if (name === null) return null;
+  if (!/^\d{1,5}$/.test(value) || Number(value) > 65535) return `${name} must be a number from 0 to 65535`;
+  return Number(value);
+}
+
 function storeFrom(values: { config?: string; db?: string; 'database-url'?: string }, config?: Config): Config['store'] | null {
   if (values.db !== undefined) return { sqlite: values.db, synchronous: config && 'sqlite' in config.store ? config.store.synchronous : 'FULL' };
   const url = values['database-url'] ?? process.env.DATABASE_URL;
   // The URL replaces the configured one; the other PostgreSQL settings (schema, pooler, listenUrl, queryTimeout) stay.
   if (url !== undefined && url !== '') return { ...(config && 'postgres' in config.store ? config.store : { poolSize: 10, queryTimeout: DEFAULT_QUERY_TIMEOUT_MS }), postgres: url };
   if (config !== undefined) return null;
-  if (values.config !== undefined) return readConfig(values.config).store;
+  const path = values.config ?? (process.env.FENCEGATE_CONFIG || undefined);
+  if (path !== undefined) return readConfig(path).store;
   return null;
 }
 
