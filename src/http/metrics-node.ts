@@ -23,7 +23,14 @@ export interface PromBackendOptions {
  */
 export function createPromBackend(options: PromBackendOptions = {}): MetricBackend & { registry: Registry } {
   const registry = options.registry ?? new Registry();
-  if (options.processMetrics ?? true) collectDefaultMetrics({ register: registry });
+  if (options.processMetrics ?? true) {
+    collectDefaultMetrics({ register: registry });
+    // prom-client names three gauges `*_total`, a suffix the exposition
+    // format keeps for counters: `promtool check metrics` fails the whole
+    // scrape on them (docs/deploy.md "Metrics"). Each is the sum of its
+    // per-type gauge, which stays: sum(nodejs_active_handles) is the same number.
+    for (const name of NON_COUNTER_TOTALS) registry.removeSingleMetric(name);
+  }
   const made = new Map<string, Series>();
   return {
     registry,
@@ -36,6 +43,9 @@ export function createPromBackend(options: PromBackendOptions = {}): MetricBacke
     render: () => registry.metrics(),
   };
 }
+
+/** prom-client's default gauges whose names end in `_total` (each the sum of the gauge named without it). */
+export const NON_COUNTER_TOTALS = ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total'] as const;
 
 function series(spec: MetricSpec, registry: Registry): Series {
   const common = { name: spec.name, help: spec.help, labelNames: [...spec.labels], registers: [registry] };
