@@ -72,15 +72,52 @@ async function main(argv: string[]): Promise<number> {
     const configPath = values.config ?? (process.env.FENCEGATE_CONFIG || undefined);
     if (configPath === undefined) return usage('serve needs --config FILE (or FENCEGATE_CONFIG)', 'serve');
     // Every `{ "env": … }`, secrets included, is resolved now: a missing one stops start-up before the store is opened.
-    const config = readConfig(configPath, { env: process.env });
+    // A reload (SIGHUP) reads the file again the same way, with the same overrides.
     // The port: --port, else PORT (set by platforms that assign one), else listen.port (docs/deploy.md "Port").
     const port = portOverride(values.port, process.env.PORT);
     if (typeof port === 'string') return usage(port, 'serve');
-    if (port !== null) config.listen.port = port;
-    const store = storeFrom(values, config);
-    if (store !== null) config.store = store;
+    const load = (): Config => {
+      const config = readConfig(configPath, { env: process.env });
+      if (port !== null) config.listen.port = port;
+      const store = storeFrom(values, config);
+      if (store !== null) config.store = store;
+      return config;
+    };
+    const config = load();
+    // Until the gateway runs, a SIGHUP is not a reload, and must not be Node's default (exit).
+    let onHangup = (): void => logger.warn('config-reload-failed', { config: configPath, error: 'the gateway is still starting; send SIGHUP again once it listens' });
+    process.on('SIGHUP', () => onHangup());
     const running = await startGateway({ config, logger });
     logger.info('listening', { url: running.url, console: `${running.url}${config.adminPrefix}/`, store: running.gateway.store.kind, routes: config.routes.map((r) => r.name) });
+    // SIGHUP: the file again, validated as at start-up; swapped in only whole
+    // (docs/deploy.md "Reload"). One reload at a time; a signal during one
+    // runs one more after it, so that the last edit is the one in force.
+    let reloading: Promise<void> | null = null;
+    let again = false;
+    const reload = (): void => {
+      if (reloading !== null) {
+        again = true;
+        return;
+      }
+      reloading = (async () => {
+        try {
+          const next = load();
+          await running.reload(next);
+          logger.info('config-reloaded', { config: configPath, routes: next.routes.map((r) => r.name) });
+        } catch (err) {
+          // The running configuration stays; the line says what was refused, as start-up would.
+          const error = err instanceof Error ? err.message.replace(/^invalid configuration:\n\s*/, '').replace(/\n\s*/g, '; ') : String(err);
+          logger.error('config-reload-failed', { config: configPath, error });
+        }
+      })().finally(() => {
+        reloading = null;
+        if (again) {
+          again = false;
+          reload();
+        }
+      });
+    };
+    onHangup = reload;
     let stopping = false;
     let stoppingAt = 0;
     const stop = (signal: string) => {

@@ -1,11 +1,14 @@
 import { getRequestListener } from '@hono/node-server';
-import { createServer, type Server, type ServerResponse } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { isDeepStrictEqual } from 'node:util';
+import { ConfigError } from '../config/load.js';
 import { prepareConfig } from '../config/prepare.js';
 import type { Config } from '../config/schema.js';
-import { createUndiciForwarder } from '../http/forward-undici.js';
+import { createUndiciForwarder, upstreamTlsOf } from '../http/forward-undici.js';
 import type { Forwarder } from '../http/forward.js';
-import { createGateway, type Gateway } from '../http/gateway.js';
+import { createGateway, problemBaseOf, type Gateway } from '../http/gateway.js';
+import { renderProblem } from '../protocol/problem.js';
 import { createJsonLogger, type Logger } from '../http/logger.js';
 import { createMetrics } from '../http/metrics.js';
 import { createPromBackend } from '../http/metrics-node.js';
@@ -19,14 +22,26 @@ import { SWEEP_KINDS, type GatewayStore } from '../store/types.js';
 export { createUndiciForwarder, openStore };
 
 export interface RunningGateway {
-  gateway: Gateway;
+  /** The gateway answering new requests (another one after a reload). */
+  readonly gateway: Gateway;
   server: Server;
   /** `http://host:port`, with the port actually bound. */
   url: string;
   /**
-   * Stops accepting, finishes in-flight requests and the finishes still
-   * pending, closes the store; within `drainTimeout`, past which it logs each
-   * finish not written and resolves without waiting further. Idempotent.
+   * Validates `config` as start-up does (secrets, keys, TLS files) and, only
+   * if it is valid and changes nothing that cannot change while running
+   * (`listen`, `store`: RELOAD_FIXED), builds a gateway on the same store
+   * and answers new requests with it; requests in flight finish on the old
+   * one (docs/deploy.md "Reload"). Throws ConfigError, and keeps the running
+   * configuration, otherwise.
+   */
+  reload(config: Config): Promise<void>;
+  /**
+   * Stops taking new requests (they get 503, `<adminPrefix>/ready` 503
+   * `draining`; the listener stays open for probes), finishes in-flight
+   * requests and the finishes still pending, closes the store; within
+   * `drainTimeout`, past which it logs each finish not written and resolves
+   * without waiting further. Idempotent.
    */
   close(): Promise<void>;
 }
@@ -42,48 +57,70 @@ export interface StartOptions {
   registry?: Registry;
 }
 
+/** What a reload refuses to change: the socket is bound and the store open once (docs/deploy.md "Reload"). */
+export const RELOAD_FIXED = ['listen', 'store'] as const;
+
 export function isLoopback(host: string): boolean {
   return host === 'localhost' || host === '::1' || host === '[::1]' || /^127(\.\d{1,3}){3}$/.test(host);
+}
+
+type Listener = (req: IncomingMessage, res: ServerResponse) => void;
+
+/** The forwarder a configuration needs: the upstream TLS settings of its routes (./../http/forward-undici.ts). */
+function forwarderFor(config: Config): Forwarder {
+  return createUndiciForwarder({ tls: upstreamTlsOf(config) });
 }
 
 /**
  * The Node server: the gateway on `config.listen`, a periodic sweeper, and a
  * close that drains in-flight requests before the store goes away.
+ *
+ * The socket is bound before the store is opened: while PostgreSQL is
+ * reached and its migrations run (which wait for another replica's),
+ * `<adminPrefix>/health` answers 200 and `<adminPrefix>/ready` 503
+ * `starting`, so that an orchestrator neither kills a process that is
+ * migrating nor sends it traffic (docs/deploy.md "Probes"). Everything that
+ * can refuse the configuration is checked before either.
  */
 export async function startGateway(options: StartOptions): Promise<RunningGateway> {
+  const env = options.env ?? process.env;
   // Key and TLS files are read and every secret checked here, before
   // anything is opened: a refused configuration leaves no store file behind.
-  const config = await prepareConfig(options.config, options.env ?? process.env);
+  let config = await prepareConfig(options.config, env);
   const logger = options.logger ?? createJsonLogger();
-  const store = options.store ?? (await openStore(config.store, { logger }));
-  // A PostgreSQL store's notices: whether a failover would keep acknowledged
-  // decisions (DESIGN §8.2; docs/deploy-postgres.md), logged at start and on
-  // each change, and what its pooler setting costs (no LISTEN).
-  const pgStore = store as { subscribe?: (fn: (l: { level: 'info' | 'warn'; msg: string; fields: Record<string, unknown> }) => void) => () => void };
-  const unsubscribeStore = pgStore.subscribe?.((l) => logger[l.level](l.msg, l.fields));
   // With caller auth the admin API answers on any address, behind its scopes; without it, only on loopback.
-  const admin = config.auth !== undefined || isLoopback(config.listen.host);
-  if (!admin) logger.warn('admin-api-disabled', { reason: 'listening on a non-loopback address without caller authentication', host: config.listen.host });
+  const adminAllowed = (c: Config) => c.auth !== undefined || isLoopback(c.listen.host);
+  if (!adminAllowed(config)) logger.warn('admin-api-disabled', { reason: 'listening on a non-loopback address without caller authentication', host: config.listen.host });
 
-  // A failed start (a missing credential, a port in use) must not leave the
-  // database file and the upstream pool open behind the error.
-  const forwarder = options.forwarder ?? createUndiciForwarder();
-  // A shutdown's finishes are retried until they land or the drain's time is up (./drain-finishes.ts).
-  const finishes = drainingFinishes(store, logger);
-  let gateway: Gateway;
-  try {
-    // prom-client on Node (one registry, with the process metrics); the same names as the text backend.
-    const metrics = createMetrics({ backend: createPromBackend(options.registry ? { registry: options.registry } : {}), routes: config.routes.map((r) => r.name) });
-    // Spans from the first request when @opentelemetry/api is installed.
-    await loadTracing();
-    gateway = createGateway({ config, store: finishes.store, forwarder, logger, admin, env: options.env, metrics });
-  } catch (err) {
-    if (options.forwarder === undefined) await forwarder.close?.();
-    if (options.store === undefined) await store.close();
-    throw err;
-  }
-  // Proxied requests skip Hono's Request/Response (./node-listener.ts); the rest is the Hono app.
-  const server = createServer(createNodeListener(gateway, getRequestListener(gateway.app.fetch)));
+  // What answers a request: nothing yet (starting), the gateway, then
+  // nothing again (draining). A reload swaps the gateway; a request keeps
+  // the one it started on, since its handler holds it.
+  let phase: 'starting' | 'serving' | 'draining' = 'starting';
+  let current: { gateway: Gateway; listener: Listener; forwarder: Forwarder; owned: boolean } | null = null;
+  const adminPath = (req: IncomingMessage) => {
+    const path = (req.url ?? '').split('?', 1)[0]!;
+    return path.startsWith(`${config.adminPrefix}/`) ? path.slice(config.adminPrefix.length) : null;
+  };
+  const notServing = (req: IncomingMessage, res: ServerResponse) => {
+    const admin = adminPath(req);
+    const json = (status: number, body: unknown, headers: Record<string, string> = {}) => {
+      res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store', ...headers });
+      res.end(JSON.stringify(body));
+    };
+    // Liveness holds while starting and draining: the process is doing what it should.
+    if (admin === '/health' && req.method === 'GET') return json(200, { status: phase });
+    if (admin === '/ready' && req.method === 'GET') return json(503, { status: phase });
+    // Nothing of this request was admitted or sent: a retry, here later or on another replica, is safe.
+    const r = renderProblem({ code: 'store-unavailable', detail: phase === 'starting' ? 'the gateway is starting (opening its store); retry shortly' : 'the gateway is shutting down; retry on another replica' }, problemBaseOf(config));
+    res.shouldKeepAlive = false;
+    res.writeHead(r.status, { ...r.headers, 'retry-after': '1' });
+    res.end(r.body);
+  };
+  const server = createServer((req, res) => {
+    if (phase === 'serving' && current !== null) current.listener(req, res);
+    else if (phase === 'draining' && current !== null && adminPath(req) === '/health') current.listener(req, res);
+    else notServing(req, res);
+  });
   // Slow-body and slow-header clients are cut off instead of holding sockets.
   server.requestTimeout = 60_000;
   server.headersTimeout = 20_000;
@@ -125,43 +162,122 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
     // (A streamed answer is bounded by what may wait for its caller, ../http/mcp/stream.ts CallerStream.)
     res.once('prefinish', () => cutOffStalled(res, config.writeStallTimeout));
   });
-  try {
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(config.listen.port, config.listen.host, () => {
-        server.off('error', reject);
-        resolve();
-      });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(config.listen.port, config.listen.host, () => {
+      server.off('error', reject);
+      resolve();
     });
-  } catch (err) {
-    await gateway.close(); // as close() would: the forwarder and the store
-    throw err;
-  }
+  });
   const { port } = server.address() as AddressInfo;
   const host = config.listen.host.includes(':') && !config.listen.host.startsWith('[') ? `[${config.listen.host}]` : config.listen.host;
   const url = `http://${host}:${port}`;
 
-  const sweeper = setInterval(() => {
-    gateway.sweep().then(
-      (r) => {
-        const behind = Object.values(r.backlog).some((n) => n > 0);
-        const { backlog, ...counts } = r;
-        // The sweeper fell behind (its time budget ran out): rows past their
-        // retention are left for the next sweep; fencegate_sweep_backlog_rows says how many.
-        if (behind) logger.warn('sweep-behind', { ...counts, backlog });
-        else if (SWEEP_KINDS.some((k) => r[k] > 0)) logger.info('sweep', counts);
-      },
-      (err) => logger.error('sweep-failed', { error: String(err) }),
-    );
-  }, config.sweepInterval);
-  sweeper.unref();
+  // A failed start (a store that cannot be opened, a credential refused)
+  // must not leave the socket, the database file or the upstream pool open
+  // behind the error.
+  let store: GatewayStore;
+  try {
+    store = options.store ?? (await openStore(config.store, { logger }));
+  } catch (err) {
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+    throw err;
+  }
+  // A PostgreSQL store's notices: whether a failover would keep acknowledged
+  // decisions (DESIGN §8.2; docs/deploy-postgres.md), logged at start and on
+  // each change, and what its pooler setting costs (no LISTEN).
+  const pgStore = store as { subscribe?: (fn: (l: { level: 'info' | 'warn'; msg: string; fields: Record<string, unknown> }) => void) => () => void };
+  const unsubscribeStore = pgStore.subscribe?.((l) => logger[l.level](l.msg, l.fields));
+  // A shutdown's finishes are retried until they land or the drain's time is up (./drain-finishes.ts).
+  const finishes = drainingFinishes(store, logger);
+  // prom-client on Node (one registry, with the process metrics); the same names as the text backend.
+  // One backend for the process: a reload's gateway counts into the same series.
+  const metricsBackend = createPromBackend(options.registry ? { registry: options.registry } : {});
+  const build = (c: Config, reuse: Forwarder | null) => {
+    const forwarder = reuse ?? options.forwarder ?? forwarderFor(c);
+    try {
+      const metrics = createMetrics({ backend: metricsBackend, routes: c.routes.map((r) => r.name) });
+      const gateway = createGateway({ config: c, store: finishes.store, forwarder, logger, admin: adminAllowed(c), env, metrics });
+      // Proxied requests skip Hono's Request/Response (./node-listener.ts); the rest is the Hono app.
+      const listener = createNodeListener(gateway, getRequestListener(gateway.app.fetch));
+      return { gateway, listener, forwarder, owned: reuse === null && options.forwarder === undefined };
+    } catch (err) {
+      if (reuse === null && options.forwarder === undefined) void forwarder.close?.();
+      throw err;
+    }
+  };
+  try {
+    // Spans from the first request when @opentelemetry/api is installed.
+    await loadTracing();
+    current = build(config, null);
+  } catch (err) {
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+    unsubscribeStore?.();
+    if (options.store === undefined) await store.close();
+    throw err;
+  }
+  phase = 'serving';
+
+  const sweep = () =>
+    setInterval(() => {
+      current!.gateway.sweep().then(
+        (r) => {
+          const behind = Object.values(r.backlog).some((n) => n > 0);
+          const { backlog, ...counts } = r;
+          // The sweeper fell behind (its time budget ran out): rows past their
+          // retention are left for the next sweep; fencegate_sweep_backlog_rows says how many.
+          if (behind) logger.warn('sweep-behind', { ...counts, backlog });
+          else if (SWEEP_KINDS.some((k) => r[k] > 0)) logger.info('sweep', counts);
+        },
+        (err) => logger.error('sweep-failed', { error: String(err) }),
+      );
+    }, config.sweepInterval).unref();
+  let sweeper = sweep();
+
+  // Gateways replaced by a reload, until their requests are done.
+  const retired = new Set<Promise<void>>();
+  const retire = (old: NonNullable<typeof current>) => {
+    const done = (async () => {
+      // The old gateway's in-flight requests finish on it; its own close()
+      // would also close the shared store, so only its forwarder is closed.
+      while (old.gateway.inflight() > 0) await new Promise((r) => setTimeout(r, 50));
+      if (old.owned && old.forwarder !== current?.forwarder) await old.forwarder.close?.();
+    })();
+    retired.add(done);
+    void done.finally(() => retired.delete(done));
+  };
 
   return {
-    gateway,
+    get gateway() {
+      return current!.gateway;
+    },
     server,
     url,
+    async reload(input) {
+      if (phase !== 'serving') throw new ConfigError('not reloaded: the gateway is shutting down', []);
+      const next = await prepareConfig(input, env);
+      const fixed = RELOAD_FIXED.filter((k) => !isDeepStrictEqual(next[k], config[k]));
+      if (fixed.length > 0) {
+        const lines = fixed.map((k) => `${k}: cannot change on reload (restart the process to change it)`);
+        throw new ConfigError(`invalid configuration:\n  ${lines.join('\n  ')}`, lines);
+      }
+      // The upstream pool is kept unless the TLS settings it was made with changed.
+      const sameTls = isDeepStrictEqual(upstreamTlsOf(next), upstreamTlsOf(config));
+      const old = current!;
+      current = build(next, sameTls ? old.forwarder : null);
+      if (sameTls) current.owned = old.owned;
+      config = next;
+      server.maxConnections = config.maxConnections;
+      clearInterval(sweeper);
+      sweeper = sweep();
+      retire(old);
+    },
     close() {
       shutdown ??= (async () => {
+        // The listener stays open: a probe gets `ready` 503 `draining`, a
+        // new request 503 (nothing of it admitted), instead of a refused
+        // connection that a balancer reads as a dead process.
+        phase = 'draining';
         // One bound for the whole drain: a store that never answers (a silent
         // network) must not keep the process from exiting.
         const deadline = performance.now() + config.drainTimeout;
@@ -169,9 +285,9 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         for (const res of responding) if (!res.headersSent) res.shouldKeepAlive = false;
         clearInterval(sweeper);
         unsubscribeStore?.();
-        const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();
-        const closing = gateway.close();
+        const gateway = current!.gateway;
+        const closing = Promise.all([...retired]).then(() => gateway.close());
         if (await within(closing, deadline)) await closing; // its fault, if any, is close()'s
         else {
           const unwritten = finishes.abandon('drain-timeout');
@@ -181,6 +297,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         // to the caller: cutting the connections now would truncate it
         // (the upstream call happened; the caller must get its answer).
         await written(responding, Math.min(SHUTDOWN_WRITE_MS, Math.max(deadline - performance.now(), 0)));
+        const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeAllConnections();
         await closed;
       })();
