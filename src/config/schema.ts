@@ -410,6 +410,16 @@ export const ConfigSchema = z
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `overlaps the admin prefix ${config.adminPrefix}` });
       }
     });
+    // undici pools connections per origin, so an origin's TLS is one setting (../http/forward-undici.ts upstreamTlsOf).
+    const tlsByOrigin = new Map<string, { route: number; tls: string }>();
+    config.routes.forEach((route, i) => {
+      if (!URL.canParse(route.upstream)) return;
+      const origin = new URL(route.upstream).origin;
+      const tls = JSON.stringify(route.tls ?? null);
+      const seen = tlsByOrigin.get(origin);
+      if (seen === undefined) tlsByOrigin.set(origin, { route: i, tls });
+      else if (seen.tls !== tls) ctx.addIssue({ code: 'custom', path: ['routes', i, 'tls'], message: `differs from routes[${seen.route}].tls for the same upstream origin ${origin}: connections to one origin share one TLS setting` });
+    });
     if (config.fence.entityScope === 'caller' && config.auth === undefined) {
       ctx.addIssue({ code: 'custom', path: ['fence', 'entityScope'], message: '"caller" needs "auth": without caller authentication there is no caller to scope by' });
     }

@@ -1,4 +1,5 @@
-import { Agent, errors, type Dispatcher } from 'undici';
+import { Agent, buildConnector, errors, type Dispatcher } from 'undici';
+import type { Config } from '../config/schema.js';
 import { causeCode, CONNECT_ONLY_CODES } from '../protocol/connect-errors.js';
 import { BodyBuffer, declaredLength, START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from './forward.js';
 
@@ -46,6 +47,12 @@ export interface UndiciForwarderOptions {
   /** undici's `connect` option for the pool (TLS options, or a connector of your own). */
   connect?: Agent.Options['connect'];
   /**
+   * TLS per upstream origin (`https://host:port`, as `upstreamTlsOf` makes
+   * it from the routes' `tls`): a CA that replaces the system's, a client
+   * certificate and key for mutual TLS. Other origins keep `connect`.
+   */
+  tls?: Record<string, UpstreamTls>;
+  /**
    * Test only (a negative control): loop turns the due deadline waits for
    * an answer already in the socket. Default 2; 0 aborts at once.
    * @internal
@@ -77,11 +84,12 @@ export interface UndiciForwarderOptions {
  * destroys the connection and reads no more) and the answer is `too-large`.
  */
 export function createUndiciForwarder(options: UndiciForwarderOptions = {}): Forwarder {
-  const agent = new Agent({ connections: options.connections ?? 256, keepAliveTimeout: 4_000, connect: options.connect });
+  const connect = withUpstreamTls(options.connect, options.tls);
+  const agent = new Agent({ connections: options.connections ?? 256, keepAliveTimeout: 4_000, connect });
   // Pass-through streams (an MCP server's GET stream lives as long as its
   // session) get a pool of their own: however many are open, decided calls
   // keep theirs, and close() can cut them without touching a decided call.
-  const passAgent = new Agent({ connections: options.passThroughConnections ?? 256, keepAliveTimeout: 4_000, connect: options.connect });
+  const passAgent = new Agent({ connections: options.passThroughConnections ?? 256, keepAliveTimeout: 4_000, connect });
   /** How to cut each pass-through answer still streaming (Agent.destroy alone leaves its reader waiting). */
   const openStreams = new Set<() => void>();
   const graceTurns = options.deadlineGraceTurns ?? DEADLINE_GRACE_TURNS;
@@ -281,4 +289,53 @@ function afterTurns(turns: number, fn: () => void): void {
 
 function errorCode(err: unknown): string {
   return causeCode(err) ?? (err as Error)?.name ?? 'error';
+}
+
+/** PEM text of one upstream's TLS settings. */
+export interface UpstreamTls {
+  ca?: string;
+  cert?: string;
+  key?: string;
+}
+
+/** `https://host:port`, the default port spelled out, so that the route's URL and undici's connect options name an origin alike. */
+function originKey(protocol: string, hostname: string, port: string): string {
+  return `${protocol}//${hostname.toLowerCase()}:${port || (protocol === 'https:' ? '443' : '80')}`;
+}
+
+/**
+ * The routes' upstream TLS (`routes[].tls`, files already read by the Node
+ * entry, ../config/prepare.ts) by upstream origin: undici pools connections
+ * per origin, so TLS is chosen per origin too, and the schema refuses two
+ * routes that name one origin with different TLS (docs/deploy.md "Upstream TLS").
+ */
+export function upstreamTlsOf(config: Config): Record<string, UpstreamTls> {
+  const out: Record<string, UpstreamTls> = {};
+  for (const route of config.routes) {
+    if (route.tls === undefined) continue;
+    const u = new URL(route.upstream);
+    const pem = (v: string | { pem: string } | undefined) => (typeof v === 'object' ? v.pem : undefined);
+    const tls: UpstreamTls = {};
+    for (const part of ['ca', 'cert', 'key'] as const) {
+      const text = pem(route.tls[part]);
+      if (text !== undefined) tls[part] = text;
+    }
+    out[originKey(u.protocol, u.hostname, u.port)] = tls;
+  }
+  return out;
+}
+
+/**
+ * undici's `connect` with each configured origin's TLS options: a connector
+ * of its own per origin (its own TLS session cache), the given `connect`
+ * (or undici's default) for every other origin.
+ */
+function withUpstreamTls(connect: Agent.Options['connect'], tls: Record<string, UpstreamTls> | undefined): Agent.Options['connect'] {
+  if (tls === undefined || Object.keys(tls).length === 0) return connect;
+  const fallback = typeof connect === 'function' ? connect : buildConnector(connect ?? {});
+  const byOrigin = new Map(Object.entries(tls).map(([origin, t]) => [origin, buildConnector({ ...(typeof connect === 'object' ? connect : {}), ...t })]));
+  return (opts, callback) => {
+    const own = byOrigin.get(originKey(opts.protocol, opts.hostname, String(opts.port ?? '')));
+    return (own ?? fallback)(opts, callback);
+  };
 }
