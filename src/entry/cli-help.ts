@@ -11,6 +11,7 @@ Usage:
                     [--caller C] [--since 2h] [--until T] [--limit N] [--format table|csv|ndjson]
   fencegate token   --config FILE --sub NAME [--scope "fencegate:proxy"] [--ttl 1h]
   fencegate resolve-unknown --url URL [--token T] --route NAME --from T --to T [--note TEXT] [--dry-run]
+  fencegate config  (schema | check [--config FILE])
   fencegate --help  (fencegate <command> --help: that command's options)
   fencegate --version
 
@@ -41,6 +42,16 @@ in the configuration names.
 Migrations run at start-up. SIGTERM or SIGINT drain in-flight requests and
 pending finishes (for at most drainTimeout), then exit; a second signal exits
 at once. SIGHUP re-reads the configuration (docs/deploy.md "Reload").
+`;
+
+export const CONFIG_HELP = `fencegate config — the configuration file
+
+Usage:
+  fencegate config schema                 print its JSON Schema (examples/fencegate.schema.json)
+  fencegate config check [--config FILE]  validate it as serve would, opening nothing
+
+check reads FENCEGATE_CONFIG without --config, and resolves every
+"{ "env": … }" from the environment, key and TLS files included (docs/deploy.md).
 `;
 
 export const MIGRATE_HELP = `fencegate migrate — create or update the store's tables

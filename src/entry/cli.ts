@@ -1,6 +1,8 @@
 #!/usr/bin/env node
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
+import { configJsonSchemaText } from '../config/json-schema.js';
+import { prepareConfig } from '../config/prepare.js';
 import { readConfig } from '../config/read-file.js';
 import type { Config } from '../config/schema.js';
 import { createJsonLogger, LOG_LEVELS, parseLogLevel, type Logger } from '../http/logger.js';
@@ -9,7 +11,7 @@ import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/query-timeout.js';
 import { migrateSqlite, openSqlite } from '../store/sqlite/index.js';
 import { auditCommand, tokenCommand } from './cli-audit.js';
 import { reportError, UsageError } from './cli-errors.js';
-import { HELP, MIGRATE_HELP, SERVE_HELP } from './cli-help.js';
+import { CONFIG_HELP, HELP, MIGRATE_HELP, SERVE_HELP } from './cli-help.js';
 import { resolveUnknownCommand } from './cli-resolve.js';
 import { startGateway } from './node.js';
 
@@ -18,6 +20,7 @@ async function main(argv: string[]): Promise<number> {
   if (argv[0] === 'audit') return auditCommand(argv.slice(1));
   if (argv[0] === 'token') return tokenCommand(argv.slice(1));
   if (argv[0] === 'resolve-unknown') return resolveUnknownCommand(argv.slice(1));
+  if (argv[0] === 'config') return configCommand(argv.slice(1));
   const { values, positionals } = parseArgs({
     args: argv,
     allowPositionals: true,
@@ -152,6 +155,35 @@ async function main(argv: string[]): Promise<number> {
 }
 
 /**
+ * `fencegate config schema`: the configuration's JSON Schema, generated from
+ * the zod schema (examples/fencegate.schema.json is its committed copy).
+ * `fencegate config check`: the file validated as `serve` would validate it
+ * (environment variables, key and TLS files), without opening the store or
+ * a socket; for a deployment pipeline, before a restart or a SIGHUP.
+ */
+async function configCommand(argv: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({ args: argv, allowPositionals: true, options: { config: { type: 'string' }, help: { type: 'boolean', short: 'h' } } });
+  const sub = positionals[0];
+  if (values.help || sub === undefined) {
+    process.stdout.write(CONFIG_HELP);
+    return values.help ? 0 : 2;
+  }
+  if (positionals.length > 1) return usage(`unexpected argument "${positionals[1]}"`, 'config');
+  if (sub === 'schema') {
+    process.stdout.write(configJsonSchemaText());
+    return 0;
+  }
+  if (sub === 'check') {
+    const path = values.config ?? (process.env.FENCEGATE_CONFIG || undefined);
+    if (path === undefined) return usage('config check needs --config FILE (or FENCEGATE_CONFIG)', 'config');
+    const config = await prepareConfig(readConfig(path, { env: process.env }), process.env);
+    process.stdout.write(`${path}: valid (${config.routes.length} route${config.routes.length === 1 ? '' : 's'}: ${config.routes.map((r) => r.name).join(', ')})\n`);
+    return 0;
+  }
+  return usage(`unknown config command "${sub}" (schema, check)`, 'config');
+}
+
+/**
  * `fencegate migrate --lease`: the lease module's own schema (DESIGN §6,
  * migrations/lease/, ledger fencegate_lease_migrations) on the store's
  * database, and nothing of the gateway's.
@@ -211,7 +243,7 @@ main(argv).then(
   },
   (err) => {
     settled = true;
-    process.exit(reportError(err, ['serve', 'migrate', 'audit', 'token', 'resolve-unknown'].find((c) => c === argv[0])));
+    process.exit(reportError(err, ['serve', 'migrate', 'audit', 'token', 'resolve-unknown', 'config'].find((c) => c === argv[0])));
   },
 );
 

@@ -66,10 +66,12 @@ export function start(args: string[], options: { cwd?: string; env?: Record<stri
   return { proc, lines, stderr: () => err, waitFor, exited };
 }
 
-export async function run(args: string[], options: Parameters<typeof start>[1] = {}): Promise<{ code: number | null; stderr: string; lines: Record<string, any>[] }> {
+export async function run(args: string[], options: Parameters<typeof start>[1] & { keepStdout?: boolean } = {}): Promise<{ code: number | null; stderr: string; stdout: string; lines: Record<string, any>[] }> {
   const c = start(args, options);
+  let stdout = '';
+  if (options.keepStdout) c.proc.stdout!.on('data', (d: Buffer) => (stdout += d.toString('utf8')));
   const code = await c.exited;
-  return { code, stderr: c.stderr(), lines: c.lines };
+  return { code, stderr: c.stderr(), stdout, lines: c.lines };
 }
 
 export async function killAll(): Promise<void> {
