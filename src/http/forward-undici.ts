@@ -10,7 +10,26 @@ import { BodyBuffer, declaredLength, START_DEADLINE_PASSED, type Forwarder, type
  * an open connection whose retransmissions ran out after an ICMP
  * unreachable, and by then the request may have landed.
  */
-const NOT_CONNECTED: ReadonlySet<string> = new Set([...CONNECT_ONLY_CODES, 'EHOSTUNREACH', 'ENETUNREACH']);
+const NOT_CONNECTED: ReadonlySet<string> = new Set([...CONNECT_ONLY_CODES, 'EHOSTUNREACH', 'ENETUNREACH', ...tlsVerifyCodes()]);
+
+/**
+ * The upstream's certificate refused (an unknown CA, an expired or a
+ * mismatched certificate; routes[].tls): Node checks it once the handshake
+ * is done and destroys the socket before `secureConnect`, and undici writes
+ * nothing before that, so the request never left (DESIGN §3.7): a
+ * misconfigured CA answers 502 upstream-unavailable, and every attempt does
+ * not leave an outcome_unknown record behind. A server that refuses our
+ * client certificate is not among them: under TLS 1.3 its alert comes after
+ * our side finished the handshake, when the request may have been written.
+ */
+function tlsVerifyCodes(): string[] {
+  return [
+    'UNABLE_TO_GET_ISSUER_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'UNABLE_TO_DECRYPT_CERT_SIGNATURE',
+    'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY', 'CERT_SIGNATURE_FAILURE', 'CERT_NOT_YET_VALID', 'CERT_HAS_EXPIRED', 'ERROR_IN_CERT_NOT_BEFORE_FIELD',
+    'ERROR_IN_CERT_NOT_AFTER_FIELD', 'DEPTH_ZERO_SELF_SIGNED_CERT', 'SELF_SIGNED_CERT_IN_CHAIN', 'CERT_CHAIN_TOO_LONG', 'CERT_REVOKED',
+    'INVALID_CA', 'PATH_LENGTH_EXCEEDED', 'INVALID_PURPOSE', 'CERT_UNTRUSTED', 'CERT_REJECTED', 'HOSTNAME_MISMATCH', 'ERR_TLS_CERT_ALTNAME_INVALID',
+  ];
+}
 
 const deadlinePassed = () => new errors.RequestAbortedError('the upstream deadline passed');
 const tooLargeAbort = () => new errors.RequestAbortedError('the answer exceeds maxResponseBytes');
