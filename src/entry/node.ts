@@ -256,6 +256,8 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
     async reload(input) {
       if (phase !== 'serving') throw new ConfigError('not reloaded: the gateway is shutting down', []);
       const next = await prepareConfig(input, env);
+      // The drain may have begun while the files were read: it closes the gateway it saw, so none may replace it now.
+      if ((phase as string) !== 'serving') throw new ConfigError('not reloaded: the gateway is shutting down', []);
       const fixed = RELOAD_FIXED.filter((k) => !isDeepStrictEqual(next[k], config[k]));
       if (fixed.length > 0) {
         const lines = fixed.map((k) => `${k}: cannot change on reload (restart the process to change it)`);
