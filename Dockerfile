@@ -1,4 +1,4 @@
-# fencegate: the gateway as a container (docs/deploy.md "Container").
+# fencegate: the gateway as a container (docs/deploy.md §7).
 #
 #   docker build -t fencegate .
 #   docker run -p 8080:8080 -v ./fencegate.json:/etc/fencegate/fencegate.json:ro \
@@ -44,7 +44,7 @@ USER node
 EXPOSE 8080
 # Liveness, with node (the slim image has no curl): 200 while the process
 # answers, also while it starts (migrations) and drains; readiness is
-# /_fencegate/ready, for an orchestrator's own probe (docs/deploy.md "Probes").
+# /_fencegate/ready, for an orchestrator's own probe (docs/deploy.md §3).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
   CMD ["node", "-e", "fetch('http://127.0.0.1:' + (process.env.PORT || 8080) + '/_fencegate/health').then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"]
 # SIGTERM drains (drainTimeout, default 30s): give `docker stop -t` more than that.

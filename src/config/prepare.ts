@@ -8,7 +8,7 @@ import { credentialHashKeyOf } from '../http/key-scope.js';
 
 /**
  * Everything the Node entry checks before it opens the store or a socket
- * (docs/deploy.md "Start-up"): key and TLS files read and inlined, every
+ * (docs/deploy.md §1): key and TLS files read and inlined, every
  * `{ "env": … }` secret present, every public key importable. A
  * configuration refused here leaves nothing behind (no SQLite file, no
  * pool), and a reload (SIGHUP) runs the same checks before it swaps a

@@ -78,7 +78,7 @@ function envCapable<T extends z.ZodType>(schema: T): T {
 const PemSource = envCapable(z.union([z.string().min(1), z.strictObject({ pem: z.string().min(1) })]));
 
 /**
- * TLS towards a route's upstream (docs/deploy.md "Upstream TLS"): a CA to
+ * TLS towards a route's upstream (docs/deploy.md §5): a CA to
  * trust instead of the system's, and a client certificate for mutual TLS.
  */
 export const UpstreamTlsSchema = z

@@ -41,7 +41,7 @@ in the configuration names.
 
 Migrations run at start-up. SIGTERM or SIGINT drain in-flight requests and
 pending finishes (for at most drainTimeout), then exit; a second signal exits
-at once. SIGHUP re-reads the configuration (docs/deploy.md "Reload").
+at once. SIGHUP re-reads the configuration (docs/deploy.md §4).
 `;
 
 export const CONFIG_HELP = `fencegate config — the configuration file

@@ -71,14 +71,14 @@ async function main(argv: string[]): Promise<number> {
   }
 
   if (command === 'serve') {
-    // A container or a unit names its file in the environment (docs/deploy.md); --config wins over it.
+    // A container or a unit names its file in the environment (docs/deploy.md §1); --config wins over it.
     const configPath = values.config ?? (process.env.FENCEGATE_CONFIG || undefined);
     if (configPath === undefined) return usage('serve needs --config FILE (or FENCEGATE_CONFIG)', 'serve');
-    // Every `{ "env": … }`, secrets included, is resolved now: a missing one stops start-up before the store is opened.
-    // A reload (SIGHUP) reads the file again the same way, with the same overrides.
-    // The port: --port, else PORT (set by platforms that assign one), else listen.port (docs/deploy.md "Port").
+    // The port: --port, else PORT (set by platforms that assign one), else listen.port (docs/deploy.md §2).
     const port = portOverride(values.port, process.env.PORT);
     if (typeof port === 'string') return usage(port, 'serve');
+    // Every `{ "env": … }`, secrets included, is resolved now: a missing one stops start-up before the store is opened.
+    // A reload (SIGHUP) reads the file again the same way, with the same overrides.
     const load = (): Config => {
       const config = readConfig(configPath, { env: process.env });
       if (port !== null) config.listen.port = port;
@@ -93,7 +93,7 @@ async function main(argv: string[]): Promise<number> {
     const running = await startGateway({ config, logger });
     logger.info('listening', { url: running.url, console: `${running.url}${config.adminPrefix}/`, store: running.gateway.store.kind, routes: config.routes.map((r) => r.name) });
     // SIGHUP: the file again, validated as at start-up; swapped in only whole
-    // (docs/deploy.md "Reload"). One reload at a time; a signal during one
+    // (docs/deploy.md §4). One reload at a time; a signal during one
     // runs one more after it, so that the last edit is the one in force.
     let reloading: Promise<void> | null = null;
     let again = false;

@@ -32,7 +32,7 @@ export interface RunningGateway {
    * if it is valid and changes nothing that cannot change while running
    * (`listen`, `store`: RELOAD_FIXED), builds a gateway on the same store
    * and answers new requests with it; requests in flight finish on the old
-   * one (docs/deploy.md "Reload"). Throws ConfigError, and keeps the running
+   * one (docs/deploy.md §4). Throws ConfigError, and keeps the running
    * configuration, otherwise.
    */
   reload(config: Config): Promise<void>;
@@ -57,7 +57,7 @@ export interface StartOptions {
   registry?: Registry;
 }
 
-/** What a reload refuses to change: the socket is bound and the store open once (docs/deploy.md "Reload"). */
+/** What a reload refuses to change: the socket is bound and the store open once (docs/deploy.md §4). */
 export const RELOAD_FIXED = ['listen', 'store'] as const;
 
 export function isLoopback(host: string): boolean {
@@ -79,7 +79,7 @@ function forwarderFor(config: Config): Forwarder {
  * reached and its migrations run (which wait for another replica's),
  * `<adminPrefix>/health` answers 200 and `<adminPrefix>/ready` 503
  * `starting`, so that an orchestrator neither kills a process that is
- * migrating nor sends it traffic (docs/deploy.md "Probes"). Everything that
+ * migrating nor sends it traffic (docs/deploy.md §3). Everything that
  * can refuse the configuration is checked before either.
  */
 export async function startGateway(options: StartOptions): Promise<RunningGateway> {

@@ -326,7 +326,7 @@ function originKey(protocol: string, hostname: string, port: string): string {
  * The routes' upstream TLS (`routes[].tls`, files already read by the Node
  * entry, ../config/prepare.ts) by upstream origin: undici pools connections
  * per origin, so TLS is chosen per origin too, and the schema refuses two
- * routes that name one origin with different TLS (docs/deploy.md "Upstream TLS").
+ * routes that name one origin with different TLS (docs/deploy.md §5).
  */
 export function upstreamTlsOf(config: Config): Record<string, UpstreamTls> {
   const out: Record<string, UpstreamTls> = {};

@@ -27,7 +27,7 @@ export function createPromBackend(options: PromBackendOptions = {}): MetricBacke
     collectDefaultMetrics({ register: registry });
     // prom-client names three gauges `*_total`, a suffix the exposition
     // format keeps for counters: `promtool check metrics` fails the whole
-    // scrape on them (docs/deploy.md "Metrics"). Each is the sum of its
+    // scrape on them (docs/deploy.md §6). Each is the sum of its
     // per-type gauge, which stays: sum(nodejs_active_handles) is the same number.
     for (const name of NON_COUNTER_TOTALS) registry.removeSingleMetric(name);
   }

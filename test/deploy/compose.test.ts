@@ -15,7 +15,7 @@ import { freePort, killAll, start } from './proc.js';
 // checked without a Docker engine or a running systemd: the compose file is
 // read (js-yaml, through graphile-worker's cosmiconfig) and its gateway's
 // environment starts the gateway against the test PostgreSQL; the unit goes
-// through `systemd-analyze verify` (docs/deploy.md "What was verified").
+// through `systemd-analyze verify` (docs/deploy.md §10).
 
 const COMPOSE_DIR = join(ROOT, 'deploy');
 const compose = yaml.load(readFileSync(join(COMPOSE_DIR, 'compose.yaml'), 'utf8')) as any;

@@ -13,7 +13,7 @@ import { killAll, start } from './proc.js';
 // traffic: while its store is opened and migrated, while the store does not
 // answer, and while it drains after SIGTERM; `/health` answers 200 through
 // all of them, so that a liveness probe never kills a process that is doing
-// what it should (docs/deploy.md "Probes").
+// what it should (docs/deploy.md §3).
 
 const tmp = tempDir();
 const cleanups: (() => Promise<unknown> | unknown)[] = [];

@@ -10,7 +10,7 @@ import { killAll, start, type Child } from './proc.js';
 // keys, TLS files) and swapped in for new requests only if valid, while
 // requests in flight finish on the configuration they started on; anything
 // refused keeps the running configuration and says why in one line
-// (docs/deploy.md "Reload").
+// (docs/deploy.md §4).
 
 const tmp = tempDir();
 const ups: FakeUpstream[] = [];

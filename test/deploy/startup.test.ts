@@ -6,7 +6,7 @@ import { freePort, killAll, run, start } from './proc.js';
 
 // `fencegate serve` as a deployment starts it: the file from FENCEGATE_CONFIG,
 // the port from PORT, secrets and URLs from the environment; a configuration
-// refused for any of them leaves nothing behind (docs/deploy.md "Start-up").
+// refused for any of them leaves nothing behind (docs/deploy.md §1).
 
 const tmp = tempDir();
 afterAll(async () => {

@@ -11,7 +11,7 @@ import { tempDir } from '../helpers/temp.js';
 // routes[].tls against a real HTTPS upstream on 127.0.0.1 whose certificate
 // a private CA signed and which asks for a client certificate (mutual TLS,
 // as payment APIs do): the CA is what makes the upstream trusted, the client
-// certificate is what the upstream sees (docs/deploy.md "Upstream TLS").
+// certificate is what the upstream sees (docs/deploy.md §5).
 
 const tmp = tempDir();
 const file = (name: string) => join(tmp.dir, name);
