@@ -21,10 +21,11 @@ const steps = (s: Stage, op: string) => s.steps.filter((i) => i.op === op);
 const last = (s: Stage, op: string) => steps(s, op).at(-1)?.args ?? expect.fail(`stage ${s.name} has no ${op}`);
 
 const tmp = tempDir();
+// Removing the stages' two node_modules trees takes longer than the default hook timeout.
 afterAll(async () => {
   await killAll();
   tmp.cleanup();
-});
+}, 5 * 60_000);
 
 describe('the Dockerfile', () => {
   it('builds with the dev dependencies, installs the production ones alone in a clean directory, runs from a slim image', () => {
