@@ -97,3 +97,15 @@ describe('FENCEGATE_CONFIG and PORT', () => {
     expect(readdirSync(dir)).toEqual(['config.json']);
   });
 });
+
+describe('fencegate config check', () => {
+  it('validates as serve does (variables, TLS files) and opens nothing', async () => {
+    const { dir, path } = workdir({ routes: [{ ...route, upstream: { env: 'FG_TEST_CHECK_UPSTREAM' } }] });
+    const bad = await run(['config', 'check', '--config', path], { cwd: dir });
+    expect(bad.code).toBe(1);
+    expect(bad.stderr).toMatch(/^ {2}routes\[0\]\.upstream: environment variable FG_TEST_CHECK_UPSTREAM is not set$/m);
+    const good = await run(['config', 'check'], { cwd: dir, keepStdout: true, env: { FENCEGATE_CONFIG: path, FG_TEST_CHECK_UPSTREAM: 'http://127.0.0.1:9' } });
+    expect(good).toMatchObject({ code: 0, stdout: `${path}: valid (1 route: payments)\n` });
+    expect(readdirSync(dir)).toEqual(['config.json']);
+  });
+});
