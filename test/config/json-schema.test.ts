@@ -37,6 +37,14 @@ describe('the committed JSON Schema', () => {
     expect(parseConfig(example).routes[0]!.name).toBe('payments');
   });
 
+  it('the compose configuration (deploy/fencegate.compose.json) validates against it and parses with its environment', () => {
+    const compose = JSON.parse(readFileSync(join(ROOT, 'deploy', 'fencegate.compose.json'), 'utf8'));
+    expect(validate(compose), JSON.stringify(validate.errors)).toBe(true);
+    const config = parseConfig(compose, { env: { DATABASE_URL: 'postgres://u@db/x', FENCEGATE_UPSTREAM: 'https://api.example.com' } });
+    expect(config.store).toMatchObject({ postgres: 'postgres://u@db/x' });
+    expect(config.routes[0]!.upstream).toBe('https://api.example.com');
+  });
+
   it('offers { "env": … } where the resolver takes it, and nowhere else', () => {
     const withEnv = {
       store: { postgres: { env: 'DATABASE_URL' } },
