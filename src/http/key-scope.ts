@@ -4,7 +4,7 @@ import { ConfigError } from '../config/load.js';
 import { credentialHeaderCollision, formatIdempotencyKey } from '../protocol/headers.js';
 import type { HeaderReader, Reply } from './inbound.js';
 import type { Logger } from './logger.js';
-import { setHeader } from './settle.js';
+import { setHeader } from './pipeline/reply.js';
 
 /**
  * Whose key a key is (DESIGN §3.5: the store compares keys within a scope).
