@@ -5,6 +5,8 @@
 //   control     → stateless Hono + undici proxy → upstream  (the issue's reference, no decisions)
 //   fg-full     → fencegate, SQLite synchronous=FULL        (the default)
 //   fg-normal   → fencegate, SQLite synchronous=NORMAL
+//   fg-auth     → fg-normal with caller auth on: every request carries a
+//                 bearer token (HS256) that the gateway verifies
 //   fg-postgres → fencegate, PostgreSQL                     (when a database URL is set)
 //   fg-postgres-xN → N fencegate replicas on one PostgreSQL schema, the
 //                 client's connections split over them (--replicas N, N > 1)
@@ -33,7 +35,7 @@
 // Options: --seconds N (default 10) per throughput run, --latency N (default
 // 3000) sequential requests per latency run, --rounds N (default 3; targets
 // interleaved, median per target), --only a,b to pick targets, --base DIR
-// to add `base-normal` and `base-full`: the same SQLite targets served by
+// to add `base-normal`, `base-full` and `base-auth`: the same SQLite targets served by
 // another checkout's build (DIR/dist, e.g. a clone of the previous commit),
 // interleaved with this one's so that a refactor is measured in one run
 // (and `base-postgres` when a database URL is set). --replicas N adds
@@ -48,6 +50,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { latency, load, loadCpu, paymentsRoute, pinPostgres, pinned, placeLoad, startGateway, startNode, throughput, waitReady } from './lib.mjs';
 import { flag, option as opt } from './args.mjs';
+import { SignJWT } from 'jose';
 
 const here = dirname(fileURLToPath(import.meta.url));
 // --help: the header comment above (targets and options), and nothing run.
@@ -93,11 +96,28 @@ const stops = [];
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
 
-async function startFencegate(name, store, upstream, route = {}, server = join(dist, 'entry/cli.js'), cpu = serverCpu()) {
+async function startFencegate(name, store, upstream, route = {}, server = join(dist, 'entry/cli.js'), cpu = serverCpu(), config = {}) {
   // The decision log (one JSON line per request, as in production) goes to a file.
   const args = server.endsWith('cli.js') ? undefined : (file) => [file];
-  return startGateway(server, { dir: tmp, name, store, routes: [paymentsRoute(upstream, route)], args, cpus: cpu, stdoutFile: join(tmp, `${name}.log`), nodeFlags });
+  return startGateway(server, { dir: tmp, name, store, routes: [paymentsRoute(upstream, route)], config, args, cpus: cpu, stdoutFile: join(tmp, `${name}.log`), nodeFlags });
 }
+
+// The auth targets: caller auth with an HS256 secret, and one token with the
+// proxy scope sent on every request (the gateway verifies it each time).
+const AUTH = { secret: 'bench-secret-0123456789-abcdefghijklmnop', issuer: 'https://bench.invalid', audience: 'fencegate-bench' };
+const bearer = `Bearer ${await new SignJWT({ scope: 'fencegate:proxy' })
+  .setProtectedHeader({ alg: 'HS256' })
+  .setIssuer(AUTH.issuer)
+  .setAudience(AUTH.audience)
+  .setSubject('bench')
+  .setIssuedAt()
+  .setExpirationTime('6h')
+  .sign(new TextEncoder().encode(AUTH.secret))}`;
+const startAuth = (name, server) => async () => ({
+  ...(await startFencegate(name, { sqlite: join(tmp, `${name}-${Date.now()}.db`), synchronous: 'NORMAL' }, upstreamUrl, {}, server, serverCpu(), { auth: AUTH })),
+  headers: { authorization: bearer },
+});
+let upstreamUrl = '';
 
 const schemas = new Set();
 /** A fresh schema for one PostgreSQL target (every round starts empty), and its connection string. */
@@ -131,6 +151,7 @@ async function main() {
   }
   const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: upstreamCpu });
   stops.push(upstream);
+  upstreamUrl = upstream.url;
 
   const targets = [
     ['direct', async () => ({ url: upstream.url, stop: async () => {} })],
@@ -138,6 +159,7 @@ async function main() {
     ['control', () => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: serverCpu(), env: { UPSTREAM: upstream.url }, nodeFlags })],
     ['fg-full', () => startFencegate('full', { sqlite: join(tmp, `full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url)],
     ['fg-normal', () => startFencegate('normal', { sqlite: join(tmp, `normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url)],
+    ['fg-auth', startAuth('auth')],
     ...(pgUrl
       ? [
           ['fg-postgres', () => startPostgresReplicas('postgres', 1, upstream.url)],
@@ -153,6 +175,7 @@ async function main() {
       ? [
           ['base-full', () => startFencegate('base-full', { sqlite: join(tmp, `base-full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
           ['base-normal', () => startFencegate('base-normal', { sqlite: join(tmp, `base-normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
+          ['base-auth', startAuth('base-auth', join(base, 'dist/entry/cli.js'))],
           ...(pgUrl ? [['base-postgres', () => startPostgresReplicas('base-postgres', 1, upstream.url, join(base, 'dist/entry/cli.js'))]] : []),
         ]
       : []),
@@ -174,9 +197,10 @@ async function main() {
       }
       for (const u of [target.url].flat()) await waitReady(u);
       // Warm-up: JIT, connection pools, SQLite page cache.
-      await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm-${round}` });
-      const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50-${round}` });
-      const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1-${round}` });
+      const { headers } = target;
+      await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm-${round}`, headers });
+      const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50-${round}`, headers });
+      const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1-${round}`, headers });
       runs.get(name).push({ rps50: t50.rps, p50_50c: t50.p50, p99_50c: t50.p99, p50_1c: l1.p50, p99_1c: l1.p99, errors: t50.errors + l1.errors, statuses: t50.statuses });
       await target.stop();
       process.stderr.write(`round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, p50@1 ${l1.p50.toFixed(3)} ms\n`);

@@ -1,4 +1,5 @@
 import type { Config } from '../../config/schema.js';
+import type { Refusal } from '../../protocol/problem.js';
 import type { GatewayStore } from '../../store/types.js';
 import { cutText, REJECTION_TEXT_LIMITS } from '../../store/bounds.js';
 import { httpRefusal } from '../errors.js';
@@ -81,7 +82,7 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
     mcp: createMcpCodec({ signedFences, canStream: deps.forwarder.forwardStreaming !== undefined }),
   };
   /** A refusal before any codec has read the request: in the route's HTTP error shape. */
-  const httpRender = (x: Exchange) => (r: Parameters<typeof httpRefusal>[0]) => httpRefusal(r, x.route?.errors ?? null, problemBase, x.requestId);
+  const httpRender = (x: Exchange) => (r: Refusal) => httpRefusal(r, x.route?.errors ?? null, problemBase, x.requestId);
 
   return async function pipeline(req: Inbound): Promise<Reply> {
     const started = performance.now();
@@ -138,7 +139,7 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
     if (read.kind === 'pass') return pass(x, codec, read.pass, body);
     if (read.kind === 'refused') return observer.refuse(x, read.refusal, (r) => codec.render(x, r, read.state), codec.presented(x, read.refusal.code, read.state));
     const { state, command } = read;
-    const refuse = (r: Parameters<typeof httpRefusal>[0]) => observer.refuse(x, r, (rr) => codec.render(x, rr, state), codec.presented(x, r.code, state));
+    const refuse = (r: Refusal) => observer.refuse(x, r, (shown) => codec.render(x, shown, state), codec.presented(x, r.code, state));
     const noEntity = missingEntity(x, codec, command);
     if (noEntity !== null) return refuse(noEntity);
     Object.assign(x.trace, { entity: command.entity, fence: command.fence?.toString() ?? null, idempotency_key: command.key });

@@ -5,7 +5,7 @@ import type { Reply } from '../inbound.js';
 import { errorText, type Logger } from '../logger.js';
 import type { Forwarding } from './admit.js';
 import type { Codec, Command, Settled } from './codec.js';
-import { auditOf, roundMs, type Exchange } from './exchange.js';
+import { roundMs, type Exchange } from './exchange.js';
 import type { Forwarded } from './forward.js';
 import type { Observer } from './observe.js';
 import { setHeader } from './reply.js';
@@ -21,7 +21,7 @@ export function createSettleStage(deps: { store: GatewayStore; logger: Logger; o
   return async function settle<S>(x: Exchange, codec: Codec<S>, state: S, command: Command, admitted: Forwarding, forwarded: Forwarded): Promise<Reply> {
     const { admission, input, sentAt } = admitted;
     const lockEnds = sentAt + input.lockMs;
-    const base = { scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, audit: auditOf(x) };
+    const base = { scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, audit: input.audit };
     const { result } = forwarded;
 
     if (result.kind === 'refused' && result.error === START_DEADLINE_PASSED) {

@@ -1,4 +1,5 @@
 import type { RouteConfig } from '../../config/schema.js';
+import type { Refusal } from '../../protocol/problem.js';
 import { bodyDigest } from '../../core/fingerprint.js';
 import { entityFromJson, keyFromJson, parseCommand, type Command as HeaderCommand } from '../command.js';
 import { httpRefusal } from '../errors.js';
@@ -33,7 +34,7 @@ export function createHttpCodec(deps: { problemBase: string; signedFences: boole
     read(x, state, body) {
       const route = x.route!;
       const { headers } = x.req;
-      const refused = (refusal: Parameters<typeof httpRefusal>[0]) => ({ kind: 'refused' as const, refusal, state });
+      const refused = (refusal: Refusal) => ({ kind: 'refused' as const, refusal, state });
       // A method override in the body (Rails, Symfony and Laravel read one), as in the query (stage 3).
       const bodyMethod = bodyMethodProblem(x.req.method, headers.get('content-type'), body, route, headers.get('content-encoding'));
       if (bodyMethod !== null) return refused({ code: 'invalid-request', detail: bodyMethod });
