@@ -166,10 +166,10 @@ export function layerViolations(graph: ImportGraph, rule: LayerRule): ImportEdge
     .sort((a, b) => (a.from + a.to).localeCompare(b.from + b.to));
 }
 
-function runtimeAdjacency(graph: ImportGraph): Map<string, string[]> {
+function adjacency(graph: ImportGraph, includeTypeOnly: boolean): Map<string, string[]> {
   const next = new Map<string, string[]>(graph.files.map((file) => [file, []]));
   for (const edge of graph.edges) {
-    if (edge.local && !edge.typeOnly) next.get(edge.from)?.push(edge.to);
+    if (edge.local && (includeTypeOnly || !edge.typeOnly)) next.get(edge.from)?.push(edge.to);
   }
   for (const targets of next.values()) targets.sort();
   return next;
@@ -181,7 +181,12 @@ function runtimeAdjacency(graph: ImportGraph): Map<string, string[]> {
  * reported as one cycle through it, listed from its smallest file.
  */
 export function runtimeCycles(graph: ImportGraph): string[][] {
-  const next = runtimeAdjacency(graph);
+  return importCycles(graph, { includeTypeOnly: false });
+}
+
+/** The same over every edge, type-only ones too when `includeTypeOnly`. */
+export function importCycles(graph: ImportGraph, options: { includeTypeOnly: boolean }): string[][] {
+  const next = adjacency(graph, options.includeTypeOnly);
   const index = new Map<string, number>();
   const low = new Map<string, number>();
   const onStack = new Set<string>();
@@ -263,7 +268,7 @@ function cycleThrough(component: string[], next: Map<string, string[]>): string[
 
 /** Every local file `entry` loads at run time, itself included, sorted. */
 export function runtimeClosure(graph: ImportGraph, entry: string): string[] {
-  const next = runtimeAdjacency(graph);
+  const next = adjacency(graph, false);
   const seen = new Set([entry]);
   const queue = [entry];
   for (let i = 0; i < queue.length; i += 1) {
