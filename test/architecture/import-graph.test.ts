@@ -1,8 +1,10 @@
 // Layering of src/, held by the import graph: `fencegate/lease` and the queue
 // adapters run inside workers and must not carry gateway code; the wire
-// protocol and the pure core sit below everything; and no runtime import
-// cycle, whose evaluation order would hand a module an uninitialised binding.
-// Reads src/ and nothing else.
+// protocol and the pure core sit below everything, and the plumbing both
+// sides share (src/db, src/observe) below both; and no runtime import cycle,
+// whose evaluation order would hand a module an uninitialised binding.
+// An `import('…')` with a literal counts as a runtime edge: when it runs it
+// loads that file. Reads src/ and nothing else.
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import {
