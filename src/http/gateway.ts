@@ -14,7 +14,7 @@ import { credentialHashKeyOf } from './key-scope.js';
 import { createPipeline } from './pipeline/index.js';
 import { createSecurity } from './security.js';
 import { timeStore } from './store-timing.js';
-import { loadTracing } from './tracing.js';
+import { loadTracing } from '../observe/tracing.js';
 
 export interface GatewayOptions {
   config: Config;

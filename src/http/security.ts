@@ -1,7 +1,7 @@
 import type { Context, MiddlewareHandler } from 'hono';
 import { ConfigError } from '../config/load.js';
 import type { Config } from '../config/schema.js';
-import { checkKeys, KeyConfigError, verificationKeys } from '../config/keys.js';
+import { checkKeys, KeyConfigError, verificationKeys } from '../protocol/keys.js';
 import type { GatewayStore } from '../store/types.js';
 import { renderRefusal, toResponse } from './errors.js';
 import type { Logger } from './logger.js';

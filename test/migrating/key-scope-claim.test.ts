@@ -3,7 +3,7 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import { ConfigError, parseConfig } from '../../src/config/load.js';
 import { keyScopeOf } from '../../src/http/key-scope.js';
 import { createTokenVerifier } from '../../src/http/middleware/auth/index.js';
-import { verificationKeys } from '../../src/config/keys.js';
+import { verificationKeys } from '../../src/protocol/keys.js';
 import { expectProblem, recordRows, rejectionRows } from '../helpers/gateway.js';
 import { inProcessGateway, type InProcessGateway } from '../helpers/in-process.js';
 import { AUDIENCE, bearer, hsAuth, ISSUER, SECRET } from '../auth/tokens.js';

@@ -22,7 +22,7 @@ import { Checkpointer, type CheckpointOptions } from './checkpoint.js';
 import { walSyncer } from './wal-sync.js';
 import { WriteLock } from './write-lock.js';
 import { migrateSqlite } from './migrate.js';
-import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
+import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../db/sqlite-open.js';
 import { toEntity, toPage, toRecord, toRejection } from '../sqlite-dialect/rows.js';
 import {
   ENTITY_INFO,
