@@ -1,5 +1,5 @@
 // The CLI's help texts, one per command (`fencegate <command> --help`).
-// README "Command line" shows the same usage lines; keep the two in step.
+// docs/cli.md shows the same usage lines; keep the two in step.
 import { reasonLines } from './cli-reasons.js';
 
 export const HELP = `fencegate — a fencing-aware side-effect gateway

@@ -116,7 +116,7 @@ export interface SweepOptions {
    * Entity rows whose last accepted fence is older than this, and that hold
    * no live serial slot, are deleted, and fence-history rows older than this.
    * Forgetting an entity's fence re-opens it to any holder of an older token:
-   * see README "Retention". Omitted: entities and their history are kept.
+   * see docs/configuration.md "Retention and the sweeper". Omitted: entities and their history are kept.
    */
   entityRetentionMs?: number;
   /** Operator-action rows older than this are deleted. Omitted: kept. */

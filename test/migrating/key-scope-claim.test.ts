@@ -8,7 +8,7 @@ import { expectProblem, recordRows, rejectionRows } from '../helpers/gateway.js'
 import { inProcessGateway, type InProcessGateway } from '../helpers/in-process.js';
 import { AUDIENCE, bearer, hsAuth, ISSUER, SECRET } from '../auth/tokens.js';
 
-// `keyScope: { claim }` (README "Key rules", DESIGN §3.5): the key space of a
+// `keyScope: { claim }` (docs/http-api.md "Key rules", DESIGN §3.5): the key space of a
 // route is scoped by a claim of the caller's verified bearer token (a tenant
 // id), as a middleware keyed by `tenant + key` scopes it. Real app
 // (`app.request`), real SQLite in memory, real HS256 tokens signed with the
