@@ -38,9 +38,8 @@ const shared: LayerRule = {
 };
 // Folders where even a type-only cycle is refused: two modules that import
 // each other's types are one module split in two, and the next value
-// imported along that edge makes it a runtime cycle. (src/http and
-// src/entry are not held to it yet.)
-const acyclic = ['src/core', 'src/protocol', 'src/db', 'src/observe', 'src/lease', 'src/queue', 'src/store', 'src/config'];
+// imported along that edge makes it a runtime cycle.
+const acyclic = ['src/core', 'src/protocol', 'src/db', 'src/observe', 'src/lease', 'src/queue', 'src/store', 'src/config', 'src/http', 'src/entry'];
 
 const leaseEntry = 'src/lease/index.ts';
 const leaseClosure = runtimeClosure(graph, leaseEntry);

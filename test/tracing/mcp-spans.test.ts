@@ -10,7 +10,7 @@ import { context, propagation, trace } from '@opentelemetry/api';
 import { InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { loadTracing } from '../../src/http/tracing.js';
+import { loadTracing } from '../../src/observe/tracing.js';
 import { fenced, mcpRoute, rawPost, startMcpGateway, type McpGateway } from '../mcp/harness.js';
 import { echoTool, rawUpstream, toolCall, type RawUpstream } from '../mcp/raw-upstream.js';
 
