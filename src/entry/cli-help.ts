@@ -27,7 +27,7 @@ Usage:
   fencegate serve --config FILE [--port N] [--db PATH | --database-url URL]
 
 Options:
-  --config FILE        JSON configuration (README: Configuration)
+  --config FILE        JSON configuration (docs/configuration.md)
   --port N             override listen.port (0: any free port)
   --db PATH            use this SQLite file as the store (overrides store)
   --database-url URL   use this PostgreSQL database (also DATABASE_URL)

@@ -134,7 +134,7 @@ function atHeaderCap(req: IncomingMessage): boolean {
 function write(req: IncomingMessage, res: ServerResponse, reply: Reply): void {
   if (res.destroyed) return;
   // A HEAD answer has no body here: it carries the upstream's Content-Length
-  // (../http/settle.ts) or none, never a computed 0, which would tell the
+  // (../http/plain/outcome.ts) or none, never a computed 0, which would tell the
   // caller the resource is empty.
   const head = req.method === 'HEAD';
   const flat: string[] = [];
