@@ -13,7 +13,7 @@
  */
 import type * as Otel from '@opentelemetry/api';
 import { clean, otel, type Attributes } from '../observe/tracing.js';
-import type { UpstreamResult } from './forward.js';
+import type { StreamedAnswer, UpstreamResult } from './forward.js';
 import type { HeaderReader } from './inbound.js';
 
 export interface PhaseSpan {
@@ -106,7 +106,7 @@ export function startRequestSpan(headers: HeaderReader, method: string, path: st
 }
 
 /** The forward span's attributes for what the upstream did. */
-export function upstreamAttributes(result: UpstreamResult): Attributes {
+export function upstreamAttributes(result: UpstreamResult | StreamedAnswer): Attributes {
   return { 'fencegate.upstream': result.kind, ...('status' in result ? { 'http.response.status_code': result.status } : {}) };
 }
 

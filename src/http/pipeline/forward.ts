@@ -58,8 +58,7 @@ export function createForwardStage(deps: ForwardDeps) {
  * `fencegate.forward` span whose context the upstream gets as
  * `traceparent`. A forwarder fault after admission means the request may
  * have left, so the only honest outcome is unknown (G4: still exactly one
- * outcome). The time at the upstream goes on the log line, except for an
- * answer still streaming (its reader sets it at the end).
+ * outcome). The time at the upstream goes on the log line.
  */
 export function createSender(deps: { forwarder: Forwarder; logger: Logger }) {
   const { forwarder, logger } = deps;
@@ -74,8 +73,9 @@ export function createSender(deps: { forwarder: Forwarder; logger: Logger }) {
       logger.error('forward-error', { request_id: x.requestId, route: route.name, error: errorText(err) });
       result = { kind: 'unknown', error: 'forwarder-error', timedOut: false };
     }
-    span.end(upstreamAttributes(result as UpstreamResult));
-    if (result.kind !== 'stream') x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
+    span.end(upstreamAttributes(result));
+    // For an answer still streaming, the time to its head; a decided call's reader sets it again at the end.
+    x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
     return result;
   };
 }
