@@ -1,4 +1,5 @@
 import type { Refusal } from '../../protocol/problem.js';
+import type { Command as HeaderCommand } from '../command.js';
 import type { FinishInput, StoredResponse } from '../../store/types.js';
 import type { StreamedAnswer, UpstreamResult } from '../forward.js';
 import type { Reply } from '../inbound.js';
@@ -39,15 +40,12 @@ export interface Codec<S> {
   expiredExtras(command: Command): Record<string, unknown>;
 }
 
-/** The fence, key and entity of a request, once read (DESIGN §3.3), and what the fingerprint covers of it (§3.4). */
-export interface Command {
-  fence: bigint | null;
-  /** With `fence.signed`: the fence as sent, a JWS that stage 5 verifies once the entity is known; `fence` stays null until then. */
-  signedFence: string | null;
-  key: string | null;
-  entity: string | null;
-  /** With `keyScope`: the scope header's value or the token's claim (../key-scope.ts). */
-  keyScope: string | null;
+/**
+ * A command as the codec read it, and what the fingerprint covers of it
+ * (DESIGN §3.4): the fence, key and entity (../command.ts `Command`, §3.3)
+ * with the entity and key final once the body is read.
+ */
+export interface Command extends HeaderCommand {
   /** Appended to the key scope (an mcp call: per tool and endpoint). */
   scopeSuffix: string;
   /** The request as the fingerprint covers it, besides path, query, entity and credentials. */
