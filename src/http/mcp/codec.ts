@@ -2,7 +2,7 @@ import type { RouteConfig } from '../../config/schema.js';
 import { sha256Hex } from '../../core/fingerprint.js';
 import { MCP_META, type JsonRpcId } from '../../protocol/mcp.js';
 import type { Refusal } from '../../protocol/problem.js';
-import type { StreamedAnswer, UpstreamResult } from '../forward.js';
+import type { StreamedAnswer } from '../forward.js';
 import type { Reply } from '../inbound.js';
 import type { Codec, Command, Pass, Settled, Streaming } from '../pipeline/codec.js';
 import { roundMs, type Exchange } from '../pipeline/exchange.js';
