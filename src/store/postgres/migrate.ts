@@ -4,9 +4,11 @@ import { applyFunctions, loadFunctions, type SqlFunctionFile } from './functions
 import type { PoolLike } from './types.js';
 
 /**
- * Applies the gateway's pending `migrations/gateway/postgres` files, then the
- * function files of ./sql whose checksum changed (./functions.ts), all in one
- * transaction. Safe when several replicas start at once: a transaction-scoped
+ * Applies the gateway's pending `migrations/gateway/postgres` files (tables,
+ * indexes, types), then the function files of ./sql whose checksum changed,
+ * or all of them when a migration ran (./functions.ts), all in one
+ * transaction: the files are the only definition of the functions (DESIGN
+ * §4.1), whatever schema the database started from. Safe when several replicas start at once: a transaction-scoped
  * advisory lock (keyed by the schema, so per-test schemas do not contend)
  * serialises them, and the second one finds nothing left to do. Returns the
  * names applied (`functions/<file>` for a function file).
