@@ -5,12 +5,18 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
 import { SqliteGatewayStore, type SqliteStoreOptions } from '../../src/store/sqlite/index.js';
 import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
-import { ALL_OUTCOMES, admissionProperty, dropFingerprint, hideFence, type AdmissionBackend, type TableSnapshot } from './admission-conformance.js';
+import { releaseForgettingTakeovers, releaseKeepingSlot } from '../helpers/store-wrappers.js';
+import { ALL_OUTCOMES, admissionProperty, dropFingerprint, hideFence, RELEASE_BRANCHES, type AdmissionBackend, type TableSnapshot } from './admission-conformance.js';
 
 // The admission conformance property (./admission-conformance.ts) against
 // the SQLite store (FULL and NORMAL, with group commit and with one
-// transaction per decision) and PostgreSQL; D1 runs it under workerd
-// (test/workers/admission-conformance.workerd.ts).
+// transaction per decision) and PostgreSQL, releases of lost admissions
+// included (both have releaseUnsent); D1 runs it under workerd
+// (test/workers/admission-conformance.workerd.ts), without releases: it has
+// no release of a lost admission.
+
+/** Every answer of `decide` and every branch of `releaseUnsent`. */
+const EVERY_BRANCH = [...ALL_OUTCOMES, ...RELEASE_BRANCHES].sort();
 
 const RUNS = Number(process.env.FENCEGATE_FC_RUNS ?? 40);
 const PG_RUNS = Number(process.env.FENCEGATE_FC_RUNS ?? 25);
@@ -58,8 +64,8 @@ const SQLITE: [string, Partial<SqliteStoreOptions>][] = [
 describe('admission conformance: the SQLite store against the pure rules (src/core/admission.ts)', () => {
   it.each(SQLITE)('%s: every answer and the whole state equal decide/finish, under scheduler-chosen interleavings', { timeout: 180_000 }, async (_name, options) => {
     const seen = await admissionProperty(sqlite(options), { numRuns: RUNS });
-    // The runs reached every branch of DESIGN §3.5 (a test that never refuses proves nothing about refusals).
-    expect(seen).toEqual([...ALL_OUTCOMES].sort());
+    // The runs reached every branch of DESIGN §3.5 and of the release (a test that never refuses proves nothing about refusals).
+    expect(seen).toEqual(EVERY_BRANCH);
   });
 
   it('negative control: a store that never sees the fence fails the property', { timeout: 180_000 }, async () => {
@@ -68,6 +74,14 @@ describe('admission conformance: the SQLite store against the pure rules (src/co
 
   it('negative control: a store that never compares fingerprints fails the property', { timeout: 180_000 }, async () => {
     await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: dropFingerprint, endOnFailure: true })).rejects.toThrow(/Property failed/);
+  });
+
+  it('negative control: a release that deletes a taken-over record (forgetting the unknown outcome) fails the property', { timeout: 180_000 }, async () => {
+    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: releaseForgettingTakeovers, endOnFailure: true })).rejects.toThrow(/Property failed[\s\S]*release/);
+  });
+
+  it('negative control: a release that keeps the serial slot fails the property', { timeout: 180_000 }, async () => {
+    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: releaseKeepingSlot, endOnFailure: true })).rejects.toThrow(/Property failed[\s\S]*release/);
   });
 });
 
@@ -108,10 +122,14 @@ describe.skipIf(!POSTGRES_URL)('admission conformance: the PostgreSQL store agai
 
   it('every answer and the whole state equal decide/finish; a batch is explained by one serial order', { timeout: 300_000 }, async () => {
     const seen = await admissionProperty(postgres, { numRuns: PG_RUNS });
-    expect(seen).toEqual([...ALL_OUTCOMES].sort());
+    expect(seen).toEqual(EVERY_BRANCH);
   });
 
   it('negative control: a store that never sees the fence fails the property', { timeout: 300_000 }, async () => {
     await expect(admissionProperty(postgres, { numRuns: PG_RUNS, wrap: hideFence, endOnFailure: true })).rejects.toThrow(/Property failed/);
+  });
+
+  it('negative control: a release that deletes a taken-over record fails the property', { timeout: 300_000 }, async () => {
+    await expect(admissionProperty(postgres, { numRuns: PG_RUNS, wrap: releaseForgettingTakeovers, endOnFailure: true })).rejects.toThrow(/Property failed[\s\S]*release/);
   });
 });
