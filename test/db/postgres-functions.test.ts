@@ -10,7 +10,8 @@
  * earlier release (each prefix of the migration list, then today's migrator)
  * and the files applied alone all give the same functions
  * (`pg_get_functiondef` of every fencegate_% function); and no migration
- * after the cut-over creates one (a static scan).
+ * after the cut-over creates one (a static scan). A replica of an older
+ * release never applies its files over a newer release's.
  *
  * Negative controls: a migration after the cut-over that carries a stale
  * function copy is named by the scan, and a migrator going by checksums
@@ -259,6 +260,21 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     expect(await migratePostgres(s.pool, loadMigrations('gateway', 'postgres'), files)).toEqual([]);
     // Back to the file as it is: applied again.
     expect(await migratePostgres(s.pool)).toEqual(['functions/admit.sql']);
+  });
+
+  it('a replica of an older release, starting on a schema a newer release migrated, leaves the newer functions; negative control: by checksum alone it puts its own back', async () => {
+    const newerMigration: Migration = { name: '9990_newer_release.sql', sql: 'CREATE TABLE newer_release (id int)' };
+    const newerFiles = loadFunctions().map((f) => (f.name === 'ms_between.sql' ? { ...f, sql: f.sql.replace('* 1000)', '* 1000 + 0)'), sha256: 'newer' } : f));
+    const s = await fresh('fg_fn_older');
+    await migratePostgres(s.pool, [...GATEWAY, newerMigration], newerFiles);
+    const newer = await definitions(s);
+    // This release is the older one: nothing to migrate, and its files are not applied.
+    expect(await migratePostgres(s.pool)).toEqual([]);
+    expect(differences(await definitions(s), newer)).toEqual([]);
+    expect((await s.pool.query("SELECT sha256 FROM fencegate_functions WHERE name = 'ms_between.sql'")).rows).toEqual([{ sha256: 'newer' }]);
+    const files = loadFunctions();
+    expect(await applyPostgresMigrations(s.pool, LEDGERS.gateway, GATEWAY, (client) => applyFunctions(client, files, false))).toEqual(['functions/ms_between.sql']);
+    expect(differences(await definitions(s), newer)).toEqual(['differs fencegate_ms_between(a timestamp with time zone, b timestamp with time zone)']);
   });
 
   it('replicas starting at once: each migration and each function file is applied exactly once', async () => {
