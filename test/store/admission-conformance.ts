@@ -322,17 +322,28 @@ class FinishCommand implements fc.AsyncCommand<World, Real> {
 
 /**
  * The answer of an earlier admission was lost: `releaseUnsent` with its own
- * input. An even pick takes a request in flight (it holds what a release
- * frees) when there is one, an odd pick one of the last four admissions,
- * whatever their answer.
+ * input. The pick chooses among the requests in flight (they hold what a
+ * release frees), the owners of records in progress (taken over, or created
+ * and then expired), the owners of `outcome_unknown` records, or the last
+ * four admissions whatever their answer, the most recent first; an empty
+ * choice falls back to the last.
  */
 class ReleaseCommand implements fc.AsyncCommand<World, Real> {
   constructor(readonly pick: number) {}
   check = (w: Readonly<World>) => w.admitted.length > 0;
   async run(w: World, r: Real) {
-    const owner = this.pick % 2 === 0 && w.inflight.length > 0 ? w.inflight[(this.pick >> 1) % w.inflight.length]!.owner : null;
-    const recent = Math.min(w.admitted.length, 4);
-    const input = owner !== null ? w.admitted.find((a) => a.ownerToken === owner)! : w.admitted[w.admitted.length - 1 - (this.pick % recent)]!;
+    const records = [...w.records.values()];
+    const owning = (states: string[]) => new Set(records.filter((rec) => states.includes(rec.state)).map((rec) => rec.owner));
+    const inProgress = owning(['in_progress']);
+    const unknown = owning(['outcome_unknown']);
+    const pools = [
+      w.admitted.filter((a) => w.inflight.some((i) => i.owner === a.ownerToken)),
+      w.admitted.filter((a) => inProgress.has(a.ownerToken)),
+      w.admitted.filter((a) => unknown.has(a.ownerToken)),
+      w.admitted.slice(-4),
+    ];
+    const pool = pools[this.pick % 4]!.length > 0 ? pools[this.pick % 4]! : pools[3]!;
+    const input = pool[pool.length - 1 - (Math.floor(this.pick / 4) % pool.length)]!;
     const { branches, ...expected } = w.release(input);
     expect(await r.store.releaseUnsent!(input), `${this.toString()} of ${input.ownerToken}`).toEqual(expected);
     for (const b of branches) r.seen.add(b);
@@ -500,8 +511,30 @@ const baseCommands = [
     .map(([items, s]) => new BatchCommand(items, s)),
 ];
 
-/** With a store that has `releaseUnsent`: releases too, about one command in four. */
-const releaseArb = fc.nat(15).map((pick) => new ReleaseCommand(pick));
+/**
+ * With `release`, the first run: one sequence that reaches every branch of
+ * `releaseUnsent` on every store, whatever the random runs after it reach.
+ * The picks: 0 a request in flight, 1 an owner of a record in progress,
+ * 2 an owner of an outcome_unknown record, 3 the last admission.
+ */
+function releaseExample(): fc.AsyncCommand<World, Real>[] {
+  const retry: Req = { key: 'k1', entity: 'e1', fence: 1n, fp: 'fpA', mode: 'serial', onUnknown: 'retry' };
+  return [
+    new AdmitCommand(retry), // o1 forwarded: record k1 and slot e1
+    new FinishCommand(0, 'unknown'), // k1 outcome_unknown, still o1's
+    new ReleaseCommand(2), // o1 on a retry route: created or taken over, no one can tell: kept
+    new AdmitCommand(retry), // o2 takes k1 over, and slot e1
+    new ReleaseCommand(1), // o2: the taken-over record back to outcome_unknown, the slot freed
+    new AdmitCommand({ key: 'k2', entity: 'e2', fence: null, fp: 'fpA', mode: 'serial', onUnknown: 'reject' }), // o3
+    new ReleaseCommand(0), // o3: record deleted, slot freed
+    new ReleaseCommand(3), // o3 again: nothing held
+    new AdmitCommand({ key: 'k3', entity: null, fence: null, fp: 'fpA', mode: 'concurrent', onUnknown: 'retry' }), // o4
+    new ReleaseCommand(0), // o4 on a retry route, a record it created: deleted
+  ];
+}
+
+/** With `release`: releases too, two commands in eight (and ten more commands a run). */
+const releaseArb = fc.nat(31).map((pick) => new ReleaseCommand(pick));
 const releaseCommands = [releaseArb, releaseArb];
 
 /** Every answer the rules can give: a run that never reached one proves nothing about it. */
@@ -517,23 +550,22 @@ export interface PropertyOptions {
   wrap?: (s: GatewayStore) => GatewayStore;
   /** Stop at the first failure, without shrinking (negative controls: only "it fails" matters). */
   endOnFailure?: boolean;
-  /** Releases of lost admissions among the commands: the store must have `releaseUnsent` (default: when the harness's store has it). */
+  /**
+   * Releases of lost admissions among the commands (the store must have
+   * `releaseUnsent`). A run of its own: releases free what would otherwise
+   * become `outcome_unknown`, so mixed into the plain property they would
+   * make its rarer answers rarer still.
+   */
   release?: boolean;
 }
 
 /** Runs the property; resolves with the outcomes the runs reached, rejects on the first counterexample. */
 export async function admissionProperty(backend: AdmissionBackend, options: PropertyOptions): Promise<string[]> {
   const seen = new Set<string>();
-  // Decided from a first harness (every run of one backend has the same kind of store).
-  let release = options.release;
-  if (release === undefined) {
-    const first = await backend();
-    release = typeof first.store.releaseUnsent === 'function';
-    await first.close();
-  }
+  const release = options.release ?? false;
   const commands: fc.Arbitrary<fc.AsyncCommand<World, Real>>[] = release ? [...baseCommands, ...releaseCommands] : baseCommands;
   await fc.assert(
-    fc.asyncProperty(fc.commands(commands, { maxCommands: options.maxCommands ?? 60, size: 'large' }), async (cmds) => {
+    fc.asyncProperty(fc.commands(commands, { maxCommands: options.maxCommands ?? (release ? 70 : 60), size: 'large' }), async (cmds) => {
       const h = await backend();
       try {
         const store = options.wrap ? options.wrap(h.store) : h.store;
@@ -543,7 +575,7 @@ export async function admissionProperty(backend: AdmissionBackend, options: Prop
         await h.close();
       }
     }),
-    { numRuns: options.numRuns, endOnFailure: options.endOnFailure },
+    { numRuns: options.numRuns, endOnFailure: options.endOnFailure, examples: release ? [[releaseExample()]] : [] },
   );
   return [...seen].sort();
 }

@@ -20,7 +20,6 @@ const cmd = (owner: string, over: Partial<AdmitCommand> = {}): AdmitCommand => (
   ...over,
 });
 const EMPTY: AdmissionState = { entity: null, record: null };
-const audit = { requestId: 'r', clientRequestId: null, caller: null, method: 'POST', path: '/', payloadSha256: '' };
 
 /** The state one forwarded admission leaves on an empty store, at time 1000. */
 function admitted(c: AdmitCommand): AdmissionState {
@@ -46,10 +45,10 @@ describe('releaseUnsent (DESIGN §8.2)', () => {
 
   it('onUnknown: reject deletes an outcome_unknown record of the owner; a completed one stays', () => {
     const c = cmd('o1');
-    const unknown = finish(admitted(c), { ...c, scope: 's', audit, outcome: 'unknown' }, 2000).next;
+    const unknown = finish(admitted(c), { ...c, outcome: 'unknown' }, 2000).next;
     expect(unknown.record?.state).toBe('outcome_unknown');
     expect(releaseUnsent(unknown, c)).toMatchObject({ record: true, next: { record: null } });
-    const done = finish(admitted(c), { ...c, scope: 's', audit, outcome: 'completed', response: { status: 200, headers: [], body: new Uint8Array() }, retentionMs: 1 }, 2000).next;
+    const done = finish(admitted(c), { ...c, outcome: 'completed', response: { status: 200, headers: [], body: new Uint8Array() }, retentionMs: 1 }, 2000).next;
     expect(releaseUnsent(done, c)).toMatchObject({ record: false, next: { record: done.record } });
   });
 
@@ -57,7 +56,7 @@ describe('releaseUnsent (DESIGN §8.2)', () => {
     const first = cmd('o1', { onUnknown: 'retry' });
     expect(releaseUnsent(admitted(first), first)).toMatchObject({ record: true, next: { record: null } });
     // The first attempt's outcome is unknown; the retry takes its record over, later.
-    const unknown = finish(admitted(first), { ...first, scope: 's', audit, outcome: 'unknown' }, 2000).next;
+    const unknown = finish(admitted(first), { ...first, outcome: 'unknown' }, 2000).next;
     const retry = cmd('o2', { onUnknown: 'retry' });
     const taken = decide(unknown, retry, 3000);
     expect(taken.admission).toEqual({ outcome: 'forward', takeover: true });

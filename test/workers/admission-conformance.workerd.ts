@@ -42,7 +42,7 @@ const d1: AdmissionBackend = async () => {
 
 describe('admission conformance: the D1 store (workerd, local D1) against the pure rules', () => {
   it('every answer and the whole state equal decide/finish; a batch is explained by one serial order', { timeout: 300_000 }, async () => {
-    expect(createD1Store({ db: env.DB }).releaseUnsent).toBeUndefined();
+    expect('releaseUnsent' in createD1Store({ db: env.DB })).toBe(false);
     const seen = await admissionProperty(d1, { numRuns: RUNS });
     expect(seen).toEqual([...ALL_OUTCOMES].sort());
   });
