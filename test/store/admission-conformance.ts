@@ -9,11 +9,11 @@
  *
  * Commands: admissions, finishes, lock expiries (a dead gateway: its rows
  * backdated in SQL, DESIGN §2 G6, never a faked clock), retention expiries,
- * sweeps, releases of an admission whose answer was lost (DESIGN §8.2; for
- * stores that have `releaseUnsent`: any earlier admission, forwarded or
- * not, whose request is then never finished), and batches that issue
- * several admissions and finishes at once
- * (fast-check's scheduler picks the order they are sent in). A batch must be
+ * sweeps, and batches that issue several admissions and finishes at once
+ * (fast-check's scheduler picks the order they are sent in); with
+ * `release`, for the stores that have `releaseUnsent`, releases of an
+ * admission whose answer was lost too (DESIGN §8.2: an earlier admission,
+ * forwarded or not, whose request is then never finished). A batch must be
  * explained by SOME serial order of its items (the stores promise
  * serialisable decisions, DESIGN §3.5): for SQLite that is the order they
  * were sent in; PostgreSQL and D1 may run them in another.

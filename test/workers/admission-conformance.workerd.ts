@@ -4,8 +4,9 @@
  * wrangler.toml: the D1 batch program must give every answer and leave
  * every state that the pure rules of src/core/admission.ts give. Each run
  * starts from emptied tables. No releases of lost admissions among the
- * commands: the D1 store has no `releaseUnsent` (a lost batch answer's
- * record is left to its lock, DESIGN §8.2), which the property detects.
+ * commands (the Node twin runs them on SQLite and PostgreSQL): the D1 store
+ * has no `releaseUnsent` (a lost batch answer's record is left to its lock,
+ * DESIGN §8.2), as the first check says.
  */
 import { env } from 'cloudflare:workers';
 import { describe, expect, it } from 'vitest';
