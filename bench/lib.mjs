@@ -50,6 +50,8 @@ export async function startNode(script, { env = {}, args = [], cpus, stdoutFile,
     }));
   return {
     url: `http://127.0.0.1:${port}`,
+    /** CPU the process has used so far (user + system, all its threads), in ms, from /proc; null where /proc is not there. */
+    cpuMs: () => cpuMsOf(child.pid),
     async stop() {
       if (child.exitCode !== null) return;
       child.kill('SIGTERM');
@@ -59,6 +61,19 @@ export async function startNode(script, { env = {}, args = [], cpus, stdoutFile,
 }
 
 export const pinned = HAS_TASKSET;
+
+const TICK_MS = 10; // USER_HZ is 100 on Linux
+
+/** utime + stime of a process (every thread), in ms; null when it cannot be read. */
+export function cpuMsOf(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(') ') + 2).split(' ');
+    return (Number(fields[11]) + Number(fields[12])) * TICK_MS;
+  } catch {
+    return null;
+  }
+}
 
 // One counter for the whole benchmark: every run against a target continues
 // the fences of the runs before it (warm-up, throughput, latency share one
