@@ -5,6 +5,8 @@
 //   control     → stateless Hono + undici proxy → upstream  (the issue's reference, no decisions)
 //   fg-full     → fencegate, SQLite synchronous=FULL        (the default)
 //   fg-normal   → fencegate, SQLite synchronous=NORMAL
+//   fg-auth     → fg-normal with caller auth on: every request carries a
+//                 bearer token (HS256) that the gateway verifies
 //   fg-postgres → fencegate, PostgreSQL                     (when a database URL is set)
 //   fg-postgres-xN → N fencegate replicas on one PostgreSQL schema, the
 //                 client's connections split over them (--replicas N, N > 1)
@@ -23,6 +25,10 @@
 // replicas are pinned to cores in turn. PostgreSQL itself is not pinned.
 // Results are ratios against `bare` (the floor of a second hop) and the
 // control measured in the same run; absolute numbers depend on the box.
+// Beside throughput, each server's own CPU per request at 50 connections
+// (user + system of its process, every thread, from /proc): on a shared
+// box the load around a run moves throughput far more than what a request
+// costs the server.
 //
 // --pg-core N puts PostgreSQL on core N alone (every postgres process of the
 // machine is pinned there for the run and given its mask back after; needs
@@ -33,7 +39,7 @@
 // Options: --seconds N (default 10) per throughput run, --latency N (default
 // 3000) sequential requests per latency run, --rounds N (default 3; targets
 // interleaved, median per target), --only a,b to pick targets, --base DIR
-// to add `base-normal` and `base-full`: the same SQLite targets served by
+// to add `base-normal`, `base-full` and `base-auth`: the same SQLite targets served by
 // another checkout's build (DIR/dist, e.g. a clone of the previous commit),
 // interleaved with this one's so that a refactor is measured in one run
 // (and `base-postgres` when a database URL is set). --replicas N adds
@@ -48,6 +54,7 @@ import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { latency, load, loadCpu, paymentsRoute, pinPostgres, pinned, placeLoad, startGateway, startNode, throughput, waitReady } from './lib.mjs';
 import { flag, option as opt } from './args.mjs';
+import { SignJWT } from 'jose';
 
 const here = dirname(fileURLToPath(import.meta.url));
 // --help: the header comment above (targets and options), and nothing run.
@@ -93,11 +100,28 @@ const stops = [];
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
 
-async function startFencegate(name, store, upstream, route = {}, server = join(dist, 'entry/cli.js'), cpu = serverCpu()) {
+async function startFencegate(name, store, upstream, route = {}, server = join(dist, 'entry/cli.js'), cpu = serverCpu(), config = {}) {
   // The decision log (one JSON line per request, as in production) goes to a file.
   const args = server.endsWith('cli.js') ? undefined : (file) => [file];
-  return startGateway(server, { dir: tmp, name, store, routes: [paymentsRoute(upstream, route)], args, cpus: cpu, stdoutFile: join(tmp, `${name}.log`), nodeFlags });
+  return startGateway(server, { dir: tmp, name, store, routes: [paymentsRoute(upstream, route)], config, args, cpus: cpu, stdoutFile: join(tmp, `${name}.log`), nodeFlags });
 }
+
+// The auth targets: caller auth with an HS256 secret, and one token with the
+// proxy scope sent on every request (the gateway verifies it each time).
+const AUTH = { secret: 'bench-secret-0123456789-abcdefghijklmnop', issuer: 'https://bench.invalid', audience: 'fencegate-bench' };
+const bearer = `Bearer ${await new SignJWT({ scope: 'fencegate:proxy' })
+  .setProtectedHeader({ alg: 'HS256' })
+  .setIssuer(AUTH.issuer)
+  .setAudience(AUTH.audience)
+  .setSubject('bench')
+  .setIssuedAt()
+  .setExpirationTime('6h')
+  .sign(new TextEncoder().encode(AUTH.secret))}`;
+const startAuth = (name, server) => async () => ({
+  ...(await startFencegate(name, { sqlite: join(tmp, `${name}-${Date.now()}.db`), synchronous: 'NORMAL' }, upstreamUrl, {}, server, serverCpu(), { auth: AUTH })),
+  headers: { authorization: bearer },
+});
+let upstreamUrl = '';
 
 const schemas = new Set();
 /** A fresh schema for one PostgreSQL target (every round starts empty), and its connection string. */
@@ -131,6 +155,7 @@ async function main() {
   }
   const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: upstreamCpu });
   stops.push(upstream);
+  upstreamUrl = upstream.url;
 
   const targets = [
     ['direct', async () => ({ url: upstream.url, stop: async () => {} })],
@@ -138,6 +163,7 @@ async function main() {
     ['control', () => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: serverCpu(), env: { UPSTREAM: upstream.url }, nodeFlags })],
     ['fg-full', () => startFencegate('full', { sqlite: join(tmp, `full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url)],
     ['fg-normal', () => startFencegate('normal', { sqlite: join(tmp, `normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url)],
+    ['fg-auth', startAuth('auth')],
     ...(pgUrl
       ? [
           ['fg-postgres', () => startPostgresReplicas('postgres', 1, upstream.url)],
@@ -153,6 +179,7 @@ async function main() {
       ? [
           ['base-full', () => startFencegate('base-full', { sqlite: join(tmp, `base-full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
           ['base-normal', () => startFencegate('base-normal', { sqlite: join(tmp, `base-normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
+          ['base-auth', startAuth('base-auth', join(base, 'dist/entry/cli.js'))],
           ...(pgUrl ? [['base-postgres', () => startPostgresReplicas('base-postgres', 1, upstream.url, join(base, 'dist/entry/cli.js'))]] : []),
         ]
       : []),
@@ -168,18 +195,25 @@ async function main() {
       const target = await start();
       if (target.ceiling) {
         const c = await load({ kind: 'pg-ceiling', url: pgUrl, connections: 50, seconds, pool: 20 });
-        runs.get(name).push({ rps50: c.rps, p50_50c: null, p99_50c: null, p50_1c: null, p99_1c: null, errors: c.errors, statuses: {} });
+        runs.get(name).push({ rps50: c.rps, cpu_us: null, p50_50c: null, p99_50c: null, p50_1c: null, p99_1c: null, errors: c.errors, statuses: {} });
         process.stderr.write(`round ${round}: ${name} ${c.rps.toFixed(0)} pairs/s\n`);
         continue;
       }
       for (const u of [target.url].flat()) await waitReady(u);
       // Warm-up: JIT, connection pools, SQLite page cache.
-      await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm-${round}` });
-      const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50-${round}` });
-      const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1-${round}` });
-      runs.get(name).push({ rps50: t50.rps, p50_50c: t50.p50, p99_50c: t50.p99, p50_1c: l1.p50, p99_1c: l1.p99, errors: t50.errors + l1.errors, statuses: t50.statuses });
+      const { headers } = target;
+      await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm-${round}`, headers });
+      // The serving process's own CPU over the run (user + system, every
+      // thread, from /proc), per request: what a request costs the server,
+      // which the box's other load moves far less than its throughput.
+      const cpuBefore = target.cpuMs?.() ?? null;
+      const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50-${round}`, headers });
+      const cpuAfter = target.cpuMs?.() ?? null;
+      const cpuUs = cpuBefore !== null && cpuAfter !== null && t50.total > 0 ? ((cpuAfter - cpuBefore) * 1000) / t50.total : null;
+      const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1-${round}`, headers });
+      runs.get(name).push({ rps50: t50.rps, cpu_us: cpuUs, p50_50c: t50.p50, p99_50c: t50.p99, p50_1c: l1.p50, p99_1c: l1.p99, errors: t50.errors + l1.errors, statuses: t50.statuses });
       await target.stop();
-      process.stderr.write(`round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, p50@1 ${l1.p50.toFixed(3)} ms\n`);
+      process.stderr.write(`round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, ${cpuUs === null ? '-' : cpuUs.toFixed(0)} µs CPU/req, p50@1 ${l1.p50.toFixed(3)} ms\n`);
     }
   }
   const median = (xs) => {
@@ -190,6 +224,7 @@ async function main() {
   const rows = [...runs].map(([name, rs]) => ({
     target: name,
     rps50: median(rs.map((r) => r.rps50)),
+    cpu_us: median(rs.map((r) => r.cpu_us)),
     p50_50c: median(rs.map((r) => r.p50_50c)),
     p99_50c: median(rs.map((r) => r.p99_50c)),
     p50_1c: median(rs.map((r) => r.p50_1c)),
@@ -212,6 +247,7 @@ async function main() {
   for (const r of rows) {
     const mine = runs.get(r.target);
     r.vs_bare = bare ? median(mine.map((m, i) => m.rps50 / bare[i].rps50)) : null;
+    r.cpu_vs_bare = bare && mine.every((m, i) => m.cpu_us !== null && bare[i].cpu_us) ? median(mine.map((m, i) => m.cpu_us / bare[i].cpu_us)) : null;
     r.vs_control = control ? median(mine.map((m, i) => m.rps50 / control[i].rps50)) : null;
     r.vs_pg_ceiling = ceiling && r.target.includes('postgres') ? median(mine.map((m, i) => m.rps50 / ceiling[i].rps50)) : null;
     r.added_p50_1c_ms = direct && mine[0].p50_1c !== null ? median(mine.map((m, i) => m.p50_1c - direct[i].p50_1c)) : null;
@@ -225,12 +261,13 @@ async function main() {
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
   console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}${pgCore === null ? '' : `, PostgreSQL alone on core ${pgCore}`}), ${seconds}s per run, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`);
-  console.log('| target | req/s @50 | × bare | × control | × pg-ceiling | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
-  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+  console.log('| target | req/s @50 | × bare | × control | × pg-ceiling | CPU µs/req @50 | CPU × bare | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
+  console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of rows) {
     if (r.errors > 0) process.stderr.write(`${r.target}: statuses ${JSON.stringify(r.statuses)}\n`);
-    console.log(`| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_bare)} | ${fmt(r.vs_control)} | ${fmt(r.vs_pg_ceiling)} | ${fmt(r.p50_50c, 0)} | ${fmt(r.p99_50c, 0)} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`);
+    console.log(`| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_bare)} | ${fmt(r.vs_control)} | ${fmt(r.vs_pg_ceiling)} | ${fmt(r.cpu_us, 0)} | ${fmt(r.cpu_vs_bare)} | ${fmt(r.p50_50c, 0)} | ${fmt(r.p99_50c, 0)} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`);
   }
+  console.log('\n(CPU µs/req: the serving process\'s user + system CPU over the 50-connection run, every thread, read from /proc, divided by the requests answered; PostgreSQL\'s own CPU is not in it)');
   console.log('\n(pg-ceiling: two small write transactions per request straight to PostgreSQL, 50 at a time on a pool of 20, in pairs/s; × pg-ceiling: a PostgreSQL row against it)');
   console.log(`\n(written to bench/results/${written}; p50/p99 @50 are autocannon's whole milliseconds, @1 are hrtime-precise)`);
 }

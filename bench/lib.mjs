@@ -50,6 +50,8 @@ export async function startNode(script, { env = {}, args = [], cpus, stdoutFile,
     }));
   return {
     url: `http://127.0.0.1:${port}`,
+    /** CPU the process has used so far (user + system, all its threads), in ms, from /proc; null where /proc is not there. */
+    cpuMs: () => cpuMsOf(child.pid),
     async stop() {
       if (child.exitCode !== null) return;
       child.kill('SIGTERM');
@@ -59,6 +61,19 @@ export async function startNode(script, { env = {}, args = [], cpus, stdoutFile,
 }
 
 export const pinned = HAS_TASKSET;
+
+const TICK_MS = 10; // USER_HZ is 100 on Linux
+
+/** utime + stime of a process (every thread), in ms; null when it cannot be read. */
+export function cpuMsOf(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(') ') + 2).split(' ');
+    return (Number(fields[11]) + Number(fields[12])) * TICK_MS;
+  } catch {
+    return null;
+  }
+}
 
 // One counter for the whole benchmark: every run against a target continues
 // the fences of the runs before it (warm-up, throughput, latency share one
@@ -157,13 +172,13 @@ export async function load(job) {
 const list = (url) => (Array.isArray(url) ? url : [url]);
 
 /** Throughput and (whole-millisecond) latency percentiles at `connections`, split over one URL or several (replicas, round robin by connection). */
-export function throughput(url, { connections, seconds, prefix }) {
-  return load({ kind: 'throughput', urls: list(url), connections, seconds, prefix });
+export function throughput(url, { connections, seconds, prefix, headers }) {
+  return load({ kind: 'throughput', urls: list(url), connections, seconds, prefix, headers });
 }
 
 /** Sequential requests on one keep-alive connection per URL, in turn, timed with hrtime: sub-millisecond percentiles. */
-export function latency(url, { requests, prefix, warmup = 200 }) {
-  return load({ kind: 'latency', urls: list(url), requests, prefix, warmup });
+export function latency(url, { requests, prefix, warmup = 200, headers }) {
+  return load({ kind: 'latency', urls: list(url), requests, prefix, warmup, headers });
 }
 
 /** A port free on loopback now (the server started next takes it). */
@@ -187,15 +202,15 @@ export function paymentsRoute(upstream, extra = {}) {
 
 /**
  * A gateway on a free loopback port: its configuration (`store`, `routes`)
- * written to `<dir>/<name>.json`, then `script` started with `args(file)`
+ * (and any other top-level members in `config`) written to `<dir>/<name>.json`, then `script` started with `args(file)`
  * (default: `serve --config <file>`, for dist/entry/cli.js) and the other
  * startNode options (pinned to core 0 unless `cpus` says otherwise; the
  * decision log at info into `stdoutFile`).
  */
-export async function startGateway(script, { dir, name, store, routes, args = (file) => ['serve', '--config', file], cpus = 0, env = {}, ...rest }) {
+export async function startGateway(script, { dir, name, store, routes, config = {}, args = (file) => ['serve', '--config', file], cpus = 0, env = {}, ...rest }) {
   const port = await freePort();
   const file = join(dir, `${name}.json`);
-  writeFileSync(file, JSON.stringify({ listen: { host: '127.0.0.1', port }, store, routes }));
+  writeFileSync(file, JSON.stringify({ listen: { host: '127.0.0.1', port }, store, routes, ...config }));
   return startNode(script, { args: args(file), cpus, env: { FENCEGATE_LOG_LEVEL: 'info', ...env }, port, ...rest });
 }
 

@@ -6,7 +6,7 @@
 //   node bench/load.mjs '<job as JSON>'
 //
 // Jobs (one per process; the answer is the last line of stdout, as JSON):
-//   {kind:'throughput', urls, connections, seconds, prefix, start}
+//   {kind:'throughput', urls, connections, seconds, prefix, start, headers?}
 //       autocannon against each URL with connections/urls.length each
 //       (several gateway replicas behind a round-robin client): the
 //       aggregate req/s, the worst p50/p99 of the clients.
@@ -15,7 +15,8 @@
 //       turn, timed with hrtime.
 //   {kind:'pg-ceiling', url, connections, seconds, pool}
 //       PostgreSQL's own ceiling (bench/pg-ceiling.mjs).
-// `start` continues the fence sequence of the jobs before (see commandFactory).
+// `start` continues the fence sequence of the jobs before (see commandFactory);
+// `headers` are sent with every request (an Authorization for an auth target).
 import autocannon from 'autocannon';
 import { Pool } from 'undici';
 import { pgCeiling } from './pg-ceiling.mjs';
@@ -24,7 +25,7 @@ const job = JSON.parse(process.argv[2]);
 let sequence = job.start ?? 0;
 
 /** A fresh, unique command for each request: new key, rising fence, 1000 entities. */
-function commandFactory(prefix) {
+function commandFactory(prefix, extra = {}) {
   return () => {
     const n = ++sequence;
     return {
@@ -35,14 +36,15 @@ function commandFactory(prefix) {
         'idempotency-key': `${prefix}-${n}`,
         'x-execution-fence': String(n),
         'x-fence-entity': `bench:${n % 1000}`,
+        ...extra,
       },
       body: '{"amount":1200,"currency":"usd"}',
     };
   };
 }
 
-async function throughput({ urls, connections, seconds, prefix }) {
-  const next = commandFactory(prefix);
+async function throughput({ urls, connections, seconds, prefix, headers }) {
+  const next = commandFactory(prefix, headers);
   const each = Math.max(1, Math.round(connections / urls.length));
   const results = await Promise.all(
     urls.map((url) => autocannon({ url, connections: each, duration: seconds, requests: [{ setupRequest: (req) => ({ ...req, ...next() }) }] })),
@@ -59,9 +61,9 @@ async function throughput({ urls, connections, seconds, prefix }) {
   };
 }
 
-async function latency({ urls, requests, prefix, warmup = 200 }) {
+async function latency({ urls, requests, prefix, warmup = 200, headers }) {
   const pools = urls.map((url) => new Pool(url, { connections: 1 }));
-  const next = commandFactory(prefix);
+  const next = commandFactory(prefix, headers);
   const samples = [];
   let errors = 0;
   for (let i = 0; i < warmup + requests; i++) {

@@ -1,7 +1,7 @@
 // How a waiter on one gateway replica learns that the request it waits for
 // (serial slot, Prefer: wait) finished on ANOTHER replica: LISTEN/NOTIFY vs
 // bounded polling, on the PostgreSQL store. Chooses the default of
-// src/store/postgres/wakeups.ts (the numbers are in README "Performance").
+// src/store/postgres/wakeups.ts (the numbers are in docs/performance.md).
 //
 //   node bench/postgres-wait.mjs [--rounds 200] [--finishes 2000]   (after npm run build)
 //

@@ -1,5 +1,5 @@
-// worker.ts: a worker that pays through the gateway (README "A worker that
-// pays through the gateway"). test/examples/worker.test.ts type-checks this
+// worker.ts: a worker that pays through the gateway (docs/lease.md, "Example:
+// a worker that pays through the gateway"). test/examples/worker.test.ts type-checks this
 // file and runs it against a real gateway, the demo upstream and SQLite.
 //   FENCEGATE_URL  the gateway (default http://127.0.0.1:8080)
 //   DATABASE_URL   a PostgreSQL job database, or JOBS_DB a SQLite file (default ./jobs.db)

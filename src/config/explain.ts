@@ -2,7 +2,7 @@ import type { z } from 'zod';
 
 /**
  * Turns zod's issues into lines an operator can act on, without changing the
- * schema (README "Configuration errors"):
+ * schema (docs/configuration.md, at its top):
  *
  * - a key the schema does not know: `routes[0]: unknown key "timeoutMS" (did you mean "timeoutMs"?)`,
  *   the suggestion being the nearest key the schema has at that place;

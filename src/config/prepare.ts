@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs';
 import { createSecureContext } from 'node:tls';
-import { checkKeys, KeyConfigError, verificationKeys } from './keys.js';
+import { checkKeys, KeyConfigError, verificationKeys } from '../protocol/keys.js';
 import { inlineKeyFiles } from './key-files.js';
 import { ConfigError } from './load.js';
 import type { Config } from './schema.js';

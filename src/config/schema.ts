@@ -334,7 +334,8 @@ export const ConfigSchema = z
      * How long an entity's fence is remembered after it was last accepted
      * (and fence history rows are kept). Forgetting a fence re-opens the
      * entity to every holder of an older token, so this must exceed the
-     * longest time a stale holder can come back (README "Retention"): long
+     * longest time a stale holder can come back (docs/configuration.md,
+     * "Retention and the sweeper"): long
      * by default, and never below an hour.
      */
     entityRetention: Duration.prefault('90d').pipe(z.number().min(3_600_000, 'must be at least 1h: forgetting a fence re-opens the entity to older tokens')),

@@ -208,6 +208,73 @@ export function sweepRecord(record: IdempotencyRecord, now: number): Idempotency
   return record;
 }
 
+/** What the release of a lost admission is told: the parts of that admission's own input that decide it. */
+export type ReleaseCommand = Pick<AdmitInput, 'key' | 'entity' | 'ownerToken' | 'lockMs' | 'onUnknown'>;
+
+export interface Released {
+  /** The entity's serial slot was held under the owner token, and is free now. */
+  slot: boolean;
+  /** The record held under the owner token was deleted, or put back to `outcome_unknown`. */
+  record: boolean;
+  next: AdmissionState;
+}
+
+/**
+ * DESIGN §8.2, "An admission whose answer was lost": the admission may have
+ * committed, but its caller was answered 503 `store-unavailable` and nothing
+ * was forwarded (§3.5), so whatever it holds stands for a request that was
+ * never made. The rule, for the rows of the admission's key and entity:
+ *
+ * - The entity's slot is freed if its owner is the admission's owner token
+ *   (live or expired). The fence, its acceptance time and its history stay,
+ *   as after an `entity-busy` answer.
+ * - The record, if its owner is the owner token:
+ *   - `onUnknown: reject`: deleted when `in_progress` or `outcome_unknown`
+ *     (its lock ran out and another request marked it), as a finish
+ *     `released` deletes it (§3.7);
+ *   - `onUnknown: retry`: the admission may have been a takeover of an
+ *     earlier attempt whose outcome is unknown. An `in_progress` record the
+ *     admission created, whose lock ends exactly `lockMs` after its creation
+ *     (`decide` writes both from one clock reading; a takeover keeps the
+ *     earlier `createdAt` and locks from its own, later reading), is deleted;
+ *     any other `in_progress` one goes back to `outcome_unknown`, lock
+ *     cleared, as after `admission-expired` (its fingerprint keeps refusing
+ *     another payload under the key); an `outcome_unknown` one, which could
+ *     be either, stays.
+ *   - A `completed` record stays (a finish recorded it: the request was sent).
+ * - A record or slot of another owner, or none (the admission rolled back
+ *   or was refused), is left as it is. The owner token is fresh per request,
+ *   so nothing else can match. Nothing is logged.
+ *
+ * No clock: nothing here depends on time, only on the rows as they are. The
+ * takeover test needs a takeover's clock reading to differ from the
+ * creation it took over, which holds where the clock is finer than the time
+ * from an admission to its finish and a retry's takeover (PostgreSQL's
+ * `clock_timestamp()`, µs); a same-tick takeover would read as fresh.
+ * Applying the rule twice gives what applying it once gives.
+ */
+export function releaseUnsent(state: AdmissionState, cmd: ReleaseCommand): Released {
+  let { entity, record } = state;
+  let slot = false;
+  let released = false;
+  if (cmd.entity !== null && entity !== null && entity.slot?.owner === cmd.ownerToken) {
+    entity = { fence: entity.fence, acceptedAt: entity.acceptedAt, slot: null };
+    slot = true;
+  }
+  if (cmd.key !== null && record !== null && record.owner === cmd.ownerToken) {
+    if (cmd.onUnknown === 'reject') {
+      if (record.state === 'in_progress' || record.state === 'outcome_unknown') {
+        record = null;
+        released = true;
+      }
+    } else if (record.state === 'in_progress') {
+      record = record.lockedUntil === record.createdAt + cmd.lockMs ? null : withState(record, 'outcome_unknown', null);
+      released = true;
+    }
+  }
+  return { slot, record: released, next: entity === state.entity && record === state.record ? state : { entity, record } };
+}
+
 /**
  * A record in another state, the rest kept. Written out field by field, not
  * with object spread: on Node 20 a spread copy of such an object took ~2 µs

@@ -62,7 +62,7 @@ export type BodyFingerprint = 'raw' | { json: string[] } | { ignore: string[] };
  * but the `ignore` ones, so that a retry whose body differs only there (a
  * regenerated timestamp) is the same command. Two commands that differ only
  * in what is left out share one key's stored answer: that is the point, and
- * the risk (README "Key rules").
+ * the risk (docs/configuration.md, the route field `fingerprint`).
  *
  * A body this cannot read the same way as any upstream is fingerprinted raw,
  * which is the strict choice (any byte changed is another command, 422 on

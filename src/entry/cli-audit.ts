@@ -6,7 +6,7 @@ import { ConfigError } from '../config/load.js';
 import { readConfig } from '../config/read-file.js';
 import type { Config } from '../config/schema.js';
 import { parseDuration } from '../core/duration.js';
-import { verificationKeys } from '../config/keys.js';
+import { verificationKeys } from '../protocol/keys.js';
 import { parseRejectionQuery } from '../http/admin.js';
 import { rejectionPages } from '../http/audit/export.js';
 import { CSV_HEADER, csvLine, ndjsonLine, rejectionJson, tableHeader, tableLine, visibleText, type RejectionJson } from '../http/audit/format.js';

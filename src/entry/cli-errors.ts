@@ -1,7 +1,7 @@
 import { ConfigError } from '../config/load.js';
 
 /**
- * How the CLI fails (README "Command line"): one line on stderr,
+ * How the CLI fails (docs/cli.md): one line on stderr,
  * `fencegate: <what went wrong and what to do>`, and an exit code: 2 for a
  * usage error (a wrong flag or value; the same command cannot succeed), 1
  * for everything else. A stack trace only with `FENCEGATE_DEBUG=1`: the

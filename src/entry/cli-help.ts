@@ -1,5 +1,5 @@
 // The CLI's help texts, one per command (`fencegate <command> --help`).
-// README "Command line" shows the same usage lines; keep the two in step.
+// docs/cli.md shows the same usage lines; keep the two in step.
 import { reasonLines } from './cli-reasons.js';
 
 export const HELP = `fencegate — a fencing-aware side-effect gateway
@@ -30,7 +30,7 @@ Usage:
   fencegate serve --config FILE [--port N] [--db PATH | --database-url URL]
 
 Options:
-  --config FILE        JSON configuration (README: Configuration); default FENCEGATE_CONFIG
+  --config FILE        JSON configuration (docs/configuration.md); default FENCEGATE_CONFIG
   --port N             override listen.port and PORT (0: any free port)
   --db PATH            use this SQLite file as the store (overrides store)
   --database-url URL   use this PostgreSQL database (also DATABASE_URL)

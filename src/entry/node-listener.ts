@@ -4,7 +4,7 @@ import type { ReadableStream as NodeReadableStream } from 'node:stream/web';
 import { toReply } from '../http/errors.js';
 import { problemBaseOf, type Gateway } from '../http/gateway.js';
 import type { HeaderReader, Inbound, Reply } from '../http/inbound.js';
-import { normalizePath } from '../http/path.js';
+import { isAdminPath } from '../http/pipeline/route.js';
 import { renderProblem } from '../protocol/problem.js';
 
 /** A request body left unread after the answer (a refusal before the body was needed) is discarded up to this size and for this long, then the connection closes. */
@@ -13,9 +13,9 @@ const DISCARD_LIMIT_MS = 1_000;
 
 /**
  * The Node server's request listener: proxied requests go to the gateway's
- * `direct` path, read from the Node request and written to the Node response;
- * everything else (the admin API under `adminPrefix`, every request when
- * caller auth is on, and any request target @hono/node-server would have to
+ * `direct` path (caller auth included), read from the Node request and
+ * written to the Node response; everything else (the admin API under
+ * `adminPrefix`, and any request target @hono/node-server would have to
  * judge: absolute form, a backslash, an odd Host) goes to `fallback`, the
  * Hono app's listener.
  *
@@ -61,7 +61,7 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
     const query = target.indexOf('?');
     const slash = target.indexOf('\\');
     if (slash !== -1 && (query === -1 || slash < query)) return write(req, res, backslash);
-    if (direct === null || target[0] !== '/' || target.includes('\\') || host === undefined) return fallback(req, res);
+    if (target[0] !== '/' || target.includes('\\') || host === undefined) return fallback(req, res);
     // As @hono/node-server builds it, so that both paths see the same path.
     let url: URL;
     try {
@@ -70,14 +70,10 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
       return fallback(req, res);
     }
     if (url.hostname.length !== host.length && url.hostname !== host.replace(/:\d+$/, '')) return fallback(req, res);
-    // The admin API's paths go to Hono, which routes on the percent-decoded
-    // path (/%5Ffencegate/health is the admin API there too); the proxy
-    // routes on the normal form (../http/path.ts), which decodes less. Either
-    // reading under the prefix goes to Hono, so no path is the admin API's
-    // on one way in and proxied on the other.
-    if (normalizePath(url.pathname).startsWith(adminPrefix) || (url.pathname.includes('%') && percentDecoded(url.pathname).startsWith(adminPrefix))) {
-      return fallback(req, res);
-    }
+    // The admin API's paths go to Hono; the one rule (../http/pipeline/route.ts
+    // isAdminPath) takes both readings of the path, so no path is the admin
+    // API's on one way in and proxied on the other.
+    if (isAdminPath(url.pathname, adminPrefix)) return fallback(req, res);
     const inbound = new NodeInbound(req, res, url.pathname, url.search);
     direct(inbound)
       .then((reply) => write(req, res, reply))
@@ -95,7 +91,6 @@ class NodeInbound implements Inbound {
   readonly method: string;
   readonly headers: HeaderReader;
   readonly body = null;
-  readonly caller = null;
   private controller: AbortController | null = null;
   constructor(
     readonly incoming: IncomingMessage,
@@ -136,21 +131,10 @@ function atHeaderCap(req: IncomingMessage): boolean {
   return entries > 0 && req.rawHeaders.length >= entries;
 }
 
-/** Decodes every well-formed run of %XX (as Hono's router sees a path); malformed runs stay as they are. */
-function percentDecoded(path: string): string {
-  return path.replace(/(?:%[0-9A-Fa-f]{2})+/g, (run) => {
-    try {
-      return decodeURIComponent(run);
-    } catch {
-      return run;
-    }
-  });
-}
-
 function write(req: IncomingMessage, res: ServerResponse, reply: Reply): void {
   if (res.destroyed) return;
   // A HEAD answer has no body here: it carries the upstream's Content-Length
-  // (../http/settle.ts) or none, never a computed 0, which would tell the
+  // (../http/plain/outcome.ts) or none, never a computed 0, which would tell the
   // caller the resource is empty.
   const head = req.method === 'HEAD';
   const flat: string[] = [];

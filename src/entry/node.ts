@@ -12,7 +12,7 @@ import { renderProblem } from '../protocol/problem.js';
 import { createJsonLogger, type Logger } from '../http/logger.js';
 import { createMetrics } from '../http/metrics.js';
 import { createPromBackend } from '../http/metrics-node.js';
-import { loadTracing } from '../http/tracing.js';
+import { loadTracing } from '../observe/tracing.js';
 import type { Registry } from 'prom-client';
 import { drainingFinishes } from './drain-finishes.js';
 import { createNodeListener } from './node-listener.js';

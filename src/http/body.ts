@@ -1,14 +1,6 @@
-import type { HeaderReader } from './inbound.js';
+import type { HeaderReader, IncomingLike } from './inbound.js';
 
 export type BodyResult = { ok: true; body: Uint8Array } | { ok: false; tooLarge: true } | { ok: false; aborted: true };
-
-/** The parts of a Node `IncomingMessage` the fast path uses (`c.env.incoming` under @hono/node-server). */
-export interface IncomingLike {
-  on(event: string, listener: (...args: any[]) => void): unknown;
-  off(event: string, listener: (...args: any[]) => void): unknown;
-  pause(): unknown;
-  readonly readableEnded: boolean;
-}
 
 /**
  * Reads the request body, refusing (before reading) a declared length over

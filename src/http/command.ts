@@ -122,7 +122,7 @@ export function entityFromJson(pointer: string, body: Uint8Array): { ok: true; e
  * refusal of a repeated member name (the upstream must read the key the
  * gateway stored under) and the key rules of a header key. What the gateway
  * and the upstream read there must be one key, so (400
- * `invalid-idempotency-key`, README "Key rules"):
+ * `invalid-idempotency-key`, docs/http-api.md "Key rules"):
  * - a string is the key; an integer is the key as written, a plain decimal
  *   within ±(2^53−1): `1.0`, `1e0` and `-0` are refused, never read as `1`
  *   or `0`, and a larger integer is refused, not rounded to a double;

@@ -7,15 +7,14 @@ import type { GatewayStore, SweepResult } from '../store/types.js';
 import { createAdminApp } from './admin.js';
 import { toReply } from './errors.js';
 import type { Forwarder } from './forward.js';
-import type { IncomingLike } from './body.js';
-import type { Inbound, Reply } from './inbound.js';
+import type { IncomingLike, Inbound, Reply } from './inbound.js';
 import { errorText, silentLogger, type Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { credentialHashKeyOf } from './key-scope.js';
-import { createProxyHandler } from './proxy.js';
+import { createPipeline } from './pipeline/index.js';
 import { createSecurity } from './security.js';
 import { timeStore } from './store-timing.js';
-import { loadTracing } from './tracing.js';
+import { loadTracing } from '../observe/tracing.js';
 
 export interface GatewayOptions {
   config: Config;
@@ -36,12 +35,12 @@ export interface Gateway {
   config: Config;
   /**
    * The proxied-request path without Hono's Request/Response, for a server
-   * that parses HTTP itself (the Node entry): the same decisions, counted as
-   * in flight, a throw answered 500 as `app` answers it. null when caller
-   * auth is configured: those requests go through `app` (its middleware).
-   * Paths under `adminPrefix` always belong to `app`.
+   * that parses HTTP itself (the Node entry): the same decisions (caller
+   * auth included), counted as in flight, a throw answered 500 as `app`
+   * answers it. Paths under `adminPrefix` (./pipeline/route.ts isAdminPath)
+   * belong to `app`.
    */
-  direct: ((request: Inbound) => Promise<Reply>) | null;
+  direct: (request: Inbound) => Promise<Reply>;
   /** Requests being handled right now. */
   inflight(): number;
   /**
@@ -79,8 +78,8 @@ export function createGateway(options: GatewayOptions): Gateway {
   store.observeGroups?.((size, syncMs) => metrics.storeGroup(size, syncMs));
   // Spans only once @opentelemetry/api has loaded (if it is installed); startGateway waits for it.
   void loadTracing();
-  // Caller auth (step 2) and signed fences (step 3), when configured.
-  const { auth, checkSignedFence } = createSecurity({ config, store, logger, problemBase, env, observe: metrics.observe });
+  // Caller auth (stage 2) and signed fences (stage 5), when configured.
+  const { auth, checkSignedFence } = createSecurity({ config, store, logger, problemBase, env });
   // Callers are told apart, but an unsigned fence is a number any of them
   // may send: one with the proxy scope sends 9223372036854775807 for another
   // caller's entity and locks it for good (DESIGN §2 G1 trusts the fence).
@@ -88,7 +87,7 @@ export function createGateway(options: GatewayOptions): Gateway {
     logger.warn('unsigned-fences', { reason: 'auth is on but fences are unsigned: any caller with fencegate:proxy can lock any entity with a giant fence; configure fence.signed, or fence.entityScope "caller"' });
   }
 
-  const proxy = createProxyHandler({
+  const proxy = createPipeline({
     config,
     store: timeStore(store, metrics),
     forwarder,
@@ -96,7 +95,7 @@ export function createGateway(options: GatewayOptions): Gateway {
     problemBase,
     upstreamHeaders,
     // The caller's Authorization authenticates it to the gateway, never to the upstream.
-    stripAuthorization: auth !== null,
+    verify: auth?.verify ?? null,
     credentialHashing: { auth: auth !== null, key: credentialHashKey },
     ...(checkSignedFence ? { checkSignedFence } : {}),
     observe: metrics.observe,
@@ -157,14 +156,10 @@ export function createGateway(options: GatewayOptions): Gateway {
       get signal() {
         return req.signal;
       },
-      caller: auth ? auth.callerOf(c) : null,
-      claims: auth ? auth.claimsOf(c) : null,
     });
     return webResponse(reply);
   };
-  // Without auth, no pass-through middleware: one async hop less per request.
-  if (auth) app.all('*', auth.proxy, handle);
-  else app.all('*', handle);
+  app.all('*', handle);
   app.onError((err, c) => webResponse(internalError(new URL(c.req.url).pathname, err)));
 
   const sweepOptions = {
@@ -194,7 +189,7 @@ export function createGateway(options: GatewayOptions): Gateway {
     app,
     store,
     config,
-    direct: auth ? null : (request) => counted(request).catch((err) => internalError(request.pathname, err)),
+    direct: (request) => counted(request).catch((err) => internalError(request.pathname, err)),
     inflight: () => active,
     sweep,
     close() {

@@ -1,4 +1,10 @@
-import type { IncomingLike } from './body.js';
+/** The parts of a Node `IncomingMessage` the body reader uses (`c.env.incoming` under @hono/node-server). */
+export interface IncomingLike {
+  on(event: string, listener: (...args: any[]) => void): unknown;
+  off(event: string, listener: (...args: any[]) => void): unknown;
+  pause(): unknown;
+  readonly readableEnded: boolean;
+}
 
 /** What the proxy reads of a header block: `Headers` has this shape, and so does the Node entry's view of the raw headers. */
 export interface HeaderReader {
@@ -24,10 +30,6 @@ export interface Inbound {
   incoming?: IncomingLike;
   /** Aborted once the caller has gone away (read only while waiting). */
   readonly signal: AbortSignal;
-  /** The authenticated caller (scopes keys, named in the rejection log); null without auth. */
-  caller: string | null;
-  /** The verified token's claims that a route's `keyScope.claim` names (./key-scope.ts); absent or null without auth. */
-  claims?: Readonly<Record<string, string>> | null;
 }
 
 /** The answer, before any server writes it. Header names are lower case. */

@@ -4,7 +4,7 @@ import { ConfigError } from '../config/load.js';
 import { credentialHeaderCollision, formatIdempotencyKey } from '../protocol/headers.js';
 import type { HeaderReader, Reply } from './inbound.js';
 import type { Logger } from './logger.js';
-import { setHeader } from './settle.js';
+import { setHeader } from './pipeline/reply.js';
 
 /**
  * Whose key a key is (DESIGN §3.5: the store compares keys within a scope).
@@ -146,7 +146,7 @@ export function claimScopeOf(route: RouteConfig | null): string | null {
  * does not end that: without auth its header is whatever the caller sends,
  * so a caller who sends another tenant's value is in that tenant's key space
  * and is handed its replays. It scopes keys only when a trusted proxy in
- * front sets the header and drops the client's own copy (README "Key rules").
+ * front sets the header and drops the client's own copy (docs/http-api.md "Key rules").
  */
 export function warnGlobalKeys(config: Config, logger: Logger): void {
   if (config.auth !== undefined) return;

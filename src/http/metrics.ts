@@ -26,7 +26,7 @@ export interface RequestObservation {
   status: number;
   totalMs: number;
   upstreamMs: number | undefined;
-  /** An mcp route's tools/call: the tool's name (or `_unlisted`, ./mcp/pipeline.ts keeps the set bounded). */
+  /** An mcp route's tools/call: the tool's name (or `_unlisted`: ./mcp/codec.ts keeps the set bounded). */
   tool?: string;
 }
 

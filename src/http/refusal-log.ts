@@ -4,7 +4,7 @@ import { cutText, REJECTION_TEXT_LIMITS } from '../store/bounds.js';
 import type { AuditInfo, GatewayStore, RejectionReason } from '../store/types.js';
 import type { HeaderReader } from './inbound.js';
 import { errorText, type Logger } from './logger.js';
-import { shortHash } from './middleware/auth/middleware.js';
+import { shortHash, type AuthRefusal } from './middleware/auth/middleware.js';
 
 /**
  * The 400s of step 3 that the rejection log keeps (DESIGN §3.11): a
@@ -76,5 +76,26 @@ export async function logRefusal(
     });
   } catch (err) {
     deps.logger.error('store-error', { request_id: audit.requestId, phase: 'rejection-log', reason: refusal.code, error: errorText(err) });
+  }
+}
+
+/**
+ * An auth refusal's row (401 `unauthorized`, 403 `forbidden`): who, if the
+ * token was valid, what and why; never the token, only a short hash of it
+ * to correlate repeated attempts. Best effort, as `logRefusal`.
+ */
+export async function logAuthRefusal(deps: { store: GatewayStore; logger: Logger }, r: AuthRefusal, audit: Omit<AuditInfo, 'requestId' | 'caller' | 'payloadSha256'>): Promise<void> {
+  try {
+    await deps.store.recordRejection({
+      reason: r.code,
+      entity: null,
+      presentedFence: null,
+      currentFence: null,
+      idempotencyKey: null,
+      audit: { ...audit, requestId: r.requestId, caller: r.callerId, payloadSha256: '' },
+      detail: r.tokenSha256 === null ? r.why : `${r.why}; token sha256 ${r.tokenSha256}`,
+    });
+  } catch (err) {
+    deps.logger.error('store-error', { request_id: r.requestId, phase: 'rejection-log', reason: r.code, error: errorText(err) });
   }
 }

@@ -1,6 +1,6 @@
 import type { SignedFenceConfig } from '../config/schema.js';
 import { verifyFence } from '../protocol/fence-token.js';
-import { verificationKeys } from '../config/keys.js';
+import { verificationKeys } from '../protocol/keys.js';
 import { shortHash } from './middleware/auth/middleware.js';
 import type { Refusal } from '../protocol/problem.js';
 import type { AuditInfo, GatewayStore } from '../store/types.js';

@@ -1,46 +1,20 @@
 /**
- * OpenTelemetry spans for the gateway, when `@opentelemetry/api` is
- * installed (an optional peer dependency): a server span per proxied
- * request with children for admission, forward and finish, and the
- * forward's context in the upstream's `traceparent`. Without the package
- * every span is a shared no-op object; with it but without an SDK, the API
- * itself is a no-op and the caller's `traceparent`/`tracestate` reach the
- * upstream unchanged (as any other end-to-end header).
+ * OpenTelemetry spans for the gateway: a server span per proxied request
+ * with children for admission, forward and finish, and the forward's context
+ * in the upstream's `traceparent`. The API is loaded by src/observe/tracing.ts;
+ * before it is (or without `@opentelemetry/api`) every span is a shared no-op
+ * object, and with the API but without an SDK the caller's
+ * `traceparent`/`tracestate` reach the upstream unchanged (as any other
+ * end-to-end header).
  *
  * Attributes carry ids and decisions (route, entity, fence, idempotency
  * key, request id, decision, status, the path), never bodies and never the
  * query string (tokens travel there).
  */
 import type * as Otel from '@opentelemetry/api';
-import type { UpstreamResult } from './forward.js';
+import { clean, otel, type Attributes } from '../observe/tracing.js';
+import type { StreamedAnswer, UpstreamResult } from './forward.js';
 import type { HeaderReader } from './inbound.js';
-
-let api: typeof Otel | null = null;
-let loading: Promise<boolean> | null = null;
-
-/**
- * Loads `@opentelemetry/api` once; resolves true when it is there. The name
- * is not a literal, so a bundler (wrangler) does not require the package:
- * on a runtime without it the import fails and tracing stays off.
- */
-export function loadTracing(): Promise<boolean> {
-  return (loading ??= (async () => {
-    const name = '@opentelemetry/api';
-    try {
-      api = (await import(/* @vite-ignore */ name)) as typeof Otel;
-    } catch {
-      api = null;
-    }
-    return api !== null;
-  })());
-}
-
-/** The loaded API, or null (not installed, or not loaded yet). */
-export function otel(): typeof Otel | null {
-  return api;
-}
-
-export type Attributes = Record<string, string | number | boolean | undefined | null>;
 
 export interface PhaseSpan {
   /** Writes this span's context into `headers` (`traceparent`, `tracestate`) and returns them. */
@@ -85,7 +59,7 @@ const getter: Otel.TextMapGetter<HeaderReader> = {
  * span.end({ route: 'payments' }, 'forwarded', 201);
  */
 export function startRequestSpan(headers: HeaderReader, method: string, path: string, requestId: string): RequestSpan {
-  const o = api;
+  const o = otel();
   if (o === null) return NOOP_REQUEST;
   const parent = o.propagation.extract(o.ROOT_CONTEXT, headers, getter);
   const tracer = o.trace.getTracer('fencegate');
@@ -132,7 +106,7 @@ export function startRequestSpan(headers: HeaderReader, method: string, path: st
 }
 
 /** The forward span's attributes for what the upstream did. */
-export function upstreamAttributes(result: UpstreamResult): Attributes {
+export function upstreamAttributes(result: UpstreamResult | StreamedAnswer): Attributes {
   return { 'fencegate.upstream': result.kind, ...('status' in result ? { 'http.response.status_code': result.status } : {}) };
 }
 
@@ -147,10 +121,4 @@ function finishSpan(o: typeof Otel, span: Otel.Span, attrs: Attributes | undefin
 
 function str(v: unknown): string | undefined {
   return v === null || v === undefined ? undefined : String(v);
-}
-
-export function clean(attrs: Attributes | undefined): Record<string, string | number | boolean> {
-  const out: Record<string, string | number | boolean> = {};
-  for (const [k, v] of Object.entries(attrs ?? {})) if (v !== undefined && v !== null) out[k] = v;
-  return out;
 }

@@ -5,8 +5,8 @@ export { createPostgresJobStore, type PostgresJobStoreOptions } from './postgres
 export { openJobStore, type OpenJobStoreOptions } from './open.js';
 export { migrateLeasePostgres, migrateLeaseSqlite } from './migrate.js';
 export { runWorker } from './runner/run-worker.js';
-export type { RunWorkerOptions, KindOptions, PayloadSchema } from './runner/options.js';
-export type { JobContext, JobHandler, JobView, LeaseWorker, StopOptions } from './runner/types.js';
+export type { RunWorkerOptions, KindOptions } from './runner/options.js';
+export type { JobContext, JobHandler, JobView, LeaseWorker, PayloadSchema, StopOptions } from './runner/types.js';
 export {
   createFencedFetch,
   createStep,

@@ -12,12 +12,12 @@
  * key, request id, step, method, path; never payloads, results, bodies or
  * query strings.
  */
-import { clean, loadTracing as load, otel, type Attributes } from '../http/tracing.js';
+import { clean, loadTracing as load, otel, type Attributes } from '../observe/tracing.js';
 import type { LeaseEvent } from './events.js';
 import type { Lease } from './types.js';
 import { monotonicMs } from './timing.js';
 
-export { loadTracing } from '../http/tracing.js';
+export { loadTracing } from '../observe/tracing.js';
 
 // Started on import, so that it has loaded by the first claim (runWorker first starts its heartbeat thread);
 // `await loadTracing()` before runWorker makes sure of it.

@@ -1,6 +1,6 @@
 import { base64url, CompactSign, compactVerify, decodeProtectedHeader, type CryptoKey, type JWK } from 'jose';
 import { parseFence } from './headers.js';
-import { NoKeyError, type VerificationKeys } from '../config/keys.js';
+import { NoKeyError, type VerificationKeys } from './keys.js';
 
 /**
  * Signed fences (DESIGN §7). With `fence.signed` configured, the fence header

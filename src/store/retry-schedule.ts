@@ -1,11 +1,11 @@
 /**
  * The schedule of a store write that must land once the store is back (the
- * finish, src/http/settle.ts; the release of an admission whose answer was
+ * finish, src/http/pipeline/settle.ts; the release of an admission whose answer was
  * lost, ./postgres/release.ts): attempts for as long as the record's lock
  * lives, but at least MIN_RETRY_MS, spaced by these steps (the last one
  * repeats), each jittered within [half, all] so that the callers of one
  * failed group or outage do not all come back in the same turn and regroup.
- * Why 1.25 s at least: see src/http/settle.ts.
+ * Why 1.25 s at least: see src/http/pipeline/settle.ts.
  */
 export const RETRY_STEPS_MS = [50, 200, 500, 1000] as const;
 export const MIN_RETRY_MS = 1_250;

@@ -116,7 +116,7 @@ export interface SweepOptions {
    * Entity rows whose last accepted fence is older than this, and that hold
    * no live serial slot, are deleted, and fence-history rows older than this.
    * Forgetting an entity's fence re-opens it to any holder of an older token:
-   * see README "Retention". Omitted: entities and their history are kept.
+   * see docs/configuration.md "Retention and the sweeper". Omitted: entities and their history are kept.
    */
   entityRetentionMs?: number;
   /** Operator-action rows older than this are deleted. Omitted: kept. */
@@ -267,6 +267,12 @@ export interface AuditStore {
   auditStats(): Promise<AuditStats>;
 }
 
+/** What a release of a lost admission freed (DESIGN §8.2): its entity's slot, its record. */
+export interface UnsentRelease {
+  slot: boolean;
+  record: boolean;
+}
+
 export interface GatewayStore extends AuditStore {
   /** Backend name for logs and metrics: `sqlite`, `postgres`, `d1`. */
   readonly kind: string;
@@ -276,6 +282,18 @@ export interface GatewayStore extends AuditStore {
   admit(input: AdmitInput): Promise<Admission>;
   /** DESIGN §3.7, conditional on the owner token; also frees the serial slot it held. */
   finish(input: FinishInput): Promise<FinishResult>;
+  /**
+   * The release of an admission whose answer was lost (DESIGN §8.2): one
+   * attempt, one transaction, of `releaseUnsent` (../core/admission.ts) on
+   * the rows of `input`'s key and entity; `slot` / `record` say what it
+   * freed. Given the lost admission's own input (its owner token).
+   * PostgreSQL runs it in the background after a failed admission, retried
+   * while the database is away (./postgres/release.ts); SQLite's answers are
+   * never lost (in process; a failed WAL sync stops the store) and it has
+   * the method for the same rule; a store without it (D1) leaves such a
+   * record to its lock (DESIGN §8.2).
+   */
+  releaseUnsent?(input: AdmitInput): Promise<UnsentRelease>;
   /** Logs a refusal decided before admission (signature, expiry, auth). */
   recordRejection(input: RejectionInput): Promise<void>;
   /**

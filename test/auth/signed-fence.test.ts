@@ -2,7 +2,7 @@ import { join } from 'node:path';
 import { CompactSign, exportJWK, generateKeyPair } from 'jose';
 import { afterEach, describe, expect, it } from 'vitest';
 import { createFenceSigner, mintFence, verifyFence } from '../../src/protocol/fence-token.js';
-import { verificationKeys } from '../../src/config/keys.js';
+import { verificationKeys } from '../../src/protocol/keys.js';
 import { createSqliteJobStore } from '../../src/lease/sqlite/store.js';
 import { command, expectProblem, paymentsRoute, startTestGateway, tempDir, type RouteInput, type TestGateway } from '../helpers/gateway.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';

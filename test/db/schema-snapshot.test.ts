@@ -17,7 +17,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { migrateLeasePostgres, migrateLeaseSqlite } from '../../src/lease/migrate.js';
 import { migratePostgres } from '../../src/store/postgres/migrate.js';
 import { migrateSqlite } from '../../src/store/sqlite/migrate.js';
-import { openSqlite } from '../../src/store/sqlite/open.js';
+import { openSqlite } from '../../src/db/sqlite-open.js';
 import { createTestSchema, POSTGRES_URL } from '../helpers/postgres.js';
 import { dumpPostgres, dumpSqlite } from './schema-dump.js';
 

@@ -9,11 +9,11 @@ import { createSqliteJobStore } from '../../src/lease/index.js';
 import { paymentsRoute, startTestGateway, tempDir, type TestGateway } from '../helpers/gateway.js';
 import { killAll, ROOT, spawnProc, TS_ARGS } from '../helpers/child.js';
 
-// The README's worker example is examples/worker.ts, and this test keeps it
+// The worker example of docs/lease.md is examples/worker.ts, and this test keeps it
 // honest: the file type-checks against the built package (`fencegate/lease`
 // resolves to dist/), and it runs as its own process against a real gateway
 // (fence and idempotency required), the demo upstream and a SQLite job file.
-// README and docs/lease.md show the file verbatim (checked below).
+// docs/lease.md shows the file verbatim (checked below).
 
 const tmp = tempDir();
 let upstream: Server | undefined;
@@ -85,13 +85,12 @@ describe('examples/worker.ts', () => {
     }
   }, 90_000);
 
-  it('README and docs/lease.md show the file as it is', () => {
-    const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
+  it('docs/lease.md shows the file as it is', () => {
     const file = readFileSync(EXAMPLE, 'utf8');
     // The whole file, from its first import on (the header comment is the file's own).
     const code = file.slice(file.indexOf('import '));
     expect(code.length).toBeGreaterThan(2000);
-    for (const doc of [readme, readFileSync(join(ROOT, 'docs', 'lease.md'), 'utf8')]) {
+    for (const doc of [readFileSync(join(ROOT, 'docs', 'lease.md'), 'utf8')]) {
       expect(doc).toContain(code.trim());
       expect(doc).toContain('examples/worker.ts');
     }

@@ -130,10 +130,10 @@ describe('per-command help', () => {
     expect(r.stdout).toMatch(text);
   });
 
-  it('the README and --help agree on token’s default scope (fencegate:proxy)', async () => {
+  it('docs/cli.md and --help agree on token’s default scope (fencegate:proxy)', async () => {
     const { readFileSync } = await import('node:fs');
-    const readme = readFileSync(join(__dirname, '..', '..', 'README.md'), 'utf8');
-    const usage = /^fencegate token .*$/m.exec(readme)![0];
+    const doc = readFileSync(join(__dirname, '..', '..', 'docs', 'cli.md'), 'utf8');
+    const usage = /^fencegate token .*$/m.exec(doc)![0];
     const help = (await runNode([CLI, '--help'])).stdout;
     expect(help).toContain(usage.replace(/^fencegate/, '  fencegate'));
     expect(usage).toContain('[--scope "fencegate:proxy"]');

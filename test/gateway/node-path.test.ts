@@ -9,6 +9,7 @@ import { createNodeListener, rawHeaderReader } from '../../src/entry/node-listen
 import { createUndiciForwarder } from '../../src/http/forward-undici.js';
 import { createGateway, type Gateway } from '../../src/http/gateway.js';
 import { SqliteGatewayStore } from '../../src/store/sqlite/gateway-store.js';
+import { hsAuth, token } from '../auth/tokens.js';
 import { paymentsRoute, snapshot, tempDir } from '../helpers/gateway.js';
 import { rawRequest, type RawRequest, type RawResponse } from '../helpers/raw-http.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
@@ -45,7 +46,7 @@ async function listen(listener: RequestListener): Promise<string> {
   return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
 }
 
-async function side(kind: 'node' | 'hono'): Promise<Side> {
+async function side(kind: 'node' | 'hono', extra: Record<string, unknown> = {}): Promise<Side> {
   const up = await startUpstream();
   cleanups.push(() => up.close());
   const tmp = tempDir();
@@ -57,6 +58,7 @@ async function side(kind: 'node' | 'hono'): Promise<Side> {
       paymentsRoute(up.url, { maxBodyBytes: 256, replayHeaders: ['content-type', 'location'] }),
       paymentsRoute(up.url, { name: 'lookup', match: { path: '/lookup/*', methods: ['GET', 'HEAD'] }, fence: 'off', idempotency: 'off', mode: 'concurrent' }),
     ],
+    ...extra,
   });
   const store = new SqliteGatewayStore({ path: `${tmp.dir}/g.db`, synchronous: 'NORMAL' });
   const gateway: Gateway = createGateway({ config, store, forwarder: createUndiciForwarder(), env: {} });
@@ -190,6 +192,43 @@ describe('the Node listener and the Hono app', () => {
     expect(node.fellBack).toEqual([]);
     expect(node.direct).toBe(0);
     expect(node.up.calls).toHaveLength(0);
+  });
+});
+
+describe('with caller auth', () => {
+  it('the Node listener still answers proxied requests itself (auth is a stage of the pipeline), and both ways in agree', async () => {
+    const node = await side('node', { auth: hsAuth() });
+    const hono = await side('hono', { auth: hsAuth() });
+    const proxy = await token();
+    const auditOnly = await token({ scope: 'fencegate:audit' });
+    const steps: RawRequest[] = [
+      { path: '/payments/charges', headers: [['Authorization', `Bearer ${proxy}`], ...cmd(1, 'a1')], body: '{"amount":1}' },
+      { path: '/payments/charges', headers: [['Authorization', `Bearer ${proxy}`], ...cmd(1, 'a1')], body: '{"amount":1}' }, // its replay
+      { path: '/payments/charges', headers: cmd(2, 'a2'), body: '{}' }, // no token: 401
+      { path: '/payments/charges', headers: [['Authorization', `Bearer ${auditOnly}`], ...cmd(3, 'a3')], body: '{}' }, // no proxy scope: 403
+      { path: '/nowhere', headers: cmd(4, 'a4'), body: '{}' }, // 404 before auth
+    ];
+    const answers = async (s: Side) => {
+      const out: unknown[] = [];
+      for (const step of steps) {
+        const res = await rawRequest(s.url, step);
+        out.push({ status: res.status, authenticate: res.headers['www-authenticate'] ?? null, replayed: res.headers['idempotent-replayed'] ?? null, type: res.status >= 400 ? JSON.parse(res.text).type : null });
+      }
+      return out;
+    };
+    const a = await answers(node);
+    expect(a).toEqual(await answers(hono));
+    expect((a as { status: number }[]).map((x) => x.status)).toEqual([201, 201, 401, 403, 404]);
+    // The caller's token authenticates it to the gateway, never to the upstream.
+    expect(node.up.calls).toHaveLength(1);
+    expect(node.up.calls[0]!.headers.authorization).toBeUndefined();
+    // Not vacuous: every proxied request, refused or not, took the Node listener's own path.
+    expect(node.fellBack).toEqual([]);
+    expect(node.direct).toBe(steps.length);
+    // The refusals are logged alike on both ways in.
+    const reasons = (s: Side) => (s.store.db.prepare('SELECT reason, caller FROM rejections ORDER BY id').all() as { reason: string; caller: string | null }[]);
+    expect(reasons(node)).toEqual([{ reason: 'unauthorized', caller: null }, { reason: 'forbidden', caller: 'billing' }]);
+    expect(reasons(hono)).toEqual(reasons(node));
   });
 });
 

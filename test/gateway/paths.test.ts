@@ -326,7 +326,7 @@ describe('the proxy never takes an admin path, whoever hands it one', () => {
     const gateway = createGateway({ config, store: new SqliteGatewayStore({ path: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }), forwarder: createUndiciForwarder(), env: {} });
     cleanups.push(() => gateway.close());
     const direct = (pathname: string) =>
-      gateway.direct!({ method: 'POST', pathname, search: '', headers: new Headers({ 'content-type': 'application/json' }), body: null, signal: new AbortController().signal, caller: null });
+      gateway.direct!({ method: 'POST', pathname, search: '', headers: new Headers({ 'content-type': 'application/json' }), body: null, signal: new AbortController().signal });
     for (const path of ['/_fencegate/v1/rejections', '/%5Ffencegate/v1/rejections', '/_fencegate']) {
       const reply = await direct(path);
       expect(reply.status, path).toBe(404);

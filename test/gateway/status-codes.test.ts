@@ -415,7 +415,7 @@ describe('the admin API (DESIGN §5)', () => {
   it('GET /v1/idempotency/:key: state and metadata, never the stored body', async () => {
     const r = await gw.admin('/v1/idempotency/paid');
     expect(r.body.records).toMatchObject([{ scope: 'payments', state: 'completed', entity: 'job-a', fence: '10', status: 201 }]);
-    // The fields the README documents, no more (the key is named once, at the top).
+    // The fields docs/http-api.md documents, no more (the key is named once, at the top).
     expect(Object.keys(r.body.records[0]).sort()).toEqual(['created_at', 'entity', 'expires_at', 'fence', 'fingerprint', 'locked_until', 'scope', 'state', 'status']);
     expect(JSON.stringify(r.body)).not.toContain('effect');
     expect((await gw.admin('/v1/idempotency/never')).status).toBe(404);

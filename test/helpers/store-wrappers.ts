@@ -21,6 +21,22 @@ export function withoutIdempotency(inner: GatewayStore): GatewayStore {
   });
 }
 
+/**
+ * Negative control for the release of a lost admission (DESIGN §8.2): the
+ * store is always told `onUnknown: reject`, so a record the lost admission
+ * took over from `outcome_unknown` is deleted instead of going back to
+ * `outcome_unknown`: the earlier attempt's unknown outcome is forgotten and
+ * the key's next request is forwarded as new.
+ */
+export function releaseForgettingTakeovers(inner: GatewayStore): GatewayStore {
+  return delegate(inner, { releaseUnsent: (i) => inner.releaseUnsent!({ ...i, onUnknown: 'reject' }) });
+}
+
+/** Negative control: the release never sees the entity, so the lost admission's serial slot stays taken until it expires. */
+export function releaseKeepingSlot(inner: GatewayStore): GatewayStore {
+  return delegate(inner, { releaseUnsent: (i) => inner.releaseUnsent!({ ...i, entity: null }) });
+}
+
 export interface AdmissionSpy {
   store: GatewayStore;
   /** Every admission decision, in order. */

@@ -10,7 +10,8 @@ import type { LeaseEvent } from '../../src/lease/events.js';
 import { LeaseStatus } from '../../src/lease/heartbeat/cell.js';
 import { monotonicMs } from '../../src/lease/timing.js';
 import type { CompleteResult, FailResult, Lease } from '../../src/lease/types.js';
-import { onHeartbeatReport, releaseAttempt, startAttempt, type Attempt, type AttemptContext } from '../../src/lease/runner/attempt.js';
+import type { Attempt, AttemptContext } from '../../src/lease/runner/attempt-types.js';
+import { onHeartbeatReport, releaseAttempt, startAttempt } from '../../src/lease/runner/attempt.js';
 import { classify } from '../../src/lease/runner/classify.js';
 import type { JobContext } from '../../src/lease/runner/types.js';
 

@@ -21,7 +21,7 @@ import type { JobStore } from '../../src/lease/types.js';
 import { loadMigrations } from '../../src/store/migrations.js';
 import { migratePostgres } from '../../src/store/postgres/migrate.js';
 import { migrateSqlite } from '../../src/store/sqlite/migrate.js';
-import { openSqlite } from '../../src/store/sqlite/open.js';
+import { openSqlite } from '../../src/db/sqlite-open.js';
 import { command, paymentsRoute, rejectionRows, startTestGateway, tempDir, type TestGateway } from '../helpers/gateway.js';
 import { createTestSchema } from '../helpers/postgres.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';

@@ -5,7 +5,7 @@ import { command, expectProblem, recordRows, rejectionRows, startTestGateway, ty
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { AUDIENCE, bearer, hsAuth, ISSUER, SECRET } from '../auth/tokens.js';
 
-// The edges of `keyScope: { claim }` (README "Key rules", DESIGN §3.5),
+// The edges of `keyScope: { claim }` (docs/http-api.md "Key rules", DESIGN §3.5),
 // through the real Node server on loopback and a real upstream. The first
 // two groups failed when a numeric claim was read after JSON.parse and any
 // claim name was accepted: they are their own negative controls.
@@ -49,7 +49,7 @@ describe('a numeric claim counts as written: no other number names the same tena
   ])('%s: the second is never the first one\'s replay (refused 403, as idempotencyKeyFrom refuses such numbers)', async (_what, first, second) => {
     const { g, up } = await setup();
     const a = await command(g.url, P, { key: 'k1', headers: bearer(await rawToken(first)) });
-    // What the key rules do for the same lexeme (README: "1.0, 1e0, -0 … are refused, never read as another key").
+    // What the key rules do for the same lexeme (docs/configuration.md, idempotencyKeyFrom: "1.0, 1e0, -0 … are refused, never read as another key").
     expect(a.status).toBe(403);
     const b = await command(g.url, P, { key: 'k1', headers: bearer(await rawToken(second)) });
     expect(b.headers.get('idempotent-replayed')).toBeNull();

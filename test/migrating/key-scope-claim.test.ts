@@ -3,12 +3,12 @@ import { afterEach, describe, expect, it, vi } from 'vitest';
 import { ConfigError, parseConfig } from '../../src/config/load.js';
 import { keyScopeOf } from '../../src/http/key-scope.js';
 import { createTokenVerifier } from '../../src/http/middleware/auth/index.js';
-import { verificationKeys } from '../../src/config/keys.js';
+import { verificationKeys } from '../../src/protocol/keys.js';
 import { expectProblem, recordRows, rejectionRows } from '../helpers/gateway.js';
 import { inProcessGateway, type InProcessGateway } from '../helpers/in-process.js';
 import { AUDIENCE, bearer, hsAuth, ISSUER, SECRET } from '../auth/tokens.js';
 
-// `keyScope: { claim }` (README "Key rules", DESIGN §3.5): the key space of a
+// `keyScope: { claim }` (docs/http-api.md "Key rules", DESIGN §3.5): the key space of a
 // route is scoped by a claim of the caller's verified bearer token (a tenant
 // id), as a middleware keyed by `tenant + key` scopes it. Real app
 // (`app.request`), real SQLite in memory, real HS256 tokens signed with the

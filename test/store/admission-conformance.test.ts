@@ -5,12 +5,15 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
 import { SqliteGatewayStore, type SqliteStoreOptions } from '../../src/store/sqlite/index.js';
 import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
-import { ALL_OUTCOMES, admissionProperty, dropFingerprint, hideFence, type AdmissionBackend, type TableSnapshot } from './admission-conformance.js';
+import { releaseForgettingTakeovers, releaseKeepingSlot } from '../helpers/store-wrappers.js';
+import { ALL_OUTCOMES, admissionProperty, dropFingerprint, hideFence, RELEASE_BRANCHES, type AdmissionBackend, type TableSnapshot } from './admission-conformance.js';
 
 // The admission conformance property (./admission-conformance.ts) against
 // the SQLite store (FULL and NORMAL, with group commit and with one
-// transaction per decision) and PostgreSQL; D1 runs it under workerd
-// (test/workers/admission-conformance.workerd.ts).
+// transaction per decision) and PostgreSQL, and again with releases of lost
+// admissions among the commands (both stores have releaseUnsent); D1 runs
+// it under workerd (test/workers/admission-conformance.workerd.ts), without
+// releases: it has no release of a lost admission.
 
 const RUNS = Number(process.env.FENCEGATE_FC_RUNS ?? 40);
 const PG_RUNS = Number(process.env.FENCEGATE_FC_RUNS ?? 25);
@@ -62,12 +65,26 @@ describe('admission conformance: the SQLite store against the pure rules (src/co
     expect(seen).toEqual([...ALL_OUTCOMES].sort());
   });
 
+  it.each(SQLITE)('%s, with releases of lost admissions: every release and the state after equal releaseUnsent', { timeout: 180_000 }, async (_name, options) => {
+    const seen = await admissionProperty(sqlite(options), { numRuns: RUNS, release: true });
+    // Every branch of the release rule (DESIGN §8.2) was reached.
+    expect(seen).toEqual(expect.arrayContaining(RELEASE_BRANCHES));
+  });
+
   it('negative control: a store that never sees the fence fails the property', { timeout: 180_000 }, async () => {
     await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: hideFence, endOnFailure: true })).rejects.toThrow(/Property failed/);
   });
 
   it('negative control: a store that never compares fingerprints fails the property', { timeout: 180_000 }, async () => {
     await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: dropFingerprint, endOnFailure: true })).rejects.toThrow(/Property failed/);
+  });
+
+  it('negative control: a release that deletes a taken-over record (forgetting the unknown outcome) fails the property', { timeout: 180_000 }, async () => {
+    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: releaseForgettingTakeovers, endOnFailure: true, release: true })).rejects.toThrow(/Property failed[\s\S]*release/);
+  });
+
+  it('negative control: a release that keeps the serial slot fails the property', { timeout: 180_000 }, async () => {
+    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: releaseKeepingSlot, endOnFailure: true, release: true })).rejects.toThrow(/Property failed[\s\S]*release/);
   });
 });
 
@@ -111,7 +128,16 @@ describe.skipIf(!POSTGRES_URL)('admission conformance: the PostgreSQL store agai
     expect(seen).toEqual([...ALL_OUTCOMES].sort());
   });
 
+  it('with releases of lost admissions: every release and the state after equal releaseUnsent (fencegate_release_unsent)', { timeout: 300_000 }, async () => {
+    const seen = await admissionProperty(postgres, { numRuns: PG_RUNS, release: true });
+    expect(seen).toEqual(expect.arrayContaining(RELEASE_BRANCHES));
+  });
+
   it('negative control: a store that never sees the fence fails the property', { timeout: 300_000 }, async () => {
     await expect(admissionProperty(postgres, { numRuns: PG_RUNS, wrap: hideFence, endOnFailure: true })).rejects.toThrow(/Property failed/);
+  });
+
+  it('negative control: a release that deletes a taken-over record fails the property', { timeout: 300_000 }, async () => {
+    await expect(admissionProperty(postgres, { numRuns: PG_RUNS, wrap: releaseForgettingTakeovers, endOnFailure: true, release: true })).rejects.toThrow(/Property failed[\s\S]*release/);
   });
 });

@@ -3,13 +3,17 @@
  * every store (SQLite in both modes, PostgreSQL, D1 under workerd) is driven
  * with random command sequences, and each answer and each resulting state
  * (fences, serial slots, records, the rejection log) must equal what the
- * pure rules of src/core/admission.ts (`decide`, `finish`, `sweepRecord`)
- * give for the same commands, applied to a world of plain data.
+ * pure rules of src/core/admission.ts (`decide`, `finish`, `sweepRecord`,
+ * `releaseUnsent`) give for the same commands, applied to a world of plain
+ * data.
  *
  * Commands: admissions, finishes, lock expiries (a dead gateway: its rows
  * backdated in SQL, DESIGN §2 G6, never a faked clock), retention expiries,
  * sweeps, and batches that issue several admissions and finishes at once
- * (fast-check's scheduler picks the order they are sent in). A batch must be
+ * (fast-check's scheduler picks the order they are sent in); with
+ * `release`, for the stores that have `releaseUnsent`, releases of an
+ * admission whose answer was lost too (DESIGN §8.2: an earlier admission,
+ * forwarded or not, whose request is then never finished). A batch must be
  * explained by SOME serial order of its items (the stores promise
  * serialisable decisions, DESIGN §3.5): for SQLite that is the order they
  * were sent in; PostgreSQL and D1 may run them in another.
@@ -17,12 +21,17 @@
  * Portable: runs in Node and in workerd (no Node APIs). Times in the world
  * are the test's `Date.now()`, the store's are the database clock; they are
  * compared only as "still live?" (locks and retention are 10 minutes and a
- * day, expiry is reached by backdating to 0), never as durations.
+ * day, expiry is reached by backdating to 0), never as durations. The one
+ * rule that compares two times of one record, the release's "created by
+ * this admission" (its lock ends exactly `lockMs` after its creation), needs
+ * a takeover to read another clock value than the creation it took over:
+ * an admission starts only once both clocks (whole milliseconds) moved on
+ * from the last admission's end.
  */
 import fc from 'fast-check';
 import { expect } from 'vitest';
-import { decide, finish, sweepRecord, type AdmissionState, type EntityRow, type IdempotencyRecord, type LoggedRejection } from '../../src/core/admission.js';
-import type { Admission, AdmitInput, FinishInput, GatewayStore, Mode, UnknownPolicy } from '../../src/store/types.js';
+import { decide, finish, releaseUnsent, sweepRecord, type AdmissionState, type EntityRow, type IdempotencyRecord, type LoggedRejection } from '../../src/core/admission.js';
+import type { Admission, AdmitInput, FinishInput, GatewayStore, Mode, UnknownPolicy, UnsentRelease } from '../../src/store/types.js';
 import { delegate } from '../helpers/delegate.js';
 
 export const SCOPE = 'route';
@@ -86,6 +95,8 @@ class World {
   records = new Map<string, IdempotencyRecord>();
   rejections: TableSnapshot['rejections'] = [];
   inflight: Inflight[] = [];
+  /** Every admission so far, whatever its answer: what a release may be for. */
+  admitted: AdmitInput[] = [];
   owners = 0;
 
   clone(): World {
@@ -94,6 +105,7 @@ class World {
     w.records = new Map(this.records);
     w.rejections = [...this.rejections];
     w.inflight = [...this.inflight];
+    w.admitted = [...this.admitted];
     w.owners = this.owners;
     return w;
   }
@@ -118,7 +130,22 @@ class World {
     const d = decide(this.slice(input.key, input.entity), input, Date.now());
     this.store(input.key, input.entity, d.next, d.rejection);
     if (d.admission.outcome === 'forward') this.inflight.push({ owner: input.ownerToken, key: input.key, entity: input.entity });
+    this.admitted.push(input);
     return d.admission;
+  }
+
+  /** The admission's answer was lost: released, and its request never finished (the gateway answered 503). */
+  release(input: AdmitInput): UnsentRelease & { branches: string[] } {
+    this.inflight = this.inflight.filter((i) => i.owner !== input.ownerToken);
+    const was = this.slice(input.key, input.entity);
+    const r = releaseUnsent(was, input);
+    this.store(input.key, input.entity, r.next, null);
+    const branches: string[] = [];
+    if (r.slot) branches.push('release: slot freed');
+    if (r.record) branches.push(r.next.record === null ? 'release: record deleted' : 'release: record back to outcome_unknown');
+    else if (was.record?.owner === input.ownerToken && was.record.state === 'outcome_unknown') branches.push('release: outcome_unknown kept');
+    if (!r.slot && !r.record) branches.push('release: nothing held');
+    return { slot: r.slot, record: r.record, branches };
   }
 
   finish(input: FinishInput): boolean {
@@ -250,6 +277,13 @@ interface Real {
   h: AdmissionHarness;
   store: GatewayStore;
   seen: Set<string>;
+  /** `Date.now()` when the last admission ended. */
+  lastAdmission: number;
+}
+
+/** Waits until the clocks' millisecond moved on from the last admission's end (see the header: the release's creation test). */
+async function nextMillisecond(r: Real): Promise<void> {
+  while (Date.now() <= r.lastAdmission) await new Promise((resolve) => setTimeout(resolve, 1));
 }
 
 const tally = (seen: Set<string>, a: Admission) => seen.add(a.outcome === 'forward' && a.takeover ? 'forward (takeover)' : a.outcome);
@@ -262,10 +296,12 @@ class AdmitCommand implements fc.AsyncCommand<World, Real> {
   constructor(readonly req: Req) {}
   check = () => true;
   async run(w: World, r: Real) {
+    await nextMillisecond(r);
     const input = admitInput(this.req, `o${++w.owners}`);
     const expected = w.admit(input);
     tally(r.seen, expected);
     const why = differs(await r.store.admit(input), expected);
+    r.lastAdmission = Date.now();
     expect(why, this.toString()).toBeNull();
     await expectState(r, w, this.toString());
   }
@@ -282,6 +318,38 @@ class FinishCommand implements fc.AsyncCommand<World, Real> {
     await expectState(r, w, this.toString());
   }
   toString = () => `finish(#${this.pick}, ${this.outcome})`;
+}
+
+/**
+ * The answer of an earlier admission was lost: `releaseUnsent` with its own
+ * input. The pick chooses among the requests in flight (they hold what a
+ * release frees), the owners of records in progress (taken over, or created
+ * and then expired), the owners of `outcome_unknown` records, or the last
+ * four admissions whatever their answer, the most recent first; an empty
+ * choice falls back to the last.
+ */
+class ReleaseCommand implements fc.AsyncCommand<World, Real> {
+  constructor(readonly pick: number) {}
+  check = (w: Readonly<World>) => w.admitted.length > 0;
+  async run(w: World, r: Real) {
+    const records = [...w.records.values()];
+    const owning = (states: string[]) => new Set(records.filter((rec) => states.includes(rec.state)).map((rec) => rec.owner));
+    const inProgress = owning(['in_progress']);
+    const unknown = owning(['outcome_unknown']);
+    const pools = [
+      w.admitted.filter((a) => w.inflight.some((i) => i.owner === a.ownerToken)),
+      w.admitted.filter((a) => inProgress.has(a.ownerToken)),
+      w.admitted.filter((a) => unknown.has(a.ownerToken)),
+      w.admitted.slice(-4),
+    ];
+    const pool = pools[this.pick % 4]!.length > 0 ? pools[this.pick % 4]! : pools[3]!;
+    const input = pool[pool.length - 1 - (Math.floor(this.pick / 4) % pool.length)]!;
+    const { branches, ...expected } = w.release(input);
+    expect(await r.store.releaseUnsent!(input), `${this.toString()} of ${input.ownerToken}`).toEqual(expected);
+    for (const b of branches) r.seen.add(b);
+    await expectState(r, w, `${this.toString()} of ${input.ownerToken}`);
+  }
+  toString = () => `release(#${this.pick})`;
 }
 
 class ExpireCommand implements fc.AsyncCommand<World, Real> {
@@ -335,6 +403,7 @@ class BatchCommand implements fc.AsyncCommand<World, Real> {
   constructor(readonly items: BatchItem[], readonly s: fc.Scheduler) {}
   check = () => true;
   async run(w: World, r: Real) {
+    await nextMillisecond(r);
     // Finishes pick distinct requests that were in flight when the batch began.
     const available = [...w.inflight];
     const bound: Bound[] = [];
@@ -353,6 +422,7 @@ class BatchCommand implements fc.AsyncCommand<World, Real> {
       ),
       this.s.waitAll(),
     ]);
+    r.lastAdmission = Date.now();
     const real = normalise(await r.h.snapshot());
     const order = (xs: number[]) => xs.map((i) => (bound[i]!.kind === 'admit' ? `admit ${bound[i]!.input.ownerToken}` : `finish ${bound[i]!.input.ownerToken}`)).join(', ');
     let first: string | null = null;
@@ -388,6 +458,8 @@ class BatchCommand implements fc.AsyncCommand<World, Real> {
         // Adopt this order: the world is now the one it explains.
         Object.assign(w, trial);
         for (const a of trialSeen) tally(r.seen, a);
+        // The world's admissions read its clock just now.
+        r.lastAdmission = Date.now();
         return;
       }
       first ??= `${why} (in the order sent: ${order(perm)})`;
@@ -419,7 +491,7 @@ const reqArb: fc.Arbitrary<Req> = fc
 const finishOutcome = fc.constantFrom<Outcome>('completed', 'completed', 'released', 'unknown');
 const keyArb = fc.constantFrom('k1', 'k2', 'k3');
 
-const commands = [
+const baseCommands = [
   reqArb.map((req) => new AdmitCommand(req)),
   fc.tuple(fc.nat(10), finishOutcome).map(([pick, outcome]) => new FinishCommand(pick, outcome)),
   keyArb.map((k) => new ExpireCommand(k)),
@@ -439,8 +511,37 @@ const commands = [
     .map(([items, s]) => new BatchCommand(items, s)),
 ];
 
+/**
+ * With `release`, the first run: one sequence that reaches every branch of
+ * `releaseUnsent` on every store, whatever the random runs after it reach.
+ * The picks: 0 a request in flight, 1 an owner of a record in progress,
+ * 2 an owner of an outcome_unknown record, 3 the last admission.
+ */
+function releaseExample(): fc.AsyncCommand<World, Real>[] {
+  const retry: Req = { key: 'k1', entity: 'e1', fence: 1n, fp: 'fpA', mode: 'serial', onUnknown: 'retry' };
+  return [
+    new AdmitCommand(retry), // o1 forwarded: record k1 and slot e1
+    new FinishCommand(0, 'unknown'), // k1 outcome_unknown, still o1's
+    new ReleaseCommand(2), // o1 on a retry route: created or taken over, no one can tell: kept
+    new AdmitCommand(retry), // o2 takes k1 over, and slot e1
+    new ReleaseCommand(1), // o2: the taken-over record back to outcome_unknown, the slot freed
+    new AdmitCommand({ key: 'k2', entity: 'e2', fence: null, fp: 'fpA', mode: 'serial', onUnknown: 'reject' }), // o3
+    new ReleaseCommand(0), // o3: record deleted, slot freed
+    new ReleaseCommand(3), // o3 again: nothing held
+    new AdmitCommand({ key: 'k3', entity: null, fence: null, fp: 'fpA', mode: 'concurrent', onUnknown: 'retry' }), // o4
+    new ReleaseCommand(0), // o4 on a retry route, a record it created: deleted
+  ];
+}
+
+/** With `release`: releases too, two commands in eight (and ten more commands a run). */
+const releaseArb = fc.nat(31).map((pick) => new ReleaseCommand(pick));
+const releaseCommands = [releaseArb, releaseArb];
+
 /** Every answer the rules can give: a run that never reached one proves nothing about it. */
 export const ALL_OUTCOMES = ['entity-busy', 'forward', 'forward (takeover)', 'idempotency-in-progress', 'idempotency-key-reused', 'outcome-unknown', 'replay', 'stale-fence'];
+
+/** Every branch of `releaseUnsent` (DESIGN §8.2), reached when the property runs releases. */
+export const RELEASE_BRANCHES = ['release: nothing held', 'release: outcome_unknown kept', 'release: record back to outcome_unknown', 'release: record deleted', 'release: slot freed'];
 
 export interface PropertyOptions {
   numRuns: number;
@@ -449,28 +550,40 @@ export interface PropertyOptions {
   wrap?: (s: GatewayStore) => GatewayStore;
   /** Stop at the first failure, without shrinking (negative controls: only "it fails" matters). */
   endOnFailure?: boolean;
+  /**
+   * Releases of lost admissions among the commands (the store must have
+   * `releaseUnsent`). A run of its own: releases free what would otherwise
+   * become `outcome_unknown`, so mixed into the plain property they would
+   * make its rarer answers rarer still.
+   */
+  release?: boolean;
 }
 
 /** Runs the property; resolves with the outcomes the runs reached, rejects on the first counterexample. */
 export async function admissionProperty(backend: AdmissionBackend, options: PropertyOptions): Promise<string[]> {
   const seen = new Set<string>();
+  const release = options.release ?? false;
+  const commands: fc.Arbitrary<fc.AsyncCommand<World, Real>>[] = release ? [...baseCommands, ...releaseCommands] : baseCommands;
   await fc.assert(
-    fc.asyncProperty(fc.commands(commands, { maxCommands: options.maxCommands ?? 60, size: 'large' }), async (cmds) => {
+    fc.asyncProperty(fc.commands(commands, { maxCommands: options.maxCommands ?? (release ? 70 : 60), size: 'large' }), async (cmds) => {
       const h = await backend();
       try {
         const store = options.wrap ? options.wrap(h.store) : h.store;
-        await fc.asyncModelRun(() => ({ model: new World(), real: { h, store, seen } }), cmds);
+        if (release && typeof store.releaseUnsent !== 'function') throw new Error('the property runs releases, and this store has no releaseUnsent');
+        await fc.asyncModelRun(() => ({ model: new World(), real: { h, store, seen, lastAdmission: 0 } }), cmds);
       } finally {
         await h.close();
       }
     }),
-    { numRuns: options.numRuns, endOnFailure: options.endOnFailure },
+    { numRuns: options.numRuns, endOnFailure: options.endOnFailure, examples: release ? [[releaseExample()]] : [] },
   );
   return [...seen].sort();
 }
 
 // --- negative controls: one rule changed, in front of a real store ---------------------
 /** The store never sees the fence (DESIGN §3.5 a switched off). */
-export const hideFence = (inner: GatewayStore): GatewayStore => delegate(inner, { admit: (i) => inner.admit({ ...i, fence: null }) });
+export const hideFence = (inner: GatewayStore): GatewayStore => delegate(inner, { admit: (i) => inner.admit({ ...i, fence: null }), ...releaseOf(inner) });
 /** The store never sees a fingerprint other than the first one (DESIGN §3.5 d switched off). */
-export const dropFingerprint = (inner: GatewayStore): GatewayStore => delegate(inner, { admit: (i) => inner.admit({ ...i, fingerprint: 'fpA' }) });
+export const dropFingerprint = (inner: GatewayStore): GatewayStore => delegate(inner, { admit: (i) => inner.admit({ ...i, fingerprint: 'fpA' }), ...releaseOf(inner) });
+/** `releaseUnsent` passed through as it is, when the store has it (delegate() passes only the required methods). */
+export const releaseOf = (inner: GatewayStore): Partial<GatewayStore> => (inner.releaseUnsent === undefined ? {} : { releaseUnsent: (i) => inner.releaseUnsent!(i) });

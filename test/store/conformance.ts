@@ -1020,7 +1020,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
           expect((await store.getFenceHistory(busy.entity!, { limit: 10 })).items).toEqual([]); // history is kept by age alone
           expect((await store.getFenceHistory(fresh.entity!, { limit: 10 })).items.map((x) => x.fence)).toEqual(['5']);
         }
-        // What forgetting means (README, entityRetention): the entity is open
+        // What forgetting means (docs/configuration.md, entityRetention): the entity is open
         // again to any fence, an older one included.
         expect((await store.admit(command({ entity: done.entity, fence: 1n, mode: 'concurrent' }))).outcome).toBe('forward');
       });

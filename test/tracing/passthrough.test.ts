@@ -13,7 +13,7 @@ import { context, propagation, trace } from '@opentelemetry/api';
 import { InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { loadTracing } from '../../src/http/tracing.js';
+import { loadTracing } from '../../src/observe/tracing.js';
 import { command, paymentsRoute, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 import { TS_EXEC_ARGV } from '../lease/helpers/node.js';

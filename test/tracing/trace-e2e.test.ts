@@ -9,7 +9,7 @@ import { context, propagation, trace } from '@opentelemetry/api';
 import { InMemorySpanExporter, SimpleSpanProcessor, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { loadTracing } from '../../src/http/tracing.js';
+import { loadTracing } from '../../src/observe/tracing.js';
 import { runWorker } from '../../src/lease/runner/run-worker.js';
 import type { JobStore } from '../../src/lease/types.js';
 import { paymentsRoute, startTestGateway, type TestGateway } from '../helpers/gateway.js';

@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { createD1Store, type D1DatabaseLike, type D1PreparedStatementLike } from '../../src/store/d1/index.js';
 import type { AdmitInput, FinishInput } from '../../src/store/types.js';
 import type { RouteConfig } from '../../src/config/schema.js';
-import { admitWithWaits } from '../../src/http/admit.js';
+import { admitWithWaits } from '../../src/http/pipeline/admit.js';
 import type { Inbound } from '../../src/http/inbound.js';
 
 const db = env.DB;

@@ -31,7 +31,7 @@ export interface BulkResolveOptions {
 }
 
 /**
- * `POST /v1/idempotency/resolve-unknown` (README "Admin API"): every
+ * `POST /v1/idempotency/resolve-unknown` (docs/http-api.md "Admin API"): every
  * outcome_unknown record of one route created in [from, to) settled as
  * released. For the operator after an upstream outage on Workers, where every
  * request of the outage is left outcome_unknown (docs/deploy-workers.md).

@@ -117,7 +117,7 @@ function responseIn(headers: [string, string][], body: Uint8Array, id: JsonRpcId
 /**
  * The upstream acted (it answered) but its answer passed maxResponseBytes:
  * the refusal itself becomes the key's answer, as on plain routes
- * (../settle.ts), so no retry runs the tool again.
+ * (../plain/outcome.ts), so no retry runs the tool again.
  */
 export function tooLargeAnswer(status: number, limit: number, call: { id: JsonRpcId }, requestId: string): { stored: StoredResponse; json: string } {
   const reply = refusalReply(

@@ -6,7 +6,8 @@
 import { z } from 'zod';
 import { tokensOf } from '../../core/json-pointer.js';
 import { LeaseConfigError } from '../errors.js';
-import type { KindOptions, PayloadSchema } from '../runner/options.js';
+import type { KindOptions } from '../runner/options.js';
+import type { PayloadSchema } from '../runner/types.js';
 import { checkLeaseTiming, HEARTBEAT_DEFAULTS, type LeaseTiming } from '../timing.js';
 
 /** The limits of one job (a tool's, or one of its stages'). */

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import type { PoolLike } from '../../store/postgres/types.js';
+import type { PoolLike } from '../../db/postgres-types.js';
 import type { LeaseRef } from '../types.js';
 
 /**

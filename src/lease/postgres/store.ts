@@ -1,5 +1,5 @@
 import { migrateLeasePostgres } from '../migrate.js';
-import type { PoolLike } from '../../store/postgres/types.js';
+import type { PoolLike } from '../../db/postgres-types.js';
 import { checkStoreId, enqueuedBefore, enqueueParams, failParams, failResult, LEASE_LOST, normaliseEnqueue } from '../store-common.js';
 import type { JobState, JobStore, JobStoreOptions, StoreDescriptor } from '../types.js';
 import { claimer } from './claim.js';
@@ -60,10 +60,10 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
     pool = options.pool;
   } else {
     // Loaded on demand: `pg` stays out of programs that only use SQLite.
-    // The gateway store's pool: statement_timeout SET after connecting (a
+    // The pool the gateway store opens too: statement_timeout SET after connecting (a
     // startup parameter is refused by PgBouncer), per transaction behind a
     // transaction pooler, whose statements then go unnamed.
-    const { configuredPool } = await import('../../store/postgres/pool.js');
+    const { configuredPool } = await import('../../db/postgres-pool.js');
     const own = configuredPool(
       {
         connectionString: options.connectionString,

@@ -16,56 +16,16 @@
  * lifecycle can be driven with plain objects in a test.
  */
 import { LeaseError, LeaseLostError } from '../errors.js';
-import type { InFlightRequest, LeaseEvent } from '../events.js';
-import type { HeartbeatThread } from '../heartbeat/client.js';
+import type { LeaseEvent } from '../events.js';
 import { LeaseCell, LeaseStatus, type LossCause } from '../heartbeat/cell.js';
 import { leaseKey, type FromThread } from '../heartbeat/protocol.js';
 import { sha256Json } from '../store-common.js';
 import { backoffMs, monotonicMs } from '../timing.js';
-import { startAttemptSpan, type AttemptSpan } from '../tracing.js';
-import type { JobErrorInfo, JobStore, Lease } from '../types.js';
+import { startAttemptSpan } from '../tracing.js';
+import type { JobErrorInfo, Lease } from '../types.js';
+import type { Attempt, AttemptContext } from './attempt-types.js';
 import { classify } from './classify.js';
 import { fenceContext, jobContext } from './job-context.js';
-import type { WorkerConfig } from './options.js';
-
-/** One claimed attempt. */
-export interface Attempt {
-  key: string;
-  lease: Lease;
-  cell: LeaseCell;
-  controller: AbortController;
-  /** The latest lease end the database confirmed. */
-  leaseUntil: Date;
-  /** Monotonic time of the last successful heartbeat (or the claim). */
-  lastOkAt: number;
-  stageTimer: NodeJS.Timeout | undefined;
-  /** Set once the attempt's outcome is decided; a later handler outcome is ignored. */
-  ended: boolean;
-  /** heartbeat_lost was emitted (once per attempt, whoever notices first). */
-  lossReported: boolean;
-  /** External actions started and not yet settled, for ownership_unknown. */
-  inFlight: Set<InFlightRequest>;
-  /** Its trace span (../tracing.ts; a no-op without OpenTelemetry). */
-  span: AttemptSpan;
-}
-
-/** What an attempt needs from its worker, and nothing more. */
-export interface AttemptContext {
-  readonly workerId: string;
-  readonly config: Pick<
-    WorkerConfig,
-    'kinds' | 'handlers' | 'heartbeatMs' | 'retry' | 'fetch' | 'fenceHeaders' | 'fenceSigner'
-  >;
-  /** The ownership-conditional statements: their answer is final. */
-  readonly store: Pick<JobStore, 'complete' | 'fail' | 'release'>;
-  /** Who extends the lease while the attempt runs. */
-  readonly heartbeats: Pick<HeartbeatThread, 'watch' | 'unwatch'>;
-  /** The attempts holding a slot, by lease key: an attempt is in it from its claim until it is freed. */
-  readonly active: Map<string, Attempt>;
-  emit(event: LeaseEvent): void;
-  /** Called each time an attempt has left `active`: its slot is free. */
-  freed(): void;
-}
 
 type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown };
 

@@ -8,7 +8,7 @@ import { createFencedFetch, createStep, type FenceContext } from '../fenced-fetc
 import { LeaseStatus } from '../heartbeat/cell.js';
 import { fencedMcp } from '../mcp.js';
 import { canStartAction, monotonicMs } from '../timing.js';
-import type { Attempt, AttemptContext } from './attempt.js';
+import type { Attempt, AttemptContext } from './attempt-types.js';
 import type { JobContext } from './types.js';
 
 /**

@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { LeaseConfigError } from '../errors.js';
 import { LeaseEvents } from '../events.js';
 import type { FenceHeaderNames, FenceSigner } from '../fenced-fetch.js';
-import type { JobContext, JobHandler } from './types.js';
+import type { JobContext, JobHandler, PayloadSchema } from './types.js';
 import { checkLeaseTiming, HEARTBEAT_DEFAULTS, type BackoffPolicy } from '../timing.js';
 import type { JobStore, StoreDescriptor } from '../types.js';
 
@@ -91,11 +91,6 @@ export interface WorkerConfig {
   fenceSigner: FenceSigner | undefined;
   threadStore: StoreDescriptor;
   threadExecArgv: string[] | undefined;
-}
-
-/** What a handler's optional `schema` must offer (a zod schema does). */
-export interface PayloadSchema<P = unknown> {
-  safeParse(value: unknown): { success: true; data: P } | { success: false; error: unknown };
 }
 
 const ms = z.number().int().positive();

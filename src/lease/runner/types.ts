@@ -2,7 +2,6 @@ import type { FencedFetch, StepFn } from '../fenced-fetch.js';
 import type { FencedMcp, McpClientLike } from '../mcp.js';
 import type { LeaseEvents } from '../events.js';
 import type { LeaseMetrics } from '../metrics.js';
-import type { PayloadSchema } from './options.js';
 
 /** What a handler sees of its job. */
 export interface JobView<P = unknown> {
@@ -39,6 +38,11 @@ export interface JobContext<P = unknown> {
    * (see `fencedMcp`), signed with the worker's `fenceSigner` if any.
    */
   mcp<C extends McpClientLike>(client: C): FencedMcp<C>;
+}
+
+/** What a handler's optional `schema` must offer (a zod schema does). */
+export interface PayloadSchema<P = unknown> {
+  safeParse(value: unknown): { success: true; data: P } | { success: false; error: unknown };
 }
 
 /**

@@ -1,4 +1,4 @@
-import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../store/sqlite/open.js';
+import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../db/sqlite-open.js';
 import { migrateLeaseSqlite } from '../migrate.js';
 import {
   checkStoreId,

@@ -1,6 +1,7 @@
 import type { FinishInput, FinishResult } from '../types.js';
 import { RoundTripGroup, type GroupLimits, type Settled } from './finish-group.js';
-import { unsentFault, type PgContext } from './query.js';
+import { unsentFault } from './health.js';
+import type { PgContext } from './query.js';
 import { logText } from './rejections.js';
 import { encodeNullable, encodeText } from './text.js';
 import { decisionTopics, wakeLocal, type PgWakeups } from './wakeups.js';

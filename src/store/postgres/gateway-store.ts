@@ -6,6 +6,7 @@ import type {
   EntityInfo,
   FinishInput,
   FinishResult,
+  UnsentRelease,
   GatewayStore,
   RecordInfo,
   RejectionInput,
@@ -171,6 +172,11 @@ export class PostgresGatewayStore implements GatewayStore {
 
   finish(input: FinishInput): Promise<FinishResult> {
     return this.finishing(input);
+  }
+
+  /** One release of a lost admission now (GatewayStore.releaseUnsent); the background one after a failed admit() is ./release.ts. */
+  releaseUnsent(input: AdmitInput): Promise<UnsentRelease> {
+    return this.unsent.once(input);
   }
 
   recordRejection(r: RejectionInput): Promise<void> {

@@ -1,5 +1,3 @@
-import { unsentFault } from './query.js';
-
 /**
  * Whether the store's round trips are being answered: down after one that
  * the server never answered (the client-side bound passed, the connection
@@ -34,8 +32,19 @@ export class RoundTripHealth {
 }
 
 /**
+ * A fault of the driver's serialisation (a string past V8's longest, a value
+ * it cannot convert) is thrown before the statement is written: a RangeError
+ * or TypeError without a SQLSTATE. A connection or server error is never one.
+ * Here beside the health that counts it as an answer: ./query.ts imports the
+ * health, so in ./query.ts the two modules would import each other.
+ */
+export function unsentFault(err: unknown): boolean {
+  return (err instanceof RangeError || err instanceof TypeError) && !('code' in err);
+}
+
+/**
  * An ERROR answer from the server (a SQLSTATE with severity ERROR), or a
- * fault of the driver before anything was sent (./query.ts `unsentFault`):
+ * fault of the driver before anything was sent (`unsentFault` above):
  * not a fault of the round trip itself.
  */
 function serverAnswered(err: unknown): boolean {

@@ -41,15 +41,6 @@ export function poolQuery(pool: PoolLike, closed: () => boolean, health?: RoundT
   };
 }
 
-/**
- * A fault of the driver's serialisation (a string past V8's longest, a value
- * it cannot convert) is thrown before the statement is written: a RangeError
- * or TypeError without a SQLSTATE. A connection or server error is never one.
- */
-export function unsentFault(err: unknown): boolean {
-  return (err instanceof RangeError || err instanceof TypeError) && !('code' in err);
-}
-
 /** `"schema".name`, or the bare name when the store follows the search_path (`schema` null). */
 export function qualifier(schema: string | null): (name: string) => string {
   const prefix = schema === null ? '' : `${quoteIdent(schema)}.`;

@@ -1,6 +1,6 @@
 import { CONNECT_ONLY_CODES, causeCode } from '../../protocol/connect-errors.js';
 import { MIN_RETRY_MS, retryDelayMs } from '../retry-schedule.js';
-import type { AdmitInput } from '../types.js';
+import type { AdmitInput, UnsentRelease } from '../types.js';
 import type { PgContext } from './query.js';
 import { encodeNullable, encodeText } from './text.js';
 import { decisionTopics, wakeLocal, type PgWakeups } from './wakeups.js';
@@ -15,7 +15,8 @@ import { decisionTopics, wakeLocal, type PgWakeups } from './wakeups.js';
  * lock ran out and then `outcome-unknown`, for a request that was never
  * sent. So, in the background, fencegate_release_unsent
  * (./sql/release_unsent.sql) frees whatever is held under that owner token,
- * and only that (DESIGN §8.2).
+ * and only that: the rule `releaseUnsent` of ../../core/admission.ts, to
+ * which the admission conformance property holds it (DESIGN §8.2).
  *
  * None starts when the error shows nothing was written (`wroteNothing`),
  * nor past `maxPending`. Attempts repeat while they fail (the database is
@@ -36,10 +37,9 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
   const stats = { released: 0, nothing: 0, gaveUp: 0, notNeeded: 0, overCap: 0, failedAttempts: 0 };
   const pending = new Set<Promise<void>>();
 
-  async function run(input: AdmitInput): Promise<void> {
-    const giveUpAt = performance.now() + Math.max(input.lockMs, MIN_RETRY_MS);
+  const paramsOf = (input: AdmitInput) => {
     const topics = decisionTopics(input);
-    const params = [
+    return [
       encodeText(input.scope),
       encodeNullable(input.key),
       encodeNullable(input.entity),
@@ -50,6 +50,15 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
       topics.entity,
       topics.record,
     ];
+  };
+
+  /** The admission committed between the function's two statements: its record went, but its slot was taken after the first. */
+  const slotLeft = (row: UnsentRelease, input: AdmitInput) => row.record && !row.slot && input.entity !== null && input.mode === 'serial';
+
+  async function run(input: AdmitInput): Promise<void> {
+    const giveUpAt = performance.now() + Math.max(input.lockMs, MIN_RETRY_MS);
+    const topics = decisionTopics(input);
+    const params = paramsOf(input);
     let freed = false;
     const done = (outcome: 'answered' | 'gaveUp') => {
       if (freed) {
@@ -78,13 +87,33 @@ export function createRelease(ctx: PgContext, wakeups: Pick<PgWakeups, 'notifyCh
       // The admission committed between the function's two statements: its
       // record went, but its slot was taken after the first; once more frees
       // it (only serial mode takes one; the record part then finds nothing).
-      if (row?.record === true && row.slot !== true && input.entity !== null && input.mode === 'serial') continue;
+      if (row !== undefined && slotLeft(row, input)) continue;
       return done('answered');
     }
   }
 
   const releases = {
     stats,
+    /**
+     * One release now, in the foreground (GatewayStore.releaseUnsent): the
+     * function once, and once more if the admission committed between its
+     * two statements (applying the rule again changes nothing else). Throws
+     * when the database does; never counted in `stats`.
+     */
+    async once(input: AdmitInput): Promise<UnsentRelease> {
+      const params = paramsOf(input);
+      const call = async () => {
+        const row = (await ctx.query<UnsentRelease>(statement, params)).rows[0];
+        return { slot: row?.slot === true, record: row?.record === true };
+      };
+      let got = await call();
+      if (slotLeft(got, input)) {
+        const again = await call();
+        got = { slot: got.slot || again.slot, record: got.record || again.record };
+      }
+      if (got.slot || got.record) wakeLocal(wakeups, decisionTopics(input));
+      return got;
+    },
     /**
      * Releases pending at once, at most: each waits out an outage with its own
      * attempts, so many failed admissions must not turn into a flood when the

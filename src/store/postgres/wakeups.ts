@@ -18,7 +18,7 @@ import { PgListener } from './listener.js';
  * another replica within milliseconds and runs no admissions while it waits,
  * where polling costs 1000/pollMs write transactions per second per waiter
  * and wakes it up to a whole interval late (bench/postgres-wait.mjs; the
- * figures are in README "Performance").
+ * figures are in docs/performance.md, "Cross-replica wake-ups").
  */
 export const DEFAULT_POLL_MS_LISTENING = 500;
 /** Without a listener, waiters poll as often as the SQLite store's do. */

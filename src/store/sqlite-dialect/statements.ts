@@ -161,8 +161,8 @@ export function sweepStatements(d: Spelling): Record<SweepKind, SweepStatements>
     expiredRecords: batch('idempotency_records', 'rowid', expiredRecord(d.now)),
     unknownRecords: batch('idempotency_records', 'rowid', lockExpired(d.now), `UPDATE idempotency_records SET ${MARK_UNKNOWN}`),
     oldRejections: batch('rejections', 'id', `at < ${before}`),
-    // entityRetention, never an entity whose serial slot is live (README: the
-    // safety condition of entityRetention).
+    // entityRetention, never an entity whose serial slot is live (docs/configuration.md:
+    // the safety condition of entityRetention).
     oldEntities: batch('fence_entities', 'entity', `accepted_at < ${before} AND ${slotFree(d.now)}`),
     oldFenceHistory: batch('fence_history', 'entity, fence', `at < ${before}`),
     oldOperatorActions: batch('operator_actions', 'id', `at < ${before}`),

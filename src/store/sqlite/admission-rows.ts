@@ -1,7 +1,7 @@
 import type { Statement } from 'better-sqlite3';
 import type { AdmissionState, EntityRow, IdempotencyRecord } from '../../core/admission.js';
 import type { RecordState, StoredResponse } from '../types.js';
-import type { SqliteDatabase } from './open.js';
+import type { SqliteDatabase } from '../../db/sqlite-open.js';
 
 /**
  * The rows one admission or finish touches (DESIGN §3.5, §3.7), read and

@@ -1,5 +1,5 @@
 import type { AuditStore, RecordState, ResolveInput, ResolveResult } from '../types.js';
-import type { SqliteDatabase } from './open.js';
+import type { SqliteDatabase } from '../../db/sqlite-open.js';
 import { WriteLock } from './write-lock.js';
 import { toAction, toFenceHistoryPage, toPage, toRecordPage } from '../sqlite-dialect/rows.js';
 import { NOW_MS, SQLITE } from '../sqlite-dialect/statements.js';

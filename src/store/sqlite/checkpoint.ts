@@ -1,7 +1,7 @@
 import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
 import { checkpointWorkerMain, type CheckpointMessage, type CheckpointWorkerData } from './checkpoint-worker.js';
-import type { SqliteDatabase } from './open.js';
+import type { SqliteDatabase } from '../../db/sqlite-open.js';
 
 export interface CheckpointOptions {
   /** How often the worker runs a PASSIVE checkpoint. Default 100 ms. */

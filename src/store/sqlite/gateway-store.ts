@@ -15,6 +15,7 @@ import {
   type RejectionQuery,
   type SweepKind,
   type SweepOptions,
+  type UnsentRelease,
 } from '../types.js';
 import { createSqliteAudit } from './audit.js';
 import { GroupCommit } from './group-commit.js';
@@ -22,7 +23,7 @@ import { Checkpointer, type CheckpointOptions } from './checkpoint.js';
 import { walSyncer } from './wal-sync.js';
 import { WriteLock } from './write-lock.js';
 import { migrateSqlite } from './migrate.js';
-import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
+import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../db/sqlite-open.js';
 import { toEntity, toPage, toRecord, toRejection } from '../sqlite-dialect/rows.js';
 import {
   ENTITY_INFO,
@@ -35,7 +36,7 @@ import {
   SQLITE,
   sweepStatements,
 } from '../sqlite-dialect/statements.js';
-import { decide, finish } from '../../core/admission.js';
+import { decide, finish, releaseUnsent } from '../../core/admission.js';
 import { admissionRows, type AdmissionRows } from './admission-rows.js';
 import { sweepInBatches, sweepSteps } from '../sweep.js';
 
@@ -94,6 +95,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
   private readonly admitTx: (input: AdmitInput) => Admission | Promise<Admission>;
   private readonly finishTx: (input: FinishInput) => FinishResult | Promise<FinishResult>;
   private readonly rejectTx: (input: RejectionInput) => void | Promise<void>;
+  private readonly releaseTx: (input: AdmitInput) => UnsentRelease | Promise<UnsentRelease>;
   /** The database clock (ms) read at the start of the current write transaction. */
   private txNow = 0;
   /** The group committer, when `groupCommit` is on. */
@@ -132,12 +134,14 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
       this.admitTx = (input) => group.run(() => this.admitIn(input));
       this.finishTx = (input) => group.run(() => this.finishIn(input));
       this.rejectTx = (input) => group.run(() => this.reject(input, this.txNow));
+      this.releaseTx = (input) => group.run(() => this.releaseIn(input));
     } else {
       // One BEGIN IMMEDIATE transaction each (./write-lock.ts).
       const inTx = <I, O>(fn: (input: I) => O) => (input: I) => this.lock.transaction(() => (begin(), fn(input)));
       this.admitTx = inTx((input: AdmitInput) => this.admitIn(input));
       this.finishTx = inTx((input: FinishInput) => this.finishIn(input));
       this.rejectTx = inTx((input: RejectionInput) => this.reject(input, this.txNow));
+      this.releaseTx = inTx((input: AdmitInput) => this.releaseIn(input));
     }
     this.audit = createSqliteAudit(this.db, this.lock);
     const ckpt = options.backgroundCheckpoint ?? true;
@@ -155,6 +159,20 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     const result = await this.finishTx(input);
     if (input.entity !== null) this.notifier.notify(entityTopic(input.entity));
     if (input.key !== null) this.notifier.notify(recordTopic(input.scope, input.key));
+    return result;
+  }
+
+  /**
+   * DESIGN §8.2, the release of an admission whose answer was lost. This
+   * store's answers are not lost (the decision runs in this process, and a
+   * failed WAL sync stops the store), so the gateway never calls it here; it
+   * applies the same rule as PostgreSQL's fencegate_release_unsent, and the
+   * admission conformance property holds both to it.
+   */
+  async releaseUnsent(input: AdmitInput): Promise<UnsentRelease> {
+    const result = await this.releaseTx(input);
+    if (result.slot && input.entity !== null) this.notifier.notify(entityTopic(input.entity));
+    if (result.record && input.key !== null) this.notifier.notify(recordTopic(input.scope, input.key));
     return result;
   }
 
@@ -199,6 +217,14 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     // operator: this owner's outcome no longer decides anything.
     if (f.rejection !== null) this.reject({ ...f.rejection, entity: input.entity, idempotencyKey: input.key, audit: input.audit }, now);
     return { recorded: f.recorded };
+  }
+
+  /** `releaseUnsent` (../../core/admission.ts) inside the immediate transaction: read, release, write. Nothing is logged. */
+  private releaseIn(input: AdmitInput): UnsentRelease {
+    const state = this.rows.read(input.scope, input.key, input.entity);
+    const r = releaseUnsent(state, input);
+    this.rows.apply(input.scope, input.key, input.entity, state, r.next);
+    return { slot: r.slot, record: r.record };
   }
 
   async listRejections(query: RejectionQuery) {

@@ -1,4 +1,4 @@
-import type { SqliteDatabase } from './open.js';
+import type { SqliteDatabase } from '../../db/sqlite-open.js';
 import { WriteLock, WriteLockTimeout } from './write-lock.js';
 import type { DurableSync } from './wal-sync.js';
 

@@ -1,5 +1,5 @@
 export { SqliteGatewayStore, type SqliteStoreOptions } from './gateway-store.js';
-export { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from './open.js';
+export { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../db/sqlite-open.js';
 export { migrateSqlite } from './migrate.js';
 
 import { SqliteGatewayStore, type SqliteStoreOptions } from './gateway-store.js';

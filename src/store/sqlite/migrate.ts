@@ -1,6 +1,6 @@
 import { loadMigrations, LEDGERS, type Migration } from '../../db/migrations.js';
 import { applySqliteMigrations } from '../../db/sqlite-migrate.js';
-import type { SqliteDatabase } from './open.js';
+import type { SqliteDatabase } from '../../db/sqlite-open.js';
 
 /**
  * Applies the gateway's pending `migrations/gateway/sqlite` files. Safe when

@@ -1,5 +1,5 @@
 import type { Statement } from 'better-sqlite3';
-import type { SqliteDatabase } from './open.js';
+import type { SqliteDatabase } from '../../db/sqlite-open.js';
 
 /**
  * Waiting for SQLite's write lock without stopping the event loop.

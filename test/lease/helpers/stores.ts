@@ -4,7 +4,7 @@ import pg from 'pg';
 import { createTestSchema, POSTGRES_URL } from '../../helpers/postgres.js';
 import { createPostgresJobStore } from '../../../src/lease/postgres/store.js';
 import { createSqliteJobStore } from '../../../src/lease/sqlite/store.js';
-import { openSqlite } from '../../../src/store/sqlite/open.js';
+import { openSqlite } from '../../../src/db/sqlite-open.js';
 import type { JobStore, JobStoreOptions, StoreDescriptor } from '../../../src/lease/types.js';
 import { tempDir } from '../../helpers/temp.js';
 

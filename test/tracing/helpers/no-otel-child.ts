@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { parseConfig } from '../../../src/config/load.js';
 import { startGateway } from '../../../src/entry/node.js';
 import { silentLogger } from '../../../src/http/logger.js';
-import { loadTracing } from '../../../src/http/tracing.js';
+import { loadTracing } from '../../../src/observe/tracing.js';
 
 const seen: Record<string, string | undefined> = {};
 const upstream = createServer((req, res) => {

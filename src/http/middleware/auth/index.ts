@@ -1,6 +1,6 @@
 import type { Caller } from './verify.js';
 
-export { jwtAuth, shortHash, type AuthRefusal, type JwtAuthOptions } from './middleware.js';
+export { checkBearer, jwtAuth, shortHash, type AuthRefusal, type BearerCheck, type JwtAuthOptions } from './middleware.js';
 export { createTokenVerifier, hasScope, scopesOf, SCOPES, type Caller, type Scope, type TokenCheck, type TokenVerifier, type TokenVerifierOptions } from './verify.js';
 
 declare module 'hono' {

@@ -63,53 +63,66 @@ export function jwtAuth(options: JwtAuthOptions): MiddlewareHandler {
 
   return async function authenticate(c, next) {
     if (when !== undefined && !when(c)) return next();
-    const scope = scopeOf(c);
-    const header = c.req.header('authorization');
-    const token = header === undefined ? null : (BEARER.exec(header)?.[1] ?? null);
-    let refusal: Omit<AuthRefusal, 'requestId' | 'tokenSha256'>;
-    let challenge: string;
-    let detail: string;
-    if (token === null) {
-      refusal = { code: 'unauthorized', why: header === undefined ? 'no bearer token' : 'the Authorization header is not "Bearer <token>"', callerId: null };
-      challenge = `Bearer realm="${realm}"`;
-      detail = `a valid bearer token is required (${refusal.why})`;
-    } else {
-      const check = await verify(token);
-      if (check.ok && hasScope(check.caller, scope)) {
-        const lacking = missingClaim(check.caller, claimOf?.(c) ?? null);
-        if (lacking === null) {
-          c.set('caller', check.caller);
-          return next();
-        }
-        // A valid token that cannot say whose keys these are: 403, before
-        // anything is stored (DESIGN §3.5), and logged like a missing scope.
-        refusal = { code: 'forbidden', why: lacking, callerId: check.caller.id };
-        challenge = `Bearer realm="${realm}", error="insufficient_scope", error_description="${lacking.replace(/["\\]/g, '')}"`;
-        detail = `${lacking}, which this route's keyScope needs`;
-      } else if (check.ok) {
-        refusal = { code: 'forbidden', why: `missing scope ${scope}`, callerId: check.caller.id };
-        challenge = `Bearer realm="${realm}", error="insufficient_scope", scope="${scope}"`;
-        detail = `this token lacks the scope ${scope}`;
-      } else {
-        refusal = { code: 'unauthorized', why: check.why, callerId: null };
-        challenge = `Bearer realm="${realm}", error="invalid_token", error_description="${check.why.replace(/["\\]/g, '')}"`;
-        detail = `a valid bearer token is required (${check.why})`;
-      }
+    const checked = await checkBearer(verify, c.req.header('authorization') ?? null, scopeOf(c), claimOf?.(c) ?? null, realm);
+    if (checked.ok) {
+      c.set('caller', checked.caller);
+      return next();
     }
-    const requestId = newRequestId();
-    const full: AuthRefusal = { ...refusal, requestId, tokenSha256: token === null ? null : await shortHash(token) };
+    const { refusal, challenge } = checked;
     if (onRefused !== undefined) {
       try {
-        await onRefused(c, full);
+        await onRefused(c, refusal);
       } catch {
         // The refusal stands whether or not it could be logged.
       }
     }
-    const res = render(c, { code: full.code, detail, extras: { request_id: requestId } });
+    const res = render(c, { code: refusal.code, detail: checked.detail, extras: { request_id: refusal.requestId } });
     res.headers.set('www-authenticate', challenge);
-    res.headers.set('x-request-id', requestId);
+    res.headers.set('x-request-id', refusal.requestId);
     return res;
   };
+}
+
+/** A bearer check's answer: the caller, or the refusal with its `WWW-Authenticate` challenge (RFC 6750 §3) and its detail. */
+export type BearerCheck = { ok: true; caller: Caller } | { ok: false; refusal: AuthRefusal; challenge: string; detail: string };
+
+/**
+ * The bearer check itself, with no framework around it: the token in
+ * `authorization` verified, `scope` held, and `claim` (a route's
+ * `keyScope.claim`, or null) present. The proxied request's auth stage
+ * (../../pipeline/auth.ts) and `jwtAuth` (the admin API's middleware) both
+ * call it. `requestId` files the refusal; by default a fresh one.
+ */
+export async function checkBearer(verify: TokenVerifier, authorization: string | null, scope: Scope, claim: string | null, realm = 'fencegate', requestId: string = newRequestId()): Promise<BearerCheck> {
+  const token = authorization === null ? null : (BEARER.exec(authorization)?.[1] ?? null);
+  let refusal: Omit<AuthRefusal, 'requestId' | 'tokenSha256'>;
+  let challenge: string;
+  let detail: string;
+  if (token === null) {
+    refusal = { code: 'unauthorized', why: authorization === null ? 'no bearer token' : 'the Authorization header is not "Bearer <token>"', callerId: null };
+    challenge = `Bearer realm="${realm}"`;
+    detail = `a valid bearer token is required (${refusal.why})`;
+  } else {
+    const check = await verify(token);
+    if (check.ok && hasScope(check.caller, scope)) {
+      const lacking = missingClaim(check.caller, claim);
+      if (lacking === null) return { ok: true, caller: check.caller };
+      // A valid token that cannot say whose keys these are: 403, before
+      // anything is stored (DESIGN §3.5), and logged like a missing scope.
+      refusal = { code: 'forbidden', why: lacking, callerId: check.caller.id };
+      challenge = `Bearer realm="${realm}", error="insufficient_scope", error_description="${lacking.replace(/["\\]/g, '')}"`;
+      detail = `${lacking}, which this route's keyScope needs`;
+    } else if (check.ok) {
+      refusal = { code: 'forbidden', why: `missing scope ${scope}`, callerId: check.caller.id };
+      challenge = `Bearer realm="${realm}", error="insufficient_scope", scope="${scope}"`;
+      detail = `this token lacks the scope ${scope}`;
+    } else {
+      refusal = { code: 'unauthorized', why: check.why, callerId: null };
+      challenge = `Bearer realm="${realm}", error="invalid_token", error_description="${check.why.replace(/["\\]/g, '')}"`;
+      detail = `a valid bearer token is required (${check.why})`;
+    }
+  }
+  return { ok: false, refusal: { ...refusal, requestId, tokenSha256: token === null ? null : await shortHash(token) }, challenge, detail };
 }
 
 /**

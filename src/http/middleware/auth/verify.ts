@@ -1,7 +1,7 @@
 import { base64url, decodeProtectedHeader, jwtVerify, type JWTPayload } from 'jose';
 import { keyTextOf, scanPointer } from '../../../core/json-duplicates.js';
 import { FENCE_TYP, joseWhy } from '../../../protocol/fence-token.js';
-import type { VerificationKeys } from '../../../config/keys.js';
+import type { VerificationKeys } from '../../../protocol/keys.js';
 
 /** The scopes fencegate knows. `fencegate:admin` implies `fencegate:audit`. */
 export const SCOPES = ['fencegate:proxy', 'fencegate:audit', 'fencegate:admin'] as const;

@@ -7,6 +7,11 @@
 -- match: a record another owner holds or took over, or none at all (the
 -- admission rolled back), is left as it is, and nothing is logged.
 --
+-- The rule is `releaseUnsent` of src/core/admission.ts, written once there;
+-- the admission conformance property (test/store/admission-conformance.ts)
+-- compares this function with it, and with the SQLite store, on random
+-- sequences of admissions, finishes and releases.
+--
 -- The slot is freed. The record is deleted (in_progress, or outcome_unknown
 -- once its lock ran out and another request marked it), as a release after
 -- the upstream refused the connection does; except on a route that re-sends

@@ -1,3 +1,8 @@
+// Verification keys for the tokens the wire protocol checks: signed fences
+// (docs/design.md §7, ./fence-token.ts) and caller tokens (§3.2). They sit
+// in src/protocol, below the configuration that names them, so that the
+// protocol depends on no configuration module; reading key files is the Node
+// entry's part (src/config/key-files.ts).
 import { createLocalJWKSet, exportJWK, importSPKI, type CryptoKey, type FlattenedJWSInput, type JSONWebKeySet, type JWK, type JWSHeaderParameters } from 'jose';
 
 /** Asymmetric algorithms a configured public key may use. */

@@ -14,7 +14,7 @@ export interface OpenSqliteOptions {
    * `openSqlite` makes it SQLite's `busy_timeout`, which waits by sleeping
    * the thread, and so the event loop. The gateway store keeps that for its
    * migrations only, then waits between attempts with the loop free
-   * (./write-lock.ts).
+   * (src/store/sqlite/write-lock.ts).
    */
   busyTimeoutMs?: number;
 }

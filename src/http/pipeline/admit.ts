@@ -1,12 +1,60 @@
 import { randomUUID } from 'node:crypto';
-import type { Config, RouteConfig } from '../config/schema.js';
-import { parsePreferWait } from '../protocol/headers.js';
-import { retryAfterSeconds, type Refusal } from '../protocol/problem.js';
-import { entityTopic, recordTopic, type Admission, type AdmitInput, type GatewayStore } from '../store/types.js';
-import type { Inbound } from './inbound.js';
+import type { Config, RouteConfig } from '../../config/schema.js';
+import { fingerprint } from '../../core/fingerprint.js';
+import { parsePreferWait } from '../../protocol/headers.js';
+import { retryAfterSeconds, type Refusal } from '../../protocol/problem.js';
+import { entityTopic, recordTopic, type Admission, type AdmitInput, type GatewayStore } from '../../store/types.js';
+import type { Inbound } from '../inbound.js';
+import { credentialBindingOf, keyScopeOf, type CredentialHashing } from '../key-scope.js';
+import { errorText, type Logger } from '../logger.js';
+import type { Command } from './codec.js';
+import { auditOf, type Exchange } from './exchange.js';
 
-// Step 5 of the decision order (DESIGN §3.5): the admission as the proxy
-// asks for it, with its bounded waits, and what each refusal says.
+// Stage 6 of the decision order (DESIGN §3.5): the one-transaction
+// admission, with its bounded waits, and what each refusal says.
+
+/** An admission the store answered: what was asked, the answer, and when it was sent (./lock-budget.ts measures from there). */
+export interface Admitted {
+  input: AdmitInput;
+  admission: Admission;
+  sentAt: number;
+}
+
+/** An admission that lets the request through to the upstream. */
+export type Forwarding = Admitted & { admission: Extract<Admission, { outcome: 'forward' }> };
+
+export function createAdmitStage(deps: { config: Config; store: GatewayStore; logger: Logger; credentialHashing: CredentialHashing }) {
+  const { config, store, logger } = deps;
+  /** The admission of `command`, or null when the store could not be reached (nothing was admitted, nothing is sent). */
+  return async function admit(x: Exchange, command: Command): Promise<Admitted | null> {
+    const route = x.route!;
+    const { req } = x;
+    // The credentials the upstream sees bind the record, in its fingerprint or its scope (../key-scope.ts credentialBindingOf).
+    const credentials = credentialBindingOf(route, req.headers, deps.credentialHashing);
+    const { entity } = command;
+    const input: AdmitInput = {
+      // Per route (and caller, and the codec's own scope: an mcp call's tool and endpoint).
+      scope: keyScopeOf(route, x.caller, command.keyScope, credentials.scope) + command.scopeSuffix,
+      key: command.key,
+      entity: storeEntity(entity, x.caller, config),
+      fence: command.fence,
+      // With the entity and the credentials: the same key for another entity, or from another caller, is 422, never their replay (DESIGN §3.4).
+      fingerprint: fingerprint(command.fingerprint.method, x.pathname + x.search, command.fingerprint.contentType, command.fingerprint.bodyDigest, entity, credentials.fingerprint),
+      ...routeAdmission(route),
+      audit: auditOf(x),
+    };
+    const span = x.span.phase('fencegate.admit');
+    try {
+      const { admission, sentAt } = await admitWithWaits(store, input, route, req);
+      span.end({ 'fencegate.admission': admission.outcome, 'fencegate.takeover': admission.outcome === 'forward' && admission.takeover });
+      return { input, admission, sentAt };
+    } catch (err) {
+      span.end({ 'fencegate.admission': 'store-error' }, err);
+      logger.error('store-error', { request_id: x.requestId, route: route.name, phase: 'admit', error: errorText(err) });
+      return null;
+    }
+  };
+}
 
 /**
  * The entity as the store keeps its fence and serial slot. With
@@ -23,11 +71,6 @@ export function storeEntity(entity: string | null, caller: string | null, config
 }
 
 /**
- * The admission, and `sentAt`: `performance.now()` just before the call whose
- * answer this is was sent. The lock it granted is measured from there
- * (./lock-budget.ts); a time taken after the await would miss the pause.
- */
-/**
  * What an admission takes from the route (a tool's policy already merged in
  * for MCP): the mode, a fresh owner token, and a record lock that outlives
  * any live attempt (`timeoutMs + lockMarginMs`, DESIGN §3.5).
@@ -36,6 +79,11 @@ export function routeAdmission(route: Pick<RouteConfig, 'mode' | 'timeoutMs' | '
   return { mode: route.mode, ownerToken: randomUUID(), lockMs: route.timeoutMs + route.lockMarginMs, retentionMs: route.retention, onUnknown: route.onUnknown };
 }
 
+/**
+ * The admission, and `sentAt`: `performance.now()` just before the call whose
+ * answer this is was sent. The lock it granted is measured from there
+ * (../lock-budget.ts); a time taken after the await would miss the pause.
+ */
 export async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Inbound): Promise<{ admission: Admission; sentAt: number }> {
   const start = Date.now();
   const preferWait = parsePreferWait(req.headers.get('prefer') ?? undefined);

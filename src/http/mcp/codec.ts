@@ -1,0 +1,225 @@
+import type { RouteConfig } from '../../config/schema.js';
+import { sha256Hex } from '../../core/fingerprint.js';
+import { MCP_META, type JsonRpcId } from '../../protocol/mcp.js';
+import type { Refusal } from '../../protocol/problem.js';
+import type { StreamedAnswer } from '../forward.js';
+import type { Reply } from '../inbound.js';
+import type { Codec, Command, Pass, Settled, Streaming } from '../pipeline/codec.js';
+import { roundMs, type Exchange } from '../pipeline/exchange.js';
+import { parseToolCommand, presentedInCall } from './command.js';
+import { readMessage, type ToolCall } from './message.js';
+import { isEncoded, isEventStream, mcpUpstreamHeaders, passthrough, refusalReply, replayReply, settleBuffered, storedMessage, tooLargeAnswer, type Base } from './outcome.js';
+import { ToolAnnotations, toolPolicy } from './policy.js';
+import { SseSplitter } from './sse.js';
+import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, pump, sseMessage } from './stream.js';
+
+/** What the mcp codec keeps of one request: the JSON-RPC id refusals answer, and the call once read. */
+interface McpState {
+  /** The message's id (null before the body is read, for a GET or DELETE, and for a batch). */
+  id: JsonRpcId;
+  /** A GET or DELETE carries no JSON-RPC request: its refusals keep their HTTP status. */
+  httpStatus: boolean;
+  /** The JSON-RPC code when it is not the refusal's own (e.g. -32600 for a message that is no Request object). */
+  rpcCode?: number;
+  call: ToolCall | null;
+}
+
+/**
+ * MCP over Streamable HTTP (docs/mcp.md). Only a `tools/call` of a tool
+ * that is not read-only is a command: its fence, key and entity from
+ * `_meta` (or the route's headers), its fingerprint over the tool and its
+ * arguments as written, its refusals JSON-RPC errors to its id, its stored
+ * answer the JSON-RPC response alone. Every other message, the server's
+ * event stream (GET) and the session's end (DELETE) pass undecided, both
+ * ways, and nothing of them is stored. The route learns its tools'
+ * `readOnlyHint`s from the `tools/list` answers that pass, per endpoint
+ * (path and query), as the call's decision reads them.
+ */
+export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean }): Codec<McpState> {
+  const annotations = new ToolAnnotations();
+
+  /** A message forwarded undecided (see Pass). */
+  const passing = (x: Exchange, id: JsonRpcId, listId: string | number | null, decision = 'passed'): Pass => {
+    const route = x.route!;
+    const endpoint = x.pathname + x.search;
+    const httpStatus = x.req.method !== 'POST';
+    const refused = (refusal: Refusal, d: string) => ({ reply: refusalReply(refusal, id, x.requestId, { httpStatus }), decision: d });
+    // Read whole, the server's GET stream would hang until the deadline: say there is none (MCP lets a server answer 405 here).
+    const local: Reply | undefined =
+      x.req.method === 'GET' && !deps.canStream
+        ? { status: 405, headers: [['allow', 'POST, DELETE'], ['content-type', 'application/json']], body: JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32000, message: 'this gateway cannot stream; no server event stream on GET' } }) }
+        : undefined;
+    return {
+      decision,
+      ...(local !== undefined ? { local } : {}),
+      // An event stream as it comes, with no deadline past its head (a GET stream lives as long as the session); anything else read whole.
+      streamIf: (_status, headers) => isEventStream(headers),
+      answer(result) {
+        switch (result.kind) {
+          case 'stream': {
+            const stream = listId === null ? result.body : learning(result.body, route, endpoint, listId);
+            return { reply: passthrough(result.status, result.headers, stream), decision };
+          }
+          case 'response':
+            if (listId !== null && result.status === 200) learnFrom(result.headers, result.body, route, endpoint, listId);
+            return { reply: passthrough(result.status, result.headers, result.status === 204 ? null : result.body), decision };
+          case 'refused':
+            return refused({ code: 'upstream-unavailable', detail: `the message could not be sent to the upstream (${result.error}); nothing was sent` }, 'upstream-unavailable');
+          case 'unknown':
+            return refused({ code: 'upstream-timeout', detail: `no complete answer from the upstream (${result.error})` }, 'upstream-timeout');
+          case 'too-large':
+            return refused({ code: 'upstream-response-too-large', detail: `the upstream's answer exceeded this route's maxResponseBytes of ${result.limit} bytes`, extras: { upstream_status: result.status } }, 'upstream-response-too-large');
+        }
+      },
+    };
+  };
+
+  /** The stream as it came, byte for byte, read on the way for the `tools/list` response. */
+  function learning(body: ReadableStream<Uint8Array>, route: RouteConfig, endpoint: string, listId: string | number): ReadableStream<Uint8Array> {
+    let splitter: SseSplitter | null = new SseSplitter(route.maxResponseBytes);
+    return body.pipeThrough(
+      new TransformStream<Uint8Array, Uint8Array>({
+        transform(chunk, controller) {
+          controller.enqueue(chunk);
+          const events = splitter?.push(chunk) ?? null;
+          if (events === null) splitter = null;
+          for (const e of events ?? []) {
+            const msg = messageOf(e);
+            if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
+          }
+        },
+      }),
+    );
+  }
+
+  function learnFrom(headers: [string, string][], body: Uint8Array, route: RouteConfig, endpoint: string, listId: string | number): void {
+    const messages = isEventStream(headers) ? (eventsOf(body, route.maxResponseBytes) ?? []).map((e) => messageOf(e)) : [parseData(new TextDecoder().decode(body))];
+    for (const msg of messages) if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
+  }
+
+  return {
+    // Everything of a call is in its body.
+    head: (x) => ({ ok: true, state: { id: null, httpStatus: x.req.method !== 'POST', call: null } }),
+
+    read(x, state, body) {
+      if (x.req.method !== 'POST') {
+        // A GET or DELETE carries no JSON-RPC message: a body on one would reach the upstream undecided (a tools/call smuggled past the decision).
+        if (body.byteLength > 0) return { kind: 'refused', refusal: { code: 'invalid-request', detail: `a ${x.req.method} to an mcp route carries no body; send JSON-RPC messages as POST` }, state };
+        return { kind: 'pass', pass: passing(x, null, null) };
+      }
+      const message = readMessage(body);
+      if (message.kind === 'refused') {
+        return { kind: 'refused', refusal: message.refusal, state: { ...state, id: message.id, ...(message.rpcCode !== undefined ? { rpcCode: message.rpcCode } : {}) } };
+      }
+      if (message.kind === 'pass') return { kind: 'pass', pass: passing(x, message.id, message.listId) };
+
+      const route = x.route!;
+      // A name the config lists or the upstream's list had, else one label for all: the metric's labels stay bounded.
+      // What the upstream's lists taught is per endpoint: this path and query, where this call goes (./policy.ts).
+      const endpoint = x.pathname + x.search;
+      x.tool = { name: message.name, label: route.tools[message.name] !== undefined || annotations.known(route.name, endpoint, message.name) ? message.name : '_unlisted' };
+      x.trace.tool = message.name.slice(0, 128);
+      const policy = toolPolicy(route, message.name, annotations, endpoint);
+      if (policy.readOnly) {
+        x.trace.read_only = policy.readOnlyFrom!;
+        return { kind: 'pass', pass: passing(x, message.id, null, 'passed-read-only') };
+      }
+      // The call is decided under the tool's policy: the route's fields with the tool's overrides.
+      x.route = policy.route;
+      const called: McpState = { id: message.id, httpStatus: false, call: message };
+      const parsed = parseToolCommand(policy.route, message, x.req.headers, x.params, { signedFences: deps.signedFences });
+      if (!parsed.ok) return { kind: 'refused', refusal: parsed.refusal, state: called };
+      const tool = `mcp:${message.name}`;
+      const command: Command = {
+        ...parsed.command,
+        keyScope: null,
+        // Per route and tool (and caller), not per session: a retry on a new session gets the stored answer.
+        // And per path: on a `/mcp/*` route `/mcp/tenant-a` and `/mcp/tenant-b` are two endpoints, so two key spaces.
+        scopeSuffix: `\u0000${tool}\u0000path:${x.pathname}`,
+        // The path and query as a plain route's, the tool and its arguments as written; not the
+        // JSON-RPC id, not _meta (progress tokens, the fence), not the session (DESIGN §3.4).
+        fingerprint: { method: 'POST', contentType: 'application/json', bodyDigest: sha256Hex(new TextEncoder().encode(`${tool}\u0000${message.argsDigest}`)) },
+      };
+      return { kind: 'command', state: called, command };
+    },
+
+    render: (x, refusal, state) => refusalReply(refusal, state?.id ?? null, x.requestId, { ...(state?.httpStatus ? { httpStatus: true } : {}), ...(state?.rpcCode !== undefined ? { rpcCode: state.rpcCode } : {}) }),
+    presented: (x, code, state) => (state?.call ? presentedInCall(x.route!, state.call, code, x.req.headers) : null),
+    entitySource: (x) => `_meta["${MCP_META.entity}"]${'json' in x.route!.entity ? ` or params${x.route!.entity.json}` : ''}`,
+    replay: (_x, stored, state) => replayReply(stored, state.id),
+    upstreamHeaders: mcpUpstreamHeaders,
+    // An event stream that holds the call's answer is read as it comes; anything else whole.
+    streamIf: (status, headers) => status === 200 && isEventStream(headers) && !isEncoded(headers),
+
+    settle(x, state, result, base, timeoutMs): Settled | Streaming {
+      const route = x.route!;
+      const call = state.call!;
+      const answer = (finish: Settled['finish'], decision: string, refusal: Refusal): Settled => ({ finish, decision, reply: refusalReply(refusal, call.id, x.requestId) });
+      switch (result.kind) {
+        case 'stream':
+          return streamed(x, call, result, base, timeoutMs);
+        case 'response':
+          return settleBuffered(result, call, route, base, route.maxResponseBytes);
+        case 'refused':
+          return answer({ ...base, outcome: 'released' }, 'upstream-unavailable', { code: 'upstream-unavailable', detail: `the call could not be sent to the upstream (${result.error}); nothing was sent, retry with the same key is safe` });
+        case 'unknown':
+          return answer({ ...base, outcome: 'unknown' }, 'upstream-timeout', unknownRefusal(result.timedOut, result.error, timeoutMs));
+        case 'too-large': {
+          if (route.releaseStatuses.includes(result.status)) {
+            return answer({ ...base, outcome: 'released' }, 'upstream-response-too-large-released', { code: 'upstream-response-too-large', detail: `the upstream answered ${result.status} (not processed) with a body over maxResponseBytes; the key was released, a retry is safe` });
+          }
+          const { stored, json } = tooLargeAnswer(result.status, result.limit, call, x.requestId);
+          return { finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention }, reply: { status: 200, headers: stored.headers.slice(), body: json }, decision: 'upstream-response-too-large' };
+        }
+      }
+    },
+
+    expiredDetail: (lockMs) => `the gateway was delayed past this call's ${lockMs} ms lock before the upstream; nothing was sent, retry with the same key is safe`,
+    expiredExtras: (command) => ({ entity: command.entity, idempotency_key: command.key }),
+  };
+}
+
+/**
+ * An event stream: its head and events go to the caller now; the call's
+ * response is recorded first and forwarded then (`after`), so the caller
+ * never sees an answer that is not yet durable.
+ */
+function streamed(x: Exchange, call: ToolCall, answer: StreamedAnswer, base: Base, timeoutMs: number): Streaming {
+  const route = x.route!;
+  const caller = new CallerStream(route.maxResponseBytes);
+  const left = Math.max(1, timeoutMs - (performance.now() - x.upstreamStarted));
+  const head = passthrough(answer.status, answer.headers, caller.stream);
+  const ended = (async () => {
+    const end = await pump(answer.body, call.id, { limit: route.maxResponseBytes, timeoutMs: left, forward: (e) => caller.send(e.raw) });
+    x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
+    let settled: Omit<Settled, 'reply'>;
+    let last: string;
+    if (end.kind === 'final') {
+      settled = { finish: { ...base, outcome: 'completed', response: storedMessage(end.data), retentionMs: route.retention }, decision: 'forwarded' };
+      last = end.event.raw;
+    } else if (end.kind === 'too-large') {
+      const { stored, json } = tooLargeAnswer(answer.status, route.maxResponseBytes, call, x.requestId);
+      settled = { finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention }, decision: 'upstream-response-too-large' };
+      last = sseMessage(json);
+    } else {
+      settled = { finish: { ...base, outcome: 'unknown' }, decision: 'upstream-timeout' };
+      last = sseMessage(refusalReply(unknownRefusal(end.timedOut, end.error, timeoutMs), call.id, x.requestId).body as string);
+    }
+    return {
+      ...settled,
+      reply: { status: head.status, headers: head.headers, body: null },
+      after() {
+        caller.send(last);
+        caller.close();
+      },
+    };
+  })();
+  return { head, ended, abort: () => caller.close() };
+}
+
+function unknownRefusal(timedOut: boolean, error: string, timeoutMs: number): Refusal {
+  return {
+    code: 'upstream-timeout',
+    detail: `${timedOut ? `no answer to the call within ${timeoutMs} ms` : `the connection failed (${error})`} after the call may have reached the tool; the outcome is unknown`,
+  };
+}

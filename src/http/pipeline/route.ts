@@ -1,0 +1,75 @@
+import type { RouteConfig } from '../../config/schema.js';
+import type { Refusal } from '../../protocol/problem.js';
+import { MAX_READING_CHARS, normalizePath, readingsWithin } from '../path.js';
+import { createFoldedRouter, createRouter, divergentReading } from '../router.js';
+
+// Stage 1 of the decision order (DESIGN §3.1): the route, from the path in
+// normal form, and one route decision per path.
+
+/** The route, or the refusal (with the route it was matched to, when a reading of its path is what was refused). */
+export type Routed = { ok: true; route: RouteConfig; params: Record<string, string> } | { ok: false; refusal: Refusal; route: RouteConfig | null };
+
+/**
+ * Whether a path belongs to the admin API under `adminPrefix` (the prefix
+ * itself, or below it): the one rule both ways in apply. The admin app
+ * (Hono) routes on the percent-decoded path, the proxy on the normal form,
+ * which decodes less; a path under the prefix in either reading is the
+ * admin API's, so no path is the admin API's on one way in and proxied on
+ * the other. `pathname` is as URL parsing left it.
+ */
+export function isAdminPath(pathname: string, adminPrefix: string): boolean {
+  return underPrefix(normalizePath(pathname), adminPrefix) || (pathname.includes('%') && underPrefix(percentDecoded(pathname), adminPrefix));
+}
+
+export function createRouteStage(routes: RouteConfig[], adminPrefix: string) {
+  const router = createRouter(routes);
+  const folded = createFoldedRouter(routes);
+  /** `raw` is the path as URL parsing left it, `pathname` its normal form. */
+  return function route(method: string, raw: string, pathname: string, shownPath: string): Routed {
+    const matched = isAdminPath(raw, adminPrefix) ? null : router(method, pathname);
+    if (matched === null) return { ok: false, refusal: { code: 'no-route', detail: `no route for ${method} ${shownPath}` }, route: null };
+    // One route decision per path: refused when an upstream could read it
+    // another way that routes elsewhere (`%2F`, `%5C`, `%252F`, `;params`,
+    // `a./`, `ſ`, `//`, ../path.ts READINGS). Within a bound of work
+    // (../path.ts MAX_READING_CHARS): a long path with every kind of
+    // ambiguity would cost tens of milliseconds.
+    const readings = readingsWithin(pathname);
+    if (readings === null) {
+      return {
+        ok: false,
+        route: matched.route,
+        refusal: {
+          code: 'invalid-request',
+          detail: `the path is ${pathname.length} characters long and can be read in too many ways (encoded or raw separators, a second decoding, path parameters, trailing dots or spaces, Unicode folding, repeated slashes) for the gateway to check them all within its bound of ${MAX_READING_CHARS} characters; send it shorter or in one unambiguous form`,
+        },
+      };
+    }
+    const divergent = divergentReading(router, method, matched, readings, folded, pathname);
+    if (divergent !== null) {
+      return {
+        ok: false,
+        route: matched.route,
+        refusal: {
+          code: 'invalid-request',
+          detail: `the path can also be read as ${JSON.stringify(divergent.slice(0, 256))} (an encoded or raw separator, a second decoding, path parameters, trailing dots or spaces, Unicode folding, repeated slashes, case), which another route (or other parameters) would take; send it in one unambiguous form`,
+        },
+      };
+    }
+    return { ok: true, route: matched.route, params: matched.params };
+  };
+}
+
+function underPrefix(path: string, prefix: string): boolean {
+  return path === prefix || path.startsWith(`${prefix}/`);
+}
+
+/** Decodes every well-formed run of %XX (as Hono's router sees a path); malformed runs stay as they are. */
+function percentDecoded(path: string): string {
+  return path.replace(/(?:%[0-9A-Fa-f]{2})+/g, (run) => {
+    try {
+      return decodeURIComponent(run);
+    } catch {
+      return run;
+    }
+  });
+}
