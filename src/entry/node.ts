@@ -66,7 +66,7 @@ export function isLoopback(host: string): boolean {
 
 type Listener = (req: IncomingMessage, res: ServerResponse) => void;
 
-/** The forwarder a configuration needs: the upstream TLS settings of its routes (./../http/forward-undici.ts). */
+/** The forwarder a configuration needs: the upstream TLS settings of its routes (../http/forward-undici.ts). */
 function forwarderFor(config: Config): Forwarder {
   return createUndiciForwarder({ tls: upstreamTlsOf(config) });
 }
