@@ -60,7 +60,7 @@ describe('a caller that disconnects mid-call does not cancel the upstream call (
 });
 
 describe('clean shutdown', () => {
-  it('SIGTERM while a request is in flight: the request completes, new connections are refused, the process exits 0', async () => {
+  it('SIGTERM while a request is in flight: the request completes, the probes are answered (alive, not ready), the process exits 0', async () => {
     const up = await upstream();
     const tmp = tempDir();
     cleanups.push(() => tmp.cleanup());
@@ -83,7 +83,9 @@ describe('clean shutdown', () => {
     child.proc.kill('SIGTERM');
     const line = await child.waitForLine((l) => l.msg === 'shutting-down', 'shutting-down');
     expect(line).toMatchObject({ signal: 'SIGTERM', inflight: 1 });
-    await expect(fetch(`${child.url}/_fencegate/health`)).rejects.toThrow();
+    // The listener stays open through the drain, so probes are answered: alive, not ready.
+    expect((await fetch(`${child.url}/_fencegate/health`)).status).toBe(200);
+    expect((await fetch(`${child.url}/_fencegate/ready`)).status).toBe(503);
 
     gate.open();
     const res = await inFlight;
