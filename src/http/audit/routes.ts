@@ -144,6 +144,8 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
         const createdAt = result.createdAt.toISOString();
         return problem({ code: 'not-outcome-unknown', detail: `the outcome_unknown record with this key is another attempt (created_at ${createdAt}), not the one given`, extras: { state: 'outcome_unknown', created_at: createdAt } });
       }
+      // An operator's release names no notBeforeMs, so never `too-early` here; answered all the same.
+      if (result.reason === 'too-early') return problem({ code: 'not-outcome-unknown', detail: 'the attempt may still be in flight', extras: { state: 'outcome_unknown' } });
       return problem({ code: 'not-outcome-unknown', detail: `the record is ${result.state}, not outcome_unknown`, extras: { state: result.state } });
     }
     return c.json({ action: actionJson(result.action) });
