@@ -72,7 +72,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   let gateway: Gateway;
   try {
     // prom-client on Node (one registry, with the process metrics); the same names as the text backend.
-    const metrics = createMetrics({ backend: createPromBackend(options.registry ? { registry: options.registry } : {}), routes: config.routes.map((r) => r.name) });
+    const metrics = createMetrics({ backend: createPromBackend(options.registry ? { registry: options.registry } : {}), routes: config.routes.map((r) => r.name), reconcileRoutes: config.routes.filter((r) => r.reconcile !== undefined).map((r) => r.name) });
     // Spans from the first request when @opentelemetry/api is installed.
     await loadTracing();
     gateway = createGateway({ config, store: finishes.store, forwarder, logger, admin, env: options.env, metrics });
@@ -154,6 +154,21 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
     );
   }, config.sweepInterval);
   sweeper.unref();
+  // The background reconciler (../http/reconciler.ts), only with a route that has `reconcile`:
+  // a pass as often as the shortest interval asks; each record's own back-off decides whether it is due.
+  const intervals = config.routes.flatMap((r) => (r.reconcile === undefined ? [] : [r.reconcile.interval]));
+  const reconciler =
+    intervals.length === 0
+      ? null
+      : setInterval(() => {
+          gateway.reconcile().then(
+            (r) => {
+              if (Object.keys(r.asked).length > 0 || r.gaveUp > 0) logger.info('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp, ...r.asked });
+            },
+            (err) => logger.error('reconcile-failed', { error: String(err) }),
+          );
+        }, Math.min(...intervals));
+  reconciler?.unref();
 
   return {
     gateway,
@@ -167,6 +182,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         finishes.drain(deadline);
         for (const res of responding) if (!res.headersSent) res.shouldKeepAlive = false;
         clearInterval(sweeper);
+        if (reconciler !== null) clearInterval(reconciler);
         unsubscribeStore?.();
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeIdleConnections();

@@ -4,6 +4,7 @@ import type { RouteConfig } from '../../config/schema.js';
 import type { Refusal } from '../../protocol/problem.js';
 import type { FenceHistoryRow, GatewayStore, OperatorAction, RecordInfo, RecordState, Resolution } from '../../store/types.js';
 import { readBody } from '../body.js';
+import { reconcileStatus } from '../reconciler.js';
 import { newRequestId } from '../request-id.js';
 import { registerBulkResolve } from './bulk-resolve.js';
 
@@ -76,7 +77,13 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
     if (typeof p === 'string') return problem({ code: 'invalid-request', detail: p });
     try {
       const r = await store.listRecords({ state, ...p });
-      return c.json({ items: r.items.map(recordJson), next_cursor: r.nextCursor });
+      // A route with `reconcile`: whether the reconciler still asks, or left the record to an operator (DESIGN §3.12).
+      const now = Date.now();
+      const items = r.items.map((rec) => {
+        const status = reconcileStatus(rec, options.routes, now);
+        return status === undefined ? recordJson(rec) : { ...recordJson(rec), reconcile: status };
+      });
+      return c.json({ items, next_cursor: r.nextCursor });
     } catch (err) {
       const bad = badCursor(err);
       if (bad) return bad;
