@@ -206,7 +206,7 @@ export function createGateway(options: GatewayOptions): Gateway {
   const reconcile = (): Promise<ReconcilePass> =>
     backgroundPass === null
       ? Promise.resolve({ seen: 0, asked: {}, gaveUp: 0 })
-      : (reconciling ??= backgroundPass().finally(() => {
+      : (reconciling ??= backgroundPass.pass().finally(() => {
           reconciling = null;
         }));
 
@@ -222,6 +222,9 @@ export function createGateway(options: GatewayOptions): Gateway {
     close() {
       closing ??= (async () => {
         if (active > 0) await new Promise<void>((resolve) => (drained = resolve));
+        // A background reconcile pass uses the forwarder and the store: no new query, and the running ones end first.
+        backgroundPass?.stop();
+        await reconciling?.catch(() => {});
         await forwarder.close?.();
         await store.close();
       })();

@@ -97,9 +97,10 @@ export function createBackgroundReconciler(deps: {
   /** Per attempt (scope, key, createdAt): when it may be asked again, and how long the next wait is. */
   const backoff = new Map<string, { due: number; waitMs: number }>();
 
-  return async function pass(): Promise<ReconcilePass> {
+  let stopped = false;
+  const pass = async (): Promise<ReconcilePass> => {
     const result: ReconcilePass = { seen: 0, asked: {}, gaveUp: 0 };
-    if (routes.length === 0) return result;
+    if (routes.length === 0 || stopped) return result;
     const unknown = new Map(routes.map((r) => [r.name, Object.fromEntries(RECONCILE_AGES.map((a) => [a, 0])) as Record<ReconcileAge, number>]));
     const gaveUp = new Map(routes.map((r) => [r.name, 0]));
     const queues = new Map<string, { route: ReconcileRoute; record: RecordInfo; id: string }[]>();
@@ -137,7 +138,8 @@ export function createBackgroundReconciler(deps: {
       [...queues.values()].map(async (q) => {
         const route = q[0]!.route;
         const worker = async () => {
-          for (let item = q.shift(); item !== undefined; item = q.shift()) {
+          // Once stopped (the gateway closing), no new query: those running end within their timeout.
+          for (let item = q.shift(); item !== undefined && !stopped; item = q.shift()) {
             const { record, id } = item;
             // The entity as the upstream saw it: the store's caller-scoped form ends with it (./pipeline/admit.ts storeEntity).
             const entity = record.entity === null ? null : record.entity.slice(record.entity.lastIndexOf('\u0000') + 1);
@@ -160,5 +162,12 @@ export function createBackgroundReconciler(deps: {
       }),
     );
     return result;
+  };
+  return {
+    pass,
+    /** Starts no more queries; the gateway then waits for the pass running. */
+    stop(): void {
+      stopped = true;
+    },
   };
 }
