@@ -156,6 +156,21 @@ for (const [name, start, enabled] of backends) {
       expect(metric(m, 'fencegate_reconcile_attempts_total', 'route="charges",result="not-found"')).toBe(1);
     });
 
+    it('concurrent retries (real parallelism) on one trusted not-found: one release, one forward, one charge', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u), { post: 'drop' });
+      const key = `k-race-${name}`;
+      await lost(g, key);
+      provider.mode.post = 'perform';
+      await g.backdate(key, TRUSTED_AFTER_MS);
+      const answers = await Promise.all(Array.from({ length: 8 }, async () => answer(await charge(g, key))));
+      expect(answers.filter((a) => a.status === 201 && a.replayed === null)).toHaveLength(1);
+      // The others: in progress behind the one forwarded (409), or its replay.
+      for (const a of answers) expect(a.status === 409 || (a.status === 201 && (a.replayed === null || a.replayed === 'true'))).toBe(true);
+      expect(provider.posts).toBe(2);
+      expect(provider.chargesFor(key)).toBe(1);
+      expect(await actionsFor(g, key)).toEqual([{ action: 'resolve-released', operator: 'reconciler' }]);
+    });
+
     // The provider is still working on the charge when the gateway gives up on it, and its
     // status endpoint lags behind its writes: "not found" for a while, for a charge that happens.
     const lagging = { writeAfterMs: 800, answerAfterMs: 1_500, lagMs: 500 };
