@@ -123,6 +123,60 @@ function mcpMethodDefaults(route: unknown): unknown {
   return { ...route, match: { ...match, methods: [...MCP_DEFAULT_METHODS] } };
 }
 
+// ── reconcile: the status query for an outcome_unknown record (DESIGN §3.12) ──
+
+/** The variables a `reconcile.path` may name; each is percent-encoded when substituted. */
+export const RECONCILE_VARIABLES = ['key', 'entity', 'fence', 'request_id'] as const;
+
+/**
+ * A route's status query: how the gateway asks the upstream whether a request
+ * whose answer was lost was performed (../http/pipeline/reconcile.ts). A
+ * found answer completes the record; a not-found one releases it only once
+ * the attempt can no longer be in flight and `settleTime` has passed (by the
+ * database clock); anything else settles nothing.
+ */
+export const ReconcileSchema = z
+  .strictObject({
+    /** A query, never a command: a method with a body would be one more side effect. */
+    method: z.enum(['GET', 'HEAD'], { error: 'must be GET or HEAD: the status query must not have side effects' }).default('GET'),
+    /** On the route's upstream, e.g. "/v1/charges?idempotency_key={key}". */
+    path: z.string().regex(/^\/[^#\s]*$/, 'must start with "/" and contain no fragment or space'),
+    headers: z.record(HeaderName, UpstreamHeader).default({}),
+    /** Statuses that say the command was performed (2xx: the answer is stored as its outcome). */
+    found: z.array(z.number().int().min(200).max(299)).min(1).default([200]),
+    /** Statuses that say the upstream has no such command (4xx); trusted only as DESIGN §3.12 says. */
+    notFound: z.array(z.number().int().min(400).max(499)).min(1).default([404]),
+    /** How long after the attempt's lock ended a "not found" is still not trusted (a lagging status endpoint). */
+    settleTime: Duration.prefault('30s'),
+    /** The background reconciler's first back-off; doubled per attempt, up to an hour. */
+    interval: Duration.prefault('10s').pipe(z.number().min(100, 'must be at least 100ms')),
+    /** Past this age (since admission) the background reconciler leaves the record to an operator. */
+    maxAge: Duration.prefault('24h'),
+    /** Status queries the background reconciler runs at once. */
+    concurrency: z.number().int().min(1).max(64).default(4),
+  })
+  .superRefine((r, ctx) => {
+    const names = [...r.path.matchAll(/\{([^{}]*)\}/g)].map((m) => m[1]!);
+    for (const name of names) {
+      if (!(RECONCILE_VARIABLES as readonly string[]).includes(name)) ctx.addIssue({ code: 'custom', path: ['path'], message: `unknown variable {${name}}: one of ${RECONCILE_VARIABLES.map((v) => `{${v}}`).join(', ')}` });
+    }
+    // The original attempt's request id is not kept with its record, and a guessed one would be
+    // "not found" for a charge that happened: the record would be released and run again.
+    if (names.includes('request_id')) ctx.addIssue({ code: 'custom', path: ['path'], message: '{request_id}: the gateway does not keep the original attempt\'s request id with its record yet; identify the command by {key}' });
+    else if (!names.includes('key')) ctx.addIssue({ code: 'custom', path: ['path'], message: 'names no variable that identifies the command: include {key} (the Idempotency-Key), or the upstream\'s answer could be about another request' });
+  });
+
+/** What a route with `reconcile` may not be (called from ConfigSchema's checks): the field and why, or null. */
+export function reconcileConflict(route: { reconcile?: unknown; protocol: string; onUnknown: string; idempotency: string }): [field: string, message: string] | null {
+  if (route.reconcile === undefined) return null;
+  if (route.protocol === 'mcp') return ['reconcile', 'not available on an mcp route yet: only plain HTTP routes have a status query'];
+  // A takeover keeps the record's created_at, so the not-found rule (measured from the admission) would not hold;
+  // and an upstream that honours Idempotency-Key is its own reconciliation.
+  if (route.onUnknown === 'retry') return ['reconcile', 'does not go with onUnknown "retry": a retry that the upstream deduplicates by its Idempotency-Key is already the reconciliation'];
+  if (route.idempotency === 'off') return ['reconcile', 'needs idempotency: without a key there is no record to reconcile'];
+  return null;
+}
+
 export const RouteSchema = z.strictObject({
   /** Unique; scopes idempotency keys and labels logs and metrics. */
   name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'must be 1-64 letters, digits, "_", "." or "-"'),
@@ -225,6 +279,8 @@ export const RouteSchema = z.strictObject({
    * attempts: with any other, a refreshed token's retry runs again.
    */
   credentialBinding: z.enum(['fingerprint', 'scope']).default('fingerprint'),
+  /** The status query for a record whose outcome is unknown (ReconcileSchema above). Absent: an operator resolves it. */
+  reconcile: ReconcileSchema.optional(),
 });
 
 const StoreSchema = z.union([
@@ -407,6 +463,8 @@ export const ConfigSchema = z
       if (route.tls !== undefined && !route.upstream.startsWith('https:')) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'tls'], message: 'applies only to an https:// upstream' });
       }
+      const reconcile = reconcileConflict(route);
+      if (reconcile !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, reconcile[0]], message: reconcile[1] });
       if (route.match.path.startsWith(`${config.adminPrefix}/`) || route.match.path === config.adminPrefix) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `overlaps the admin prefix ${config.adminPrefix}` });
       }
@@ -429,5 +487,6 @@ export const ConfigSchema = z
 export type Config = z.output<typeof ConfigSchema>;
 export type ConfigInput = z.input<typeof ConfigSchema>;
 export type RouteConfig = z.output<typeof RouteSchema>;
+export type ReconcileConfig = z.output<typeof ReconcileSchema>;
 export type AuthConfig = z.output<typeof AuthSchema>;
 export type SignedFenceConfig = z.output<typeof SignedFenceSchema>;

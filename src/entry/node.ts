@@ -196,7 +196,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const build = (c: Config, reuse: Forwarder | null) => {
     const forwarder = reuse ?? options.forwarder ?? forwarderFor(c);
     try {
-      const metrics = createMetrics({ backend: metricsBackend, routes: c.routes.map((r) => r.name) });
+      const metrics = createMetrics({ backend: metricsBackend, routes: c.routes.map((r) => r.name), reconcileRoutes: c.routes.filter((r) => r.reconcile !== undefined).map((r) => r.name) });
       const gateway = createGateway({ config: c, store: finishes.store, forwarder, logger, admin: adminAllowed(c), env, metrics });
       // Proxied requests skip Hono's Request/Response (./node-listener.ts); the rest is the Hono app.
       const listener = createNodeListener(gateway, getRequestListener(gateway.app.fetch));
@@ -233,6 +233,21 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
       );
     }, config.sweepInterval).unref();
   let sweeper = sweep();
+  // The background reconciler (../http/reconciler.ts), only with a route that has `reconcile`:
+  // a pass as often as the shortest interval asks; each record's own back-off decides whether it is due.
+  const reconcileEvery = () => {
+    const intervals = config.routes.flatMap((r) => (r.reconcile === undefined ? [] : [r.reconcile.interval]));
+    if (intervals.length === 0) return null;
+    return setInterval(() => {
+      current!.gateway.reconcile().then(
+        (r) => {
+          if (Object.keys(r.asked).length > 0 || r.gaveUp > 0) logger.info('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp, ...r.asked });
+        },
+        (err) => logger.error('reconcile-failed', { error: String(err) }),
+      );
+    }, Math.min(...intervals)).unref();
+  };
+  let reconciler = reconcileEvery();
 
   // Gateways replaced by a reload, until their requests are done.
   const retired = new Set<Promise<void>>();
@@ -272,6 +287,8 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
       server.maxConnections = config.maxConnections;
       clearInterval(sweeper);
       sweeper = sweep();
+      if (reconciler !== null) clearInterval(reconciler);
+      reconciler = reconcileEvery();
       retire(old);
     },
     close() {
@@ -286,6 +303,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         finishes.drain(deadline);
         for (const res of responding) if (!res.headersSent) res.shouldKeepAlive = false;
         clearInterval(sweeper);
+        if (reconciler !== null) clearInterval(reconciler);
         unsubscribeStore?.();
         server.closeIdleConnections();
         const gateway = current!.gateway;

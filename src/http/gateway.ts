@@ -12,6 +12,8 @@ import { errorText, silentLogger, type Logger } from './logger.js';
 import { createMetrics, type Metrics } from './metrics.js';
 import { credentialHashKeyOf } from './key-scope.js';
 import { createPipeline } from './pipeline/index.js';
+import { createReconcileQuery } from './pipeline/reconcile.js';
+import { createBackgroundReconciler, resolveReconcileHeaders, type ReconcilePass } from './reconciler.js';
 import { createSecurity } from './security.js';
 import { timeStore } from './store-timing.js';
 import { loadTracing } from '../observe/tracing.js';
@@ -51,6 +53,13 @@ export interface Gateway {
    * while a sweep runs joins that sweep.
    */
   sweep(): Promise<SweepResult>;
+  /**
+   * One background reconcile pass (./reconciler.ts, DESIGN §3.12): asks the
+   * upstream about the outcome_unknown records of routes with `reconcile`
+   * that are due. Nothing to do without such a route. A call while a pass
+   * runs joins that pass.
+   */
+  reconcile(): Promise<ReconcilePass>;
   /** Waits for in-flight requests, then closes the forwarder and the store. Idempotent. */
   close(): Promise<void>;
 }
@@ -74,7 +83,9 @@ export function createGateway(options: GatewayOptions): Gateway {
   const env = options.env ?? (globalThis as any).process?.env ?? {};
   const upstreamHeaders = resolveUpstreamHeaders(config, env);
   const credentialHashKey = credentialHashKeyOf(config, env);
-  const metrics = options.metrics ?? createMetrics({ routes: config.routes.map((r) => r.name) });
+  const reconcileHeaders = resolveReconcileHeaders(config, env);
+  const reconcileRoutes = config.routes.filter((r) => r.reconcile !== undefined).map((r) => r.name);
+  const metrics = options.metrics ?? createMetrics({ routes: config.routes.map((r) => r.name), reconcileRoutes });
   store.observeGroups?.((size, syncMs) => metrics.storeGroup(size, syncMs));
   // Spans only once @opentelemetry/api has loaded (if it is installed); startGateway waits for it.
   void loadTracing();
@@ -86,6 +97,12 @@ export function createGateway(options: GatewayOptions): Gateway {
   if (auth !== null && config.fence.signed === undefined && config.fence.entityScope === 'global' && config.routes.some((r) => r.fence !== 'off')) {
     logger.warn('unsigned-fences', { reason: 'auth is on but fences are unsigned: any caller with fencegate:proxy can lock any entity with a giant fence; configure fence.signed, or fence.entityScope "caller"' });
   }
+
+  // The status query (DESIGN §3.12), only when a route has `reconcile`: otherwise nothing changes.
+  const reconcileQuery =
+    reconcileRoutes.length === 0 ? undefined : createReconcileQuery({ store, forwarder, logger, headers: reconcileHeaders, counted: (route, result) => metrics.reconciled(route, result) });
+  const backgroundPass =
+    reconcileQuery === undefined ? null : createBackgroundReconciler({ routes: config.routes, store, query: reconcileQuery, logger, gauges: (p) => metrics.reconcilePass(p) });
 
   const proxy = createPipeline({
     config,
@@ -99,6 +116,7 @@ export function createGateway(options: GatewayOptions): Gateway {
     credentialHashing: { auth: auth !== null, key: credentialHashKey },
     ...(checkSignedFence ? { checkSignedFence } : {}),
     observe: metrics.observe,
+    ...(reconcileQuery ? { reconcileQuery } : {}),
   });
 
   let active = 0;
@@ -184,6 +202,14 @@ export function createGateway(options: GatewayOptions): Gateway {
       }
     })());
 
+  let reconciling: Promise<ReconcilePass> | null = null;
+  const reconcile = (): Promise<ReconcilePass> =>
+    backgroundPass === null
+      ? Promise.resolve({ seen: 0, asked: {}, gaveUp: 0 })
+      : (reconciling ??= backgroundPass.pass().finally(() => {
+          reconciling = null;
+        }));
+
   let closing: Promise<void> | null = null;
   return {
     app,
@@ -192,9 +218,13 @@ export function createGateway(options: GatewayOptions): Gateway {
     direct: (request) => counted(request).catch((err) => internalError(request.pathname, err)),
     inflight: () => active,
     sweep,
+    reconcile,
     close() {
       closing ??= (async () => {
         if (active > 0) await new Promise<void>((resolve) => (drained = resolve));
+        // A background reconcile pass uses the forwarder and the store: no new query, and the running ones end first.
+        backgroundPass?.stop();
+        await reconciling?.catch(() => {});
         await forwarder.close?.();
         await store.close();
       })();

@@ -49,6 +49,9 @@ export const SPECS = {
   swept: spec('fencegate_swept_rows_total', 'counter', ['kind'], 'Rows the sweeper deleted (dead_records: in-progress records whose lock expired, marked outcome_unknown).'),
   backlog: spec('fencegate_sweep_backlog_rows', 'gauge', ['kind'], `Rows still past their retention when the last sweep stopped (0: it caught up; counted up to ${SWEEP_BACKLOG_CAP}).`),
   sweepSeconds: spec('fencegate_sweep_duration_seconds', 'gauge', [], 'How long the last sweep took.'),
+  reconciles: spec('fencegate_reconcile_attempts_total', 'counter', ['route', 'result'], 'Status queries for outcome_unknown records (routes with reconcile), by route and result: found, not-found (released), not-yet-trusted, unknown, error.'),
+  reconcileUnknown: spec('fencegate_reconcile_unknown_records', 'gauge', ['route', 'age'], 'outcome_unknown records of routes with reconcile at the last background pass, by route and age since admission (under_1m, under_1h, under_1d, over_1d).'),
+  reconcileGaveUp: spec('fencegate_reconcile_gave_up_records', 'gauge', ['route'], 'outcome_unknown records past reconcile.maxAge at the last background pass: left to an operator.'),
   buildInfo: spec('fencegate_build_info', 'gauge', ['version', 'node'], 'Always 1: the fencegate version and the Node version it runs on (empty off Node).'),
 } as const satisfies Record<string, MetricSpec>;
 

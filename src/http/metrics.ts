@@ -43,6 +43,18 @@ export interface Gauges {
 /** A store call's end: `discarded` is a finish the store refused (the record had another owner). */
 export type StoreCallResult = 'ok' | 'error' | 'discarded';
 
+/** The age buckets of fencegate_reconcile_unknown_records. */
+export const RECONCILE_AGES = ['under_1m', 'under_1h', 'under_1d', 'over_1d'] as const;
+export type ReconcileAge = (typeof RECONCILE_AGES)[number];
+
+/** One background reconcile pass over the outcome_unknown records (../http/reconciler.ts). */
+export interface ReconcilePassGauges {
+  /** Per route with reconcile: its outcome_unknown records by age. */
+  unknown: Map<string, Record<ReconcileAge, number>>;
+  /** Per route with reconcile: those past its maxAge. */
+  gaveUp: Map<string, number>;
+}
+
 export interface Metrics {
   observe(o: RequestObservation): void;
   /** One admit or finish call to the store, how long it took and how it ended. */
@@ -53,6 +65,10 @@ export interface Metrics {
   swept(r: SweepResult, durationMs: number): void;
   /** A sweep that failed (its batches before the fault are committed). */
   sweepFailed(): void;
+  /** One status query's result (./pipeline/reconcile.ts). */
+  reconciled(route: string, result: string): void;
+  /** The gauges of the last background reconcile pass. */
+  reconcilePass(p: ReconcilePassGauges): void;
   render(gauges: Gauges): string | Promise<string>;
   /** The Content-Type of `render()`. */
   readonly contentType: string;
@@ -63,6 +79,8 @@ export interface MetricsOptions {
   backend?: MetricBackend;
   /** Route names: their known series start at zero. */
   routes?: readonly string[];
+  /** Routes with `reconcile`: their reconcile series start at zero. None: no reconcile series at all. */
+  reconcileRoutes?: readonly string[];
   /** The `node` label of fencegate_build_info. Default: the runtime's `process.versions.node`, or "". */
   nodeVersion?: string;
 }
@@ -107,6 +125,10 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
   m.sweeps.inc(['ok'], 0);
   m.sweeps.inc(['failed'], 0);
   for (const k of SWEEP_KINDS) m.swept.inc([SWEEP_LABELS[k]], 0);
+  // Only with a route that has reconcile: without one, /metrics is as it was.
+  const reconciles = (options.reconcileRoutes?.length ?? 0) > 0 ? b.metric(SPECS.reconciles) : null;
+  for (const route of options.reconcileRoutes ?? []) for (const r of ['found', 'not-found', 'not-yet-trusted', 'unknown', 'error']) reconciles!.inc([route, r], 0);
+  let reconcileGauges: { unknown: ReturnType<MetricBackend['metric']>; gaveUp: ReturnType<MetricBackend['metric']> } | null = null;
   m.buildInfo.set([FENCEGATE_VERSION, options.nodeVersion ?? (globalThis as { process?: { versions?: { node?: string } } }).process?.versions?.node ?? ''], 1);
   // Shown from the first sweep (before it there is no backlog to tell), and a pool only for a store that has one.
   let lastSweep: { backlog: ReturnType<MetricBackend['metric']>; seconds: ReturnType<MetricBackend['metric']> } | null = null;
@@ -145,6 +167,14 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
     },
     sweepFailed() {
       m.sweeps.inc(['failed']);
+    },
+    reconciled(route, result) {
+      reconciles?.inc([route, result]);
+    },
+    reconcilePass(p) {
+      reconcileGauges ??= { unknown: b.metric(SPECS.reconcileUnknown), gaveUp: b.metric(SPECS.reconcileGaveUp) };
+      for (const [route, ages] of p.unknown) for (const age of RECONCILE_AGES) reconcileGauges.unknown.set([route, age], ages[age]);
+      for (const [route, n] of p.gaveUp) reconcileGauges.gaveUp.set([route], n);
     },
     render(g) {
       m.inflight.set([], g.inflight);

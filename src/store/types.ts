@@ -192,8 +192,16 @@ export interface RecordPage {
 export type Resolution =
   /** The upstream did perform it: store the response the operator confirmed, replayed to later retries. */
   | { outcome: 'completed'; response: StoredResponse; retentionMs: number }
-  /** It never happened upstream: delete the record, the next request with the key is forwarded. */
-  | { outcome: 'released' };
+  /**
+   * It never happened upstream: delete the record, the next request with the key is forwarded.
+   * `notBeforeMs`: only once the database clock is at least this long past the
+   * record's `created_at` (its admission), decided in the same conditional
+   * write; before that the answer is `too-early` and nothing changes. The
+   * reconciler passes the record's lock plus the route's settle time, so that
+   * an upstream's "not found" is trusted only when the attempt can no longer
+   * be in flight nor be still landing (DESIGN §3.12). Omitted: at once (an operator's decision).
+   */
+  | { outcome: 'released'; notBeforeMs?: number };
 
 export interface ResolveInput {
   scope: string;
@@ -238,7 +246,9 @@ export type ResolveResult =
   | { ok: false; reason: 'not-found' }
   | { ok: false; reason: 'not-outcome-unknown'; state: RecordState }
   /** Still outcome_unknown, but another attempt's record: its `createdAt` is not `ResolveInput.createdAt`. */
-  | { ok: false; reason: 'changed'; createdAt: Date };
+  | { ok: false; reason: 'changed'; createdAt: Date }
+  /** A release with `notBeforeMs` asked for before the database clock reached it: the record is unchanged. */
+  | { ok: false; reason: 'too-early' };
 
 export interface OperatorActionPage {
   /** Newest first. */

@@ -116,3 +116,14 @@ export function holdAdmission(inner: GatewayStore, predicate: (input: AdmitInput
   });
   return { store, committed: done, release };
 }
+
+/**
+ * Negative control (DESIGN §3.12): a reconciler's release loses its
+ * `notBeforeMs`, so an upstream's "not found" releases the record at once,
+ * while the attempt may still be in flight or still landing.
+ */
+export function withoutReconcileWait(inner: GatewayStore): GatewayStore {
+  return delegate(inner, {
+    resolveRecord: (i) => inner.resolveRecord(i.resolution.outcome === 'released' ? { ...i, resolution: { outcome: 'released' } } : i),
+  });
+}

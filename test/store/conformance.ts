@@ -26,6 +26,7 @@ import {
   type FinishInput,
   type GatewayStore,
   type RejectionRow,
+  type ResolveInput,
   type StoredResponse,
 } from '../../src/store/types.js';
 
@@ -109,6 +110,15 @@ export const broken = {
   withoutKey: (store: GatewayStore): GatewayStore => wrap(store, (i) => ({ ...i, key: null })),
   /** Forces concurrent mode: G3 is gone. */
   concurrent: (store: GatewayStore): GatewayStore => wrap(store, (i) => ({ ...i, mode: 'concurrent' })),
+  /** Drops a release's `notBeforeMs`: a reconciler's "not found" would release an attempt still in flight (DESIGN §3.12). */
+  withoutNotBefore: (store: GatewayStore): GatewayStore =>
+    new Proxy(store, {
+      get(target, prop) {
+        if (prop === 'resolveRecord') return (input: ResolveInput) => target.resolveRecord({ ...input, resolution: input.resolution.outcome === 'released' ? { outcome: 'released' } : input.resolution });
+        const v = Reflect.get(target, prop, target);
+        return typeof v === 'function' ? v.bind(target) : v;
+      },
+    }),
 };
 
 function wrap(store: GatewayStore, edit: (input: AdmitInput) => AdmitInput): GatewayStore {
@@ -328,6 +338,37 @@ export async function checkResolveAttempt(store: GatewayStore, withCreatedAt = t
   if ((await store.getRecords(first.key!))[0]?.state !== 'completed') violations.push('the retry was not completed');
   const logged = (await store.listOperatorActions({ limit: 1000 })).items.filter((a) => a.key === first.key).map((a) => a.action);
   if (logged.join() !== 'resolve-completed,resolve-released') violations.push(`operator actions: ${logged.join()}`);
+  return violations;
+}
+
+/**
+ * A reconciler's release (`notBeforeMs`, DESIGN §3.12): asked for before the
+ * database clock is that far past the record's admission, it is `too-early`,
+ * the record stays outcome_unknown and nothing is logged; once the record is
+ * old enough (created_at backdated in SQL, convention 2) it is released and
+ * logged. Returns the violations; `broken.withoutNotBefore` is the negative control.
+ */
+export async function checkNotBeforeRelease(store: GatewayStore, h: ConformanceHarness): Promise<string[]> {
+  const violations: string[] = [];
+  const input = command({ entity: null, fence: null, mode: 'concurrent' });
+  if ((await store.admit(input)).outcome !== 'forward') violations.push('the attempt was not forwarded');
+  await store.finish(finishOf(input, 'unknown'));
+  const seen = (await store.getRecords(input.key!))[0]!;
+  const release = (createdAt: Date) =>
+    store.resolveRecord({ scope: input.scope, key: input.key!, createdAt, resolution: { outcome: 'released', notBeforeMs: 60_000 }, operator: 'reconciler', note: null, requestId: `req-${uid()}` });
+  const early = await release(seen.createdAt);
+  if (early.ok || early.reason !== 'too-early') violations.push(`a release before notBeforeMs was not refused too-early: ${JSON.stringify(early.ok ? early.action.action : early)}`);
+  const kept = await store.getRecords(input.key!);
+  if (kept.length !== 1 || kept[0]!.state !== 'outcome_unknown') violations.push(`a release before notBeforeMs changed the record: ${JSON.stringify(kept.map((r) => r.state))}`);
+  const loggedEarly = (await store.listOperatorActions({ limit: 1000 })).items.filter((a) => a.key === input.key);
+  if (loggedEarly.length !== 0) violations.push(`a release before notBeforeMs was logged: ${loggedEarly.map((a) => a.action).join()}`);
+  if (kept.length !== 1) return violations;
+  await h.backdate('idempotency_records', 'created_at', 120_000, { column: 'key', value: input.key! });
+  const old = (await store.getRecords(input.key!))[0]!;
+  const late = await release(old.createdAt);
+  if (!late.ok) violations.push(`a release past notBeforeMs was refused: ${JSON.stringify(late)}`);
+  else if (late.action.action !== 'resolve-released' || late.action.operator !== 'reconciler') violations.push(`logged as ${late.action.action} by ${late.action.operator}`);
+  if ((await store.getRecords(input.key!)).length !== 0) violations.push('the record is still there after a release past notBeforeMs');
   return violations;
 }
 
@@ -873,6 +914,12 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       });
     });
 
+    describe('resolveRecord: a release not before a time (the reconciler, DESIGN §3.12)', () => {
+      it('too early by the database clock: refused, unchanged, unlogged; past it: released and logged', async () => {
+        expect(await checkNotBeforeRelease(store, h)).toEqual([]);
+      });
+    });
+
     describe('sweep', () => {
       it('deletes expired completed records, turns dead in_progress locks into outcome_unknown, keeps live ones', async () => {
         const expired = command({ retentionMs: SHORT, entity: null, fence: null });
@@ -1290,6 +1337,11 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       it('a resolution without createdAt settles the later attempt in place of the one seen', async () => {
         const v = await checkResolveAttempt(store, false);
         expect(v.some((x) => x.includes("settled the retry's record"))).toBe(true);
+      });
+
+      it('a release without its notBeforeMs releases an attempt that may still be in flight', async () => {
+        const v = await checkNotBeforeRelease(broken.withoutNotBefore(store), h);
+        expect(v.some((x) => x.includes('was not refused too-early'))).toBe(true);
       });
 
       it('dropping the key makes the single-forward check report duplicates', async () => {

@@ -4,6 +4,7 @@ import type { RouteConfig } from '../../config/schema.js';
 import type { Refusal } from '../../protocol/problem.js';
 import type { FenceHistoryRow, GatewayStore, OperatorAction, RecordInfo, RecordState, Resolution } from '../../store/types.js';
 import { readBody } from '../body.js';
+import { reconcileStatus } from '../reconciler.js';
 import { newRequestId } from '../request-id.js';
 import { registerBulkResolve } from './bulk-resolve.js';
 
@@ -76,7 +77,13 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
     if (typeof p === 'string') return problem({ code: 'invalid-request', detail: p });
     try {
       const r = await store.listRecords({ state, ...p });
-      return c.json({ items: r.items.map(recordJson), next_cursor: r.nextCursor });
+      // A route with `reconcile`: whether the reconciler still asks, or left the record to an operator (DESIGN §3.12).
+      const now = Date.now();
+      const items = r.items.map((rec) => {
+        const status = reconcileStatus(rec, options.routes, now);
+        return status === undefined ? recordJson(rec) : { ...recordJson(rec), reconcile: status };
+      });
+      return c.json({ items, next_cursor: r.nextCursor });
     } catch (err) {
       const bad = badCursor(err);
       if (bad) return bad;
@@ -144,6 +151,8 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
         const createdAt = result.createdAt.toISOString();
         return problem({ code: 'not-outcome-unknown', detail: `the outcome_unknown record with this key is another attempt (created_at ${createdAt}), not the one given`, extras: { state: 'outcome_unknown', created_at: createdAt } });
       }
+      // An operator's release names no notBeforeMs, so never `too-early` here; answered all the same.
+      if (result.reason === 'too-early') return problem({ code: 'not-outcome-unknown', detail: 'the attempt may still be in flight', extras: { state: 'outcome_unknown' } });
       return problem({ code: 'not-outcome-unknown', detail: `the record is ${result.state}, not outcome_unknown`, extras: { state: result.state } });
     }
     return c.json({ action: actionJson(result.action) });

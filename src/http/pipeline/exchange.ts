@@ -50,6 +50,8 @@ export interface Trace {
   idempotency_key?: string | null;
   tool?: string;
   read_only?: string;
+  /** A status query's result (./reconcile.ts), when one was asked. */
+  reconcile?: string;
   decision?: string;
   status?: number;
   upstream_ms?: number;

@@ -24,6 +24,7 @@ import type { Exchange } from './exchange.js';
 import { createForwardStage, createSender } from './forward.js';
 import { createObserver } from './observe.js';
 import { createPassStage } from './pass.js';
+import { createReconcileStage, type ReconcileQuery } from './reconcile.js';
 import { setHeader } from './reply.js';
 import { createRouteStage } from './route.js';
 import { createSettleStage } from './settle.js';
@@ -45,6 +46,8 @@ export interface PipelineDeps {
   checkSignedFence?: SignedFenceCheck;
   /** Called once per answered request (metrics). */
   observe?: (o: RequestObservation) => void;
+  /** The status query of routes with `reconcile` (./reconcile.ts); absent: none has one. */
+  reconcileQuery?: ReconcileQuery;
 }
 
 /**
@@ -57,6 +60,7 @@ export interface PipelineDeps {
  *   4 body    ./body.ts     the body, and the codec's command (or a message to pass undecided: ./pass.ts)
  *   5 verify  ./verify.ts   a signed fence, once the entity is known
  *   6 admit   ./admit.ts    the store's one-transaction admission, with its bounded waits
+ *     reconcile ./reconcile.ts  plain routes with `reconcile`: an outcome-unknown admission asks the upstream, then is decided again
  *   7 forward ./forward.ts  the upstream request, only while the admission's lock lives
  *   8 settle  ./settle.ts   the outcome, recorded by the owner-token finish
  *
@@ -73,6 +77,7 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
   const headerDeps = { upstreamHeaders: deps.upstreamHeaders, stripAuthorization: deps.verify !== null };
   const send = createSender(deps);
   const admit = createAdmitStage({ config, store, logger, credentialHashing: deps.credentialHashing });
+  const reconcile = deps.reconcileQuery === undefined ? null : createReconcileStage({ store, query: deps.reconcileQuery, admit });
   const forward = createForwardStage({ ...headerDeps, forwarder: deps.forwarder, logger });
   const pass = createPassStage({ ...headerDeps, send, observer });
   const settle = createSettleStage({ store, logger, observer });
@@ -149,7 +154,10 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
     if (unverified !== null) return refuse(unverified);
 
     // 6. Admission, re-run after bounded waits (serial slot; Prefer: wait).
-    const admitted = await admit(x, command);
+    let admitted = await admit(x, command);
+    // 6b. A lost answer, on a plain route with a status query (DESIGN §3.12). MCP routes have
+    // none yet: their codec would give the stage its own query and its reading of an answer.
+    if (reconcile !== null && admitted?.admission.outcome === 'outcome-unknown' && x.route!.protocol === 'http') admitted = await reconcile(x, command, admitted);
     if (admitted === null) return refuse({ code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
     const { admission } = admitted;
     if (admission.outcome === 'replay') return observer.done(x, codec.replay(x, admission.response, state), 'replayed');

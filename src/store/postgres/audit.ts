@@ -58,9 +58,12 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
       SELECT ${ACTION_COLUMNS}, s.state AS seen, s.ms AS seen_ms
       FROM (VALUES (1)) AS one LEFT JOIN logged l ON true LEFT JOIN (${seen}) s ON true`,
     // $1 scope $2 key $3 operator $4 note $5 request_id $6 created_at in epoch ms (or NULL)
+    // $7 not_before_ms (or NULL): only once the database clock is that far past the admission
+    // (DESIGN §3.12), decided here on the row version the delete locked, never in TypeScript (G6).
     release: `WITH done AS (
         DELETE FROM ${records} r
         WHERE r.scope = $1 AND r.key = $2 AND r.state = 'outcome_unknown' AND ($6::bigint IS NULL OR ${createdMs('r.created_at')} = $6::bigint)
+          AND ($7::bigint IS NULL OR r.created_at + $7::bigint * interval '1 millisecond' <= clock_timestamp())
         RETURNING r.scope, r.key, r.entity, r.fence, r.fingerprint
       ), logged AS (
         INSERT INTO ${t('operator_actions')} (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)
@@ -123,9 +126,10 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
             ]
           : [scope, key, ...who];
       const createdMsValue = input.createdAt === undefined ? null : String(input.createdAt.getTime());
+      const notBefore = r.outcome === 'released' && r.notBeforeMs !== undefined ? String(Math.ceil(r.notBeforeMs)) : null;
       const { rows } = await ctx.query<ActionRow & { seen: RecordState | null; seen_ms: string | null }>(
         r.outcome === 'completed' ? Q.complete : Q.release,
-        [...values, createdMsValue],
+        r.outcome === 'completed' ? [...values, createdMsValue] : [...values, createdMsValue, notBefore],
       );
       const row = rows[0]!;
       if (row.id !== null) return { ok: true, action: toAction(row) };
@@ -140,6 +144,8 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
       if (rec.state === 'outcome_unknown' && createdMsValue !== null && rec.ms !== createdMsValue) {
         return { ok: false, reason: 'changed', createdAt: new Date(Number(rec.ms)) };
       }
+      // Its own and still unknown, yet the delete refused: the time condition held it back.
+      if (rec.state === 'outcome_unknown' && notBefore !== null) return { ok: false, reason: 'too-early' };
       return { ok: false, reason: 'not-outcome-unknown', state: rec.state };
     },
 

@@ -1,4 +1,4 @@
-import { completeRecord, RECORD_COLUMNS, type Spelling } from './statements.js';
+import { completeRecord, NOW_MS, RECORD_COLUMNS, type Spelling } from './statements.js';
 
 /**
  * The audit statements (DESIGN §4.1) of the SQLite dialect, shared by the
@@ -20,6 +20,14 @@ export const INSERT_ACTION = 'INSERT INTO operator_actions (at, action, scope, k
 export const unknownRecord = (d: Spelling): string =>
   `scope = @scope AND key = @key AND state = 'outcome_unknown' AND (@created_at IS NULL OR created_at = ${d.int('created_at')})`;
 
+/**
+ * @not_before_ms (or NULL) — a release asked for with `notBeforeMs`: only once
+ * the database clock is that far past the record's admission (DESIGN §3.12:
+ * a reconciler's "not found" is trusted only when the attempt can no longer
+ * be in flight). Read in the write itself, never in TypeScript (G6).
+ */
+export const quietEnough = (d: Spelling): string => `(@not_before_ms IS NULL OR created_at + ${d.int('not_before_ms')} <= ${NOW_MS})`;
+
 export function auditStatements(d: Spelling) {
   return {
     // @entity @cursor (fence, or NULL) @limit
@@ -32,8 +40,8 @@ export function auditStatements(d: Spelling) {
       ORDER BY created_at DESC, scope DESC, key DESC LIMIT ${d.int('limit')}`,
     // @scope @key @created_at @status @headers @body @retention_ms
     complete: completeRecord(d, unknownRecord(d)),
-    // @scope @key @created_at
-    release: `DELETE FROM idempotency_records WHERE ${unknownRecord(d)}`,
+    // @scope @key @created_at @not_before_ms
+    release: `DELETE FROM idempotency_records WHERE ${unknownRecord(d)} AND ${quietEnough(d)}`,
     // @cursor (id, or NULL) @limit
     actions: `SELECT ${ACTION_COLUMNS} FROM operator_actions
       WHERE (@cursor IS NULL OR id < ${d.int('cursor')}) ORDER BY operator_actions.id DESC LIMIT ${d.int('limit')}`,

@@ -44,7 +44,8 @@ export function createSqliteAudit(db: SqliteDatabase, lock: WriteLock = new Writ
       const body = Buffer.from(r.response.body.buffer, r.response.body.byteOffset, r.response.body.byteLength);
       q.complete.run({ ...which, status: r.response.status, headers: JSON.stringify(r.response.headers), body, retention_ms: r.retentionMs });
     } else {
-      q.release.run(which);
+      // The release's own condition decides (DESIGN §3.12); nothing deleted means not yet.
+      if (q.release.run({ ...which, not_before_ms: r.notBeforeMs === undefined ? null : BigInt(Math.ceil(r.notBeforeMs)) }).changes === 0) return { ok: false, reason: 'too-early' };
     }
     const row = q.logAction.get({
       action: r.outcome === 'completed' ? 'resolve-completed' : 'resolve-released',

@@ -1,0 +1,58 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, parseConfig } from '../../src/config/load.js';
+
+const route = (reconcile: unknown, over: Record<string, unknown> = {}) =>
+  ({ routes: [{ name: 'charges', match: { path: '/charges' }, upstream: 'http://127.0.0.1:1', ...over, ...(reconcile === undefined ? {} : { reconcile }) }] });
+
+/** The one line the start-up error has for `reconcile`. */
+function refusal(reconcile: unknown, over: Record<string, unknown> = {}): string {
+  try {
+    parseConfig(route(reconcile, over));
+  } catch (err) {
+    expect(err).toBeInstanceOf(ConfigError);
+    const issues = (err as ConfigError).issues;
+    expect(issues).toHaveLength(1);
+    return issues[0]!;
+  }
+  throw new Error('the configuration was accepted');
+}
+
+describe('routes[].reconcile (docs/configuration.md)', () => {
+  it('defaults: GET, found [200], notFound [404], settleTime 30s, maxAge 24h', () => {
+    const c = parseConfig(route({ path: '/v1/charges?idempotency_key={key}' }));
+    expect(c.routes[0]!.reconcile).toEqual({
+      method: 'GET',
+      path: '/v1/charges?idempotency_key={key}',
+      headers: {},
+      found: [200],
+      notFound: [404],
+      settleTime: 30_000,
+      interval: 10_000,
+      maxAge: 86_400_000,
+      concurrency: 4,
+    });
+  });
+
+  it('absent: the route has none (nothing changes)', () => {
+    expect(parseConfig(route(undefined)).routes[0]!.reconcile).toBeUndefined();
+  });
+
+  it('a template that does not identify the command stops start-up with one line naming the field', () => {
+    expect(refusal({ path: '/v1/charges/{entity}' })).toMatch(/^routes\[0\]\.reconcile\.path: .*\{key\}/);
+  });
+
+  it('a method with a body is refused', () => {
+    expect(refusal({ method: 'POST', path: '/c/{key}' })).toMatch(/^routes\[0\]\.reconcile\.method: .*GET or HEAD/);
+  });
+
+  it('an unknown variable, {request_id} (not kept with the record), a 2xx as not-found are refused', () => {
+    expect(refusal({ path: '/c/{key}/{tenant}' })).toMatch(/^routes\[0\]\.reconcile\.path: unknown variable \{tenant\}/);
+    expect(refusal({ path: '/c/{request_id}' })).toMatch(/^routes\[0\]\.reconcile\.path: \{request_id\}/);
+    expect(refusal({ path: '/c/{key}', notFound: [200] })).toMatch(/^routes\[0\]\.reconcile\.notFound\[0\]: /);
+  });
+
+  it('not with onUnknown "retry", not on an mcp route', () => {
+    expect(refusal({ path: '/c/{key}' }, { onUnknown: 'retry' })).toMatch(/^routes\[0\]\.reconcile: .*onUnknown/);
+    expect(refusal({ path: '/c/{key}' }, { protocol: 'mcp' })).toMatch(/^routes\[0\]\.reconcile: .*mcp/);
+  });
+});

@@ -1,0 +1,292 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import type { GatewayStore, RecordInfo } from '../../src/store/types.js';
+import { startTestGateway, type RouteInput } from '../helpers/gateway.js';
+import { startPgTestGateway } from '../helpers/pg-gateway.js';
+import { POSTGRES_URL, until } from '../helpers/postgres.js';
+import { withoutReconcileWait } from '../helpers/store-wrappers.js';
+import { startProvider, type Provider } from './provider.js';
+
+// DESIGN §3.12: the status query for a record whose outcome is unknown, on a
+// real provider over loopback and a real store (a SQLite file; PostgreSQL
+// with FENCEGATE_TEST_POSTGRES_URL). Time past the "not found" rule is
+// reached by backdating the record's created_at in SQL (convention 2), or,
+// for the lagging provider, by real short durations.
+
+interface G {
+  url: string;
+  store: GatewayStore;
+  reconcile(): ReturnType<Awaited<ReturnType<typeof startTestGateway>>['running']['gateway']['reconcile']>;
+  admin(path: string): Promise<any>;
+  metrics(): Promise<string>;
+  backdate(key: string, ms: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+type Start = (routes: RouteInput[], wrapStore?: (s: GatewayStore) => GatewayStore) => Promise<G>;
+
+const sqlite: Start = async (routes, wrapStore) => {
+  const g = await startTestGateway({ routes, ...(wrapStore ? { wrapStore } : {}) });
+  return {
+    url: g.url,
+    store: g.sqlite,
+    reconcile: () => g.running.gateway.reconcile(),
+    admin: async (path) => (await g.admin(path)).body,
+    metrics: async () => (await fetch(`${g.url}/_fencegate/metrics`)).text(),
+    backdate: async (key, ms) => void g.sqlite.db.prepare('UPDATE idempotency_records SET created_at = created_at - ? WHERE key = ?').run(ms, key),
+    close: () => g.close(),
+  };
+};
+
+const postgres: Start = async (routes, wrapStore) => {
+  const g = await startPgTestGateway({ routes, prefix: 'fg_rc', ...(wrapStore ? { wrapStore } : {}) });
+  return {
+    url: g.url,
+    store: g.store,
+    reconcile: () => g.running.gateway.reconcile(),
+    admin: async (path) => (await fetch(`${g.url}/_fencegate${path}`)).json(),
+    metrics: async () => (await fetch(`${g.url}/_fencegate/metrics`)).text(),
+    backdate: async (key, ms) => void (await g.schema.pool.query(`UPDATE idempotency_records SET created_at = created_at - $1 * interval '1 millisecond' WHERE key = $2`, [ms, key])),
+    close: () => g.close(),
+  };
+};
+
+const TIMEOUT_MS = 300;
+const LOCK_MARGIN_MS = 100;
+const SETTLE_MS = 2_000;
+/** When a "not found" may release the record: the lock, then the settle time (DESIGN §3.12). */
+const TRUSTED_AFTER_MS = TIMEOUT_MS + LOCK_MARGIN_MS + SETTLE_MS;
+
+function chargesRoute(upstream: string, reconcile: Record<string, unknown> | null = {}, over: Record<string, unknown> = {}): RouteInput {
+  return {
+    name: 'charges',
+    match: { path: '/charges', methods: ['POST'] },
+    upstream,
+    fence: 'off',
+    mode: 'concurrent',
+    timeoutMs: TIMEOUT_MS,
+    lockMarginMs: LOCK_MARGIN_MS,
+    maxWaitMs: 2_000,
+    // An hour between background passes unless a test says otherwise: the inline tests count every query.
+    ...(reconcile === null ? {} : { reconcile: { path: '/charges/by-key/{key}', settleTime: SETTLE_MS, interval: '1h', ...reconcile } }),
+    ...over,
+  };
+}
+
+const charge = (g: G, key: string) =>
+  fetch(`${g.url}/charges`, { method: 'POST', headers: { 'idempotency-key': key, 'x-fence-entity': 'cust-1', 'content-type': 'application/json' }, body: '{"amount":500}' });
+
+async function answer(res: Response): Promise<{ status: number; body: any; reconciled: string | null; replayed: string | null }> {
+  const text = await res.text();
+  return { status: res.status, body: text === '' ? null : JSON.parse(text), reconciled: res.headers.get('fencegate-reconciled'), replayed: res.headers.get('idempotent-replayed') };
+}
+
+async function recordOf(g: G, key: string): Promise<RecordInfo | undefined> {
+  return (await g.store.getRecords(key))[0];
+}
+
+async function actionsFor(g: G, key: string): Promise<{ action: string; operator: string | null }[]> {
+  return ((await g.admin('/v1/operator-actions')).items as { key: string; action: string; operator: string | null }[]).filter((a) => a.key === key).map(({ action, operator }) => ({ action, operator }));
+}
+
+const metric = (text: string, name: string, labels: string): number | undefined => {
+  const line = text.split('\n').find((l) => l.startsWith(`${name}{${labels}}`));
+  return line === undefined ? undefined : Number(line.split(' ').pop());
+};
+
+const backends: [string, Start, boolean][] = [
+  ['sqlite', sqlite, true],
+  ['postgres', postgres, POSTGRES_URL !== undefined],
+];
+
+for (const [name, start, enabled] of backends) {
+  describe.skipIf(!enabled)(`reconcile (DESIGN §3.12): ${name}`, () => {
+    const open: { close(): Promise<unknown> }[] = [];
+    afterEach(async () => {
+      for (const o of open.splice(0).reverse()) await o.close();
+    });
+    const setup = async (routeOver: (upstream: string) => RouteInput, mode: Parameters<typeof startProvider>[0], wrap?: (s: GatewayStore) => GatewayStore) => {
+      const provider = await startProvider(mode);
+      open.push(provider);
+      const g = await start([routeOver(provider.url)], wrap);
+      open.push(g);
+      return { provider, g };
+    };
+    /** A first attempt whose answer is lost: 504, the record outcome_unknown. */
+    const lost = async (g: G, key: string) => {
+      const first = await answer(await charge(g, key));
+      expect(first.status).toBe(504);
+      expect((await recordOf(g, key))?.state).toBe('outcome_unknown');
+    };
+
+    it('found: a timed-out charge the provider did perform comes back to the retry, marked reconciled, on every replay; one execution', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u), { answerAfterMs: 1_000 });
+      const key = `k-found-${name}`;
+      await lost(g, key);
+      const retry = await answer(await charge(g, key));
+      expect(retry).toMatchObject({ status: 200, reconciled: 'true', replayed: 'true' });
+      expect(retry.body).toMatchObject({ key, amount: 500 });
+      const again = await answer(await charge(g, key));
+      expect(again).toMatchObject({ status: 200, reconciled: 'true', body: retry.body });
+      expect(provider.chargesFor(key)).toBe(1);
+      expect(provider.posts).toBe(1);
+      expect((await recordOf(g, key))?.state).toBe('completed');
+      expect(await actionsFor(g, key)).toEqual([{ action: 'resolve-completed', operator: 'reconciler' }]);
+      expect(metric(await g.metrics(), 'fencegate_reconcile_attempts_total', 'route="charges",result="found"')).toBe(1);
+    });
+
+    it('not found: refused while it cannot be trusted, then released once the lock and settle time have passed (database clock); forwarded once', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u), { post: 'drop' });
+      const key = `k-notfound-${name}`;
+      await lost(g, key);
+      const early = await answer(await charge(g, key));
+      expect(early.status).toBe(409);
+      expect(early.body.code ?? early.body.type).toMatch(/outcome-unknown/);
+      expect((await recordOf(g, key))?.state).toBe('outcome_unknown');
+      expect(await actionsFor(g, key)).toEqual([]);
+      provider.mode.post = 'perform';
+      await g.backdate(key, TRUSTED_AFTER_MS);
+      const retry = await answer(await charge(g, key));
+      expect(retry.status).toBe(201);
+      expect(retry.reconciled).toBeNull();
+      expect(provider.posts).toBe(2);
+      expect(provider.chargesFor(key)).toBe(1);
+      expect(await actionsFor(g, key)).toEqual([{ action: 'resolve-released', operator: 'reconciler' }]);
+      const m = await g.metrics();
+      expect(metric(m, 'fencegate_reconcile_attempts_total', 'route="charges",result="not-yet-trusted"')).toBe(1);
+      expect(metric(m, 'fencegate_reconcile_attempts_total', 'route="charges",result="not-found"')).toBe(1);
+    });
+
+    it('concurrent retries (real parallelism) on one trusted not-found: one release, one forward, one charge', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u), { post: 'drop' });
+      const key = `k-race-${name}`;
+      await lost(g, key);
+      provider.mode.post = 'perform';
+      await g.backdate(key, TRUSTED_AFTER_MS);
+      const answers = await Promise.all(Array.from({ length: 8 }, async () => answer(await charge(g, key))));
+      expect(answers.filter((a) => a.status === 201 && a.replayed === null)).toHaveLength(1);
+      // The others: in progress behind the one forwarded (409), or its replay.
+      for (const a of answers) expect(a.status === 409 || (a.status === 201 && (a.replayed === null || a.replayed === 'true'))).toBe(true);
+      expect(provider.posts).toBe(2);
+      expect(provider.chargesFor(key)).toBe(1);
+      expect(await actionsFor(g, key)).toEqual([{ action: 'resolve-released', operator: 'reconciler' }]);
+    });
+
+    // The provider is still working on the charge when the gateway gives up on it, and its
+    // status endpoint lags behind its writes: "not found" for a while, for a charge that happens.
+    const lagging = { writeAfterMs: 800, answerAfterMs: 1_500, lagMs: 500 };
+
+    it('a lagging status endpoint never causes a second execution: retries get 409 until the charge shows, then the charge', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u), lagging);
+      const key = `k-lag-${name}`;
+      await lost(g, key);
+      let last = await answer(await charge(g, key));
+      expect(last.status).toBe(409);
+      const end = Date.now() + 8_000;
+      while (last.status === 409 && Date.now() < end) {
+        await new Promise((r) => setTimeout(r, 100));
+        last = await answer(await charge(g, key));
+      }
+      expect(last).toMatchObject({ status: 200, reconciled: 'true' });
+      expect(provider.posts).toBe(1);
+      expect(provider.chargesFor(key)).toBe(1);
+    });
+
+    it('negative control: with the not-found rule switched off, the same lagging endpoint causes a second charge', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u), lagging, withoutReconcileWait);
+      const key = `k-lag-off-${name}`;
+      await lost(g, key);
+      await charge(g, key); // 404 while the first charge is still on its way: released, forwarded again
+      await until(() => provider.chargesFor(key) === 2, 'a second charge');
+      expect(provider.posts).toBe(2);
+    });
+
+    for (const status of ['500', 'hang', 'large'] as const) {
+      it(`a status endpoint that answers ${status === 'hang' ? 'nothing (timeout)' : status === 'large' ? 'a found answer too large' : '500'} settles nothing, even past the settle time`, async () => {
+        const { provider, g } = await setup((u) => chargesRoute(u, { interval: '1h' }, { maxWaitMs: 300, maxResponseBytes: 1_024 }), { post: 'drop', status });
+        const key = `k-${status}-${name}`;
+        await lost(g, key);
+        await g.backdate(key, TRUSTED_AFTER_MS * 2);
+        for (let i = 0; i < 2; i++) {
+          const r = await answer(await charge(g, key));
+          expect(r.status).toBe(409);
+        }
+        await g.reconcile();
+        expect(provider.statusCalls).toBe(3);
+        expect((await recordOf(g, key))?.state).toBe('outcome_unknown');
+        expect(await actionsFor(g, key)).toEqual([]);
+        expect(provider.posts).toBe(1);
+        expect(metric(await g.metrics(), 'fencegate_reconcile_attempts_total', 'route="charges",result="unknown"')).toBe(3);
+      });
+    }
+
+    it('background: settles records with no retry at all (found, and not found once trusted), logged as the reconciler', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u, { interval: '1h' }), { answerAfterMs: 1_000 });
+      const found = `k-bg-found-${name}`;
+      await lost(g, found);
+      provider.mode.post = 'drop';
+      const gone = `k-bg-gone-${name}`;
+      await lost(g, gone);
+      const first = await g.reconcile();
+      expect(first).toMatchObject({ seen: 2, asked: { found: 1, 'not-yet-trusted': 1 }, gaveUp: 0 });
+      expect((await recordOf(g, found))?.state).toBe('completed');
+      expect((await recordOf(g, gone))?.state).toBe('outcome_unknown');
+      // Back-off: not asked again before the interval (an hour here).
+      expect((await g.reconcile()).asked).toEqual({});
+      expect(provider.statusCalls).toBe(2);
+      // Once trusted (backdated: the back-off, kept per attempt by its created_at, sees a new one).
+      await g.backdate(gone, TRUSTED_AFTER_MS);
+      expect(await g.reconcile()).toMatchObject({ seen: 1, asked: { 'not-found': 1 } });
+      expect(await recordOf(g, gone)).toBeUndefined();
+      expect(await actionsFor(g, gone)).toEqual([{ action: 'resolve-released', operator: 'reconciler' }]);
+      expect(await actionsFor(g, found)).toEqual([{ action: 'resolve-completed', operator: 'reconciler' }]);
+      const replay = await answer(await charge(g, found));
+      expect(replay).toMatchObject({ status: 200, reconciled: 'true' });
+      expect(provider.chargesFor(found)).toBe(1);
+    });
+
+    it('background: on its own timer, releases a record the provider never saw once trusted', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u, { interval: '100ms' }), { post: 'drop' });
+      const key = `k-bg-timer-${name}`;
+      await lost(g, key);
+      await g.backdate(key, TRUSTED_AFTER_MS);
+      await until(async () => (await recordOf(g, key)) === undefined, 'the reconciler to release the record');
+      expect(await actionsFor(g, key)).toEqual([{ action: 'resolve-released', operator: 'reconciler' }]);
+      expect(provider.posts).toBe(1);
+    });
+
+    it('background: past maxAge a record is left to the operator, visible as gave-up in the listing and the metrics', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u, { interval: '1h', maxAge: '24h' }), { post: 'drop' });
+      const key = `k-bg-old-${name}`;
+      await lost(g, key);
+      const young = (await g.admin('/v1/idempotency')).items.find((r: { key: string }) => r.key === key);
+      expect(young.reconcile).toBe('pending');
+      await g.backdate(key, 25 * 3_600_000);
+      const pass = await g.reconcile();
+      expect(pass).toMatchObject({ seen: 1, asked: {}, gaveUp: 1 });
+      expect(provider.statusCalls).toBe(0);
+      expect((await recordOf(g, key))?.state).toBe('outcome_unknown');
+      const listed = (await g.admin('/v1/idempotency')).items.find((r: { key: string }) => r.key === key);
+      expect(listed.reconcile).toBe('gave-up');
+      const m = await g.metrics();
+      expect(metric(m, 'fencegate_reconcile_gave_up_records', 'route="charges"')).toBe(1);
+      expect(metric(m, 'fencegate_reconcile_unknown_records', 'route="charges",age="over_1d"')).toBe(1);
+    });
+
+    it('without reconcile nothing changes: 409 outcome-unknown, no status query, no reconcile metrics or listing field', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u, null), { answerAfterMs: 1_000 });
+      const key = `k-none-${name}`;
+      await lost(g, key);
+      await g.backdate(key, TRUSTED_AFTER_MS * 2);
+      const retry = await answer(await charge(g, key));
+      expect(retry.status).toBe(409);
+      expect(retry.reconciled).toBeNull();
+      expect(await g.reconcile()).toEqual({ seen: 0, asked: {}, gaveUp: 0 });
+      expect(provider.statusCalls).toBe(0);
+      expect((await recordOf(g, key))?.state).toBe('outcome_unknown');
+      expect(await g.metrics()).not.toMatch(/fencegate_reconcile/);
+      const listed = (await g.admin('/v1/idempotency')).items.find((r: { key: string }) => r.key === key);
+      expect(listed).toBeDefined();
+      expect('reconcile' in listed).toBe(false);
+    });
+  });
+}
