@@ -81,6 +81,20 @@ export const McpToolSchema = z.strictObject({
   readOnly: z.boolean().optional(),
 });
 
+/**
+ * An `mcp` route's tool access (docs/mcp.md "Allowed tools"): which tools
+ * agents may call and are shown. A sibling of `tools`, not inside it: that
+ * map's keys are tool names, and a tool may be called `allow`. Each entry
+ * is a tool name or a simple glob (`*`: any run of characters). A tool is
+ * allowed when `allow` is absent or one of its patterns matches the name as
+ * written, and no `deny` pattern matches it compared without regard to
+ * case, width, whitespace and invisible characters (../http/mcp/access.ts).
+ */
+const ToolPattern = z.string().min(1).max(256).regex(/^[^\u0000-\u001f\u007f]+$/, 'must be a tool name or glob without control characters');
+export const ToolAccessSchema = z
+  .strictObject({ allow: z.array(ToolPattern).optional(), deny: z.array(ToolPattern).optional() })
+  .refine((a) => a.allow !== undefined || a.deny !== undefined, 'needs "allow", "deny" or both');
+
 /** An `mcp` route's methods when `match.methods` is left out: JSON-RPC POSTs, the server's event stream, the session's end. */
 export const MCP_DEFAULT_METHODS = ['POST', 'GET', 'DELETE'] as const;
 
@@ -157,6 +171,8 @@ export const RouteSchema = z.strictObject({
   protocol: z.enum(['http', 'mcp']).default('http'),
   /** `mcp` routes: per-tool policy by tool name, `"*"` for every tool not named. */
   tools: z.record(z.string().min(1).max(256), McpToolSchema).default({}),
+  /** `mcp` routes: which tools agents may call and are shown in `tools/list` answers. */
+  toolAccess: ToolAccessSchema.optional(),
   /** Longest key accepted (400 invalid-idempotency-key past it). */
   maxKeyLength: z.number().int().min(1).max(MAX_KEY_LENGTH_LIMIT).default(DEFAULT_MAX_KEY_LENGTH),
   /** Where the key is read when the request has no key header: a JSON pointer into the body. */
@@ -360,6 +376,9 @@ export const ConfigSchema = z
       }
       if (route.protocol !== 'mcp' && Object.keys(route.tools).length > 0) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'tools'], message: 'only an mcp route ("protocol": "mcp") has tools' });
+      }
+      if (route.protocol !== 'mcp' && route.toolAccess !== undefined) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'toolAccess'], message: 'only an mcp route ("protocol": "mcp") has tools to allow or deny' });
       }
       // Streamable HTTP has POST, GET and DELETE only; any other method would pass through undecided (docs/mcp.md).
       const foreign = route.protocol === 'mcp' ? route.match.methods.filter((m) => m !== 'POST' && m !== 'GET' && m !== 'DELETE') : [];
