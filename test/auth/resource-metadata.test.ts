@@ -119,6 +119,10 @@ describe('challenges and audience', () => {
     }
     const expired = await rawPost(`${gw.url}/mcp`, LIST, bearer(await token({ aud: `${new URL(gw.url).origin}/mcp`, expIn: -60 })));
     expect(expired.headers.get('www-authenticate')).toMatch(/^Bearer realm="fencegate", error="invalid_token", error_description="[^"]*", resource_metadata="/);
+    // A 403 (a token for the resource without the proxy scope) names it too, so a client can step up its scopes there.
+    const noScope = await rawPost(`${gw.url}/mcp`, LIST, bearer(await token({ aud: `${new URL(gw.url).origin}/mcp`, scope: 'fencegate:audit' })));
+    expect(noScope.status).toBe(403);
+    expect(noScope.headers.get('www-authenticate')).toBe(`Bearer realm="fencegate", error="insufficient_scope", scope="fencegate:proxy", resource_metadata="${metadataUrl}"`);
     expect(up.requests).toHaveLength(0);
 
     const off = await setup(false);

@@ -1,9 +1,14 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
+import { createFetchForwarder } from '../../src/http/forward-fetch.js';
 import { createUndiciForwarder } from '../../src/http/forward-undici.js';
+import { createGateway } from '../../src/http/gateway.js';
+import { silentLogger } from '../../src/http/logger.js';
+import { SqliteGatewayStore } from '../../src/store/sqlite/gateway-store.js';
 import { compileToolAccess, filterToolsList, foldToolName } from '../../src/http/mcp/access.js';
 import { connectClient, fenced, mcpRoute, rawPost, startMcpGateway, textOf, type McpGateway } from './harness.js';
 import { startMcpUpstream, type McpUpstream } from './mcp-upstream.js';
+import { rawUpstream } from './raw-upstream.js';
 
 // An mcp route's `toolAccess` (docs/mcp.md "Allowed tools"), with the real
 // SDK on both sides: the agent is shown only the allowed tools, a denied
@@ -49,7 +54,8 @@ describe.each(MODES)('stateful=$stateful json=$json', (mode) => {
     const { up, gw } = await setup(mode);
     const guarded = await agent(`${gw.url}/mcp`);
     expect(names(await guarded.listTools())).toEqual(ALLOWED);
-    await expect(guarded.callTool({ name: 'failing_tool', arguments: { n: 1 } })).rejects.toMatchObject({ code: -32013, data: { type: 'tool-denied', status: 403 } });
+    // With a fence and a key: without the check the call would be admitted and run.
+    await expect(guarded.callTool({ name: 'failing_tool', arguments: { n: 1 }, _meta: fenced(1, 'job-d', 'k-d') })).rejects.toMatchObject({ code: -32013, data: { type: 'tool-denied', status: 403 } });
     expect(up.callsOf('failing_tool')).toHaveLength(0);
     expect(up.failures).toBe(0);
     const made = await guarded.callTool({ name: 'create_ticket', arguments: { title: 'allowed' }, _meta: fenced(1, 'job', 'k-1') });
@@ -80,6 +86,59 @@ it('read whole (a forwarder that cannot stream), an event-stream tools/list answ
   const { gw } = await setup({ stateful: false, json: false }, { forwarder: { forward: undici.forward, close: undici.close } });
   expect(names(await (await agent(`${gw.url}/mcp`)).listTools())).toEqual(ALLOWED);
   expect(names(await (await agent(`${gw.url}/open`)).listTools())).toEqual(ALL);
+});
+
+it('through the Hono app (app.fetch, the fetch forwarder, as on Workers): the same list and the same refusal', async () => {
+  const up = await startMcpUpstream({ stateful: true, json: false });
+  cleanups.push(() => up.close());
+  const config = parseConfig({ store: { sqlite: ':memory:' }, routes: [mcpRoute(up.url, { toolAccess: ACCESS })] });
+  const gateway = createGateway({ config, store: new SqliteGatewayStore({ path: ':memory:' }), forwarder: createFetchForwarder(), env: {}, logger: silentLogger });
+  cleanups.push(() => gateway.close());
+  const viaApp = ((input: string | URL | Request, init?: RequestInit) => Promise.resolve(gateway.app.fetch(new Request(input, init)))) as typeof fetch;
+  const c = await connectClient('http://gateway.test/mcp', { fetch: viaApp });
+  cleanups.push(() => c.close());
+  expect(names(await c.client.listTools())).toEqual(ALLOWED);
+  await expect(c.client.callTool({ name: 'failing_tool', arguments: { n: 1 } })).rejects.toMatchObject({ code: -32013 });
+  expect(up.failures).toBe(0);
+});
+
+describe('an event stream, event by event', () => {
+  const LIST = '{"jsonrpc":"2.0","id":7,"method":"tools/list"}';
+  const progress = 'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}\n\n';
+  // The response over two data lines, with an event id (for resumption) and a comment.
+  const listEvent = 'id: ev-1\r\n: a comment\r\nevent: message\r\ndata: {"jsonrpc":"2.0","id":7,\r\ndata: "result":{"tools":[{"name":"a"},{"name":"failing_x"},{"name":"b"}]}}\r\n\r\n';
+
+  async function streaming(events: string, maxResponseBytes?: number) {
+    const up = await rawUpstream(async (_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      // In small pieces: events are cut across chunks.
+      for (let i = 0; i < events.length; i += 7) {
+        res.write(events.slice(i, i + 7));
+        await new Promise((r) => setImmediate(r));
+      }
+      res.end();
+    });
+    cleanups.push(() => up.close());
+    const gw = await startMcpGateway([mcpRoute(up.url, { toolAccess: { deny: ['failing_*'] }, ...(maxResponseBytes ? { maxResponseBytes } : {}) }), mcpRoute(up.url, { name: 'open', match: { path: '/open' } })]);
+    cleanups.push(() => gw.close());
+    return gw;
+  }
+
+  it('other events pass byte for byte; the list event loses the denied tool and keeps its id; without the lists it passes as it came', async () => {
+    const gw = await streaming(progress + listEvent);
+    const text = await (await rawPost(`${gw.url}/mcp`, LIST)).text();
+    expect(text).toBe(`${progress}id: ev-1\n: a comment\nevent: message\ndata: {"jsonrpc":"2.0","id":7,\ndata: "result":{"tools":[{"name":"a"},{"name":"b"}]}}\n\n`);
+    expect(await (await rawPost(`${gw.url}/open`, LIST)).text()).toBe(progress + listEvent);
+  });
+
+  it('an event over maxResponseBytes ends the stream with an error to the list, never the list unfiltered', async () => {
+    const big = `event: message\ndata: {"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"failing_x","description":"${'d'.repeat(4096)}"}]}}\n\n`;
+    const gw = await streaming(progress + big, 2048);
+    const text = await (await rawPost(`${gw.url}/mcp`, LIST)).text();
+    expect(text.startsWith(progress)).toBe(true);
+    expect(text).not.toContain('failing_x');
+    expect(text).toContain('"code":-32010');
+  });
 });
 
 describe('the answer stays the upstream\'s, but for the denied tools', () => {
