@@ -131,6 +131,18 @@ describe('an event stream, event by event', () => {
     expect(await (await rawPost(`${gw.url}/open`, LIST)).text()).toBe(progress + listEvent);
   });
 
+  it('a list response under another id, or replayed on the server\'s GET stream (resumption), is narrowed too; other messages pass as they came', async () => {
+    const replayed = 'id: ev-9\nevent: message\ndata: {"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"a"},{"name":"failing_x"}]}}\n\n';
+    const other = 'event: message\ndata: {"jsonrpc":"2.0","id":4,"result":{"content":[{"type":"text","text":"failing_x"}]}}\n\n';
+    const gw = await streaming(progress + replayed + other);
+    const narrowed = `${progress}id: ev-9\nevent: message\ndata: {"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"a"}]}}\n\n${other}`;
+    const get = await fetch(`${gw.url}/mcp`, { headers: { accept: 'text/event-stream' } });
+    expect(await get.text()).toBe(narrowed);
+    expect(await (await rawPost(`${gw.url}/mcp`, LIST)).text()).toBe(narrowed);
+    // The negative control.
+    expect(await (await fetch(`${gw.url}/open`, { headers: { accept: 'text/event-stream' } })).text()).toBe(progress + replayed + other);
+  });
+
   it('an event over maxResponseBytes ends the stream with an error to the list, never the list unfiltered', async () => {
     const big = `event: message\ndata: {"jsonrpc":"2.0","id":7,"result":{"tools":[{"name":"failing_x","description":"${'d'.repeat(4096)}"}]}}\n\n`;
     const gw = await streaming(progress + big, 2048);

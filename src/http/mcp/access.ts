@@ -118,3 +118,15 @@ export function filterToolsList(text: string, access: ToolAccess): string | null
 function rewritten(msg: Record<string, unknown>, tools: unknown[], drop: boolean[]): string {
   return JSON.stringify({ ...msg, result: { ...(msg.result as Record<string, unknown>), tools: tools.filter((_, i) => !drop[i]) } });
 }
+
+/**
+ * A message that is not the answer to the list being filtered (`msg`, its
+ * parsed `text`): only a response whose `result` holds a `tools` array is
+ * narrowed (a list's answer under another id, or one a resumed GET stream
+ * replays); anything else is returned as it came.
+ */
+export function filterMessage(text: string, msg: unknown, access: ToolAccess): string {
+  if (!isObject(msg) || msg.method !== undefined || !isObject(msg.result) || !Array.isArray(msg.result.tools)) return text;
+  // A tools array parses, so the list filter reads it.
+  return filterToolsList(text, access) ?? text;
+}

@@ -6,7 +6,7 @@ import type { StreamedAnswer, UpstreamResult } from '../forward.js';
 import type { Reply } from '../inbound.js';
 import type { Codec, Command, Pass, Settled, Streaming } from '../pipeline/codec.js';
 import { roundMs, type Exchange } from '../pipeline/exchange.js';
-import { compileToolAccess, filterToolsList, type ToolAccess } from './access.js';
+import { compileToolAccess, filterMessage, filterToolsList, type ToolAccess } from './access.js';
 import { parseToolCommand, presentedInCall } from './command.js';
 import { readMessage, type ToolCall } from './message.js';
 import { isEncoded, isEventStream, mcpUpstreamHeaders, passthrough, refusalReply, replayReply, settleBuffered, storedMessage, tooLargeAnswer, type Base } from './outcome.js';
@@ -51,7 +51,8 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     const route = x.route!;
     const endpoint = x.pathname + x.search;
     const httpStatus = x.req.method !== 'POST';
-    const access = listId === null ? null : toolAccess(route);
+    // What may carry a tools list to the agent: the answer to a tools/list, and the server's GET stream (a list's response replayed on resumption).
+    const access = listId !== null || x.req.method === 'GET' ? toolAccess(route) : null;
     const refused = (refusal: Refusal, d: string) => ({ reply: refusalReply(refusal, id, x.requestId, { httpStatus }), decision: d });
     // Read whole, the server's GET stream would hang until the deadline: say there is none (MCP lets a server answer 405 here).
     const local: Reply | undefined =
@@ -66,14 +67,14 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       answer(result) {
         switch (result.kind) {
           case 'stream': {
-            const stream = listId === null ? result.body : learning(result.body, route, endpoint, listId, access, x.requestId);
+            const stream = access !== null ? filtering(result.body, route, endpoint, listId, access, x.requestId) : listId === null ? result.body : learning(result.body, route, endpoint, listId);
             return { reply: passthrough(result.status, result.headers, stream), decision };
           }
           case 'response': {
             if (listId !== null && result.status === 200) learnFrom(result.headers, result.body, route, endpoint, listId);
             let body: Uint8Array | null = result.status === 204 ? null : result.body;
             if (access !== null && result.status === 200) {
-              const filtered = filteredAnswer(result.headers, result.body, route, listId!, access);
+              const filtered = filteredAnswer(result.headers, result.body, route, listId, access);
               if (filtered === null) return refused(unfilterable(route), 'upstream-unavailable');
               body = filtered;
             }
@@ -90,14 +91,8 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     };
   };
 
-  /**
-   * The stream as it came, byte for byte, read on the way for the `tools/list` response. On a route with
-   * `toolAccess`, passed on event by event instead, the response's event with the denied tools taken out;
-   * an event past maxResponseBytes, or a response that cannot be read, ends the stream with a JSON-RPC
-   * error to the list (never the list unfiltered).
-   */
-  function learning(body: ReadableStream<Uint8Array>, route: RouteConfig, endpoint: string, listId: string | number, access: ToolAccess | null, requestId: string): ReadableStream<Uint8Array> {
-    if (access !== null) return filtering(body, route, endpoint, listId, access, requestId);
+  /** The stream as it came, byte for byte, read on the way for the `tools/list` response. */
+  function learning(body: ReadableStream<Uint8Array>, route: RouteConfig, endpoint: string, listId: string | number): ReadableStream<Uint8Array> {
     let splitter: SseSplitter | null = new SseSplitter(route.maxResponseBytes);
     return body.pipeThrough(
       new TransformStream<Uint8Array, Uint8Array>({
@@ -114,31 +109,34 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     );
   }
 
-  function filtering(body: ReadableStream<Uint8Array>, route: RouteConfig, endpoint: string, listId: string | number, access: ToolAccess, requestId: string): ReadableStream<Uint8Array> {
+  /**
+   * On a route with `toolAccess`: the stream passed on event by event (each as it came), the list's
+   * response (to `listId`), and any other response that holds a tools list, with the denied tools taken
+   * out (./access.ts filterEvent). An event past maxResponseBytes, or a response to the list that cannot
+   * be read, ends the stream, with a JSON-RPC error to the list when there is one: never a list unfiltered.
+   */
+  function filtering(body: ReadableStream<Uint8Array>, route: RouteConfig, endpoint: string, listId: string | number | null, access: ToolAccess, requestId: string): ReadableStream<Uint8Array> {
     const splitter = new SseSplitter(route.maxResponseBytes);
     const encoder = new TextEncoder();
     const pass = (events: SseEvent[], controller: TransformStreamDefaultController<Uint8Array>): void => {
       for (const e of events) {
         const msg = messageOf(e);
-        if (!isResponseTo(msg, listId)) {
-          controller.enqueue(encoder.encode(e.raw));
-          continue;
-        }
-        annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
-        const filtered = filterToolsList(e.data!, access);
-        if (filtered === null) return fail(controller, unfilterable(route));
-        controller.enqueue(encoder.encode(filtered === e.data ? e.raw : withData(e.raw, filtered)));
+        const isList = listId !== null && isResponseTo(msg, listId);
+        if (isList) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
+        const raw = filterEvent(e, msg, access, isList);
+        if (raw === null) return fail(controller, unfilterable(route));
+        controller.enqueue(encoder.encode(raw));
       }
     };
     const fail = (controller: TransformStreamDefaultController<Uint8Array>, refusal: Refusal): void => {
-      controller.enqueue(encoder.encode(sseMessage(refusalReply(refusal, listId, requestId).body as string)));
+      if (listId !== null) controller.enqueue(encoder.encode(sseMessage(refusalReply(refusal, listId, requestId).body as string)));
       controller.terminate();
     };
     return body.pipeThrough(
       new TransformStream<Uint8Array, Uint8Array>({
         transform(chunk, controller) {
           const events = splitter.push(chunk);
-          if (events === null) return fail(controller, { code: 'upstream-response-too-large', detail: `an event of the upstream's tools/list answer exceeded this route's maxResponseBytes of ${route.maxResponseBytes} bytes; it was not passed on` });
+          if (events === null) return fail(controller, { code: 'upstream-response-too-large', detail: `an event of the upstream's answer exceeded this route's maxResponseBytes of ${route.maxResponseBytes} bytes; it was not passed on, as it could not be checked for tools this route does not allow` });
           pass(events, controller);
         },
         flush(controller) {
@@ -148,33 +146,36 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     );
   }
 
-  /** A whole `tools/list` answer (JSON, or an event stream read whole) with the denied tools taken out; null when it cannot be read. */
-  function filteredAnswer(headers: [string, string][], body: Uint8Array, route: RouteConfig, listId: string | number, access: ToolAccess): Uint8Array | null {
-    if (isEncoded(headers)) return null;
+  /**
+   * A whole answer (JSON, or an event stream read whole) with the denied tools taken out as `filtering`
+   * does; null when the answer to the list (`listId`) cannot be read. Anything else unreadable passes as it came.
+   */
+  function filteredAnswer(headers: [string, string][], body: Uint8Array, route: RouteConfig, listId: string | number | null, access: ToolAccess): Uint8Array | null {
+    const strict = listId !== null;
     let text: string;
     try {
+      if (isEncoded(headers)) throw new Error('encoded');
       text = new TextDecoder('utf-8', { fatal: true }).decode(body);
     } catch {
-      return null;
+      return strict ? null : body;
     }
     if (!isEventStream(headers)) {
       // A JSON answer is the response itself (its id is the client's to check).
-      const filtered = filterToolsList(text, access);
+      const filtered = strict ? filterToolsList(text, access) : filterMessage(text, parseData(text), access);
       return filtered === null ? null : filtered === text ? body : new TextEncoder().encode(filtered);
     }
     const events = eventsOf(body, route.maxResponseBytes);
-    if (events === null) return null;
+    if (events === null) return strict ? null : body;
     let out = '';
+    let changed = false;
     for (const e of events) {
-      if (!isResponseTo(messageOf(e), listId)) {
-        out += e.raw;
-        continue;
-      }
-      const filtered = filterToolsList(e.data!, access);
-      if (filtered === null) return null;
-      out += filtered === e.data ? e.raw : withData(e.raw, filtered);
+      const msg = messageOf(e);
+      const raw = filterEvent(e, msg, access, strict && isResponseTo(msg, listId));
+      if (raw === null) return null;
+      changed ||= raw !== e.raw;
+      out += raw;
     }
-    return new TextEncoder().encode(out);
+    return changed ? new TextEncoder().encode(out) : body;
   }
 
   function learnFrom(headers: [string, string][], body: Uint8Array, route: RouteConfig, endpoint: string, listId: string | number): void {
@@ -316,6 +317,17 @@ function streamed(x: Exchange, call: ToolCall, answer: StreamedAnswer, base: Bas
 /** Why a `tools/list` answer on a route with `toolAccess` is not passed on: it could not be read, so not filtered. */
 function unfilterable(route: RouteConfig): Refusal {
   return { code: 'upstream-unavailable', detail: `the upstream's tools/list answer could not be read as a JSON-RPC response (encoded, not UTF-8, not JSON, or its tools not a list), so it could not be narrowed to route ${route.name}'s allowed tools and was not passed on` };
+}
+
+/**
+ * An event as it is passed on: the response to the list (`isList`) with the denied tools taken out, null
+ * when it cannot be read; any other response that holds a tools list likewise, else the event as it came.
+ */
+function filterEvent(e: SseEvent, msg: unknown, access: ToolAccess, isList: boolean): string | null {
+  if (msg === undefined && !isList) return e.raw;
+  const filtered = isList ? filterToolsList(e.data!, access) : filterMessage(e.data!, msg, access);
+  if (filtered === null) return null;
+  return filtered === e.data ? e.raw : withData(e.raw, filtered);
 }
 
 /** An event with its `data` replaced by `json` (one `data:` line per line of it), its other fields as they came. */
