@@ -11,9 +11,8 @@ import { parseToolCommand, presentedInCall } from './command.js';
 import { readMessage, type ToolCall } from './message.js';
 import { isEncoded, isEventStream, mcpUpstreamHeaders, passthrough, refusalReply, replayReply, settleBuffered, storedMessage, tooLargeAnswer, type Base } from './outcome.js';
 import { ToolAnnotations, toolPolicy } from './policy.js';
-import { SseSplitter } from './sse.js';
+import { SseSplitter, type SseEvent } from './sse.js';
 import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, pump, sseMessage } from './stream.js';
-import type { SseEvent } from './sse.js';
 
 /** What the mcp codec keeps of one request: the JSON-RPC id refusals answer, and the call once read. */
 interface McpState {
@@ -112,7 +111,7 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
   /**
    * On a route with `toolAccess`: the stream passed on event by event (each as it came), the list's
    * response (to `listId`), and any other response that holds a tools list, with the denied tools taken
-   * out (./access.ts filterEvent). An event past maxResponseBytes, or a response to the list that cannot
+   * out (filterEvent below). An event past maxResponseBytes, or a response to the list that cannot
    * be read, ends the stream, with a JSON-RPC error to the list when there is one: never a list unfiltered.
    */
   function filtering(body: ReadableStream<Uint8Array>, route: RouteConfig, endpoint: string, listId: string | number | null, access: ToolAccess, requestId: string): ReadableStream<Uint8Array> {

@@ -27,7 +27,7 @@ export type McpMessage =
   /**
    * Anything else: forwarded as it came. `listId`: the id of a `tools/list` request, whose answer teaches the route's annotations.
    * `hiddenList`: a `tools/list` whose answer the route could not read as one (in a batch, or under another spelling of
-   * the method that a lenient upstream answers as a list), which a route that filters lists refuses (./access.ts).
+   * the method that a lenient upstream answers as a list), which a route that filters lists refuses (./codec.ts).
    */
   | { kind: 'pass'; id: JsonRpcId; listId: string | number | null; hiddenList?: true }
   /** `rpcCode`: the JSON-RPC code when it is not the refusal's own (MCP_ERROR_CODES), e.g. -32600 for a message that is no Request object. */
