@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { parseDuration } from '../core/duration.js';
 import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/query-timeout.js';
+import { resourceMetadataPath } from '../protocol/resource-metadata.js';
 import { credentialHeaderCollision, DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT, OVERRIDE_FIELDS } from '../protocol/headers.js';
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
@@ -112,6 +113,20 @@ export const McpToolSchema = z.strictObject({
   onUnknown: z.enum(['reject', 'retry']).optional(),
   readOnly: z.boolean().optional(),
 });
+
+/**
+ * An `mcp` route's tool access (docs/mcp.md "Allowed tools"): which tools
+ * agents may call and are shown. A sibling of `tools`, not inside it: that
+ * map's keys are tool names, and a tool may be called `allow`. Each entry
+ * is a tool name or a simple glob (`*`: any run of characters). A tool is
+ * allowed when `allow` is absent or one of its patterns matches the name as
+ * written, and no `deny` pattern matches it compared without regard to
+ * case, width, whitespace and invisible characters (../http/mcp/access.ts).
+ */
+const ToolPattern = z.string().min(1).max(256).regex(/^[^\u0000-\u001f\u007f]+$/, 'must be a tool name or glob without control characters');
+export const ToolAccessSchema = z
+  .strictObject({ allow: z.array(ToolPattern).optional(), deny: z.array(ToolPattern).optional() })
+  .refine((a) => a.allow !== undefined || a.deny !== undefined, 'needs "allow", "deny" or both');
 
 /** An `mcp` route's methods when `match.methods` is left out: JSON-RPC POSTs, the server's event stream, the session's end. */
 export const MCP_DEFAULT_METHODS = ['POST', 'GET', 'DELETE'] as const;
@@ -247,6 +262,8 @@ export const RouteSchema = z.strictObject({
   protocol: z.enum(['http', 'mcp']).default('http'),
   /** `mcp` routes: per-tool policy by tool name, `"*"` for every tool not named. */
   tools: z.record(z.string().min(1).max(256), McpToolSchema).default({}),
+  /** `mcp` routes: which tools agents may call and are shown in `tools/list` answers. */
+  toolAccess: ToolAccessSchema.optional(),
   /** Longest key accepted (400 invalid-idempotency-key past it). */
   maxKeyLength: z.number().int().min(1).max(MAX_KEY_LENGTH_LIMIT).default(DEFAULT_MAX_KEY_LENGTH),
   /** Where the key is read when the request has no key header: a JSON pointer into the body. */
@@ -326,18 +343,57 @@ const hasKey = (k: { secret?: unknown; publicKeys?: unknown; jwks?: unknown; jwk
 const NO_KEY = 'needs a key: "secret", "publicKeys", "jwks" or "jwksFile"';
 const Audience = z.union([z.string().min(1), z.array(z.string().min(1)).min(1)]);
 
+/**
+ * OAuth protected resource metadata (RFC 9728, docs/auth-audit.md
+ * "Protected resource metadata"): the gateway's resource identifier, an
+ * absolute URL with no query, fragment or trailing slash (its path is
+ * where the metadata is served, RFC 9728 §3.1), and the authorization
+ * servers that issue its tokens.
+ */
+const ResourceUrl = z
+  .url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' })
+  .refine((u) => !/[?#]/.test(u), 'must have no query or fragment (RFC 9728 §1.2, RFC 8707 §2)')
+  .refine((u) => new URL(u).pathname === '/' || !new URL(u).pathname.endsWith('/'), 'must not end with "/" (except the bare origin): the metadata path is formed from it');
+const ResourceFields = {
+  /** The resource identifier: published as `resource`, and the `aud` tokens must carry. */
+  resource: ResourceUrl.optional(),
+  /** `authorization_servers` of the metadata: the issuers' identifiers. Default: the `issuer` values that are URLs. */
+  authorizationServers: z.array(z.url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' })).min(1).optional(),
+  /** `resource_name` of the metadata, shown to the user by clients. */
+  resourceName: z.string().min(1).max(256).optional(),
+};
+const listOf = (v: string | string[] | undefined): string[] => (v === undefined ? [] : Array.isArray(v) ? v : [v]);
+const isHttpUrl = (v: string) => /^https?:\/\/[^/]/.test(v) && URL.canParse(v);
+
 /** Caller authentication (bearer JWTs). Absent: no auth, admin API on loopback only. */
 export const AuthSchema = z
   .strictObject({
     ...KeySetFields,
     issuer: Audience,
-    audience: Audience,
+    /** The `aud` a token must carry (one of). Default, with `resource`: the resource identifier. */
+    audience: Audience.optional(),
     /** Clock skew accepted on `exp` / `nbf`. */
     clockTolerance: Duration.prefault('5s'),
     /** The claim that names the caller (rejection log, idempotency scope). */
     callerClaim: z.string().min(1).default('sub'),
+    ...ResourceFields,
   })
-  .refine(hasKey, NO_KEY);
+  .refine(hasKey, NO_KEY)
+  .superRefine((a, ctx) => {
+    if (a.audience === undefined && a.resource === undefined) ctx.addIssue({ code: 'custom', path: ['audience'], message: 'is required (or "resource", whose identifier is then the audience)' });
+    // MCP authorization: a token must have been issued for this resource (RFC 8707), so its identifier is an audience the gateway accepts.
+    if (a.resource !== undefined && a.audience !== undefined && !listOf(a.audience).includes(a.resource)) {
+      ctx.addIssue({ code: 'custom', path: ['audience'], message: `must include the resource "${a.resource}": clients ask for tokens for it (RFC 8707) and the gateway must accept them, or leave audience out` });
+    }
+    if (a.resource !== undefined && a.authorizationServers === undefined && !listOf(a.issuer).some(isHttpUrl)) {
+      ctx.addIssue({ code: 'custom', path: ['authorizationServers'], message: 'is required with "resource" when no issuer is an http(s) URL: the metadata must name the authorization servers (MCP authorization)' });
+    }
+  })
+  .transform(({ audience, authorizationServers, ...a }) => ({
+    ...a,
+    audience: audience ?? a.resource!,
+    ...(a.resource !== undefined ? { authorizationServers: authorizationServers ?? listOf(a.issuer).filter(isHttpUrl) } : authorizationServers !== undefined ? { authorizationServers } : {}),
+  }));
 
 /** Signed fences (DESIGN §7): the fence header must be a JWS minted with these keys. */
 export const SignedFenceSchema = z
@@ -425,6 +481,10 @@ export const ConfigSchema = z
   })
   .superRefine((config, ctx) => {
     const seen = new Set<string>();
+    const metadataPath = config.auth?.resource === undefined ? null : resourceMetadataPath(config.auth.resource);
+    if (metadataPath !== null && (metadataPath === config.adminPrefix || metadataPath.startsWith(`${config.adminPrefix}/`))) {
+      ctx.addIssue({ code: 'custom', path: ['adminPrefix'], message: `holds the protected resource metadata path ${metadataPath} of auth.resource; choose another prefix` });
+    }
     config.routes.forEach((route, i) => {
       if (seen.has(route.name)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'name'], message: `duplicate route name "${route.name}"` });
       seen.add(route.name);
@@ -455,6 +515,9 @@ export const ConfigSchema = z
       if (route.protocol !== 'mcp' && Object.keys(route.tools).length > 0) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'tools'], message: 'only an mcp route ("protocol": "mcp") has tools' });
       }
+      if (route.protocol !== 'mcp' && route.toolAccess !== undefined) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'toolAccess'], message: 'only an mcp route ("protocol": "mcp") has tools to allow or deny' });
+      }
       // Streamable HTTP has POST, GET and DELETE only; any other method would pass through undecided (docs/mcp.md).
       const foreign = route.protocol === 'mcp' ? route.match.methods.filter((m) => m !== 'POST' && m !== 'GET' && m !== 'DELETE') : [];
       if (foreign.length > 0) {
@@ -467,6 +530,10 @@ export const ConfigSchema = z
       if (reconcile !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, reconcile[0]], message: reconcile[1] });
       if (route.match.path.startsWith(`${config.adminPrefix}/`) || route.match.path === config.adminPrefix) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `overlaps the admin prefix ${config.adminPrefix}` });
+      }
+      // The metadata path is the gateway's own, never proxied: a route written for it would never see a request (a `/*` route may cover it).
+      if (metadataPath !== null && route.match.path === metadataPath) {
+        ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `is where the gateway serves the protected resource metadata of auth.resource (RFC 9728); it is never proxied` });
       }
     });
     // undici pools connections per origin, so an origin's TLS is one setting (../http/forward-undici.ts upstreamTlsOf).

@@ -18,6 +18,7 @@ const REASONS: Record<RejectionReason, true> = {
   'missing-entity': true,
   'invalid-idempotency-key': true,
   'missing-idempotency-key': true,
+  'tool-denied': true,
 };
 
 export const REJECTION_REASONS = Object.keys(REASONS) as RejectionReason[];

@@ -4,7 +4,7 @@ import type { ReadableStream as NodeReadableStream } from 'node:stream/web';
 import { toReply } from '../http/errors.js';
 import { problemBaseOf, type Gateway } from '../http/gateway.js';
 import type { HeaderReader, Inbound, Reply } from '../http/inbound.js';
-import { isAdminPath } from '../http/pipeline/route.js';
+import { isAdminPath, metadataPathOf } from '../http/pipeline/route.js';
 import { renderProblem } from '../protocol/problem.js';
 
 /** A request body left unread after the answer (a refusal before the body was needed) is discarded up to this size and for this long, then the connection closes. */
@@ -15,7 +15,8 @@ const DISCARD_LIMIT_MS = 1_000;
  * The Node server's request listener: proxied requests go to the gateway's
  * `direct` path (caller auth included), read from the Node request and
  * written to the Node response; everything else (the admin API under
- * `adminPrefix`, and any request target @hono/node-server would have to
+ * `adminPrefix`, the protected resource metadata with `auth.resource`,
+ * and any request target @hono/node-server would have to
  * judge: absolute form, a backslash, an odd Host) goes to `fallback`, the
  * Hono app's listener.
  *
@@ -28,6 +29,7 @@ const DISCARD_LIMIT_MS = 1_000;
 export function createNodeListener(gateway: Gateway, fallback: RequestListener): RequestListener {
   const direct = gateway.direct;
   const adminPrefix = gateway.config.adminPrefix;
+  const metadataPath = metadataPathOf(gateway.config);
   const backslash = toReply(
     renderProblem(
       {
@@ -70,10 +72,10 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
       return fallback(req, res);
     }
     if (url.hostname.length !== host.length && url.hostname !== host.replace(/:\d+$/, '')) return fallback(req, res);
-    // The admin API's paths go to Hono; the one rule (../http/pipeline/route.ts
-    // isAdminPath) takes both readings of the path, so no path is the admin
-    // API's on one way in and proxied on the other.
-    if (isAdminPath(url.pathname, adminPrefix)) return fallback(req, res);
+    // The admin API's paths and the protected resource metadata go to Hono;
+    // the one rule (../http/pipeline/route.ts isAdminPath) takes both readings
+    // of the path, so no path is the app's on one way in and proxied on the other.
+    if (isAdminPath(url.pathname, adminPrefix, metadataPath)) return fallback(req, res);
     const inbound = new NodeInbound(req, res, url.pathname, url.search);
     direct(inbound)
       .then((reply) => write(req, res, reply))

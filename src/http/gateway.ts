@@ -14,6 +14,8 @@ import { credentialHashKeyOf } from './key-scope.js';
 import { createPipeline } from './pipeline/index.js';
 import { createReconcileQuery } from './pipeline/reconcile.js';
 import { createBackgroundReconciler, resolveReconcileHeaders, type ReconcilePass } from './reconciler.js';
+import { isMetadataPath, metadataPathOf } from './pipeline/route.js';
+import { resourceMetadataDocument } from '../protocol/resource-metadata.js';
 import { createSecurity } from './security.js';
 import { timeStore } from './store-timing.js';
 import { loadTracing } from '../observe/tracing.js';
@@ -177,6 +179,21 @@ export function createGateway(options: GatewayOptions): Gateway {
     });
     return webResponse(reply);
   };
+  // With auth.resource: the protected resource metadata (RFC 9728), at the one path isAdminPath keeps from the proxy.
+  const metadataPath = metadataPathOf(config);
+  if (metadataPath !== null && config.auth?.resource !== undefined) {
+    const document = JSON.stringify(resourceMetadataDocument({ resource: config.auth.resource, authorizationServers: config.auth.authorizationServers ?? [], resourceName: config.auth.resourceName }));
+    // Public, and read by browser-based clients from another origin: any origin may read it (it holds nothing secret).
+    const cors = { 'access-control-allow-origin': '*' };
+    app.all('*', (c, next) => {
+      if (!isMetadataPath(new URL(c.req.url).pathname, metadataPath)) return next();
+      const method = c.req.method;
+      if (method === 'GET' || method === 'HEAD') return c.body(document, 200, { ...cors, 'content-type': 'application/json', 'cache-control': 'public, max-age=300' });
+      // A preflight for the MCP-Protocol-Version header clients send with it (MCP 2025-06-18 "Protocol Version Header").
+      if (method === 'OPTIONS') return c.body(null, 204, { ...cors, 'access-control-allow-methods': 'GET, HEAD', 'access-control-allow-headers': 'mcp-protocol-version', 'access-control-max-age': '86400' });
+      return c.body(null, 405, { allow: 'GET, HEAD, OPTIONS' });
+    });
+  }
   app.all('*', handle);
   app.onError((err, c) => webResponse(internalError(new URL(c.req.url).pathname, err)));
 

@@ -74,6 +74,7 @@ const COARSE: Record<string, string> = {
   'upstream-response-too-large-released': 'upstream_error',
   unauthorized: 'unauthorized',
   forbidden: 'forbidden',
+  'tool-denied': 'tool_denied',
   'invalid-fence-signature': 'invalid_signature',
   'fence-expired': 'fence_expired',
   'store-unavailable': 'store_error',
@@ -108,6 +109,8 @@ const FINE: Record<string, [string, number | null]> = {
   'store-unavailable': ['store_unavailable_503', 503],
   unauthorized: ['unauthorized', 401],
   forbidden: ['forbidden', 403],
+  // An mcp route's refusal: a JSON-RPC error in a 200 (docs/mcp.md "Allowed tools").
+  'tool-denied': ['tool_denied', 200],
   'invalid-fence-signature': ['invalid_signature', 401],
   'fence-expired': ['fence_expired', 409],
   'no-route': ['no_route', 404],

@@ -24,6 +24,8 @@ export const LOGGED_REFUSALS: ReadonlySet<string> = new Set<RejectionReason>([
   'missing-entity',
   'invalid-idempotency-key',
   'missing-idempotency-key',
+  // A tool the route does not let agents use: who tried which tool is what an auditor looks for.
+  'tool-denied',
 ]);
 
 /** Three base64url segments: a compact JWS (a signed fence, or a bearer token sent in the wrong header). */

@@ -7,6 +7,7 @@ export const ERROR_CODES = {
   'no-route': { status: 404, title: 'No route matches this request', retryable: false },
   unauthorized: { status: 401, title: 'Authentication required', retryable: false },
   forbidden: { status: 403, title: 'Not allowed', retryable: false },
+  'tool-denied': { status: 403, title: 'Tool not allowed on this route', retryable: false },
   'invalid-fence': { status: 400, title: 'Invalid execution fence', retryable: false },
   'missing-fence': { status: 400, title: 'Missing execution fence', retryable: false },
   'invalid-fence-signature': { status: 401, title: 'Invalid fence signature', retryable: false },

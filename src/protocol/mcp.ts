@@ -67,6 +67,7 @@ export const MCP_ERROR_CODES: Record<ErrorCode, number> = {
   'admission-expired': -32011,
   unauthorized: -32012,
   forbidden: -32012,
+  'tool-denied': -32013,
   'internal-error': -32099,
   'no-route': -32099,
   'not-found': -32099,

@@ -30,7 +30,9 @@ export type RejectionReason =
   | 'invalid-entity'
   | 'missing-entity'
   | 'invalid-idempotency-key'
-  | 'missing-idempotency-key';
+  | 'missing-idempotency-key'
+  // An mcp route's tools/call of a tool its `toolAccess` does not allow, with the tool in `tool`.
+  | 'tool-denied';
 
 export interface RejectionInput {
   reason: RejectionReason;

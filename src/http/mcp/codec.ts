@@ -6,11 +6,12 @@ import type { StreamedAnswer } from '../forward.js';
 import type { Reply } from '../inbound.js';
 import type { Codec, Command, Pass, Settled, Streaming } from '../pipeline/codec.js';
 import { roundMs, type Exchange } from '../pipeline/exchange.js';
+import { compileToolAccess, filterMessage, filterToolsList, type ToolAccess } from './access.js';
 import { parseToolCommand, presentedInCall } from './command.js';
 import { readMessage, type ToolCall } from './message.js';
 import { isEncoded, isEventStream, mcpUpstreamHeaders, passthrough, refusalReply, replayReply, settleBuffered, storedMessage, tooLargeAnswer, type Base } from './outcome.js';
 import { ToolAnnotations, toolPolicy } from './policy.js';
-import { SseSplitter } from './sse.js';
+import { SseSplitter, type SseEvent } from './sse.js';
 import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, pump, sseMessage } from './stream.js';
 
 /** What the mcp codec keeps of one request: the JSON-RPC id refusals answer, and the call once read. */
@@ -37,12 +38,20 @@ interface McpState {
  */
 export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean }): Codec<McpState> {
   const annotations = new ToolAnnotations();
+  /** Each route's `toolAccess`, compiled once (null: every tool allowed, every list as it came). */
+  const accessOf = new WeakMap<RouteConfig, ToolAccess | null>();
+  const toolAccess = (route: RouteConfig): ToolAccess | null => {
+    if (!accessOf.has(route)) accessOf.set(route, compileToolAccess(route));
+    return accessOf.get(route)!;
+  };
 
   /** A message forwarded undecided (see Pass). */
   const passing = (x: Exchange, id: JsonRpcId, listId: string | number | null, decision = 'passed'): Pass => {
     const route = x.route!;
     const endpoint = x.pathname + x.search;
     const httpStatus = x.req.method !== 'POST';
+    // What may carry a tools list to the agent: the answer to a tools/list, and the server's GET stream (a list's response replayed on resumption).
+    const access = listId !== null || x.req.method === 'GET' ? toolAccess(route) : null;
     const refused = (refusal: Refusal, d: string) => ({ reply: refusalReply(refusal, id, x.requestId, { httpStatus }), decision: d });
     // Read whole, the server's GET stream would hang until the deadline: say there is none (MCP lets a server answer 405 here).
     const local: Reply | undefined =
@@ -57,12 +66,19 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       answer(result) {
         switch (result.kind) {
           case 'stream': {
-            const stream = listId === null ? result.body : learning(result.body, route, endpoint, listId);
+            const stream = access !== null ? filtering(result.body, route, endpoint, listId, access, x.requestId) : listId === null ? result.body : learning(result.body, route, endpoint, listId);
             return { reply: passthrough(result.status, result.headers, stream), decision };
           }
-          case 'response':
+          case 'response': {
             if (listId !== null && result.status === 200) learnFrom(result.headers, result.body, route, endpoint, listId);
-            return { reply: passthrough(result.status, result.headers, result.status === 204 ? null : result.body), decision };
+            let body: Uint8Array | null = result.status === 204 ? null : result.body;
+            if (access !== null && result.status === 200) {
+              const filtered = filteredAnswer(result.headers, result.body, route, listId, access);
+              if (filtered === null) return refused(unfilterable(route), 'upstream-unavailable');
+              body = filtered;
+            }
+            return { reply: passthrough(result.status, result.headers, body), decision };
+          }
           case 'refused':
             return refused({ code: 'upstream-unavailable', detail: `the message could not be sent to the upstream (${result.error}); nothing was sent` }, 'upstream-unavailable');
           case 'unknown':
@@ -92,6 +108,75 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     );
   }
 
+  /**
+   * On a route with `toolAccess`: the stream passed on event by event (each as it came), the list's
+   * response (to `listId`), and any other response that holds a tools list, with the denied tools taken
+   * out (filterEvent below). An event past maxResponseBytes, or a response to the list that cannot
+   * be read, ends the stream, with a JSON-RPC error to the list when there is one: never a list unfiltered.
+   */
+  function filtering(body: ReadableStream<Uint8Array>, route: RouteConfig, endpoint: string, listId: string | number | null, access: ToolAccess, requestId: string): ReadableStream<Uint8Array> {
+    const splitter = new SseSplitter(route.maxResponseBytes);
+    const encoder = new TextEncoder();
+    const pass = (events: SseEvent[], controller: TransformStreamDefaultController<Uint8Array>): void => {
+      for (const e of events) {
+        const msg = messageOf(e);
+        const isList = listId !== null && isResponseTo(msg, listId);
+        if (isList) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
+        const raw = filterEvent(e, msg, access, isList);
+        if (raw === null) return fail(controller, unfilterable(route));
+        controller.enqueue(encoder.encode(raw));
+      }
+    };
+    const fail = (controller: TransformStreamDefaultController<Uint8Array>, refusal: Refusal): void => {
+      if (listId !== null) controller.enqueue(encoder.encode(sseMessage(refusalReply(refusal, listId, requestId).body as string)));
+      controller.terminate();
+    };
+    return body.pipeThrough(
+      new TransformStream<Uint8Array, Uint8Array>({
+        transform(chunk, controller) {
+          const events = splitter.push(chunk);
+          if (events === null) return fail(controller, { code: 'upstream-response-too-large', detail: `an event of the upstream's answer exceeded this route's maxResponseBytes of ${route.maxResponseBytes} bytes; it was not passed on, as it could not be checked for tools this route does not allow` });
+          pass(events, controller);
+        },
+        flush(controller) {
+          pass(splitter.end(), controller);
+        },
+      }),
+    );
+  }
+
+  /**
+   * A whole answer (JSON, or an event stream read whole) with the denied tools taken out as `filtering`
+   * does; null when the answer to the list (`listId`) cannot be read. Anything else unreadable passes as it came.
+   */
+  function filteredAnswer(headers: [string, string][], body: Uint8Array, route: RouteConfig, listId: string | number | null, access: ToolAccess): Uint8Array | null {
+    const strict = listId !== null;
+    let text: string;
+    try {
+      if (isEncoded(headers)) throw new Error('encoded');
+      text = new TextDecoder('utf-8', { fatal: true }).decode(body);
+    } catch {
+      return strict ? null : body;
+    }
+    if (!isEventStream(headers)) {
+      // A JSON answer is the response itself (its id is the client's to check).
+      const filtered = strict ? filterToolsList(text, access) : filterMessage(text, parseData(text), access);
+      return filtered === null ? null : filtered === text ? body : new TextEncoder().encode(filtered);
+    }
+    const events = eventsOf(body, route.maxResponseBytes);
+    if (events === null) return strict ? null : body;
+    let out = '';
+    let changed = false;
+    for (const e of events) {
+      const msg = messageOf(e);
+      const raw = filterEvent(e, msg, access, strict && isResponseTo(msg, listId));
+      if (raw === null) return null;
+      changed ||= raw !== e.raw;
+      out += raw;
+    }
+    return changed ? new TextEncoder().encode(out) : body;
+  }
+
   function learnFrom(headers: [string, string][], body: Uint8Array, route: RouteConfig, endpoint: string, listId: string | number): void {
     const messages = isEventStream(headers) ? (eventsOf(body, route.maxResponseBytes) ?? []).map((e) => messageOf(e)) : [parseData(new TextDecoder().decode(body))];
     for (const msg of messages) if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
@@ -111,7 +196,13 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       if (message.kind === 'refused') {
         return { kind: 'refused', refusal: message.refusal, state: { ...state, id: message.id, ...(message.rpcCode !== undefined ? { rpcCode: message.rpcCode } : {}) } };
       }
-      if (message.kind === 'pass') return { kind: 'pass', pass: passing(x, message.id, message.listId) };
+      if (message.kind === 'pass') {
+        if (message.hiddenList === true && toolAccess(x.route!) !== null) {
+          // Its answer could not be told and filtered (./access.ts): a lenient upstream would show every tool.
+          return { kind: 'refused', refusal: { code: 'invalid-request', detail: 'this route shows only its allowed tools, so a tools/list must be a single message (no batch) with a string or integer id and the method exactly "tools/list"' }, state: { ...state, id: message.id } };
+        }
+        return { kind: 'pass', pass: passing(x, message.id, message.listId) };
+      }
 
       const route = x.route!;
       // A name the config lists or the upstream's list had, else one label for all: the metric's labels stay bounded.
@@ -119,6 +210,11 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       const endpoint = x.pathname + x.search;
       x.tool = { name: message.name, label: route.tools[message.name] !== undefined || annotations.known(route.name, endpoint, message.name) ? message.name : '_unlisted' };
       x.trace.tool = message.name.slice(0, 128);
+      // Before the tool's policy: a denied tool is refused whether it is read-only or not, and never forwarded.
+      const denial = toolAccess(route)?.denial(message.name) ?? null;
+      if (denial !== null) {
+        return { kind: 'refused', refusal: { code: 'tool-denied', detail: `the tool ${JSON.stringify(message.name.slice(0, 128))} is not allowed on this route (${denial}); nothing was sent` }, state: { id: message.id, httpStatus: false, call: message } };
+      }
       const policy = toolPolicy(route, message.name, annotations, endpoint);
       if (policy.readOnly) {
         x.trace.read_only = policy.readOnlyFrom!;
@@ -215,6 +311,28 @@ function streamed(x: Exchange, call: ToolCall, answer: StreamedAnswer, base: Bas
     };
   })();
   return { head, ended, abort: () => caller.close() };
+}
+
+/** Why a `tools/list` answer on a route with `toolAccess` is not passed on: it could not be read, so not filtered. */
+function unfilterable(route: RouteConfig): Refusal {
+  return { code: 'upstream-unavailable', detail: `the upstream's tools/list answer could not be read as a JSON-RPC response (encoded, not UTF-8, not JSON, or its tools not a list), so it could not be narrowed to route ${route.name}'s allowed tools and was not passed on` };
+}
+
+/**
+ * An event as it is passed on: the response to the list (`isList`) with the denied tools taken out, null
+ * when it cannot be read; any other response that holds a tools list likewise, else the event as it came.
+ */
+function filterEvent(e: SseEvent, msg: unknown, access: ToolAccess, isList: boolean): string | null {
+  if (msg === undefined && !isList) return e.raw;
+  const filtered = isList ? filterToolsList(e.data!, access) : filterMessage(e.data!, msg, access);
+  if (filtered === null) return null;
+  return filtered === e.data ? e.raw : withData(e.raw, filtered);
+}
+
+/** An event with its `data` replaced by `json` (one `data:` line per line of it), its other fields as they came. */
+function withData(raw: string, json: string): string {
+  const fields = raw.split(/\r\n|\r|\n/).filter((line) => line !== '' && !/^data(:|$)/.test(line));
+  return [...fields, ...json.split(/\r\n|\r|\n/).map((line) => `data: ${line}`)].join('\n') + '\n\n';
 }
 
 function unknownRefusal(timedOut: boolean, error: string, timeoutMs: number): Refusal {

@@ -24,8 +24,12 @@ export interface ToolCall {
 
 export type McpMessage =
   | ToolCall
-  /** Anything else: forwarded as it came. `listId`: the id of a `tools/list` request, whose answer teaches the route's annotations. */
-  | { kind: 'pass'; id: JsonRpcId; listId: string | number | null }
+  /**
+   * Anything else: forwarded as it came. `listId`: the id of a `tools/list` request, whose answer teaches the route's annotations.
+   * `hiddenList`: a `tools/list` whose answer the route could not read as one (in a batch, or under another spelling of
+   * the method that a lenient upstream answers as a list), which a route that filters lists refuses (./codec.ts).
+   */
+  | { kind: 'pass'; id: JsonRpcId; listId: string | number | null; hiddenList?: true }
   /** `rpcCode`: the JSON-RPC code when it is not the refusal's own (MCP_ERROR_CODES), e.g. -32600 for a message that is no Request object. */
   | { kind: 'refused'; id: JsonRpcId; refusal: Refusal; rpcCode?: number };
 
@@ -54,6 +58,7 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
     return bad(null, 'the body is not JSON (an mcp route carries JSON-RPC messages)');
   }
   if (Array.isArray(doc)) {
+    let hiddenList = false;
     for (let i = 0; i < doc.length; i++) {
       if (duplicateOnPointerPath(text, [String(i), 'params', 'name']) !== null) return bad(null, `batch element ${i} has a member name more than once`);
       const m = doc[i] as { method?: unknown } | null;
@@ -62,8 +67,9 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
       if (m !== null && typeof m === 'object' && (m.method === 'tools/call' || isCallVariant(m.method))) {
         return bad(null, 'a JSON-RPC batch may not carry tools/call: each call needs a decision and an answer of its own; send it as a single message');
       }
+      if (m !== null && typeof m === 'object' && looksLikeToolsList(m.method)) hiddenList = true;
     }
-    return { kind: 'pass', id: null, listId: null };
+    return { kind: 'pass', id: null, listId: null, ...(hiddenList ? { hiddenList: true as const } : {}) };
   }
   if (doc === null || typeof doc !== 'object') return bad(null, 'the body is not a JSON-RPC message (an object) or batch');
   const msg = doc as Record<string, unknown>;
@@ -76,7 +82,9 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
   if (msg.method !== 'tools/call' && isCallVariant(msg.method)) {
     return bad(id, `the method ${JSON.stringify(String(msg.method).slice(0, 64))} is not tools/call as written, but an upstream may read it as one; send the method exactly as "tools/call"`);
   }
-  if (msg.method === 'tools/list') return { kind: 'pass', id, listId: isId(msg.id) ? msg.id : null };
+  // A list without a string or integer id (a notification, `"id": null`, `"id": 1.5`) is one whose answer cannot be told by its id.
+  if (msg.method === 'tools/list') return isId(msg.id) ? { kind: 'pass', id, listId: msg.id } : { kind: 'pass', id, listId: null, hiddenList: true };
+  if (looksLikeToolsList(msg.method)) return { kind: 'pass', id: typeof msg.method === 'string' ? id : null, listId: null, hiddenList: true };
   // A response (the agent's answer to a server request) is not answered: its id is the server's.
   if (msg.method !== 'tools/call') return { kind: 'pass', id: typeof msg.method === 'string' ? id : null, listId: null };
 
@@ -137,6 +145,11 @@ function looksLikeToolsCall(method: unknown): boolean {
   // between or around them (`tools.call`, `tools//call`, a bidi mark), no
   // other MCP method has these letters, so refusing costs nothing.
   return method.normalize('NFKC').toLowerCase().toUpperCase().replace(/[^A-Z]/g, '') === 'TOOLSCALL';
+}
+
+/** `tools/list` under any spelling an upstream that folds case, width or trims would answer as one (as looksLikeToolsCall). */
+function looksLikeToolsList(method: unknown): boolean {
+  return typeof method === 'string' && method.normalize('NFKC').toLowerCase().toUpperCase().replace(/[^A-Z]/g, '') === 'TOOLSLIST';
 }
 
 /**

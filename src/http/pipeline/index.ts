@@ -26,7 +26,7 @@ import { createObserver } from './observe.js';
 import { createPassStage } from './pass.js';
 import { createReconcileStage, type ReconcileQuery } from './reconcile.js';
 import { setHeader } from './reply.js';
-import { createRouteStage } from './route.js';
+import { createRouteStage, metadataPathOf } from './route.js';
 import { createSettleStage } from './settle.js';
 import { verifyFence } from './verify.js';
 
@@ -72,8 +72,8 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
   const { config, store, logger, problemBase } = deps;
   warnGlobalKeys(config, logger);
   const observer = createObserver(deps);
-  const route = createRouteStage(config.routes, config.adminPrefix);
-  const authenticate = deps.verify === null ? null : createAuthStage({ verify: deps.verify, store, logger });
+  const route = createRouteStage(config.routes, config.adminPrefix, metadataPathOf(config));
+  const authenticate = deps.verify === null ? null : createAuthStage({ verify: deps.verify, store, logger, resource: config.auth?.resource ?? null });
   const headerDeps = { upstreamHeaders: deps.upstreamHeaders, stripAuthorization: deps.verify !== null };
   const send = createSender(deps);
   const admit = createAdmitStage({ config, store, logger, credentialHashing: deps.credentialHashing });

@@ -1,4 +1,5 @@
-import type { RouteConfig } from '../../config/schema.js';
+import type { Config, RouteConfig } from '../../config/schema.js';
+import { resourceMetadataPath } from '../../protocol/resource-metadata.js';
 import type { Refusal } from '../../protocol/problem.js';
 import { MAX_READING_CHARS, normalizePath, readingsWithin } from '../path.js';
 import { createFoldedRouter, createRouter, divergentReading } from '../router.js';
@@ -10,23 +11,40 @@ import { createFoldedRouter, createRouter, divergentReading } from '../router.js
 export type Routed = { ok: true; route: RouteConfig; params: Record<string, string> } | { ok: false; refusal: Refusal; route: RouteConfig | null };
 
 /**
- * Whether a path belongs to the admin API under `adminPrefix` (the prefix
- * itself, or below it): the one rule both ways in apply. The admin app
- * (Hono) routes on the percent-decoded path, the proxy on the normal form,
- * which decodes less; a path under the prefix in either reading is the
- * admin API's, so no path is the admin API's on one way in and proxied on
- * the other. `pathname` is as URL parsing left it.
+ * Whether a path is the gateway's own, served by its Hono app and never
+ * proxied: the admin API under `adminPrefix` (the prefix itself, or below
+ * it), and with `auth.resource` the protected resource metadata's one path
+ * (`metadataPath`, RFC 9728 §3.1; see metadataPathOf). The one rule both
+ * ways in apply. The admin app (Hono) routes on the percent-decoded path,
+ * the proxy on the normal form, which decodes less; a path that is the
+ * gateway's in either reading is the gateway's, so no path is served by
+ * the app on one way in and proxied on the other. `pathname` is as URL
+ * parsing left it.
  */
-export function isAdminPath(pathname: string, adminPrefix: string): boolean {
-  return underPrefix(normalizePath(pathname), adminPrefix) || (pathname.includes('%') && underPrefix(percentDecoded(pathname), adminPrefix));
+export function isAdminPath(pathname: string, adminPrefix: string, metadataPath: string | null = null): boolean {
+  return inEitherReading(pathname, (p) => underPrefix(p, adminPrefix) || p === metadataPath);
 }
 
-export function createRouteStage(routes: RouteConfig[], adminPrefix: string) {
+/** The metadata part of isAdminPath alone: what the app serves the metadata document at (../gateway.ts). */
+export function isMetadataPath(pathname: string, metadataPath: string): boolean {
+  return inEitherReading(pathname, (p) => p === metadataPath);
+}
+
+function inEitherReading(pathname: string, test: (path: string) => boolean): boolean {
+  return test(normalizePath(pathname)) || (pathname.includes('%') && test(percentDecoded(pathname)));
+}
+
+/** The protected resource metadata's path when `auth.resource` is configured (../../protocol/resource-metadata.ts), else null. */
+export function metadataPathOf(config: Pick<Config, 'auth'>): string | null {
+  return config.auth?.resource === undefined ? null : resourceMetadataPath(config.auth.resource);
+}
+
+export function createRouteStage(routes: RouteConfig[], adminPrefix: string, metadataPath: string | null = null) {
   const router = createRouter(routes);
   const folded = createFoldedRouter(routes);
   /** `raw` is the path as URL parsing left it, `pathname` its normal form. */
   return function route(method: string, raw: string, pathname: string, shownPath: string): Routed {
-    const matched = isAdminPath(raw, adminPrefix) ? null : router(method, pathname);
+    const matched = isAdminPath(raw, adminPrefix, metadataPath) ? null : router(method, pathname);
     if (matched === null) return { ok: false, refusal: { code: 'no-route', detail: `no route for ${method} ${shownPath}` }, route: null };
     // One route decision per path: refused when an upstream could read it
     // another way that routes elsewhere (`%2F`, `%5C`, `%252F`, `;params`,
