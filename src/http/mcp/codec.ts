@@ -186,7 +186,7 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     // Everything of a call is in its body.
     head: (x) => ({ ok: true, state: { id: null, httpStatus: x.req.method !== 'POST', call: null } }),
 
-    read(x, state, body) {
+    read(x, state, body, hash) {
       if (x.req.method !== 'POST') {
         // A GET or DELETE carries no JSON-RPC message: a body on one would reach the upstream undecided (a tools/call smuggled past the decision).
         if (body.byteLength > 0) return { kind: 'refused', refusal: { code: 'invalid-request', detail: `a ${x.req.method} to an mcp route carries no body; send JSON-RPC messages as POST` }, state };
@@ -213,6 +213,8 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       // Before the tool's policy: a denied tool is refused whether it is read-only or not, and never forwarded.
       const denial = toolAccess(route)?.denial(message.name) ?? null;
       if (denial !== null) {
+        // A tool call's rows carry its body's hash (the call is its body).
+        hash();
         return { kind: 'refused', refusal: { code: 'tool-denied', detail: `the tool ${JSON.stringify(message.name.slice(0, 128))} is not allowed on this route (${denial}); nothing was sent` }, state: { id: message.id, httpStatus: false, call: message } };
       }
       const policy = toolPolicy(route, message.name, annotations, endpoint);
@@ -222,6 +224,7 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       }
       // The call is decided under the tool's policy: the route's fields with the tool's overrides.
       x.route = policy.route;
+      hash();
       const called: McpState = { id: message.id, httpStatus: false, call: message };
       const parsed = parseToolCommand(policy.route, message, x.req.headers, x.params, { signedFences: deps.signedFences });
       if (!parsed.ok) return { kind: 'refused', refusal: parsed.refusal, state: called };

@@ -23,6 +23,8 @@ export interface Admitted {
 /** An admission that lets the request through to the upstream. */
 export type Forwarding = Admitted & { admission: Extract<Admission, { outcome: 'forward' }> };
 
+export const forwards = (a: Admitted): a is Forwarding => a.admission.outcome === 'forward';
+
 export function createAdmitStage(deps: { config: Config; store: GatewayStore; logger: Logger; credentialHashing: CredentialHashing }) {
   const { config, store, logger } = deps;
   /** The admission of `command`, or null when the store could not be reached (nothing was admitted, nothing is sent). */

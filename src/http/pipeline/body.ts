@@ -8,19 +8,21 @@ import type { Exchange } from './exchange.js';
 // the route's limit (it is part of the fingerprint), then what the codec
 // makes of it: the command, a message to pass undecided, or a refusal.
 
+const EMPTY = new Uint8Array(0);
+
 export async function readCommand<S>(x: Exchange, codec: Codec<S>, state: S): Promise<{ body: Uint8Array; read: Read<S> }> {
   const route = x.route!;
   const read = await readBody(x.req, route.maxBodyBytes, x.req.incoming);
-  const empty = new Uint8Array(0);
   if (!read.ok) {
     const refusal: Refusal =
       'aborted' in read
         ? { code: 'invalid-request', detail: 'the request body ended before its end (the client went away)' }
         : { code: 'payload-too-large', detail: `the body exceeds this route's limit of ${route.maxBodyBytes} bytes` };
-    return { body: empty, read: { kind: 'refused', refusal, state } };
+    return { body: EMPTY, read: { kind: 'refused', refusal, state } };
   }
-  x.payloadSha256 = sha256Hex(read.body);
-  return { body: read.body, read: codec.read(x, state, read.body) };
+  // The body's hash is the audit trail's (and a plain route's fingerprint's), so only a command's: a message passed undecided is never hashed.
+  const answer = codec.read(x, state, read.body, () => (x.payloadSha256 = sha256Hex(read.body)));
+  return { body: read.body, read: answer };
 }
 
 /** A fence needs an entity to be checked against (DESIGN §3.3): null when the command has what it needs. */

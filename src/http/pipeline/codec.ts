@@ -18,8 +18,12 @@ import type { Exchange } from './exchange.js';
 export interface Codec<S> {
   /** Stage 3, before the body: what the headers and path parameters say. */
   head(x: Exchange): { ok: true; state: S } | { ok: false; refusal: Refusal };
-  /** Stage 4, the body whole: the command to decide, a message to pass undecided, or a refusal. */
-  read(x: Exchange, state: S, body: Uint8Array): Read<S>;
+  /**
+   * Stage 4, the body whole: the command to decide, a message to pass
+   * undecided, or a refusal. `hash` sets `x.payloadSha256` (and returns it):
+   * called once the body is a command's, whose audit rows carry it.
+   */
+  read(x: Exchange, state: S, body: Uint8Array, hash: () => string): Read<S>;
   /** A refusal as this protocol answers it (the request id is added here). `state` is null before stage 3 has read anything. */
   render(x: Exchange, refusal: Refusal, state: S | null): Reply;
   /** The value a refused request presented for `code`, for the rejection log (../refusal-log.ts). */

@@ -6,7 +6,9 @@ import type { RequestSpan } from '../tracing.js';
 /**
  * One proxied request on its way through the stages (./index.ts), whatever
  * its protocol. Each stage reads what the earlier ones set and adds its own
- * part; nothing here is written twice.
+ * part. Written again later: `route`, which an mcp call replaces with the
+ * route under its tool's policy, and the log line's `upstream_ms`, which a
+ * streamed answer's reader sets once more at the stream's end.
  */
 export interface Exchange {
   readonly req: Inbound;

@@ -15,7 +15,7 @@ import { createHttpCodec } from '../plain/codec.js';
 import { requestIds } from '../request-id.js';
 import type { SignedFenceCheck } from '../signed-fence.js';
 import { startRequestSpan } from '../tracing.js';
-import { admissionRefusal, createAdmitStage } from './admit.js';
+import { admissionRefusal, createAdmitStage, forwards, type RefusedAdmission } from './admit.js';
 import { createAuthStage } from './auth.js';
 import { missingEntity, readCommand } from './body.js';
 import type { Codec } from './codec.js';
@@ -161,10 +161,9 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
     if (admitted === null) return refuse({ code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
     const { admission } = admitted;
     if (admission.outcome === 'replay') return observer.done(x, codec.replay(x, admission.response, state), 'replayed');
-    if (admission.outcome !== 'forward') return refuse(admissionRefusal(admission, command));
+    if (!forwards(admitted)) return refuse(admissionRefusal(admission as RefusedAdmission, command));
 
     // 7. Forward, and 8. settle.
-    const forwarding = { ...admitted, admission };
-    return settle(x, codec, state, command, forwarding, await forward(x, codec, command, forwarding, body));
+    return settle(x, codec, state, command, admitted, await forward(x, codec, command, admitted, body));
   }
 }

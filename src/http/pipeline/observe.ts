@@ -41,9 +41,10 @@ export function createObserver(deps: { store: GatewayStore; logger: Logger; obse
     done,
     async refuse(x, refusal, render, presented) {
       // A malformed or missing fence, entity or key goes to the rejection log
-      // too (DESIGN §3.11), as a refusal of the request's form: without the
-      // payload's hash, whichever stage found it.
-      if (x.route !== null) await logRefusal(deps, refusal, Object.assign(auditOf(x), { payloadSha256: '' }), presented);
+      // too (DESIGN §3.11). A tool call's row carries the hash of its body
+      // (the call is its body); a plain request's refusals here are about its
+      // form (headers, path, the entity's place), and carry none.
+      if (x.route !== null) await logRefusal(deps, refusal, Object.assign(auditOf(x), { payloadSha256: x.tool !== null ? x.payloadSha256 : '' }), presented);
       return done(x, render(refusal), refusal.code);
     },
   };

@@ -15,11 +15,12 @@ export type Routed = { ok: true; route: RouteConfig; params: Record<string, stri
  * proxied: the admin API under `adminPrefix` (the prefix itself, or below
  * it), and with `auth.resource` the protected resource metadata's one path
  * (`metadataPath`, RFC 9728 §3.1; see metadataPathOf). The one rule both
- * ways in apply. The admin app (Hono) routes on the percent-decoded path,
- * the proxy on the normal form, which decodes less; a path that is the
- * gateway's in either reading is the gateway's, so no path is served by
- * the app on one way in and proxied on the other. `pathname` is as URL
- * parsing left it.
+ * ways in apply. The admin app (Hono) routes on its own decoding of the
+ * path (`decodeURI`, `%25` kept: honoReading), the proxy on the normal form;
+ * a path that is the gateway's in either reading is the gateway's, so no
+ * path is served by the app on one way in and proxied on the other, and a
+ * path the app would not take (`/_fencegate%2Fhealth`: `decodeURI` keeps
+ * `%2F`) stays a proxied path. `pathname` is as URL parsing left it.
  */
 export function isAdminPath(pathname: string, adminPrefix: string, metadataPath: string | null = null): boolean {
   return inEitherReading(pathname, (p) => underPrefix(p, adminPrefix) || p === metadataPath);
@@ -31,7 +32,11 @@ export function isMetadataPath(pathname: string, metadataPath: string): boolean 
 }
 
 function inEitherReading(pathname: string, test: (path: string) => boolean): boolean {
-  return test(normalizePath(pathname)) || (pathname.includes('%') && test(percentDecoded(pathname)));
+  if (test(normalizePath(pathname))) return true;
+  if (!pathname.includes('%')) return false;
+  if (test(honoReading(pathname))) return true;
+  // A lone "%" makes Hono read the path a second way (hono/utils/url getPath); here the whole decoding stands for it, a superset.
+  return /%(?![0-9A-Fa-f]{2})/.test(pathname) && test(fullyDecoded(pathname));
 }
 
 /** The protected resource metadata's path when `auth.resource` is configured (../../protocol/resource-metadata.ts), else null. */
@@ -81,8 +86,28 @@ function underPrefix(path: string, prefix: string): boolean {
   return path === prefix || path.startsWith(`${prefix}/`);
 }
 
-/** Decodes every well-formed run of %XX (as Hono's router sees a path); malformed runs stay as they are. */
-function percentDecoded(path: string): string {
+/**
+ * The path as Hono's router reads it (hono/utils/url getPath): `decodeURI`
+ * (which keeps the reserved characters' escapes, `%2F` among them) with
+ * `%25` kept, falling back run by run where the whole does not decode.
+ */
+function honoReading(path: string): string {
+  const decode = (v: string) => decodeURI(v.includes('%25') ? v.replace(/%25/g, '%2525') : v);
+  try {
+    return decode(path);
+  } catch {
+    return path.replace(/(?:%[0-9A-Fa-f]{2})+/g, (run) => {
+      try {
+        return decode(run);
+      } catch {
+        return run;
+      }
+    });
+  }
+}
+
+/** Every well-formed run of %XX decoded; malformed runs stay as they are. */
+function fullyDecoded(path: string): string {
   return path.replace(/(?:%[0-9A-Fa-f]{2})+/g, (run) => {
     try {
       return decodeURIComponent(run);

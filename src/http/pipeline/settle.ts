@@ -24,18 +24,6 @@ export function createSettleStage(deps: { store: GatewayStore; logger: Logger; o
     const base = { scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, audit: input.audit };
     const { result } = forwarded;
 
-    if (result.kind === 'refused' && result.error === START_DEADLINE_PASSED) {
-      // Nothing was sent: release the record and the slot (conditional on the
-      // owner token, so a takeover that already happened is left alone). A
-      // record this request took over from outcome_unknown goes back to
-      // outcome_unknown: the earlier attempt's outcome is as unknown as before,
-      // and its fingerprint must keep refusing another payload under the key.
-      logger.warn('forward-abandoned', { request_id: x.requestId, route: x.route!.name, idempotency_key: input.key, waited_ms: roundMs(performance.now() - sentAt), lock_ms: input.lockMs });
-      await finishWithRetries(store, finishOf(base, { outcome: admission.takeover ? 'unknown' : 'released' }), logger, x.requestId, lockEnds);
-      const refusal = { code: 'admission-expired' as const, detail: codec.expiredDetail(input.lockMs), extras: { ...codec.expiredExtras(command), retry_after: 1 } };
-      return observer.refuse(x, refusal, (r) => codec.render(x, r, state), null);
-    }
-
     const record = async (s: Settled): Promise<Reply> => {
       const finishSpan = x.span.phase('fencegate.finish', { 'fencegate.finish': s.finish.outcome });
       const recorded = await finishWithRetries(store, s.finish, logger, x.requestId, lockEnds);
@@ -43,6 +31,17 @@ export function createSettleStage(deps: { store: GatewayStore; logger: Logger; o
       if (recorded === false) logger.warn('late-finish-discarded', { request_id: x.requestId, route: x.route!.name, idempotency_key: input.key });
       return observer.done(x, s.reply, admission.takeover ? `${s.decision}-after-takeover` : s.decision);
     };
+
+    if (result.kind === 'refused' && result.error === START_DEADLINE_PASSED) {
+      // Nothing was sent: release the record and the slot (conditional on the
+      // owner token, so a takeover that already happened is left alone). A
+      // record this request took over from outcome_unknown goes back to
+      // outcome_unknown: the earlier attempt's outcome is as unknown as before,
+      // and its fingerprint must keep refusing another payload under the key.
+      logger.warn('forward-abandoned', { request_id: x.requestId, route: x.route!.name, idempotency_key: input.key, waited_ms: roundMs(performance.now() - sentAt), lock_ms: input.lockMs });
+      const refusal = { code: 'admission-expired' as const, detail: codec.expiredDetail(input.lockMs), extras: { ...codec.expiredExtras(command), retry_after: 1 } };
+      return record({ finish: finishOf(base, { outcome: admission.takeover ? 'unknown' : 'released' }), reply: codec.render(x, refusal, state), decision: refusal.code });
+    }
 
     const settled = codec.settle(x, state, result, base, forwarded.timeoutMs);
     if (!('head' in settled)) return record(settled);

@@ -31,7 +31,9 @@ export function createHttpCodec(deps: { problemBase: string; signedFences: boole
       return parsed.ok ? { ok: true, state: { head: parsed.command, key: parsed.command.key } } : parsed;
     },
 
-    read(x, state, body) {
+    read(x, state, body, hash) {
+      // Every plain request is a command: its rows, and its fingerprint, carry the body's hash.
+      const payloadSha256 = hash();
       const route = x.route!;
       const { headers } = x.req;
       const refused = (refusal: Refusal) => ({ kind: 'refused' as const, refusal, state });
@@ -55,7 +57,7 @@ export function createHttpCodec(deps: { problemBase: string; signedFences: boole
         entity,
         keyScope: state.head.keyScope,
         scopeSuffix: '',
-        fingerprint: { method: x.req.method, contentType, bodyDigest: bodyDigest(route.fingerprint, body, x.payloadSha256, contentType) },
+        fingerprint: { method: x.req.method, contentType, bodyDigest: bodyDigest(route.fingerprint, body, payloadSha256, contentType) },
       };
       return { kind: 'command', state, command };
     },
