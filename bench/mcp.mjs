@@ -13,6 +13,9 @@
 // against the direct run of the round, and (paired) against direct calls
 // alternated with the gateway's in the same loop, which the box's load
 // drift between runs does not move.
+// --base DIR adds base-normal and base-full: the same gateway targets served
+// by another checkout's build (DIR/dist), interleaved with this one's, so
+// that a refactor is measured in one run.
 // Options: --seconds N (default 6), --latency N (default 2000), --rounds N (default 3),
 // --targets direct,fg-normal (a subset, in that order; default all four:
 // direct, direct-spaced, fg-normal, fg-full), --spacing MS (default 0.7: the
@@ -34,7 +37,7 @@ import { startGateway, startNode, waitReady } from './lib.mjs';
 import { flag, option as opt } from './args.mjs';
 
 if (flag('help')) {
-  console.log('node bench/mcp.mjs [--seconds 6] [--latency 2000] [--rounds 3] [--targets direct,direct-spaced,fg-normal,fg-full] [--spacing 0.7] [--cpu-prof-dir DIR]');
+  console.log('node bench/mcp.mjs [--seconds 6] [--latency 2000] [--rounds 3] [--targets direct,direct-spaced,fg-normal,fg-full] [--spacing 0.7] [--base DIR] [--cpu-prof-dir DIR]');
   process.exit(0);
 }
 
@@ -46,6 +49,7 @@ const rounds = Number(opt('rounds', 3));
 const only = opt('targets', null)?.split(',') ?? null;
 const cpuProfDir = opt('cpu-prof-dir', null);
 const spacing = Number(opt('spacing', 0.7));
+const base = opt('base', null);
 const sleeper = new Int32Array(new SharedArrayBuffer(4));
 const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-mcp-'));
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
@@ -67,13 +71,13 @@ function call() {
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' };
 
 
-async function startFencegate(name, synchronous, upstream) {
+async function startFencegate(name, synchronous, upstream, server = join(root, 'dist/entry/cli.js')) {
   const store = { sqlite: join(tmp, `${name}-${Date.now()}.db`), synchronous };
   const log = join(tmp, `${name}-${Date.now()}.log`);
   // Node refuses --cpu-prof in NODE_OPTIONS: the flags go before the script in node's own argv.
   const nodeFlags = cpuProfDir !== null ? ['--cpu-prof', `--cpu-prof-dir=${cpuProfDir}`] : [];
   const routes = [{ name: 'tickets', protocol: 'mcp', match: { path: '/mcp' }, upstream }];
-  const gateway = await startGateway(join(root, 'dist/entry/cli.js'), { dir: tmp, name, store, routes, stdoutFile: log, nodeFlags });
+  const gateway = await startGateway(server, { dir: tmp, name, store, routes, stdoutFile: log, nodeFlags });
   started.add(gateway);
   return { ...gateway, log };
 }
@@ -146,6 +150,12 @@ async function main() {
     ['direct-spaced', async () => ({ url: upstream.url, stop: async () => {}, spacingMs: spacing })],
     ['fg-normal', () => startFencegate('normal', 'NORMAL', `${upstream.url}`)],
     ['fg-full', () => startFencegate('full', 'FULL', `${upstream.url}`)],
+    ...(base
+      ? [
+          ['base-normal', () => startFencegate('base-normal', 'NORMAL', `${upstream.url}`, join(base, 'dist/entry/cli.js'))],
+          ['base-full', () => startFencegate('base-full', 'FULL', `${upstream.url}`, join(base, 'dist/entry/cli.js'))],
+        ]
+      : []),
   ];
   const chosen = only === null ? targets : targets.filter(([n]) => only.includes(n));
   const runs = new Map(chosen.map(([n]) => [n, []]));
