@@ -60,7 +60,14 @@ export function startDemoUpstream({ port = 9000, host = '127.0.0.1' } = {}) {
       send(404, { error: 'not found' });
     });
   });
-  return new Promise((resolve) => server.listen(port, host, () => resolve(server)));
+  return new Promise((resolve, reject) => {
+    // A port already taken rejects, for the caller to say so in one line.
+    server.once('error', reject);
+    server.listen(port, host, () => {
+      server.off('error', reject);
+      resolve(server);
+    });
+  });
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

@@ -5,7 +5,13 @@ import { fileURLToPath } from 'node:url';
 import { startDemoUpstream } from './demo-upstream.js';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
-const upstream = await startDemoUpstream({ port: 9000 });
+// One line, like the gateway's own start-up errors, not a stack trace: the
+// usual cause is a port already taken (an earlier `npm start` still running).
+const upstream = await startDemoUpstream({ port: 9000 }).catch((err) => {
+  const why = err?.code === 'EADDRINUSE' ? 'port 9000 is already in use (is another `npm start` running?)' : String(err?.message ?? err);
+  console.error(`npm start: the demo upstream could not start: ${why}`);
+  process.exit(1);
+});
 console.log(JSON.stringify({ msg: 'demo-upstream listening', url: 'http://127.0.0.1:9000' }));
 
 const gateway = spawn(process.execPath, ['dist/entry/cli.js', 'serve', '--config', 'examples/fencegate.example.json'], {
