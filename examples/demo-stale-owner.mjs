@@ -31,6 +31,20 @@ import { createJsonLogger } from '../dist/http/logger.js';
 import { createPostgresJobStore, createSqliteJobStore } from '../dist/lease/index.js';
 
 const { values } = parseArgs({ options: { postgres: { type: 'string' } } });
+
+/** A failure of the demo's own set-up (a database it cannot reach): said in one line, not a stack trace. */
+class DemoError extends Error {}
+
+/** The connection string without its password. */
+function redacted(url) {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = '***';
+    return u.toString();
+  } catch {
+    return '(unparsable URL)';
+  }
+}
 const here = fileURLToPath(new URL('.', import.meta.url));
 const t0 = Date.now();
 let step = 0;
@@ -167,7 +181,10 @@ async function main() {
     const pg = (await import('pg')).default;
     const schema = `fg_demo_${randomBytes(4).toString('hex')}`;
     const admin = new pg.Client({ connectionString: values.postgres });
-    await admin.connect();
+    // One line for an unreachable server or a missing database, as the gateway's own start-up errors are.
+    await admin.connect().catch((err) => {
+      throw new DemoError(`cannot connect to PostgreSQL at ${redacted(values.postgres)}: ${err.message}`);
+    });
     await admin.query(`CREATE SCHEMA ${schema}`);
     cleanup.push(async () => {
       await admin.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
@@ -287,7 +304,8 @@ try {
   await main();
 } catch (err) {
   failures++;
-  console.error(err);
+  if (err instanceof DemoError) console.error(`demo: ${err.message}`);
+  else console.error(err);
 } finally {
   for (const fn of cleanup) {
     try {
