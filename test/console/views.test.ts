@@ -276,6 +276,16 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     expect(await page.textContent('#res-key')).toBe('pay-9 (refunds)');
     await page.click('#res-cancel');
     expect(await page.isVisible('#resolve-form')).toBe(false);
+    // An entity the gateway never accepted a fence for (a 404 from the API) still has its refusals.
+    expect((await gw.admin('/v1/entities/job%3A3')).status).toBe(404);
+    await page.fill('#ent-input', 'job:3');
+    await page.click('#ent-go');
+    await page.waitForFunction(() => document.getElementById('ent-name').textContent === 'job:3' && !document.getElementById('ent-info').hidden);
+    expect(await page.textContent('#ent-fence')).toMatch(/^\(none: /);
+    const story3 = await page.$$eval('#ent-story tbody tr', (trs: HTMLElement[]) => trs.map((tr) => [tr.getAttribute('data-kind'), tr.cells[1].textContent]));
+    expect(story3).toEqual([['refusal', 'refused: fence-expired']]);
+    // The browser logs the expected 404 of the entity as a failed resource; nothing else went wrong.
+    expect(problems.splice(0)).toEqual([expect.stringMatching(/status of 404/)]);
   });
 
   it('accepted at: the current fence\'s history row even when the entity\'s accepted_at is later (negative control: the field as it was shown)', { timeout: 30_000 }, async () => {

@@ -30,7 +30,12 @@
     // the records of it that wait for an operator (filtered here: the API
     // lists them for every entity).
     return Promise.all([
-      fg.api('entities/' + encodeURIComponent(entity)),
+      // Unknown to the gateway (no fence ever accepted, or forgotten after
+      // its retention): its refusals and records may still tell its story.
+      fg.api('entities/' + encodeURIComponent(entity)).catch(function (err) {
+        if (err.status !== 404) throw err;
+        return { entity: entity, fence: null, accepted_at: null, inflight: null, history: [], history_next_cursor: null, unknown: true };
+      }),
       pages('rejections?limit=1000&entity=' + encodeURIComponent(entity), 1, [], null),
       pages('idempotency?state=outcome_unknown&limit=1000', 5, [], null)
     ]).then(function (got) {
@@ -42,8 +47,8 @@
       // from it), shown beside it when it differs.
       var current = history.filter(function (h) { return h.fence === e.fence; })[0];
       $('ent-name').textContent = e.entity;
-      $('ent-fence').textContent = e.fence === null ? '(none)' : e.fence;
-      $('ent-accepted').textContent = current ? current.at : e.accepted_at;
+      $('ent-fence').textContent = e.unknown ? '(none: no fence accepted, or forgotten after its retention)' : e.fence === null ? '(none)' : e.fence;
+      $('ent-accepted').textContent = current ? current.at : e.accepted_at || '';
       $('ent-last').textContent = current && current.at !== e.accepted_at ? e.accepted_at : '';
       $('ent-last-row').hidden = $('ent-last').textContent === '';
       $('ent-inflight').textContent = e.inflight ? 'yes, until ' + e.inflight.until : 'no';
