@@ -212,9 +212,11 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
             box: box.scrollWidth - box.clientWidth,
             // Every column header, the last (detail) included, within the section.
             outside: [...table.tHead.rows[0].cells].filter((th: any) => th.getBoundingClientRect().right > right + 0.5).map((th: any) => th.textContent),
+            // The three count tables each within their third of the width (a long route does not push into the next).
+            counts: [...document.querySelectorAll('.counts table')].filter((t: any, i: number, ts: any[]) => i + 1 < ts.length && t.getBoundingClientRect().right > ts[i + 1].getBoundingClientRect().left).map((t: any) => t.id),
           };
         });
-      expect(await fit()).toEqual({ page: 0, box: 0, outside: [] });
+      expect(await fit()).toEqual({ page: 0, box: 0, outside: [], counts: [] });
       // Cut cells end in an ellipsis and carry their whole text as a tooltip.
       const cut = await page.$$eval('#rej-table tbody td', (tds: HTMLElement[]) =>
         tds.filter((td) => td.scrollWidth > td.clientWidth).map((td) => ({ ellipsis: getComputedStyle(td).textOverflow, whole: td.title.startsWith(td.textContent.replace(/…$/, '')), text: td.textContent })),
@@ -229,11 +231,12 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
       expect(await page.textContent('#rej-detail dd[data-field="path"]')).toBe(longRow.path);
       await browser.screenshot(page, 'open-refusals-1280');
       // Negative control: the table laid out by its content, as it was, needs scrolling at 1280 px.
-      await page.evaluate(() => { document.getElementById('rej-table').style.tableLayout = 'auto'; });
+      await page.evaluate(() => { for (const t of document.querySelectorAll('#rej-table, .counts table')) t.style.tableLayout = 'auto'; });
       const auto = await fit();
-      await page.evaluate(() => { document.getElementById('rej-table').removeAttribute('style'); });
+      await page.evaluate(() => { for (const t of document.querySelectorAll('#rej-table, .counts table')) t.removeAttribute('style'); });
       expect(auto.box).toBeGreaterThan(0);
       expect(auto.outside.length).toBeGreaterThan(0);
+      expect(auto.counts).toEqual(['count-route']);
     } finally {
       await page.setViewportSize({ width: 1400, height: 1000 });
     }
