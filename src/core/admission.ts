@@ -26,7 +26,11 @@ export interface EntitySlot {
 /** The entity's row: its fence (null for an entity only ever used without fences) and its slot. */
 export interface EntityRow {
   fence: bigint | null;
-  /** When the last fence was accepted, or when the fence-less row was created (ms). */
+  /**
+   * When the fence was last accepted: raised, or presented again by a request
+   * that was forwarded (never by a refused one); or when the fence-less row
+   * was created (ms). The entity's retention runs from here.
+   */
   acceptedAt: number;
   slot: EntitySlot | null;
 }
@@ -101,7 +105,10 @@ export function decide(state: AdmissionState, cmd: AdmitCommand, now: number): D
         { reason: 'stale-fence', presentedFence: cmd.fence, currentFence: entity.fence },
       );
     }
-    entity = { fence: cmd.fence, acceptedAt: now, slot: entity?.slot ?? null };
+    // Raised (or set for the first time): accepted now. An equal fence is
+    // accepted again only by a request that is forwarded (below): a refused
+    // one leaves `acceptedAt` (DESIGN §4.1) where it was.
+    if (entity === null || entity.fence === null || cmd.fence > entity.fence) entity = { fence: cmd.fence, acceptedAt: now, slot: entity?.slot ?? null };
     acceptedFence = cmd.fence;
   }
 
@@ -164,6 +171,7 @@ export function decide(state: AdmissionState, cmd: AdmitCommand, now: number): D
       response: null,
     };
   }
+  if (cmd.entity !== null && cmd.fence !== null && entity!.acceptedAt !== now) entity = { fence: entity!.fence, acceptedAt: now, slot: entity!.slot };
   return answer({ outcome: 'forward', takeover: takeoverFrom !== null });
 }
 

@@ -18,6 +18,7 @@ declare const sessionStorage: any;
 declare const localStorage: any;
 type HTMLTableRowElement = any;
 type HTMLElement = any;
+const sleepMs = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 describe.skipIf(skipReason !== null)('console in headless Chromium, with caller auth', () => {
   let up: FakeUpstream;
@@ -94,6 +95,68 @@ describe.skipIf(skipReason !== null)('console in headless Chromium, with caller 
     await expect.poll(async () => (await gw.sqlite.listRejections({ limit: 1000, reason: 'unauthorized' })).items.length, { timeout: 10_000 }).toBe(3);
   });
 
+  it('sign-in checks the token with one request: a refused token is said so, leaves the operator signed out and writes one audit row', { timeout: 60_000 }, async () => {
+    const reasons = async () => (await gw.sqlite.listRejections({ limit: 1000 })).items.filter((r) => r.reason === 'unauthorized' || r.reason === 'forbidden').map((r) => r.reason);
+    const { page, problems } = await browser.page();
+    const requests: string[] = [];
+    page.on('request', (r: any) => new URL(r.url()).pathname.includes('/v1/') && requests.push(new URL(r.url()).pathname));
+    await page.goto(`${gw.url}/_fencegate/`);
+    await page.waitForSelector('body[data-loaded="true"]');
+    const signIn = async (t: string) => {
+      requests.length = 0;
+      const before = await reasons();
+      await page.fill('#token', t);
+      await page.click('#sign-in');
+      await page.waitForFunction(() => /^token refused: /.test(document.getElementById('status')!.textContent ?? ''));
+      await page.waitForLoadState('networkidle');
+      // The row is written after the answer; a stalled disk may take a moment.
+      await expect.poll(async () => (await reasons()).length, { timeout: 10_000 }).toBe(before.length + 1);
+      await sleepMs(300);
+      const after = await reasons();
+      return {
+        said: await page.textContent('#status'),
+        who: await page.textContent('#whoami'),
+        stored: await page.evaluate(() => sessionStorage.length),
+        requests: [...requests],
+        written: after.slice(0, after.length - before.length),
+      };
+    };
+    // Not a token at all.
+    const garbage = await signIn('garbage');
+    expect(garbage.said).toMatch(/^token refused: Authentication required: ./);
+    expect(garbage).toMatchObject({ who: 'not signed in', stored: 0, requests: ['/_fencegate/v1/operator-actions'], written: ['unauthorized'] });
+    // Readable, but expired: refused the same way (it was once "signed in as ..." beside a 401).
+    const expired = await signIn(await token({ sub: 'ops-old', scope: 'fencegate:audit', expIn: -600 }));
+    expect(expired.said).toMatch(/^token refused: Authentication required: ./);
+    expect(expired).toMatchObject({ who: 'not signed in', stored: 0, requests: ['/_fencegate/v1/operator-actions'], written: ['unauthorized'] });
+    // Valid, without the audit scope: forbidden, and signed out too.
+    const worker = await signIn(await token({ sub: 'billing' }));
+    expect(worker.said).toMatch(/^token refused: Not allowed: ./);
+    expect(worker).toMatchObject({ who: 'not signed in', stored: 0, requests: ['/_fencegate/v1/operator-actions'], written: ['forbidden'] });
+    // Buttons still ask for a sign-in.
+    await page.click('#rej-search');
+    expect(await page.textContent('#status')).toBe('sign in with a token first');
+    // A good token: signed in after the one check, then the views load.
+    requests.length = 0;
+    await page.fill('#token', await token({ sub: 'auditor-eve', scope: 'fencegate:audit' }));
+    await page.click('#sign-in');
+    await page.waitForFunction(() => document.getElementById('whoami')!.textContent === 'signed in as auditor-eve (fencegate:audit)');
+    await page.waitForLoadState('networkidle');
+    expect(requests[0]).toBe('/_fencegate/v1/operator-actions');
+    expect([...new Set(requests)].sort()).toEqual(['/_fencegate/v1/idempotency', '/_fencegate/v1/operator-actions', '/_fencegate/v1/rejections']);
+    expect(problems).toEqual([]);
+
+    // Negative control: a garbage token taken as it was (stored without the check) writes a row for each view.
+    const before = (await reasons()).length;
+    await page.click('#sign-out');
+    await page.evaluate(() => sessionStorage.setItem('fencegate.token', 'garbage'));
+    await page.reload();
+    await page.waitForSelector('body[data-loaded="true"]');
+    expect(await page.textContent('#whoami')).toBe('signed in (token not readable here)');
+    await expect.poll(async () => (await reasons()).length - before, { timeout: 10_000 }).toBe(3);
+    await page.close();
+  });
+
   it('`<adminPrefix>` sends the browser on to `<adminPrefix>/`, where the console is', { timeout: 30_000 }, async () => {
     const res = await fetch(`${gw.url}/_fencegate`, { redirect: 'manual' });
     expect(res.status).toBe(308);
@@ -154,7 +217,11 @@ describe.skipIf(skipReason !== null)('console in headless Chromium, with caller 
     await page.click('#unk-table button.resolve[data-key="pay-42"]');
     await page.selectOption('#res-outcome', 'released');
     await page.click('#res-submit');
+    await page.click('#res-confirm-yes');
     await page.waitForFunction(() => /^403/.test(document.getElementById('status')!.textContent ?? ''));
+    // Refused: back to the form, the question closed.
+    expect(await page.isVisible('#res-confirm')).toBe(false);
+    expect(await page.isVisible('#resolve-form')).toBe(true);
 
     // Sign in again as an operator with the admin scope and settle it as completed.
     await page.fill('#token', await token({ sub: 'ops-alice', scope: 'fencegate:admin fencegate:audit' }));
@@ -168,6 +235,11 @@ describe.skipIf(skipReason !== null)('console in headless Chromium, with caller 
     await page.fill('#res-note', 'found ch_42 in the provider dashboard');
     const formShot = await browser.screenshot(page, 'auth-resolve-form');
     await page.click('#res-submit');
+    await page.waitForSelector('#res-confirm:not([hidden])');
+    const what = await page.$$eval('#res-what dd', (dds: HTMLElement[]) => Object.fromEntries(dds.map((dd) => [dd.getAttribute('data-field'), dd.textContent])));
+    expect(what).toMatchObject({ key: 'pay-42', scope: 'payments / billing', status: '201' });
+    expect(what.outcome).toMatch(/^completed: /);
+    await page.click('#res-confirm-yes');
     await page.waitForFunction(() => /^resolved pay-42 as completed by ops-alice$/.test(document.getElementById('status')!.textContent ?? ''));
     await page.waitForSelector('#unk-empty:not([hidden])');
     // The operator-action log shows it at once.

@@ -10,6 +10,7 @@ import { launchBrowser, skipReason, type Browser } from './browser.js';
 
 // Browser globals, only ever used inside page.evaluate / waitForFunction callbacks.
 declare const document: any;
+declare const getComputedStyle: any;
 type HTMLElement = any;
 
 const HOUR = 3_600_000;
@@ -197,6 +198,119 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     expect(wraps).toBeGreaterThan(1);
   });
 
+  it('fits the refusals table into 1280 px: no horizontal scrolling, long values cut with an ellipsis and whole on hover', { timeout: 30_000 }, async () => {
+    await page.setViewportSize({ width: 1280, height: 800 });
+    try {
+      await search({});
+      const fit = () =>
+        page.evaluate(() => {
+          const table = document.getElementById('rej-table');
+          const box = document.querySelector('#rejections .scroll');
+          const right = box.getBoundingClientRect().right;
+          return {
+            page: document.scrollingElement.scrollWidth - document.scrollingElement.clientWidth,
+            box: box.scrollWidth - box.clientWidth,
+            // Every column header, the last (detail) included, within the section.
+            outside: [...table.tHead.rows[0].cells].filter((th: any) => th.getBoundingClientRect().right > right + 0.5).map((th: any) => th.textContent),
+            // The three count tables each within their third of the width (a long route does not push into the next).
+            counts: [...document.querySelectorAll('.counts table')].filter((t: any, i: number, ts: any[]) => i + 1 < ts.length && t.getBoundingClientRect().right > ts[i + 1].getBoundingClientRect().left).map((t: any) => t.id),
+          };
+        });
+      expect(await fit()).toEqual({ page: 0, box: 0, outside: [], counts: [] });
+      // Cut cells end in an ellipsis and carry their whole text as a tooltip.
+      const cut = await page.$$eval('#rej-table tbody td', (tds: HTMLElement[]) =>
+        tds.filter((td) => td.scrollWidth > td.clientWidth).map((td) => ({ ellipsis: getComputedStyle(td).textOverflow, whole: td.title.startsWith(td.textContent.replace(/…$/, '')), text: td.textContent })),
+      );
+      expect(cut.length).toBeGreaterThan(0);
+      for (const c of cut as { ellipsis: string; whole: boolean; text: string }[]) expect(c, c.text).toMatchObject({ ellipsis: 'ellipsis', whole: true });
+      // The detail of the long row is cut in the table and whole in the row's details.
+      const longRow = all.find((r) => r.reason === 'fence-expired');
+      expect(cut.map((c: { text: string }) => c.text)).toContain(longRow.detail);
+      await page.click(`#rej-table tbody tr[data-id="${longRow.id}"]`);
+      expect(await page.textContent('#rej-detail dd[data-field="detail"]')).toBe(longRow.detail);
+      expect(await page.textContent('#rej-detail dd[data-field="path"]')).toBe(longRow.path);
+      await browser.screenshot(page, 'open-refusals-1280');
+      // Negative control: the table laid out by its content, as it was, needs scrolling at 1280 px.
+      await page.evaluate(() => { for (const t of document.querySelectorAll('#rej-table, .counts table')) t.style.tableLayout = 'auto'; });
+      const auto = await fit();
+      await page.evaluate(() => { for (const t of document.querySelectorAll('#rej-table, .counts table')) t.removeAttribute('style'); });
+      expect(auto.box).toBeGreaterThan(0);
+      expect(auto.outside.length).toBeGreaterThan(0);
+      expect(auto.counts).toEqual(['count-route']);
+    } finally {
+      await page.setViewportSize({ width: 1400, height: 1000 });
+    }
+  });
+
+  it("shows an entity's story: accepted at is when its fence was accepted, then its refusals and outcome-unknown records in time order", { timeout: 60_000 }, async () => {
+    // The operator's case: a retry of the unknown request at job:2's current fence, refused after the fence was accepted.
+    await expectProblem(await command(gw.url, '/refunds/r', { fence: 10, entity: 'job:2', key: 'pay-9' }), 409, 'outcome-unknown');
+    for (const entity of ['job:1', 'job:2']) {
+      const e = (await gw.admin(`/v1/entities/${encodeURIComponent(entity)}`)).body;
+      const refusals = await log(`&entity=${encodeURIComponent(entity)}`);
+      const unknown = ((await gw.admin('/v1/idempotency?state=outcome_unknown')).body.items as any[]).filter((r) => r.entity === entity);
+      await page.fill('#ent-input', entity);
+      await page.click('#ent-go');
+      await page.waitForFunction((name: string) => document.getElementById('ent-name').textContent === name && !document.getElementById('ent-info').hidden, entity);
+      // The time the current fence was accepted (its history row), not the time of a refused retry at that fence.
+      const accepted = e.history.find((h: any) => h.fence === e.fence).at;
+      expect(await page.textContent('#ent-accepted')).toBe(accepted);
+      const retried = refusals.filter((r) => r.presented_fence === e.fence && Date.parse(r.at) > Date.parse(accepted));
+      expect(retried.map((r) => r.reason)).toEqual(entity === 'job:2' ? ['outcome-unknown'] : []);
+      // The store agrees: a refused retry did not move accepted_at.
+      expect(e.accepted_at).toBe(accepted);
+      expect(await page.isVisible('#ent-last-row')).toBe(false);
+      // Every fence, refusal and unknown record of the entity, oldest first.
+      const expected = [
+        ...e.history.map((h: any) => ({ at: h.at, kind: 'fence' })),
+        ...refusals.map((r) => ({ at: r.at, kind: 'refusal' })),
+        ...unknown.map((r) => ({ at: r.created_at, kind: 'unknown' })),
+      ].sort((a, b) => (a.at < b.at ? -1 : a.at > b.at ? 1 : 0));
+      const shown = await page.$$eval('#ent-story tbody tr', (trs: HTMLElement[]) => trs.map((tr) => ({ at: tr.cells[0].textContent, kind: tr.getAttribute('data-kind') })));
+      expect(shown).toEqual(expected);
+      expect(shown.filter((r: any) => r.kind === 'refusal')).toHaveLength(refusals.length);
+      // Each refusal is marked on the timeline too.
+      expect((await page.$$eval('#ent-timeline g[data-refusal]', (gs: HTMLElement[]) => gs.map((g) => g.getAttribute('data-refusal')))).sort()).toEqual(refusals.map((r) => r.id).sort());
+    }
+    // job:2's unknown record is in its story, with a way to resolve it.
+    expect(await page.textContent('#ent-story tr[data-kind="unknown"]')).toContain('pay-9');
+    await browser.screenshot(page, 'open-entity-story');
+    await page.click('#ent-story button.resolve[data-key="pay-9"]');
+    expect(await page.textContent('#res-key')).toBe('pay-9 (refunds)');
+    await page.click('#res-cancel');
+    expect(await page.isVisible('#resolve-form')).toBe(false);
+    // An entity the gateway never accepted a fence for (a 404 from the API) still has its refusals.
+    expect((await gw.admin('/v1/entities/job%3A3')).status).toBe(404);
+    await page.fill('#ent-input', 'job:3');
+    await page.click('#ent-go');
+    await page.waitForFunction(() => document.getElementById('ent-name').textContent === 'job:3' && !document.getElementById('ent-info').hidden);
+    expect(await page.textContent('#ent-fence')).toMatch(/^\(none: /);
+    const story3 = await page.$$eval('#ent-story tbody tr', (trs: HTMLElement[]) => trs.map((tr) => [tr.getAttribute('data-kind'), tr.cells[1].textContent]));
+    expect(story3).toEqual([['refusal', 'refused: fence-expired']]);
+    // The browser logs the expected 404 of the entity as a failed resource; nothing else went wrong.
+    expect(problems.splice(0)).toEqual([expect.stringMatching(/status of 404/)]);
+  });
+
+  it('accepted at: the current fence\'s history row even when the entity\'s accepted_at is later (negative control: the field as it was shown)', { timeout: 30_000 }, async () => {
+    const e = (await gw.admin('/v1/entities/job%3A2')).body;
+    const later = new Date(Date.parse(e.accepted_at) + 1234).toISOString();
+    const url = `${gw.url}/_fencegate/v1/entities/job%3A2`;
+    await page.route(url, async (route: any) => {
+      const res = await route.fetch();
+      await route.fulfill({ response: res, json: { ...(await res.json()), accepted_at: later } });
+    });
+    try {
+      await page.fill('#ent-input', 'job:2');
+      await page.click('#ent-go');
+      await page.waitForFunction((t: string) => document.getElementById('ent-last').textContent === t, later);
+      expect(await page.textContent('#ent-accepted')).toBe(e.history.find((h: any) => h.fence === e.fence).at);
+      expect(await page.isVisible('#ent-last-row')).toBe(true);
+      expect(await page.textContent('#ent-accepted')).not.toBe(later);
+    } finally {
+      await page.unroute(url);
+    }
+  });
+
   it('shows an entity: current fence, fence history as a timeline, and a request in flight', { timeout: 60_000 }, async () => {
     const gate = up.gate();
     up.behave(() => ({ kind: 'hold', gate: gate.promise }));
@@ -221,8 +335,36 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     await page.selectOption('#res-outcome', 'released');
     expect(await page.isVisible('#res-response')).toBe(false);
     await page.fill('#res-note', 'no refund at the provider');
+    const posts: string[] = [];
+    const onRequest = (r: any) => r.method() === 'POST' && posts.push(new URL(r.url()).pathname);
+    page.on('request', onRequest);
+    // Resolve asks first: what will be done, confirm or cancel; nothing is sent yet.
     await page.click('#res-submit');
+    await page.waitForSelector('#res-confirm:not([hidden])');
+    const what = await page.$$eval('#res-what dd', (dds: HTMLElement[]) => Object.fromEntries(dds.map((dd) => [dd.getAttribute('data-field'), dd.textContent])));
+    expect(what).toMatchObject({ key: 'pay-9', scope: 'refunds', status: '(none: nothing is stored)', note: 'no refund at the provider' });
+    expect(what.outcome).toMatch(/^released: /);
+    await browser.screenshot(page, 'open-resolve-confirm');
+    await page.click('#res-confirm-no');
+    expect(await page.isVisible('#res-confirm')).toBe(false);
+    expect(await page.isVisible('#resolve-form')).toBe(true);
+    await page.waitForLoadState('networkidle');
+    expect(posts).toEqual([]);
+    expect((await gw.sqlite.getRecords('pay-9')).map((r) => r.state)).toEqual(['outcome_unknown']);
+    // Changed after the question: asked again, with the new outcome.
+    await page.selectOption('#res-outcome', 'completed');
+    await page.click('#res-submit');
+    await page.waitForSelector('#res-confirm:not([hidden])');
+    expect(await page.textContent('#res-what dd[data-field="status"]')).toBe('200');
+    await page.selectOption('#res-outcome', 'released');
+    expect(await page.isVisible('#res-confirm')).toBe(false);
+    await page.click('#res-submit');
+    await page.waitForSelector('#res-confirm:not([hidden])');
+    expect(await page.textContent('#res-what dd[data-field="outcome"]')).toMatch(/^released: /);
+    await page.click('#res-confirm-yes');
     await page.waitForFunction(() => document.getElementById('status').textContent === 'resolved pay-9 as released by anonymous');
+    page.off('request', onRequest);
+    expect(posts).toEqual(['/_fencegate/v1/idempotency/pay-9/resolve']);
     await page.waitForSelector('#unk-empty:not([hidden])');
     const action = await page.$$eval('#act-table tbody tr:first-child td', (tds: HTMLElement[]) => tds.map((td) => td.textContent));
     expect(action.slice(1, 3)).toEqual(['resolve-released', 'pay-9']);

@@ -201,6 +201,8 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
       'missing fencegate_admit_many',
       'missing fencegate_finish_many',
       'missing fencegate_release_unsent',
+      // admit.sql changed after 0009 restated it (a refused admission leaves accepted_at).
+      'differs fencegate_admit',
     ]);
   });
 

@@ -409,6 +409,34 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect(Number.isNaN(info!.acceptedAt.getTime())).toBe(false);
       });
 
+      it('a. accepted_at moves when the fence is raised or an equal fence is forwarded, never on a refused admission', async () => {
+        const HOUR = 3_600_000;
+        const entity = `e-${uid()}`;
+        const at = async () => (await store.getEntity(entity))!.acceptedAt.getTime();
+        // Backdated an hour after each step, so that a move is plain whatever the clock's resolution.
+        const backdate = async () => {
+          await h.backdate('fence_entities', 'accepted_at', HOUR, { column: 'entity', value: entity });
+          return at();
+        };
+        const first = command({ entity, fence: 5n, mode: 'concurrent' });
+        expect((await store.admit(first)).outcome).toBe('forward');
+        await store.finish(finishOf(first, 'completed'));
+        let then = await backdate();
+        // Refused at the current fence (the key's other request, its stored answer, a stale fence):
+        // the fence was not accepted again, the time stays.
+        expect((await store.admit(command({ entity, fence: 5n, key: first.key, fingerprint: 'fp-other', mode: 'concurrent' }))).outcome).toBe('idempotency-key-reused');
+        expect((await store.admit(command({ entity, fence: 5n, key: first.key, mode: 'concurrent' }))).outcome).toBe('replay');
+        expect((await store.admit(command({ entity, fence: 4n, mode: 'concurrent' }))).outcome).toBe('stale-fence');
+        expect(await at()).toBe(then);
+        // An equal fence forwarded: accepted again.
+        expect((await store.admit(command({ entity, fence: 5n, mode: 'concurrent' }))).outcome).toBe('forward');
+        expect(await at()).toBeGreaterThan(then + HOUR / 2);
+        then = await backdate();
+        // A raise: accepted.
+        expect((await store.admit(command({ entity, fence: 6n, mode: 'concurrent' }))).outcome).toBe('forward');
+        expect(await at()).toBeGreaterThan(then + HOUR / 2);
+      });
+
       it('a. a stale fence is refused with the current fence and logged with every audit field', async () => {
         const entity = `e-${uid()}`;
         await store.admit(command({ entity, fence: 10n, mode: 'concurrent' }));

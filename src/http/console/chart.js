@@ -6,10 +6,18 @@
   var fg = window.fencegateConsole = window.fencegateConsole || { init: [], load: [] };
   var NS = 'http://www.w3.org/2000/svg';
   var W = 1000, H = 200, LEFT = 44, BOTTOM = 22, TOP = 8;
+  // One colour per reason the rejection log can hold (RejectionReason in
+  // src/store/types.ts; test/console/chart-colors.test.ts holds them apart).
+  // The 400s of a malformed or missing header come in pairs of one hue,
+  // dark for invalid and light for missing.
   var COLORS = {
     'stale-fence': '#d92d20', 'idempotency-key-reused': '#f79009', 'outcome-unknown': '#7a5af8', 'invalid-fence-signature': '#c11574',
-    'fence-expired': '#ee46bc', 'unauthorized': '#475467', 'forbidden': '#98a2b3', 'late-finish': '#0ba5ec'
+    'fence-expired': '#ee46bc', 'unauthorized': '#344054', 'forbidden': '#98a2b3', 'late-finish': '#0ba5ec',
+    'invalid-fence': '#1d4ed8', 'missing-fence': '#93c5fd', 'invalid-entity': '#15803d', 'missing-entity': '#86efac',
+    'invalid-idempotency-key': '#92400e', 'missing-idempotency-key': '#facc15'
   };
+  // A reason this page does not know (a newer gateway's): grey, unlike any above.
+  var OTHER = '#667085';
   var STEPS = [60e3, 5 * 60e3, 10 * 60e3, 15 * 60e3, 30 * 60e3, 3600e3, 2 * 3600e3, 3 * 3600e3, 6 * 3600e3, 12 * 3600e3, 86400e3, 2 * 86400e3, 7 * 86400e3];
 
   function el(name, attrs, parent) {
@@ -25,7 +33,7 @@
     return t;
   }
 
-  function colorOf(reason) { return COLORS[reason] || '#667085'; }
+  function colorOf(reason) { return Object.prototype.hasOwnProperty.call(COLORS, reason) ? COLORS[reason] : OTHER; }
 
   function short(ms, span) {
     var iso = new Date(ms).toISOString();
@@ -100,23 +108,40 @@
     container.appendChild(legend);
   }
 
-  /** An entity's accepted fences ({fence, at}, any order) as a step line with one dot per fence. */
-  function timeline(container, history) {
+  /**
+   * An entity's accepted fences ({fence, at}, any order) as a step line with
+   * one dot per fence, and its refusals ({at, reason, presented_fence}) as
+   * crosses in their reason's colour, at the fence they presented (on the
+   * axis when they presented none).
+   */
+  function timeline(container, history, refusals) {
     fg.clear(container);
     var pts = history.map(function (h) { return { t: Date.parse(h.at), f: Number(h.fence), h: h }; }).sort(function (a, b) { return a.t - b.t; });
-    if (pts.length === 0) return;
-    var t0 = pts[0].t, t1 = Math.max(pts[pts.length - 1].t, t0 + 1000);
-    var f0 = Math.min.apply(null, pts.map(function (p) { return p.f; })), f1 = Math.max(f0 + 1, Math.max.apply(null, pts.map(function (p) { return p.f; })));
+    var refused = (refusals || []).map(function (r) { return { t: Date.parse(r.at), f: r.presented_fence === null ? null : Number(r.presented_fence), r: r }; });
+    if (pts.length === 0 && refused.length === 0) return;
+    var times = pts.concat(refused).map(function (p) { return p.t; });
+    var fences = pts.concat(refused).filter(function (p) { return p.f !== null && isFinite(p.f); }).map(function (p) { return p.f; });
+    var t0 = Math.min.apply(null, times), t1 = Math.max(Math.max.apply(null, times), t0 + 1000);
+    var f0 = fences.length ? Math.min.apply(null, fences) : 0, f1 = Math.max(f0 + 1, fences.length ? Math.max.apply(null, fences) : 1);
     var svg = el('svg', { viewBox: '0 0 ' + W + ' 120', role: 'img' }, container);
     // Room above the highest dot for its label.
     var top = TOP + 12, plotW = W - LEFT - 24, plotH = 120 - top - BOTTOM;
     var x = function (t) { return LEFT + 12 + plotW * (t - t0) / (t1 - t0); };
     var y = function (f) { return top + plotH - plotH * (f - f0) / (f1 - f0); };
     el('line', { x1: LEFT, y1: top + plotH, x2: W - 4, y2: top + plotH, 'class': 'axis' }, svg);
-    // Held at each fence until the next one was accepted.
-    var d = 'M' + x(pts[0].t).toFixed(1) + ' ' + y(pts[0].f).toFixed(1);
-    for (var i = 1; i < pts.length; i++) d += ' H' + x(pts[i].t).toFixed(1) + ' V' + y(pts[i].f).toFixed(1);
-    el('path', { d: d, 'class': 'step' }, svg);
+    if (pts.length > 0) {
+      // Held at each fence until the next one was accepted.
+      var d = 'M' + x(pts[0].t).toFixed(1) + ' ' + y(pts[0].f).toFixed(1);
+      for (var i = 1; i < pts.length; i++) d += ' H' + x(pts[i].t).toFixed(1) + ' V' + y(pts[i].f).toFixed(1);
+      el('path', { d: d, 'class': 'step' }, svg);
+    }
+    refused.forEach(function (p) {
+      var cx = x(p.t), cy = p.f === null || !isFinite(p.f) ? top + plotH : y(p.f);
+      var g = el('g', { 'data-refusal': p.r.id, 'data-reason': p.r.reason, stroke: colorOf(p.r.reason), 'stroke-width': 2 }, svg);
+      el('line', { x1: (cx - 4).toFixed(1), y1: (cy - 4).toFixed(1), x2: (cx + 4).toFixed(1), y2: (cy + 4).toFixed(1) }, g);
+      el('line', { x1: (cx - 4).toFixed(1), y1: (cy + 4).toFixed(1), x2: (cx + 4).toFixed(1), y2: (cy - 4).toFixed(1) }, g);
+      el('title', {}, g).textContent = p.r.reason + (p.r.presented_fence !== null ? ' (fence ' + p.r.presented_fence + ')' : '') + ' at ' + p.r.at;
+    });
     pts.forEach(function (p) {
       var c = el('circle', { cx: x(p.t).toFixed(1), cy: y(p.f).toFixed(1), r: 4, fill: '#1570ef', 'data-fence': p.h.fence }, svg);
       el('title', {}, c).textContent = 'fence ' + p.h.fence + ' at ' + p.h.at + (p.h.caller ? ' by ' + p.h.caller : '');
@@ -126,5 +151,5 @@
     text(svg, W - 4, 120 - 6, new Date(t1).toISOString().slice(0, 19).replace('T', ' '), 'end');
   }
 
-  fg.chart = { bars: bars, timeline: timeline, colorOf: colorOf };
+  fg.chart = { bars: bars, timeline: timeline, colorOf: colorOf, OTHER: OTHER };
 })();

@@ -48,10 +48,12 @@
     }
   }
 
-  function request(path, init) {
+  // `bearer`: the token to send, when it is not the session's (the sign-in check).
+  function request(path, init, bearer) {
     init = init || {};
     var headers = init.headers || {};
-    if (token()) headers['Authorization'] = 'Bearer ' + token();
+    var t = bearer === undefined ? token() : bearer;
+    if (t) headers['Authorization'] = 'Bearer ' + t;
     init.headers = headers;
     // Relative: the page is served at <adminPrefix>/ (or /console) and the API at <adminPrefix>/v1/.
     return fetch('v1/' + path, init).then(function (res) {
@@ -59,10 +61,12 @@
         if (res.ok) return text;
         var body = null;
         try { body = text ? JSON.parse(text) : null; } catch (e) { body = null; }
-        var msg = res.status + ' ' + ((body && (body.title + (body.detail ? ': ' + body.detail : ''))) || res.statusText);
+        var why = (body && (body.title + (body.detail ? ': ' + body.detail : ''))) || res.statusText;
+        var msg = res.status + ' ' + why;
         if (res.status === 401) msg += ' (sign in with a token)';
         var err = new Error(msg);
         err.status = res.status;
+        err.why = why;
         throw err;
       });
     });
@@ -99,10 +103,23 @@
     $('signin').addEventListener('submit', function (ev) {
       ev.preventDefault();
       var t = $('token').value.trim();
-      if (t) sessionStorage.setItem(KEY, t); else sessionStorage.removeItem(KEY);
       $('token').value = '';
+      sessionStorage.removeItem(KEY);
       showWho();
-      loadAll();
+      if (!t) { fg.setStatus('signed out'); return; }
+      // One request with the new token before calling it signed in: a token
+      // the API refuses is one audit row (unauthorized or forbidden), not
+      // one per view, and the operator stays signed out.
+      fg.setStatus('checking the token…');
+      $('sign-in').disabled = true;
+      request('operator-actions?limit=1', {}, t).then(function () {
+        sessionStorage.setItem(KEY, t);
+        showWho();
+        fg.setStatus('');
+        return loadAll();
+      }, function (e) {
+        fg.setStatus('token refused: ' + (e.why || e.message), 'error');
+      }).then(function () { $('sign-in').disabled = false; });
     });
     $('sign-out').addEventListener('click', function () {
       sessionStorage.removeItem(KEY);

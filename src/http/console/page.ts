@@ -13,6 +13,7 @@
  * into assets.generated.ts by scripts/bundle-console.mjs at build time:
  * Workers have no file system.
  */
+import type { RejectionReason } from '../../store/types.js';
 import { CONSOLE_CSS, CONSOLE_JS, CONSOLE_TEMPLATE } from './assets.generated.js';
 
 /**
@@ -30,7 +31,25 @@ export type ConsoleMode = 'auth' | 'open' | 'off';
 // exactly these bytes.
 const STYLE = `\n${CONSOLE_CSS}`;
 const SCRIPT = `\n${CONSOLE_JS}`;
-const REASONS = ['stale-fence', 'idempotency-key-reused', 'outcome-unknown', 'invalid-fence-signature', 'fence-expired', 'unauthorized', 'forbidden', 'late-finish'];
+/** Every reason the rejection log can hold, for the reason filter: a reason added to the type and not here does not compile. */
+const REASON_SET: Record<RejectionReason, true> = {
+  'stale-fence': true,
+  'idempotency-key-reused': true,
+  'outcome-unknown': true,
+  'invalid-fence-signature': true,
+  'fence-expired': true,
+  unauthorized: true,
+  forbidden: true,
+  'late-finish': true,
+  'invalid-fence': true,
+  'missing-fence': true,
+  'invalid-entity': true,
+  'missing-entity': true,
+  'invalid-idempotency-key': true,
+  'missing-idempotency-key': true,
+};
+export const CONSOLE_REASONS = Object.keys(REASON_SET) as RejectionReason[];
+const REASONS = CONSOLE_REASONS;
 
 /**
  * Puts `text` where `marker` stands, once. Not `String.replace`: its

@@ -1,35 +1,114 @@
 (function () {
   'use strict';
-  // The entity view (current fence, fence history as a timeline, in flight),
-  // the records waiting for an operator with their resolve form, and the
-  // operator-action log.
+  // The entity view (current fence, fence history as a timeline, in flight,
+  // and its story: fences, refusals and unknown outcomes in time order), the
+  // records waiting for an operator with their resolve form and its
+  // confirmation, and the operator-action log.
   var fg = window.fencegateConsole = window.fencegateConsole || { init: [], load: [] };
   var $ = function (id) { return fg.$(id); };
   var state = { resolving: null };
   var scopeText = function (scope) { return scope.split('\u0000').join(' / '); };
+
+  // Pages of a list endpoint, following next_cursor up to `pages` pages.
+  function pages(path, pagesLeft, items, cursor) {
+    var sep = path.indexOf('?') < 0 ? '?' : '&';
+    return fg.api(path + (cursor ? sep + 'cursor=' + encodeURIComponent(cursor) : '')).then(function (page) {
+      items.push.apply(items, page.items);
+      if (page.next_cursor && pagesLeft > 1) return pages(path, pagesLeft - 1, items, page.next_cursor);
+      return { items: items, more: page.next_cursor !== null };
+    });
+  }
 
   function loadEntity() {
     var entity = $('ent-input').value.trim();
     if (!entity || !fg.need()) return Promise.resolve();
     var tbody = $('ent-history').tBodies[0];
     fg.clear(tbody);
+    fg.clear($('ent-story').tBodies[0]);
     $('ent-info').hidden = true;
-    return fg.api('entities/' + encodeURIComponent(entity)).then(function (e) {
+    // The entity, its refusals (the rejection log filtered by entity) and
+    // the records of it that wait for an operator (filtered here: the API
+    // lists them for every entity).
+    return Promise.all([
+      // Unknown to the gateway (no fence ever accepted, or forgotten after
+      // its retention): its refusals and records may still tell its story.
+      fg.api('entities/' + encodeURIComponent(entity)).catch(function (err) {
+        if (err.status !== 404) throw err;
+        return { entity: entity, fence: null, accepted_at: null, inflight: null, history: [], history_next_cursor: null, unknown: true };
+      }),
+      pages('rejections?limit=1000&entity=' + encodeURIComponent(entity), 1, [], null),
+      pages('idempotency?state=outcome_unknown&limit=1000', 5, [], null)
+    ]).then(function (got) {
+      var e = got[0], refusals = got[1], unknown = got[2].items.filter(function (r) { return r.entity === e.entity; });
+      var history = e.history || [];
+      // When the current fence was accepted: its row in the fence history.
+      // The entity's accepted_at is when it was last accepted (a later
+      // forwarded request at the same fence moves it; the retention runs
+      // from it), shown beside it when it differs.
+      var current = history.filter(function (h) { return h.fence === e.fence; })[0];
       $('ent-name').textContent = e.entity;
-      $('ent-fence').textContent = e.fence === null ? '(none)' : e.fence;
-      $('ent-accepted').textContent = e.accepted_at;
+      $('ent-fence').textContent = e.unknown ? '(none: no fence accepted, or forgotten after its retention)' : e.fence === null ? '(none)' : e.fence;
+      $('ent-accepted').textContent = current ? current.at : e.accepted_at || '';
+      $('ent-last').textContent = current && current.at !== e.accepted_at ? e.accepted_at : '';
+      $('ent-last-row').hidden = $('ent-last').textContent === '';
       $('ent-inflight').textContent = e.inflight ? 'yes, until ' + e.inflight.until : 'no';
       $('ent-info').hidden = false;
-      var history = e.history || [];
       history.forEach(function (h) {
         var tr = document.createElement('tr');
         [h.fence, h.at, h.caller].forEach(function (v) { fg.cell(tr, v); });
         fg.cell(tr, h.request_id, 'mono');
         tbody.appendChild(tr);
       });
-      fg.chart.timeline($('ent-timeline'), history);
-      fg.setStatus(e.history_next_cursor ? 'showing the latest ' + history.length + ' fences of ' + e.entity : '');
+      fg.chart.timeline($('ent-timeline'), history, refusals.items);
+      story(e, history, refusals.items, unknown);
+      var notes = [];
+      if (e.history_next_cursor) notes.push('the latest ' + history.length + ' fences');
+      if (refusals.more) notes.push('the latest ' + refusals.items.length + ' refusals');
+      fg.setStatus(notes.length ? 'showing ' + notes.join(' and ') + ' of ' + e.entity : '');
     }).catch(fg.fail);
+  }
+
+  // The entity's story in time order, oldest first: fences accepted, requests
+  // refused, requests whose outcome is unknown (at their creation).
+  function story(e, history, refusals, unknown) {
+    var events = [];
+    history.forEach(function (h) {
+      events.push({ at: h.at, kind: 'fence', what: 'fence ' + h.fence + ' accepted', fence: h.fence, key: '', caller: h.caller, request: h.request_id, detail: '' });
+    });
+    refusals.forEach(function (r) {
+      events.push({ at: r.at, kind: 'refusal', what: 'refused: ' + r.reason, fence: r.presented_fence, key: r.idempotency_key, caller: r.caller, request: r.request_id, detail: r.detail || (r.current_fence !== null ? 'current fence ' + r.current_fence : ''), row: r });
+    });
+    unknown.forEach(function (r) {
+      events.push({ at: r.created_at, kind: 'unknown', what: 'outcome unknown', fence: r.fence, key: r.key, caller: scopeText(r.scope), request: '', detail: 'waits for an operator', record: r });
+    });
+    // ISO times of one format sort as text; ties keep the order above.
+    events.sort(function (a, b) { return a.at < b.at ? -1 : a.at > b.at ? 1 : 0; });
+    var tbody = $('ent-story').tBodies[0];
+    events.forEach(function (ev) {
+      var tr = document.createElement('tr');
+      tr.className = 'ev-' + ev.kind;
+      tr.setAttribute('data-kind', ev.kind);
+      fg.cell(tr, ev.at);
+      fg.cell(tr, ev.what);
+      fg.cell(tr, ev.fence);
+      fg.cell(tr, ev.key, 'cut').title = ev.key || '';
+      fg.cell(tr, ev.caller, 'cut').title = ev.caller || '';
+      fg.cell(tr, ev.request, 'mono cut').title = ev.request || '';
+      var td = fg.cell(tr, ev.detail, 'rest');
+      td.title = ev.detail || '';
+      if (ev.record) {
+        var b = document.createElement('button');
+        b.type = 'button';
+        b.className = 'resolve';
+        b.textContent = 'Resolve';
+        b.setAttribute('data-key', ev.record.key);
+        b.addEventListener('click', function () { openResolve(ev.record); });
+        td.insertBefore(document.createTextNode(' '), td.firstChild);
+        td.insertBefore(b, td.firstChild);
+      }
+      tbody.appendChild(tr);
+    });
+    $('ent-story-empty').hidden = events.length > 0;
   }
 
   fg.showEntity = function (entity) {
@@ -64,17 +143,25 @@
     state.resolving = r;
     $('res-key').textContent = r.key + ' (' + scopeText(r.scope) + ')';
     $('resolve-form').hidden = false;
+    $('res-confirm').hidden = true;
+    $('res-submit').disabled = false;
     syncOutcome();
+    $('resolve-form').scrollIntoView({ block: 'nearest' });
+  }
+
+  function closeResolve() {
+    $('resolve-form').hidden = true;
+    $('res-confirm').hidden = true;
+    state.resolving = null;
   }
 
   function syncOutcome() {
     $('res-response').hidden = $('res-outcome').value !== 'completed';
   }
 
-  function submitResolve(ev) {
-    ev.preventDefault();
+  // The request the form describes, for the confirmation and then the API.
+  function resolution() {
     var r = state.resolving;
-    if (!r) return;
     // created_at: the attempt on screen, not a later one that reused the key after a release.
     var body = { scope: r.scope, created_at: r.created_at, outcome: $('res-outcome').value };
     if (body.outcome === 'completed') {
@@ -86,18 +173,56 @@
     }
     var note = $('res-note').value.trim();
     if (note) body.note = note;
+    return body;
+  }
+
+  // Submitting the form only shows what will be done; Confirm does it.
+  function askResolve(ev) {
+    ev.preventDefault();
+    var r = state.resolving;
+    if (!r) return;
+    var body = resolution();
+    var status = $('res-status');
+    if (body.outcome === 'completed' && !status.checkValidity()) { fg.setStatus('status: ' + status.validationMessage, 'error'); return; }
+    var dl = $('res-what');
+    fg.clear(dl);
+    [['key', r.key], ['scope', scopeText(r.scope)], ['created', r.created_at],
+      ['outcome', body.outcome === 'completed' ? 'completed: it happened upstream; retries get this response' : 'released: it never happened; the next retry is forwarded'],
+      ['status', body.outcome === 'completed' ? String(body.response.status) : '(none: nothing is stored)'],
+      ['note', body.note || '']].forEach(function (f) {
+      var dt = document.createElement('dt'), dd = document.createElement('dd');
+      dt.textContent = f[0];
+      dd.textContent = f[1];
+      dd.setAttribute('data-field', f[0]);
+      dl.appendChild(dt);
+      dl.appendChild(dd);
+    });
+    $('res-confirm').hidden = false;
+    $('res-submit').disabled = true;
+    $('res-confirm-yes').focus();
+  }
+
+  function submitResolve() {
+    var r = state.resolving;
+    if (!r) return Promise.resolve();
+    var body = resolution();
+    $('res-confirm-yes').disabled = true;
     return fg.api('idempotency/' + encodeURIComponent(r.key) + '/resolve', {
       method: 'POST',
       headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify(body)
     }).then(function (res) {
-      $('resolve-form').hidden = true;
-      state.resolving = null;
+      closeResolve();
       var message = 'resolved ' + res.action.key + ' as ' + res.action.action.replace('resolve-', '') + ' by ' + (res.action.operator || 'anonymous');
       // Reload the lists first: their success clears the status line, and
       // the operator must still see what was done.
       return Promise.all([loadUnknown(), loadActions()]).then(function () { fg.setStatus(message, 'ok'); });
-    }).catch(fg.fail);
+    }).catch(function (e) {
+      // Back to the form, to change it or cancel.
+      $('res-confirm').hidden = true;
+      $('res-submit').disabled = false;
+      fg.fail(e);
+    }).then(function () { $('res-confirm-yes').disabled = false; });
   }
 
   function loadActions() {
@@ -120,8 +245,13 @@
     $('unk-refresh').addEventListener('click', function () { if (fg.need()) loadUnknown(); });
     $('act-refresh').addEventListener('click', function () { if (fg.need()) loadActions(); });
     $('res-outcome').addEventListener('change', syncOutcome);
-    $('resolve-form').addEventListener('submit', submitResolve);
-    $('res-cancel').addEventListener('click', function () { $('resolve-form').hidden = true; state.resolving = null; });
+    $('resolve-form').addEventListener('submit', askResolve);
+    $('res-confirm-yes').addEventListener('click', submitResolve);
+    // Cancel on the confirmation: back to the form, nothing sent.
+    $('res-confirm-no').addEventListener('click', function () { $('res-confirm').hidden = true; $('res-submit').disabled = false; });
+    // Any change to the form asks again.
+    $('resolve-form').addEventListener('input', function () { $('res-confirm').hidden = true; $('res-submit').disabled = false; });
+    $('res-cancel').addEventListener('click', closeResolve);
   });
   fg.load.push(loadUnknown, loadActions);
 })();

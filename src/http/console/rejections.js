@@ -117,6 +117,8 @@
       // The digest is long: its first 12 hex digits here, all of it on hover and in the row's details.
       fg.cell(tr, r.payload_sha256 ? r.payload_sha256.slice(0, 12) + '…' : '', 'mono').title = r.payload_sha256 || '';
       fg.cell(tr, r.detail, 'rest').title = r.detail || '';
+      // The columns are fixed (console.css): any cell may be cut, so each has its whole text on hover.
+      Array.prototype.forEach.call(tr.cells, function (td) { if (!td.title) td.title = td.textContent; });
       tr.addEventListener('click', function () { detail(r, tr); });
       tbody.appendChild(tr);
     });

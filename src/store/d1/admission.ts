@@ -57,11 +57,17 @@ const Q = {
   staleFence: `UPDATE admission_scratch SET decision = 'stale-fence',
       current_fence = (SELECT fence FROM fence_entities WHERE entity = @entity)
     WHERE id = @id AND EXISTS (SELECT 1 FROM fence_entities WHERE entity = @entity AND fence > ${FENCE})`,
-  // a. @id @entity @fence — raise (or create) the fence; equal is fine.
+  // a. @id @entity @fence — raise (or create) the fence; equal is fine, and
+  //    written only by acceptAgain once the request is forwarded: a refused
+  //    one leaves accepted_at where it was (src/core/admission.ts).
   raiseFence: `INSERT INTO fence_entities (entity, fence, accepted_at)
     SELECT @entity, ${FENCE}, now FROM admission_scratch WHERE id = @id AND decision IS NULL
     ON CONFLICT (entity) DO UPDATE SET fence = excluded.fence, accepted_at = excluded.accepted_at
-      WHERE fence_entities.fence IS NULL OR excluded.fence >= fence_entities.fence`,
+      WHERE fence_entities.fence IS NULL OR excluded.fence > fence_entities.fence`,
+  // a. @id @entity — forwarded (no decision): the fence presented, raised or
+  //    equal, was accepted now.
+  acceptAgain: `UPDATE fence_entities SET accepted_at = ${NOW}
+    WHERE entity = @entity AND ${UNDECIDED}`,
   // a. @id @entity @fence @caller @request_id — the entity's fence history, only when not stale.
   fenceHistory: insertFenceHistory(`SELECT @entity, ${FENCE}, now, @caller, @request_id FROM admission_scratch WHERE id = @id AND decision IS NULL`),
   // @id @scope @key — past retention: forgotten, as if the sweeper had already run.
@@ -153,6 +159,7 @@ export function admissionBatch(bind: D1Bind, input: AdmitInput, id: string): { s
     steps.push(st(Q.takeSlot), st(Q.entityBusy));
   }
   if (key !== null) steps.push(st(Q.takeOver), st(Q.insertRecord));
+  if (entity !== null && fence !== null) steps.push(st(Q.acceptAgain));
   steps.push(st(Q.logRefusal));
   const decisionAt = steps.length;
   steps.push(st(Q.decision), st(Q.end));

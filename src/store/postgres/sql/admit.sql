@@ -72,6 +72,7 @@ DECLARE
   v_slot  timestamptz;
   v_pass  integer := 0;
   v_created boolean := false; -- this call created the entity row (serial, no fence)
+  v_equal boolean := false;   -- the fence presented is the entity's (step a wrote nothing)
 BEGIN
   takeover := false;
 
@@ -80,18 +81,26 @@ BEGIN
   --    entity row even when its WHERE refuses the raise, so the current fence
   --    read below is the one that refused us. The SET is evaluated once the
   --    row is locked, so its clock_timestamp() is after any wait for it.
+  --    Only a raise writes here: an equal fence is accepted again (its
+  --    accepted_at moved) only when the request is forwarded, at the end;
+  --    a refused one leaves accepted_at where it was (src/core/admission.ts).
   IF p_entity IS NOT NULL AND p_fence IS NOT NULL THEN
     INSERT INTO fence_entities AS e (entity, fence, accepted_at) VALUES (p_entity, p_fence, clock_timestamp())
     ON CONFLICT (entity) DO UPDATE SET fence = excluded.fence, accepted_at = clock_timestamp()
-      WHERE e.fence IS NULL OR excluded.fence >= e.fence;
+      WHERE e.fence IS NULL OR excluded.fence > e.fence;
     v_found := FOUND;
     v_now := clock_timestamp();
     IF NOT v_found THEN
       SELECT e.fence INTO current_fence FROM fence_entities e WHERE e.entity = p_entity;
-      PERFORM fencegate_log_rejection(v_now, 'stale-fence', p_log_entity, p_fence, current_fence, p_log_key,
-        p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id, p_tool);
-      outcome := 'stale-fence';
-      RETURN;
+      IF current_fence = p_fence THEN
+        v_equal := true;
+        current_fence := NULL;
+      ELSE
+        PERFORM fencegate_log_rejection(v_now, 'stale-fence', p_log_entity, p_fence, current_fence, p_log_key,
+          p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id, p_tool);
+        outcome := 'stale-fence';
+        RETURN;
+      END IF;
     END IF;
     -- The entity's fence history (0004): one row per accepted fence value,
     -- a no-op when it stayed equal. Same transaction as the raise.
@@ -216,6 +225,9 @@ BEGIN
 
   IF outcome IS NULL THEN
     outcome := 'forward';
+    IF v_equal THEN
+      UPDATE fence_entities e SET accepted_at = v_now WHERE e.entity = p_entity;
+    END IF;
   ELSIF v_created THEN
     DELETE FROM fence_entities e WHERE e.entity = p_entity;
   END IF;
