@@ -14,7 +14,8 @@
     'stale-fence': '#d92d20', 'idempotency-key-reused': '#f79009', 'outcome-unknown': '#7a5af8', 'invalid-fence-signature': '#c11574',
     'fence-expired': '#ee46bc', 'unauthorized': '#344054', 'forbidden': '#98a2b3', 'late-finish': '#0ba5ec',
     'invalid-fence': '#1d4ed8', 'missing-fence': '#93c5fd', 'invalid-entity': '#15803d', 'missing-entity': '#86efac',
-    'invalid-idempotency-key': '#92400e', 'missing-idempotency-key': '#facc15'
+    'invalid-idempotency-key': '#92400e', 'missing-idempotency-key': '#facc15',
+    'tool-denied': '#6b21a8'
   };
   // A reason this page does not know (a newer gateway's): grey, unlike any above.
   var OTHER = '#667085';

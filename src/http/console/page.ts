@@ -47,6 +47,7 @@ const REASON_SET: Record<RejectionReason, true> = {
   'missing-entity': true,
   'invalid-idempotency-key': true,
   'missing-idempotency-key': true,
+  'tool-denied': true,
 };
 export const CONSOLE_REASONS = Object.keys(REASON_SET) as RejectionReason[];
 const REASONS = CONSOLE_REASONS;
