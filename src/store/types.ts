@@ -34,6 +34,31 @@ export type RejectionReason =
   // An mcp route's tools/call of a tool its `toolAccess` does not allow, with the tool in `tool`.
   | 'tool-denied';
 
+/**
+ * Every reason, once (the CLI's `--reason`, the console's filter and
+ * colours). A Record, so that a reason added to the type above fails to
+ * compile here until it is listed.
+ */
+const REASONS: Record<RejectionReason, true> = {
+  'stale-fence': true,
+  'idempotency-key-reused': true,
+  'outcome-unknown': true,
+  'invalid-fence-signature': true,
+  'fence-expired': true,
+  unauthorized: true,
+  forbidden: true,
+  'late-finish': true,
+  'invalid-fence': true,
+  'missing-fence': true,
+  'invalid-entity': true,
+  'missing-entity': true,
+  'invalid-idempotency-key': true,
+  'missing-idempotency-key': true,
+  'tool-denied': true,
+};
+
+export const REJECTION_REASONS = Object.keys(REASONS) as readonly RejectionReason[];
+
 export interface RejectionInput {
   reason: RejectionReason;
   entity: string | null;

@@ -22,7 +22,7 @@ const rgb = (hex: string) => [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 
 const distance = (a: string, b: string) => Math.hypot(...rgb(a).map((v, i) => v - rgb(b)[i]!));
 
 /** The pairs of reasons whose colours are closer than `min` (RGB distance; 0 for the same colour). */
-function tooClose(colorOf: (r: string) => string, reasons: string[], min: number): string[] {
+function tooClose(colorOf: (r: string) => string, reasons: readonly string[], min: number): string[] {
   const close: string[] = [];
   for (let i = 0; i < reasons.length; i++) {
     for (let j = i + 1; j < reasons.length; j++) {

@@ -13,7 +13,7 @@
  * into assets.generated.ts by scripts/bundle-console.mjs at build time:
  * Workers have no file system.
  */
-import type { RejectionReason } from '../../store/types.js';
+import { REJECTION_REASONS } from '../../store/types.js';
 import { CONSOLE_CSS, CONSOLE_JS, CONSOLE_TEMPLATE } from './assets.generated.js';
 
 /**
@@ -31,25 +31,8 @@ export type ConsoleMode = 'auth' | 'open' | 'off';
 // exactly these bytes.
 const STYLE = `\n${CONSOLE_CSS}`;
 const SCRIPT = `\n${CONSOLE_JS}`;
-/** Every reason the rejection log can hold, for the reason filter: a reason added to the type and not here does not compile. */
-const REASON_SET: Record<RejectionReason, true> = {
-  'stale-fence': true,
-  'idempotency-key-reused': true,
-  'outcome-unknown': true,
-  'invalid-fence-signature': true,
-  'fence-expired': true,
-  unauthorized: true,
-  forbidden: true,
-  'late-finish': true,
-  'invalid-fence': true,
-  'missing-fence': true,
-  'invalid-entity': true,
-  'missing-entity': true,
-  'invalid-idempotency-key': true,
-  'missing-idempotency-key': true,
-  'tool-denied': true,
-};
-export const CONSOLE_REASONS = Object.keys(REASON_SET) as RejectionReason[];
+/** The reason filter's choices: every reason the rejection log can hold. */
+export const CONSOLE_REASONS = REJECTION_REASONS;
 const REASONS = CONSOLE_REASONS;
 
 /**
