@@ -1,13 +1,18 @@
-// `npm test` (after the build): the Node suite, then the Workers suite (in
-// workerd), each writing a vitest JSON report, then one closing line summed
-// over both: "tests: N passed, M failed, K skipped". The exit code is
-// non-zero when either run failed, also when the Node run failed first: the
-// Workers run still goes, so that the summary covers everything.
+// `npm test` (after the build): every tier, each writing a vitest JSON
+// report, then one closing line summed over all of them:
+// "tests: N passed, M failed, K skipped". The tiers (vitest.config.ts says
+// which files each one holds):
+//   unit, loopback, database, slow  vitest projects of vitest.config.ts,
+//                                   run together as the Node run
+//   workerd                         vitest.workers.config.mts, its own pool
+// The exit code is non-zero when either run failed, also when the Node run
+// failed first: the Workers run still goes, so that the summary covers
+// everything.
 //
 // The reports are the ones .ci/summary.mjs reads in CI
 // (test-results/vitest-node.json, test-results/vitest-workerd.json).
-// Arguments (`npm test -- test/gateway/`) go to the Node run only, and the
-// Workers run is left out.
+// Arguments (`npm test -- test/gateway/`, `npm test -- --project database`)
+// go to the Node run only, and the Workers run is left out.
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 
