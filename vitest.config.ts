@@ -45,6 +45,7 @@ export default defineConfig({
   test: {
     ...shared,
     projects: [
+      // First match wins: a file is in the first tier whose patterns it matches.
       tier('slow', SLOW),
       tier('database', DATABASE, SLOW),
       tier('unit', UNIT, SLOW, DATABASE),

@@ -17,7 +17,11 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 
 const runs = [
-  { name: 'node', args: ['run', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest-node.json'], report: 'test-results/vitest-node.json' },
+  {
+    name: 'node',
+    args: ['run', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest-node.json'],
+    report: 'test-results/vitest-node.json',
+  },
   {
     name: 'workerd',
     args: ['run', '-c', 'vitest.workers.config.mts', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest-workerd.json'],
@@ -77,5 +81,7 @@ function failuresOf(runName, report) {
 }
 
 function firstLine(text) {
-  return String(text ?? '').split('\n', 1)[0].slice(0, 300);
+  return String(text ?? '')
+    .split('\n', 1)[0]
+    .slice(0, 300);
 }

@@ -124,7 +124,7 @@ const rows: Row[] = [
   },
   {
     step: 'a',
-    name: 'a higher fence raises the entity\'s fence',
+    name: "a higher fence raises the entity's fence",
     state: { entity: E5, record: null },
     cmd: cmd({ fence: 9n }),
     expected: { admission: forward(), next: { entity: row(9n, null, NOW), record: fresh({ fence: 9n }) }, acceptedFence: 9n, rejection: null },
@@ -145,7 +145,7 @@ const rows: Row[] = [
   },
   {
     step: 'a',
-    name: 'a request without a fence leaves the entity\'s row alone',
+    name: "a request without a fence leaves the entity's row alone",
     state: { entity: E5, record: null },
     cmd: cmd({ fence: null }),
     expected: { admission: forward(), next: { entity: E5, record: fresh({ fence: null }) }, acceptedFence: null, rejection: null },
@@ -181,7 +181,14 @@ const rows: Row[] = [
     now: COMPLETED_OTHER.expiresAt,
     expected: {
       admission: forward(),
-      next: { entity: row(5n, null, COMPLETED_OTHER.expiresAt), record: fresh({ lockedUntil: COMPLETED_OTHER.expiresAt + LOCK, createdAt: COMPLETED_OTHER.expiresAt, expiresAt: COMPLETED_OTHER.expiresAt + RETENTION }) },
+      next: {
+        entity: row(5n, null, COMPLETED_OTHER.expiresAt),
+        record: fresh({
+          lockedUntil: COMPLETED_OTHER.expiresAt + LOCK,
+          createdAt: COMPLETED_OTHER.expiresAt,
+          expiresAt: COMPLETED_OTHER.expiresAt + RETENTION,
+        }),
+      },
       acceptedFence: 5n,
       rejection: null,
     },
@@ -193,14 +200,24 @@ const rows: Row[] = [
     name: 'the same request under a completed key is the stored answer',
     state: { entity: E5, record: COMPLETED },
     cmd: cmd(),
-    expected: { admission: { outcome: 'replay', response: STORED }, next: { entity: row(5n, null, NOW), record: COMPLETED }, acceptedFence: 5n, rejection: null },
+    expected: {
+      admission: { outcome: 'replay', response: STORED },
+      next: { entity: row(5n, null, NOW), record: COMPLETED },
+      acceptedFence: 5n,
+      rejection: null,
+    },
   },
   {
     step: 'c',
     name: 'a replay still raises a higher fence (what step a changed stays changed)',
     state: { entity: E5, record: COMPLETED },
     cmd: cmd({ fence: 8n }),
-    expected: { admission: { outcome: 'replay', response: STORED }, next: { entity: row(8n, null, NOW), record: COMPLETED }, acceptedFence: 8n, rejection: null },
+    expected: {
+      admission: { outcome: 'replay', response: STORED },
+      next: { entity: row(8n, null, NOW), record: COMPLETED },
+      acceptedFence: 8n,
+      rejection: null,
+    },
   },
   {
     step: 'c',
@@ -247,10 +264,15 @@ const rows: Row[] = [
   // e. In progress.
   {
     step: 'e',
-    name: 'a key whose owner still holds the lock answers in-progress with the lock\'s remaining time',
+    name: "a key whose owner still holds the lock answers in-progress with the lock's remaining time",
     state: { entity: null, record: RUNNING },
     cmd: cmd({ entity: null, fence: null }),
-    expected: { admission: { outcome: 'idempotency-in-progress', retryAfterMs: 5_000 }, next: { entity: null, record: RUNNING }, acceptedFence: null, rejection: null },
+    expected: {
+      admission: { outcome: 'idempotency-in-progress', retryAfterMs: 5_000 },
+      next: { entity: null, record: RUNNING },
+      acceptedFence: null,
+      rejection: null,
+    },
   },
   {
     step: 'e',
@@ -258,7 +280,12 @@ const rows: Row[] = [
     state: { entity: null, record: RUNNING },
     cmd: cmd({ entity: null, fence: null, onUnknown: 'retry' }),
     now: NOW + 4_999,
-    expected: { admission: { outcome: 'idempotency-in-progress', retryAfterMs: 1 }, next: { entity: null, record: RUNNING }, acceptedFence: null, rejection: null },
+    expected: {
+      admission: { outcome: 'idempotency-in-progress', retryAfterMs: 1 },
+      next: { entity: null, record: RUNNING },
+      acceptedFence: null,
+      rejection: null,
+    },
   },
 
   // f. An expired lock: the owner died mid-request.
@@ -321,10 +348,15 @@ const rows: Row[] = [
   // h. Serial mode: the entity's one slot.
   {
     step: 'h',
-    name: 'serial: a free slot is taken for the lock\'s time',
+    name: "serial: a free slot is taken for the lock's time",
     state: { entity: E5, record: null },
     cmd: cmd({ mode: 'serial' }),
-    expected: { admission: forward(), next: { entity: row(5n, { owner: 'owner-new', until: NOW + LOCK }, NOW), record: fresh() }, acceptedFence: 5n, rejection: null },
+    expected: {
+      admission: forward(),
+      next: { entity: row(5n, { owner: 'owner-new', until: NOW + LOCK }, NOW), record: fresh() },
+      acceptedFence: 5n,
+      rejection: null,
+    },
   },
   {
     step: 'h',
@@ -346,7 +378,10 @@ const rows: Row[] = [
     now: NOW + 2_000,
     expected: {
       admission: forward(),
-      next: { entity: row(5n, { owner: 'owner-new', until: NOW + 2_000 + LOCK }), record: fresh({ fence: null, lockedUntil: NOW + 2_000 + LOCK, createdAt: NOW + 2_000, expiresAt: NOW + 2_000 + RETENTION }) },
+      next: {
+        entity: row(5n, { owner: 'owner-new', until: NOW + 2_000 + LOCK }),
+        record: fresh({ fence: null, lockedUntil: NOW + 2_000 + LOCK, createdAt: NOW + 2_000, expiresAt: NOW + 2_000 + RETENTION }),
+      },
       acceptedFence: null,
       rejection: null,
     },
@@ -356,7 +391,12 @@ const rows: Row[] = [
     name: 'serial: a slot without an end is busy, retry after 0',
     state: { entity: E_NULL_FENCE_BUSY_FOREVER, record: null },
     cmd: cmd({ mode: 'serial', fence: null }),
-    expected: { admission: { outcome: 'entity-busy', retryAfterMs: 0 }, next: { entity: E_NULL_FENCE_BUSY_FOREVER, record: null }, acceptedFence: null, rejection: null },
+    expected: {
+      admission: { outcome: 'entity-busy', retryAfterMs: 0 },
+      next: { entity: E_NULL_FENCE_BUSY_FOREVER, record: null },
+      acceptedFence: null,
+      rejection: null,
+    },
   },
   {
     step: 'h',
