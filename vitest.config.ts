@@ -16,9 +16,11 @@ import { defineConfig } from 'vitest/config';
 //             PostgreSQL cases in one file), test/store/postgres*.test.ts,
 //             test/db/, test/replicas/
 //   slow      child processes, crash and kill, soak, browsers, several
-//             processes, long waits: *.slow.test.ts, test/faults/,
+//             processes, long waits, volume: *.slow.test.ts, test/faults/,
 //             test/console/, test/docs/, test/examples/, test/workers/ (the
-//             Node side of the Workers tier: wrangler dev, nested workerd runs)
+//             Node side of the Workers tier: wrangler dev, nested workerd
+//             runs), test/mcp/ (an MCP SDK session against a gateway and an
+//             MCP upstream in every test, with stream timeouts)
 //
 // A file that matches several tiers goes to the first of slow, database,
 // unit, loopback: each project excludes the patterns of those before it, so
@@ -28,7 +30,7 @@ import { defineConfig } from 'vitest/config';
 //   npx vitest run --project database   (or test:unit, test:db, test:slow)
 //   npm test            every project, then the workerd tier
 
-const SLOW = ['test/**/*.slow.test.ts', 'test/{faults,console,docs,examples,workers}/**/*.test.ts'];
+const SLOW = ['test/**/*.slow.test.ts', 'test/{faults,console,docs,examples,workers,mcp}/**/*.test.ts'];
 const DATABASE = ['test/**/*.{postgres,redis,db}.test.ts', 'test/store/postgres*.test.ts', 'test/{db,replicas}/**/*.test.ts'];
 const UNIT = ['test/**/*.unit.test.ts', 'test/{unit,fast,architecture}/**/*.test.ts'];
 const LOOPBACK = ['test/**/*.test.ts'];
