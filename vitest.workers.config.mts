@@ -1,4 +1,5 @@
-// The tests that run INSIDE workerd (the Workers runtime) against a local D1:
+// The workerd tier: the tests that run INSIDE workerd (the Workers runtime)
+// against a local D1 (the other four tiers are the projects of vitest.config.ts):
 //   WRANGLER_SEND_METRICS=false npx vitest run -c vitest.workers.config.mts
 // The main config (vitest.config.ts, Node) does not pick these files up:
 // they are named *.workerd.ts.

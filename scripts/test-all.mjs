@@ -1,18 +1,27 @@
-// `npm test` (after the build): the Node suite, then the Workers suite (in
-// workerd), each writing a vitest JSON report, then one closing line summed
-// over both: "tests: N passed, M failed, K skipped". The exit code is
-// non-zero when either run failed, also when the Node run failed first: the
-// Workers run still goes, so that the summary covers everything.
+// `npm test` (after the build): every tier, each writing a vitest JSON
+// report, then one closing line summed over all of them:
+// "tests: N passed, M failed, K skipped". The tiers (vitest.config.ts says
+// which files each one holds):
+//   unit, loopback, database, slow  vitest projects of vitest.config.ts,
+//                                   run together as the Node run
+//   workerd                         vitest.workers.config.mts, its own pool
+// The exit code is non-zero when either run failed, also when the Node run
+// failed first: the Workers run still goes, so that the summary covers
+// everything.
 //
 // The reports are the ones .ci/summary.mjs reads in CI
 // (test-results/vitest-node.json, test-results/vitest-workerd.json).
-// Arguments (`npm test -- test/gateway/`) go to the Node run only, and the
-// Workers run is left out.
+// Arguments (`npm test -- test/gateway/`, `npm test -- --project database`)
+// go to the Node run only, and the Workers run is left out.
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 
 const runs = [
-  { name: 'node', args: ['run', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest-node.json'], report: 'test-results/vitest-node.json' },
+  {
+    name: 'node',
+    args: ['run', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest-node.json'],
+    report: 'test-results/vitest-node.json',
+  },
   {
     name: 'workerd',
     args: ['run', '-c', 'vitest.workers.config.mts', '--reporter=default', '--reporter=json', '--outputFile.json=test-results/vitest-workerd.json'],
@@ -72,5 +81,7 @@ function failuresOf(runName, report) {
 }
 
 function firstLine(text) {
-  return String(text ?? '').split('\n', 1)[0].slice(0, 300);
+  return String(text ?? '')
+    .split('\n', 1)[0]
+    .slice(0, 300);
 }

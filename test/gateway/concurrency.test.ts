@@ -5,7 +5,7 @@ import { withoutIdempotency } from '../helpers/store-wrappers.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
 // Concurrency against the real SQLite store, through the real HTTP server.
-// (Several gateway processes on one file: multiprocess.test.ts.)
+// (Several gateway processes on one file: multiprocess.slow.test.ts.)
 
 const cleanups: (() => Promise<void>)[] = [];
 afterEach(async () => {

@@ -3,6 +3,6 @@ import { runnerSuite } from './runner-suite.js';
 import { POSTGRES_URL, postgresDatabase } from './helpers/stores.js';
 
 describe.skipIf(!POSTGRES_URL)('PostgreSQL', () => {
-  // The runner-only tests run once, on SQLite (runner.sqlite.test.ts).
+  // The runner-only tests run once, on SQLite (runner.sqlite.slow.test.ts).
   runnerSuite('PostgreSQL', postgresDatabase, 'store-dependent');
 });

@@ -1,6 +1,6 @@
 /**
  * The credential binding of a key's record (DESIGN §2 G2) on Workers, as on
- * Node (test/auth/credential-scope.test.ts): inside workerd, on the local
+ * Node (test/auth/credential-scope.db.test.ts): inside workerd, on the local
  * D1, through the Worker's own `fetch` to the recording upstream. Default
  * (`credentialBinding: "fingerprint"`): two callers with different
  * `Authorization` (or a listed `x-api-key`) and one `Idempotency-Key` are one

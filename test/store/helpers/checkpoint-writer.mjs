@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Sustained writes on a SQLite gateway store with the background
-// checkpointer checkpointing often, until killed (test/store/checkpoint.test.ts).
+// checkpointer checkpointing often, until killed (test/store/checkpoint.slow.test.ts).
 //
 //   node test/store/helpers/checkpoint-writer.mjs DB_PATH [INTERVAL_MS RESTART_FRAMES]
 //

@@ -40,7 +40,7 @@ describe('a caller that disconnects mid-call does not cancel the upstream call (
     );
     await up.waitForCalls(1);
     // A reset: a FIN alone is a half-close, which the gateway answers
-    // (node-listener.test.ts, where a caller that sends FIN and leaves is too).
+    // (node-listener.slow.test.ts, where a caller that sends FIN and leaves is too).
     socket.resetAndDestroy();
     // The gateway has seen the caller go: its only connection is closed.
     await until(
