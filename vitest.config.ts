@@ -20,7 +20,9 @@ import { defineConfig } from 'vitest/config';
 //             test/console/, test/docs/, test/examples/, test/workers/ (the
 //             Node side of the Workers tier: wrangler dev, nested workerd
 //             runs), test/mcp/ (an MCP SDK session against a gateway and an
-//             MCP upstream in every test, with stream timeouts)
+//             MCP upstream in every test, with stream timeouts), test/deploy/
+//             (the gateway as a child process: probes, reload, the
+//             Dockerfile's stages, promtool)
 //
 // A file that matches several tiers goes to the first of slow, database,
 // unit, loopback: each project excludes the patterns of those before it, so
@@ -30,7 +32,7 @@ import { defineConfig } from 'vitest/config';
 //   npx vitest run --project database   (or test:unit, test:db, test:slow)
 //   npm test            every project, then the workerd tier
 
-const SLOW = ['test/**/*.slow.test.ts', 'test/{faults,console,docs,examples,workers,mcp}/**/*.test.ts'];
+const SLOW = ['test/**/*.slow.test.ts', 'test/{faults,console,docs,examples,workers,mcp,deploy}/**/*.test.ts'];
 const DATABASE = ['test/**/*.{postgres,redis,db}.test.ts', 'test/store/postgres*.test.ts', 'test/{db,replicas}/**/*.test.ts'];
 const UNIT = ['test/**/*.unit.test.ts', 'test/{unit,fast,architecture}/**/*.test.ts'];
 const LOOPBACK = ['test/**/*.test.ts'];

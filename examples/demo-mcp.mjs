@@ -14,7 +14,7 @@
 //   npm run demo:mcp        (SQLite, temporary files)
 //
 // Exits 0 when every expectation held, 1 otherwise. The tested version:
-// test/lease/mcp-gateway.test.ts.
+// test/lease/mcp-gateway.slow.test.ts.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer as createHttpServer } from 'node:http';

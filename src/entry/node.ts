@@ -131,7 +131,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   // lost. A caller that has really gone still does not cancel the upstream
   // call (DESIGN §3.6); its socket errors when the answer is written.
   // `httpAllowHalfOpen` is in Node's http server but not in its typings;
-  // test/gateway/node-listener.test.ts fails if it stops working.
+  // test/gateway/node-listener.slow.test.ts fails if it stops working.
   (server as Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
   // Without a cap, every connection a client opens costs a socket, a file
   // descriptor and its buffers until a timeout: enough of them exhaust the
