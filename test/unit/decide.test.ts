@@ -197,12 +197,12 @@ const rows: Row[] = [
   // c. Replay.
   {
     step: 'c',
-    name: 'the same request under a completed key is the stored answer',
+    name: 'the same request under a completed key is the stored answer; an equal fence not forwarded leaves accepted_at',
     state: { entity: E5, record: COMPLETED },
     cmd: cmd(),
     expected: {
       admission: { outcome: 'replay', response: STORED },
-      next: { entity: row(5n, null, NOW), record: COMPLETED },
+      next: { entity: row(5n), record: COMPLETED },
       acceptedFence: 5n,
       rejection: null,
     },
@@ -243,7 +243,7 @@ const rows: Row[] = [
     cmd: cmd({ fingerprint: 'fp-B' }),
     expected: {
       admission: { outcome: 'idempotency-key-reused' },
-      next: { entity: row(5n, null, NOW), record: COMPLETED },
+      next: { entity: row(5n), record: COMPLETED },
       acceptedFence: 5n,
       rejection: { reason: 'idempotency-key-reused', presentedFence: 5n, currentFence: null },
     },
@@ -327,7 +327,7 @@ const rows: Row[] = [
     cmd: cmd(),
     expected: {
       admission: { outcome: 'outcome-unknown' },
-      next: { entity: row(5n, null, NOW), record: UNKNOWN },
+      next: { entity: row(5n), record: UNKNOWN },
       acceptedFence: 5n,
       rejection: { reason: 'outcome-unknown', presentedFence: 5n, currentFence: null },
     },
