@@ -110,7 +110,12 @@ function send() {
       let bytes = 0;
       res.on('data', (c) => (bytes += c.length));
       res.on('end', () =>
-        resolveAnswer({ status: res.status ?? res.statusCode, replayed: res.headers['idempotent-replayed'] === 'true', bytes, ms: Math.round(performance.now() - started) }),
+        resolveAnswer({
+          status: res.status ?? res.statusCode,
+          replayed: res.headers['idempotent-replayed'] === 'true',
+          bytes,
+          ms: Math.round(performance.now() - started),
+        }),
       );
       res.on('error', reject);
     });

@@ -99,11 +99,20 @@ const tmp = mkdtempSync(join(tmpdir(), 'fencegate-bench-'));
 const stops = [];
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
-
 async function startFencegate(name, store, upstream, route = {}, server = join(dist, 'entry/cli.js'), cpu = serverCpu(), config = {}) {
   // The decision log (one JSON line per request, as in production) goes to a file.
   const args = server.endsWith('cli.js') ? undefined : (file) => [file];
-  return startGateway(server, { dir: tmp, name, store, routes: [paymentsRoute(upstream, route)], config, args, cpus: cpu, stdoutFile: join(tmp, `${name}.log`), nodeFlags });
+  return startGateway(server, {
+    dir: tmp,
+    name,
+    store,
+    routes: [paymentsRoute(upstream, route)],
+    config,
+    args,
+    cpus: cpu,
+    stdoutFile: join(tmp, `${name}.log`),
+    nodeFlags,
+  });
 }
 
 // The auth targets: caller auth with an HS256 secret, and one token with the
@@ -118,7 +127,9 @@ const bearer = `Bearer ${await new SignJWT({ scope: 'fencegate:proxy' })
   .setExpirationTime('6h')
   .sign(new TextEncoder().encode(AUTH.secret))}`;
 const startAuth = (name, server) => async () => ({
-  ...(await startFencegate(name, { sqlite: join(tmp, `${name}-${Date.now()}.db`), synchronous: 'NORMAL' }, upstreamUrl, {}, server, serverCpu(), { auth: AUTH })),
+  ...(await startFencegate(name, { sqlite: join(tmp, `${name}-${Date.now()}.db`), synchronous: 'NORMAL' }, upstreamUrl, {}, server, serverCpu(), {
+    auth: AUTH,
+  })),
   headers: { authorization: bearer },
 });
 let upstreamUrl = '';
@@ -174,16 +185,54 @@ async function main() {
     // Diagnostic, only with --only fg-nostore: the same gateway with fencing,
     // idempotency and serial mode off, so that no decision touches a row:
     // fencegate's HTTP path against the control's.
-    ['fg-nostore', () => startFencegate('nostore', { sqlite: join(tmp, `nostore-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, { fence: 'off', idempotency: 'off', mode: 'concurrent' })],
+    [
+      'fg-nostore',
+      () =>
+        startFencegate('nostore', { sqlite: join(tmp, `nostore-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {
+          fence: 'off',
+          idempotency: 'off',
+          mode: 'concurrent',
+        }),
+    ],
     ...(base
       ? [
-          ['base-full', () => startFencegate('base-full', { sqlite: join(tmp, `base-full-${Date.now()}.db`), synchronous: 'FULL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
-          ['base-normal', () => startFencegate('base-normal', { sqlite: join(tmp, `base-normal-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(base, 'dist/entry/cli.js'))],
+          [
+            'base-full',
+            () =>
+              startFencegate(
+                'base-full',
+                { sqlite: join(tmp, `base-full-${Date.now()}.db`), synchronous: 'FULL' },
+                upstream.url,
+                {},
+                join(base, 'dist/entry/cli.js'),
+              ),
+          ],
+          [
+            'base-normal',
+            () =>
+              startFencegate(
+                'base-normal',
+                { sqlite: join(tmp, `base-normal-${Date.now()}.db`), synchronous: 'NORMAL' },
+                upstream.url,
+                {},
+                join(base, 'dist/entry/cli.js'),
+              ),
+          ],
           ['base-auth', startAuth('base-auth', join(base, 'dist/entry/cli.js'))],
           ...(pgUrl ? [['base-postgres', () => startPostgresReplicas('base-postgres', 1, upstream.url, join(base, 'dist/entry/cli.js'))]] : []),
         ]
       : []),
-    ['fg-hono', () => startFencegate('hono', { sqlite: join(tmp, `hono-${Date.now()}.db`), synchronous: 'NORMAL' }, upstream.url, {}, join(here, 'servers/fencegate-hono.mjs'))],
+    [
+      'fg-hono',
+      () =>
+        startFencegate(
+          'hono',
+          { sqlite: join(tmp, `hono-${Date.now()}.db`), synchronous: 'NORMAL' },
+          upstream.url,
+          {},
+          join(here, 'servers/fencegate-hono.mjs'),
+        ),
+    ],
     ['peer', () => startNode(join(here, 'servers/idempotency-peer.mjs'), { cpus: serverCpu(), env: { UPSTREAM: upstream.url } })],
   ].filter(([name]) => (only ? only.includes(name) : name !== 'fg-nostore' && name !== 'fg-hono'));
 
@@ -211,9 +260,20 @@ async function main() {
       const cpuAfter = target.cpuMs?.() ?? null;
       const cpuUs = cpuBefore !== null && cpuAfter !== null && t50.total > 0 ? ((cpuAfter - cpuBefore) * 1000) / t50.total : null;
       const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1-${round}`, headers });
-      runs.get(name).push({ rps50: t50.rps, cpu_us: cpuUs, p50_50c: t50.p50, p99_50c: t50.p99, p50_1c: l1.p50, p99_1c: l1.p99, errors: t50.errors + l1.errors, statuses: t50.statuses });
+      runs.get(name).push({
+        rps50: t50.rps,
+        cpu_us: cpuUs,
+        p50_50c: t50.p50,
+        p99_50c: t50.p99,
+        p50_1c: l1.p50,
+        p99_1c: l1.p99,
+        errors: t50.errors + l1.errors,
+        statuses: t50.statuses,
+      });
       await target.stop();
-      process.stderr.write(`round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, ${cpuUs === null ? '-' : cpuUs.toFixed(0)} µs CPU/req, p50@1 ${l1.p50.toFixed(3)} ms\n`);
+      process.stderr.write(
+        `round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, ${cpuUs === null ? '-' : cpuUs.toFixed(0)} µs CPU/req, p50@1 ${l1.p50.toFixed(3)} ms\n`,
+      );
     }
   }
   const median = (xs) => {
@@ -260,18 +320,27 @@ async function main() {
   writeFileSync(join(here, 'results', written), JSON.stringify(out, null, 2) + '\n');
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
-  console.log(`\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}${pgCore === null ? '' : `, PostgreSQL alone on core ${pgCore}`}), ${seconds}s per run, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`);
-  console.log('| target | req/s @50 | × bare | × control | × pg-ceiling | CPU µs/req @50 | CPU × bare | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |');
+  console.log(
+    `\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}${pgCore === null ? '' : `, PostgreSQL alone on core ${pgCore}`}), ${seconds}s per run, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`,
+  );
+  console.log(
+    '| target | req/s @50 | × bare | × control | × pg-ceiling | CPU µs/req @50 | CPU × bare | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |',
+  );
   console.log('|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of rows) {
     if (r.errors > 0) process.stderr.write(`${r.target}: statuses ${JSON.stringify(r.statuses)}\n`);
-    console.log(`| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_bare)} | ${fmt(r.vs_control)} | ${fmt(r.vs_pg_ceiling)} | ${fmt(r.cpu_us, 0)} | ${fmt(r.cpu_vs_bare)} | ${fmt(r.p50_50c, 0)} | ${fmt(r.p99_50c, 0)} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`);
+    console.log(
+      `| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_bare)} | ${fmt(r.vs_control)} | ${fmt(r.vs_pg_ceiling)} | ${fmt(r.cpu_us, 0)} | ${fmt(r.cpu_vs_bare)} | ${fmt(r.p50_50c, 0)} | ${fmt(r.p99_50c, 0)} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`,
+    );
   }
-  console.log('\n(CPU µs/req: the serving process\'s user + system CPU over the 50-connection run, every thread, read from /proc, divided by the requests answered; PostgreSQL\'s own CPU is not in it)');
-  console.log('\n(pg-ceiling: two small write transactions per request straight to PostgreSQL, 50 at a time on a pool of 20, in pairs/s; × pg-ceiling: a PostgreSQL row against it)');
+  console.log(
+    "\n(CPU µs/req: the serving process's user + system CPU over the 50-connection run, every thread, read from /proc, divided by the requests answered; PostgreSQL's own CPU is not in it)",
+  );
+  console.log(
+    '\n(pg-ceiling: two small write transactions per request straight to PostgreSQL, 50 at a time on a pool of 20, in pairs/s; × pg-ceiling: a PostgreSQL row against it)',
+  );
   console.log(`\n(written to bench/results/${written}; p50/p99 @50 are autocannon's whole milliseconds, @1 are hrtime-precise)`);
 }
-
 
 /** Drops the PostgreSQL targets' schemas: after the run, and after a failed one too. */
 async function dropSchemas() {

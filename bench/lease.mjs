@@ -39,7 +39,9 @@ import { flag, option as opt } from './args.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const quick = flag('quick');
-const workersList = opt('workers', quick ? '1,16' : '1,4,16,32').split(',').map(Number);
+const workersList = opt('workers', quick ? '1,16' : '1,4,16,32')
+  .split(',')
+  .map(Number);
 const jobs = Number(opt('jobs', quick ? 2000 : 20000));
 const maxSeconds = Number(opt('max-seconds', quick ? 5 : 15));
 const pool = Number(opt('pool', 10));
@@ -182,7 +184,9 @@ async function main() {
       `pool ${pool} each, ${jobs} jobs or ${maxSeconds} s per row${rounds > 1 ? `, median of ${rounds}` : ''}; load average ${la(load0)} → ${la(load1)}`,
   );
   console.log('\nclaim → complete cycles/s (* = stopped at --max-seconds before all jobs were done)');
-  console.log('| workers | fencegate runWorker | fencegate store loop | graphile-worker | pg-boss | runWorker ÷ graphile | runWorker ÷ pg-boss | store loop ÷ graphile |');
+  console.log(
+    '| workers | fencegate runWorker | fencegate store loop | graphile-worker | pg-boss | runWorker ÷ graphile | runWorker ÷ pg-boss | store loop ÷ graphile |',
+  );
   console.log('|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of cycles) {
     console.log(

@@ -197,7 +197,16 @@ export async function freePort() {
  * analysis measure the same thing.
  */
 export function paymentsRoute(upstream, extra = {}) {
-  return { name: 'payments', match: { path: '/payments/*', methods: ['POST'] }, upstream, entity: { header: 'X-Fence-Entity' }, fence: 'required', idempotency: 'required', mode: 'serial', ...extra };
+  return {
+    name: 'payments',
+    match: { path: '/payments/*', methods: ['POST'] },
+    upstream,
+    entity: { header: 'X-Fence-Entity' },
+    fence: 'required',
+    idempotency: 'required',
+    mode: 'serial',
+    ...extra,
+  };
 }
 
 /**
@@ -207,7 +216,10 @@ export function paymentsRoute(upstream, extra = {}) {
  * startNode options (pinned to core 0 unless `cpus` says otherwise; the
  * decision log at info into `stdoutFile`).
  */
-export async function startGateway(script, { dir, name, store, routes, config = {}, args = (file) => ['serve', '--config', file], cpus = 0, env = {}, ...rest }) {
+export async function startGateway(
+  script,
+  { dir, name, store, routes, config = {}, args = (file) => ['serve', '--config', file], cpus = 0, env = {}, ...rest },
+) {
   const port = await freePort();
   const file = join(dir, `${name}.json`);
   writeFileSync(file, JSON.stringify({ listen: { host: '127.0.0.1', port }, store, routes, ...config }));

@@ -37,7 +37,9 @@ import { startGateway, startNode, waitReady } from './lib.mjs';
 import { flag, option as opt } from './args.mjs';
 
 if (flag('help')) {
-  console.log('node bench/mcp.mjs [--seconds 6] [--latency 2000] [--rounds 3] [--targets direct,direct-spaced,fg-normal,fg-full] [--spacing 0.7] [--base DIR] [--cpu-prof-dir DIR]');
+  console.log(
+    'node bench/mcp.mjs [--seconds 6] [--latency 2000] [--rounds 3] [--targets direct,direct-spaced,fg-normal,fg-full] [--spacing 0.7] [--base DIR] [--cpu-prof-dir DIR]',
+  );
   process.exit(0);
 }
 
@@ -70,7 +72,6 @@ function call() {
 }
 const HEADERS = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' };
 
-
 async function startFencegate(name, synchronous, upstream, server = join(root, 'dist/entry/cli.js')) {
   const store = { sqlite: join(tmp, `${name}-${Date.now()}.db`), synchronous };
   const log = join(tmp, `${name}-${Date.now()}.log`);
@@ -84,11 +85,12 @@ async function startFencegate(name, synchronous, upstream, server = join(root, '
 
 /** Medians of the last `n` decision lines' total_ms and upstream_ms (the one-connection run's). */
 function breakdown(log, n) {
-  const lines = readFileSync(log, 'utf8').split('\n').filter((l) => l.includes('"decision"') && l.includes('total_ms'));
+  const lines = readFileSync(log, 'utf8')
+    .split('\n')
+    .filter((l) => l.includes('"decision"') && l.includes('total_ms'));
   const rows = lines.slice(-n).map((l) => JSON.parse(l));
   return { total: median(rows.map((r) => r.total_ms)), upstream: median(rows.map((r) => r.upstream_ms ?? 0)) };
 }
-
 
 /** Every child still running: stopped on a failure too, so that none outlives the benchmark. */
 const started = new Set();
@@ -100,7 +102,14 @@ async function throughput(url, connections, duration) {
     url: `${url}/mcp`,
     connections,
     duration,
-    requests: [{ method: 'POST', headers: HEADERS, setupRequest: (req) => ({ ...req, body: call() }), onResponse: (status, body) => void (status === 200 && body.includes('"error"') && refused++) }],
+    requests: [
+      {
+        method: 'POST',
+        headers: HEADERS,
+        setupRequest: (req) => ({ ...req, body: call() }),
+        onResponse: (status, body) => void (status === 200 && body.includes('"error"') && refused++),
+      },
+    ],
   });
   return { rps: r.requests.average, errors: r.errors + r.timeouts + r.non2xx + refused };
 }
@@ -172,7 +181,9 @@ async function main() {
       const parts = t.log === undefined ? null : breakdown(t.log, latencyRequests);
       const paired = l1.pairedP50 === null ? 0 : l1.p50 - l1.pairedP50;
       runs.get(name).push({ rps: t50.rps, p50_1c: l1.p50, paired, errors: t50.errors + l1.errors, parts });
-      process.stderr.write(`round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, p50@1 ${l1.p50.toFixed(3)} ms${l1.pairedP50 === null ? '' : ` (direct alongside ${l1.pairedP50.toFixed(3)})`}, errors ${t50.errors + l1.errors}\n`);
+      process.stderr.write(
+        `round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, p50@1 ${l1.p50.toFixed(3)} ms${l1.pairedP50 === null ? '' : ` (direct alongside ${l1.pairedP50.toFixed(3)})`}, errors ${t50.errors + l1.errors}\n`,
+      );
     }
   }
   await upstream.stop();
@@ -186,7 +197,9 @@ async function main() {
     const rps = median(rs.map((r) => r.rps));
     // direct-spaced runs at one connection only.
     const [rpsText, ratioText] = Number.isNaN(rps) ? ['–', '–'] : [rps.toFixed(0), ratio.toFixed(2)];
-    console.log(`| ${name} | ${rpsText} | ${ratioText} | ${median(rs.map((r) => r.p50_1c)).toFixed(3)} | ${added.toFixed(3)} | ${median(rs.map((r) => r.paired)).toFixed(3)} | ${rs.reduce((n, r) => n + r.errors, 0)} |`);
+    console.log(
+      `| ${name} | ${rpsText} | ${ratioText} | ${median(rs.map((r) => r.p50_1c)).toFixed(3)} | ${added.toFixed(3)} | ${median(rs.map((r) => r.paired)).toFixed(3)} | ${rs.reduce((n, r) => n + r.errors, 0)} |`,
+    );
   }
   // upstream_ms against the direct run's p50: the same server, called back to back by the
   // benchmark, answers faster than it answers the gateway, whose own work comes between its calls

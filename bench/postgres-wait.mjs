@@ -38,11 +38,28 @@ await admin.query(`CREATE SCHEMA ${schema}`);
 
 const audit = () => ({ requestId: randomUUID(), caller: null, method: 'POST', path: '/p', payloadSha256: 'ab'.repeat(32) });
 const command = (entity) => ({
-  scope: 'bench', key: randomUUID(), entity, fence: null, fingerprint: 'fp', mode: 'serial', ownerToken: randomUUID(),
-  lockMs: 30_000, retentionMs: 3_600_000, onUnknown: 'reject', audit: audit(),
+  scope: 'bench',
+  key: randomUUID(),
+  entity,
+  fence: null,
+  fingerprint: 'fp',
+  mode: 'serial',
+  ownerToken: randomUUID(),
+  lockMs: 30_000,
+  retentionMs: 3_600_000,
+  onUnknown: 'reject',
+  audit: audit(),
 });
-const done = (c) => ({ scope: c.scope, key: c.key, entity: c.entity, ownerToken: c.ownerToken, audit: c.audit, outcome: 'completed', retentionMs: c.retentionMs,
-  response: { status: 200, headers: [], body: new Uint8Array(16) } });
+const done = (c) => ({
+  scope: c.scope,
+  key: c.key,
+  entity: c.entity,
+  ownerToken: c.ownerToken,
+  audit: c.audit,
+  outcome: 'completed',
+  retentionMs: c.retentionMs,
+  response: { status: 200, headers: [], body: new Uint8Array(16) },
+});
 const pct = (xs, p) => {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.floor((p / 100) * s.length))];
@@ -79,7 +96,9 @@ async function wakeups(label, options) {
   await a.close();
   await b.close();
   const busy = polls.reduce((s, x) => s + x, 0) / polls.length;
-  console.log(`${label.padEnd(16)} from the finish to the waiter's forward: p50 ${pct(lat, 50).toFixed(1)} ms, p99 ${pct(lat, 99).toFixed(1)} ms (busy answers per wait: ${busy.toFixed(2)})`);
+  console.log(
+    `${label.padEnd(16)} from the finish to the waiter's forward: p50 ${pct(lat, 50).toFixed(1)} ms, p99 ${pct(lat, 99).toFixed(1)} ms (busy answers per wait: ${busy.toFixed(2)})`,
+  );
 }
 
 /** ms per admit+finish pair on `s`, `n` sequential pairs. */
@@ -114,7 +133,9 @@ try {
   await notifying.close();
   await silent.close();
   const med = (xs) => pct(xs, 50);
-  console.log(`admit+finish pair (median of 10 blocks of ${block}): with NOTIFY ${med(withN).toFixed(3)} ms, without ${med(without).toFixed(3)} ms, ratio ${(med(withN) / med(without)).toFixed(3)}`);
+  console.log(
+    `admit+finish pair (median of 10 blocks of ${block}): with NOTIFY ${med(withN).toFixed(3)} ms, without ${med(without).toFixed(3)} ms, ratio ${(med(withN) / med(without)).toFixed(3)}`,
+  );
 } finally {
   await admin.query(`DROP SCHEMA ${schema} CASCADE`);
   await admin.end();

@@ -25,7 +25,14 @@ const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 }
 
 function fencegate(name, synchronous, nodeFlags) {
   const store = { sqlite: join(tmp, `${name}.db`), synchronous };
-  return startGateway(join(dist, 'entry/cli.js'), { dir: tmp, name, store, routes: [paymentsRoute(upstream.url)], stdoutFile: join(tmp, `${name}.log`), nodeFlags });
+  return startGateway(join(dist, 'entry/cli.js'), {
+    dir: tmp,
+    name,
+    store,
+    routes: [paymentsRoute(upstream.url)],
+    stdoutFile: join(tmp, `${name}.log`),
+    nodeFlags,
+  });
 }
 
 const targets = {
@@ -48,13 +55,25 @@ for (const name of only) {
   await target.stop();
   // One profile per thread: the main thread's is numbered .0.001 (the
   // checkpoint worker's, .1.002, is summarised after it).
-  const profiles = readdirSync(dir).filter((f) => f.endsWith('.cpuprofile')).sort();
+  const profiles = readdirSync(dir)
+    .filter((f) => f.endsWith('.cpuprofile'))
+    .sort();
   const prof = profiles.find((f) => f.includes('.0.001.')) ?? profiles[0];
   console.log(`\n## ${name}: ${r.rps.toFixed(0)} req/s under the profiler, ${r.total} requests in ${seconds} s`);
-  console.log(execFileSync(process.execPath, [join(here, 'profile-summary.mjs'), join(dir, prof), '--requests', String(r.total), '--from', from.toFixed(2), '--to', to.toFixed(2)], { encoding: 'utf8' }));
+  console.log(
+    execFileSync(
+      process.execPath,
+      [join(here, 'profile-summary.mjs'), join(dir, prof), '--requests', String(r.total), '--from', from.toFixed(2), '--to', to.toFixed(2)],
+      { encoding: 'utf8' },
+    ),
+  );
   for (const other of profiles.filter((f) => f !== prof)) {
     console.log(`(another thread of it, e.g. the checkpoint worker)`);
-    console.log(execFileSync(process.execPath, [join(here, 'profile-summary.mjs'), join(dir, other), '--from', from.toFixed(2), '--to', to.toFixed(2)], { encoding: 'utf8' }).split('\n')[0]);
+    console.log(
+      execFileSync(process.execPath, [join(here, 'profile-summary.mjs'), join(dir, other), '--from', from.toFixed(2), '--to', to.toFixed(2)], {
+        encoding: 'utf8',
+      }).split('\n')[0],
+    );
   }
 }
 await upstream.stop();

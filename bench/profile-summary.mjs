@@ -88,7 +88,9 @@ for (let i = 0; i < prof.samples.length; i++) {
   if (part !== 'idle') busy += dt;
 }
 const rows = [...totals].filter(([p]) => p !== 'idle').sort((a, b) => b[1] - a[1]);
-console.log(`${basename(file)}: ${(counted / 1e6).toFixed(2)} s sampled, ${(busy / 1e6).toFixed(2)} s busy (${((100 * busy) / counted).toFixed(0)}%)${requests ? `, ${requests} requests: ${(busy / requests).toFixed(1)} µs of CPU per request` : ''}`);
+console.log(
+  `${basename(file)}: ${(counted / 1e6).toFixed(2)} s sampled, ${(busy / 1e6).toFixed(2)} s busy (${((100 * busy) / counted).toFixed(0)}%)${requests ? `, ${requests} requests: ${(busy / requests).toFixed(1)} µs of CPU per request` : ''}`,
+);
 console.log(`| part | % of busy samples |${requests ? ' µs per request |' : ''}`);
 console.log(`|---|---:|${requests ? '---:|' : ''}`);
 for (const [part, us] of rows) console.log(`| ${part} | ${((100 * us) / busy).toFixed(1)} |${requests ? ` ${(us / requests).toFixed(1)} |` : ''}`);

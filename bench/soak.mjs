@@ -30,7 +30,9 @@ const { values } = parseArgs({
   },
 });
 if (values.help) {
-  console.log('usage: node bench/soak.mjs [--minutes N | --seconds N] [--seed N] [--workers N] [--jobs N] [--postgres URL | --sqlite] [--checks-off fence] [--keep]');
+  console.log(
+    'usage: node bench/soak.mjs [--minutes N | --seconds N] [--seed N] [--workers N] [--jobs N] [--postgres URL | --sqlite] [--checks-off fence] [--keep]',
+  );
   process.exit(0);
 }
 const seconds = values.seconds !== undefined ? Number(values.seconds) : Number(values.minutes ?? '1') * 60;

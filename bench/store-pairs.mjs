@@ -21,7 +21,10 @@ const schema = option('schema', 'current');
 const dir = mkdtempSync(join(tmpdir(), 'fencegate-store-pairs-'));
 const path = join(dir, 'gateway.db');
 const db = openSqlite(path);
-migrateSqlite(db, loadMigrations('sqlite').filter((m) => schema !== 'before-0005' || m.name < '0005'));
+migrateSqlite(
+  db,
+  loadMigrations('sqlite').filter((m) => schema !== 'before-0005' || m.name < '0005'),
+);
 db.close();
 const store = new SqliteGatewayStore({ path, synchronous, migrate: false });
 

@@ -41,7 +41,17 @@ function group(first, now) {
   time('SELECT now', () => q.now.get());
   for (let k = first; k < first + groupSize; k++) {
     const entity = `bench:${k % 1000}`;
-    const input = { key: `key-${k}`, entity, fence: BigInt(k), fingerprint: 'f'.repeat(64), mode: 'serial', ownerToken: owner(k), lockMs: 30_000, retentionMs: 86_400_000, onUnknown: 'reject' };
+    const input = {
+      key: `key-${k}`,
+      entity,
+      fence: BigInt(k),
+      fingerprint: 'f'.repeat(64),
+      mode: 'serial',
+      ownerToken: owner(k),
+      lockMs: 30_000,
+      retentionMs: 86_400_000,
+      onUnknown: 'reject',
+    };
     const state = time('admit: read entity + record', () => rows.read('payments', input.key, entity));
     const d = time('admit: decide (pure)', () => decide(state, input, now));
     time('admit: write entity + record', () => rows.apply('payments', input.key, entity, state, d.next));
@@ -53,7 +63,14 @@ function group(first, now) {
   time('SELECT now', () => q.now.get());
   for (let k = first; k < first + groupSize; k++) {
     const entity = `bench:${k % 1000}`;
-    const input = { key: `key-${k}`, entity, ownerToken: owner(k), outcome: 'completed', response: { status: 201, headers: [['content-type', 'application/json']], body }, retentionMs: 86_400_000 };
+    const input = {
+      key: `key-${k}`,
+      entity,
+      ownerToken: owner(k),
+      outcome: 'completed',
+      response: { status: 201, headers: [['content-type', 'application/json']], body },
+      retentionMs: 86_400_000,
+    };
     const state = time('finish: read entity + record', () => rows.read('payments', input.key, entity));
     const f = time('finish: finish (pure)', () => finish(state, input, now));
     time('finish: write record + slot', () => rows.apply('payments', input.key, entity, state, f.next));

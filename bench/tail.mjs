@@ -39,7 +39,19 @@ const mean = (xs) => {
 };
 const f = (x, d = 3) => (x === null || x === undefined ? '-' : x.toFixed(d));
 
-const PARTS = ['beforeAdmit', 'admitQueue', 'admitFn', 'admitAfter', 'betweenAdmitForward', 'forward', 'betweenForwardFinish', 'finishQueue', 'finishFn', 'finishAfter', 'respond'];
+const PARTS = [
+  'beforeAdmit',
+  'admitQueue',
+  'admitFn',
+  'admitAfter',
+  'betweenAdmitForward',
+  'forward',
+  'betweenForwardFinish',
+  'finishQueue',
+  'finishFn',
+  'finishAfter',
+  'respond',
+];
 
 async function once(round) {
   const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 });
@@ -83,8 +95,15 @@ function report({ client, trace }, round) {
   const totals = rs.map((r) => r.total);
   const p50 = pct(totals, 50);
   const p99 = pct(totals, 99);
-  console.log(`\nround ${round}: client p50 ${f(client.p50)} p99 ${f(client.p99)} ms (rps ${client.rps?.toFixed(0) ?? '-'}); server-side total p50 ${f(p50)} p99 ${f(p99)} ms over ${rs.length} requests`);
-  console.log(`event-loop delay: p50 ${f(trace.loopDelay.p50)} p99 ${f(trace.loopDelay.p99)} max ${f(trace.loopDelay.max)} ms; GC ${trace.gc.length} pauses (${f(trace.gc.reduce((a, g) => a + g[1], 0), 1)} ms); checkpoints: ${trace.ckpt.filter((c) => c[2] === 'PASSIVE').length} PASSIVE, ${trace.ckpt.filter((c) => c[2] === 'RESTART').length} RESTART`);
+  console.log(
+    `\nround ${round}: client p50 ${f(client.p50)} p99 ${f(client.p99)} ms (rps ${client.rps?.toFixed(0) ?? '-'}); server-side total p50 ${f(p50)} p99 ${f(p99)} ms over ${rs.length} requests`,
+  );
+  console.log(
+    `event-loop delay: p50 ${f(trace.loopDelay.p50)} p99 ${f(trace.loopDelay.p99)} max ${f(trace.loopDelay.max)} ms; GC ${trace.gc.length} pauses (${f(
+      trace.gc.reduce((a, g) => a + g[1], 0),
+      1,
+    )} ms); checkpoints: ${trace.ckpt.filter((c) => c[2] === 'PASSIVE').length} PASSIVE, ${trace.ckpt.filter((c) => c[2] === 'RESTART').length} RESTART`,
+  );
   console.log('| part | mean (ms) | p50 | p99 | mean over the slowest 1% |');
   console.log('|---|---:|---:|---:|---:|');
   const slow = rs.filter((r) => r.total >= p99);
@@ -98,7 +117,11 @@ function report({ client, trace }, round) {
   for (const r of slow) {
     const t1 = r.t0 + r.total;
     const gc = overlaps(trace.gc, r.t0, t1);
-    const ck = overlaps(trace.ckpt.filter((c) => c[2] === 'PASSIVE' || c[2] === 'RESTART'), r.t0, t1);
+    const ck = overlaps(
+      trace.ckpt.filter((c) => c[2] === 'PASSIVE' || c[2] === 'RESTART'),
+      r.t0,
+      t1,
+    );
     const part = PARTS.reduce((best, p) => ((r[p] ?? 0) > (r[best] ?? 0) ? p : best), PARTS[0]);
     const tags = [];
     if (gc.length > 0) tags.push(`gc(${gc.map((g) => `${g[2]}:${g[1].toFixed(2)}`).join(',')})`);
@@ -112,7 +135,19 @@ function report({ client, trace }, round) {
   // How many requests overlapped a checkpoint at all, and their median.
   const withCk = rs.filter((r) => overlaps(trace.ckpt, r.t0, r.t0 + r.total).length > 0);
   const withGc = rs.filter((r) => overlaps(trace.gc, r.t0, r.t0 + r.total).length > 0);
-  console.log(`requests overlapping a checkpoint: ${withCk.length} (p50 ${f(pct(withCk.map((r) => r.total), 50))} ms); a GC pause: ${withGc.length} (p50 ${f(pct(withGc.map((r) => r.total), 50))} ms)`);
+  console.log(
+    `requests overlapping a checkpoint: ${withCk.length} (p50 ${f(
+      pct(
+        withCk.map((r) => r.total),
+        50,
+      ),
+    )} ms); a GC pause: ${withGc.length} (p50 ${f(
+      pct(
+        withGc.map((r) => r.total),
+        50,
+      ),
+    )} ms)`,
+  );
   const passive = trace.ckpt.filter((c) => c[2] === 'PASSIVE').map((c) => c[1]);
   console.log(`PASSIVE checkpoint ms: p50 ${f(pct(passive, 50))} p99 ${f(pct(passive, 99))} max ${f(Math.max(0, ...passive))}`);
   const gcs = trace.gc.map((g) => g[1]);

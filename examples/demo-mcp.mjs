@@ -52,14 +52,22 @@ async function startTicketServer() {
   const tickets = [];
   const http = createHttpServer(async (req, res) => {
     const server = new McpServer({ name: 'tickets', version: '1.0.0' });
-    server.registerTool('create_ticket', { description: 'Opens a ticket. Every call opens one more.', inputSchema: { title: z.string() } }, async ({ title }, extra) => {
-      const t = { id: `T-${tickets.length + 1}`, title, fence: extra._meta?.['io.fencegate/fence'], key: extra._meta?.['io.fencegate/idempotency-key'] };
-      tickets.push(t);
-      return { content: [{ type: 'text', text: t.id }], structuredContent: { id: t.id } };
-    });
-    server.registerTool('search_tickets', { description: 'Finds tickets by title.', inputSchema: { q: z.string() }, annotations: { readOnlyHint: true } }, async ({ q }) => ({
-      content: [{ type: 'text', text: JSON.stringify(tickets.filter((t) => t.title.includes(q)).map((t) => t.id)) }],
-    }));
+    server.registerTool(
+      'create_ticket',
+      { description: 'Opens a ticket. Every call opens one more.', inputSchema: { title: z.string() } },
+      async ({ title }, extra) => {
+        const t = { id: `T-${tickets.length + 1}`, title, fence: extra._meta?.['io.fencegate/fence'], key: extra._meta?.['io.fencegate/idempotency-key'] };
+        tickets.push(t);
+        return { content: [{ type: 'text', text: t.id }], structuredContent: { id: t.id } };
+      },
+    );
+    server.registerTool(
+      'search_tickets',
+      { description: 'Finds tickets by title.', inputSchema: { q: z.string() }, annotations: { readOnlyHint: true } },
+      async ({ q }) => ({
+        content: [{ type: 'text', text: JSON.stringify(tickets.filter((t) => t.title.includes(q)).map((t) => t.id)) }],
+      }),
+    );
     const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
     res.on('close', () => (transport.close(), server.close()));
     await server.connect(transport);
@@ -72,7 +80,9 @@ async function startTicketServer() {
 
 /** An agent worker process; resolves its messages as they come. */
 function startWorker(workerId, store, mcp, waitForGo) {
-  const proc = spawn(process.execPath, [join(here, 'mcp', 'worker.mjs'), JSON.stringify({ workerId, store, mcp, waitForGo })], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const proc = spawn(process.execPath, [join(here, 'mcp', 'worker.mjs'), JSON.stringify({ workerId, store, mcp, waitForGo })], {
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
   const seen = [];
   const waiters = new Set();
   createInterface({ input: proc.stdout }).on('line', (line) => {
@@ -190,7 +200,12 @@ async function main() {
   const late = w1Net.release();
   for (let i = 0; i < 250 && late.some((l) => l.answer === null); i++) await new Promise((r) => setTimeout(r, 20));
   say("The network delivers W1's old create_ticket to the gateway, late");
-  for (const l of late) check(l.refusal === 'stale-fence', `answered ${l.answer} with JSON-RPC error -32001 (X-Fencegate-Refusal: ${l.refusal}), never forwarded`, `answered ${l.answer} ${l.refusal ?? ''}`);
+  for (const l of late)
+    check(
+      l.refusal === 'stale-fence',
+      `answered ${l.answer} with JSON-RPC error -32001 (X-Fencegate-Refusal: ${l.refusal}), never forwarded`,
+      `answered ${l.answer} ${l.refusal ?? ''}`,
+    );
   w1.proc.kill('SIGCONT');
   say('W1 wakes up (SIGCONT)');
   const failed = await w1.next((m) => m.type === 'call_failed', 'call error');
@@ -201,11 +216,19 @@ async function main() {
   // --- what an auditor sees --------------------------------------------------------
   const audit = await (await fetch(`${gateway.url}/_fencegate/v1/rejections?entity=${encodeURIComponent(entity)}`)).json();
   say(`The audit log (GET /_fencegate/v1/rejections?entity=${entity}):`);
-  for (const r of audit.items) detail(`${r.at}  ${r.reason}  ${r.method} ${r.path}  presented ${r.presented_fence}, current ${r.current_fence}  key ${r.idempotency_key}`);
-  check(audit.items.some((r) => r.reason === 'stale-fence' && Number(r.presented_fence) === c1.token), "W1's late call is on record");
+  for (const r of audit.items)
+    detail(`${r.at}  ${r.reason}  ${r.method} ${r.path}  presented ${r.presented_fence}, current ${r.current_fence}  key ${r.idempotency_key}`);
+  check(
+    audit.items.some((r) => r.reason === 'stale-fence' && Number(r.presented_fence) === c1.token),
+    "W1's late call is on record",
+  );
   const final = await jobs.get(job.id);
   say(`The job: ${final.state}, token ${final.fencingToken}, result written by ${final.result?.worker}`);
-  check(ticketServer.tickets.length === 1 && ticketServer.tickets[0].fence === String(c2.token), `the ticket server opened exactly one ticket, with fence ${c2.token}`, `${ticketServer.tickets.length} tickets`);
+  check(
+    ticketServer.tickets.length === 1 && ticketServer.tickets[0].fence === String(c2.token),
+    `the ticket server opened exactly one ticket, with fence ${c2.token}`,
+    `${ticketServer.tickets.length} tickets`,
+  );
   for (const t of ticketServer.tickets) detail(`ticket ${t.id} "${t.title}" fence ${t.fence} key ${t.key}`);
   console.log(failures === 0 ? paint(32, '\nOne ticket. The frozen agent was refused by its fence.') : paint(31, `\n${failures} expectation(s) failed.`));
 }

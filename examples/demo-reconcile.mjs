@@ -28,7 +28,8 @@ const paint = (code, s) => (tty ? `\x1b[${code}m${s}\x1b[0m` : s);
 const say = (text) => console.log(`${paint(2, `${String(((Date.now() - t0) / 1000).toFixed(1)).padStart(5)}s`)}  ${paint(1, `${++step}.`.padEnd(3))} ${text}`);
 const detail = (text) => console.log(`${' '.repeat(11)}${paint(2, text)}`);
 let failures = 0;
-const check = (cond, good, wrong = good) => (cond ? console.log(`${' '.repeat(11)}${paint(32, '✔')} ${good}`) : (failures++, console.log(`${' '.repeat(11)}${paint(31, '✘')} ${wrong}`)));
+const check = (cond, good, wrong = good) =>
+  cond ? console.log(`${' '.repeat(11)}${paint(32, '✔')} ${good}`) : (failures++, console.log(`${' '.repeat(11)}${paint(31, '✘')} ${wrong}`));
 
 // The provider: charges every POST it gets (it does not deduplicate keys), slowly; finds a charge by its key.
 const charges = [];
@@ -81,7 +82,11 @@ const { url, close } = await startGateway({ config, logger: silentLogger, env: {
 try {
   const key = `charge-order-1042-${randomUUID().slice(0, 8)}`;
   const pay = () =>
-    fetch(`${url}/v1/charges`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-fence-entity': 'order-1042' }, body: JSON.stringify({ amount: 4200, currency: 'eur' }) });
+    fetch(`${url}/v1/charges`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-fence-entity': 'order-1042' },
+      body: JSON.stringify({ amount: 4200, currency: 'eur' }),
+    });
 
   say(`The worker charges order 1042 through the gateway (Idempotency-Key ${key}).`);
   detail('The provider charges at once but answers after 1.5 s; the route gives it 500 ms.');
@@ -96,7 +101,11 @@ try {
   detail('The admission says outcome-unknown; the gateway asks GET /v1/charges/by-key/{key} instead of answering 409.');
   const retry = await pay();
   const body = await retry.json();
-  check(retry.status === 200 && body.id === 'ch_1', `the retry got the charge back: ${retry.status} ${JSON.stringify(body)}`, `retry: ${retry.status} ${JSON.stringify(body)}`);
+  check(
+    retry.status === 200 && body.id === 'ch_1',
+    `the retry got the charge back: ${retry.status} ${JSON.stringify(body)}`,
+    `retry: ${retry.status} ${JSON.stringify(body)}`,
+  );
   check(retry.headers.get('fencegate-reconciled') === 'true', 'marked fencegate-reconciled: true (and idempotent-replayed: true)');
 
   say('Once more, as a worker that crashed after the retry would.');
@@ -107,7 +116,11 @@ try {
   say('What happened, by the books.');
   check(charges.length === 1, `the provider charged once (${charges.length} charge${charges.length === 1 ? '' : 's'})`);
   const actions = (await (await fetch(`${url}/_fencegate/v1/operator-actions`)).json()).items;
-  check(actions.length === 1 && actions[0].operator === 'reconciler' && actions[0].action === 'resolve-completed', `no operator: one audited action, ${actions[0]?.action} by "${actions[0]?.operator}"`, `operator actions: ${JSON.stringify(actions)}`);
+  check(
+    actions.length === 1 && actions[0].operator === 'reconciler' && actions[0].action === 'resolve-completed',
+    `no operator: one audited action, ${actions[0]?.action} by "${actions[0]?.operator}"`,
+    `operator actions: ${JSON.stringify(actions)}`,
+  );
   const metrics = await (await fetch(`${url}/_fencegate/metrics`)).text();
   detail(metrics.split('\n').find((l) => l.startsWith('fencegate_reconcile_attempts_total{route="charges",result="found"}')) ?? '(no reconcile metric)');
 } finally {

@@ -88,7 +88,10 @@ function faultyPath(targetPort, name) {
   });
   return new Promise((resolve) =>
     server.listen(0, '127.0.0.1', () => {
-      cleanup.push(() => new Promise((r) => server.close(r)), () => open.forEach((l) => (l.client.destroy(), l.upstream?.destroy())));
+      cleanup.push(
+        () => new Promise((r) => server.close(r)),
+        () => open.forEach((l) => (l.client.destroy(), l.upstream?.destroy())),
+      );
       resolve({
         port: server.address().port,
         name,
@@ -117,7 +120,12 @@ async function startPaymentApis() {
   const server = createHttpServer((req, res) => {
     req.resume();
     req.on('end', () => {
-      const p = { id: `${req.url.startsWith('/payouts') ? 'po' : 'ch'}_${payments.length + 1}`, path: req.url, fence: req.headers['x-execution-fence'], key: req.headers['idempotency-key'] };
+      const p = {
+        id: `${req.url.startsWith('/payouts') ? 'po' : 'ch'}_${payments.length + 1}`,
+        path: req.url,
+        fence: req.headers['x-execution-fence'],
+        key: req.headers['idempotency-key'],
+      };
       payments.push(p);
       res.writeHead(201, { 'content-type': 'application/json' });
       res.end(JSON.stringify(p));
@@ -130,7 +138,9 @@ async function startPaymentApis() {
 
 /** A worker process; resolves messages as they come. */
 function startWorker(workerId, store, gateway) {
-  const proc = spawn(process.execPath, [join(here, 'demo-stale-owner.worker.mjs'), JSON.stringify({ workerId, store, gateway })], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const proc = spawn(process.execPath, [join(here, 'demo-stale-owner.worker.mjs'), JSON.stringify({ workerId, store, gateway })], {
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
   const seen = [];
   const waiters = new Set();
   createInterface({ input: proc.stdout }).on('line', (line) => {
@@ -209,7 +219,14 @@ async function main() {
   cleanup.unshift(() => jobs.close());
 
   // --- the gateway ----------------------------------------------------------
-  const route = (name, path, idempotency) => ({ name, match: { path, methods: ['POST'] }, upstream: apis.url, entity: { header: 'X-Fence-Entity' }, fence: 'required', idempotency });
+  const route = (name, path, idempotency) => ({
+    name,
+    match: { path, methods: ['POST'] },
+    upstream: apis.url,
+    entity: { header: 'X-Fence-Entity' },
+    fence: 'required',
+    idempotency,
+  });
   const config = parseConfig({
     listen: { host: '127.0.0.1', port: 0 },
     store: gatewayStore,
@@ -296,7 +313,11 @@ async function main() {
   say(`The job: ${final.state}, token ${final.fencingToken}, result written by ${final.result?.worker}`);
   const charges = apis.payments.filter((p) => p.path.startsWith('/payments'));
   const payouts = apis.payments.filter((p) => p.path.startsWith('/payouts'));
-  check(charges.length === 1 && payouts.length === 1, `the payment APIs saw exactly one charge and one payout, both with fence ${c2.token}`, `${charges.length} charges and ${payouts.length} payouts`);
+  check(
+    charges.length === 1 && payouts.length === 1,
+    `the payment APIs saw exactly one charge and one payout, both with fence ${c2.token}`,
+    `${charges.length} charges and ${payouts.length} payouts`,
+  );
   console.log(failures === 0 ? paint(32, '\nOne payment. The stale owner was refused everywhere.') : paint(31, `\n${failures} expectation(s) failed.`));
 }
 

@@ -45,7 +45,9 @@ const worker = await runWorker({
     },
   },
 });
-worker.events.onAny((e) => say({ type: 'event', ev: e.type, job: e.jobId, token: e.fencingToken, cause: e.cause, reason: e.reason, previousOwner: e.previousOwnerId }));
+worker.events.onAny((e) =>
+  say({ type: 'event', ev: e.type, job: e.jobId, token: e.fencingToken, cause: e.cause, reason: e.reason, previousOwner: e.previousOwnerId }),
+);
 say({ type: 'ready' });
 
 for await (const line of createInterface({ input: process.stdin })) {

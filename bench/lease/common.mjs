@@ -8,8 +8,7 @@ import { performance } from 'node:perf_hooks';
 import pg from 'pg';
 
 /** The benchmark database; the default is the local server CI and the dev box use. */
-export const PG_URL =
-  process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+export const PG_URL = process.env.FENCEGATE_BENCH_POSTGRES_URL ?? process.env.FENCEGATE_TEST_POSTGRES_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 
 /** Adds `options=-c search_path=<schema>` to a connection string (as test/helpers/postgres.ts does). */
 export function withSearchPath(url, schema) {

@@ -18,7 +18,8 @@ const server = createServer((req, res) => {
   figures.forwarded++;
   if (fence < top) {
     figures.violations++;
-    if (figures.violationSamples.length < 10) figures.violationSamples.push({ entity, fence: String(fence), after: String(top), requestId: req.headers['x-request-id'] });
+    if (figures.violationSamples.length < 10)
+      figures.violationSamples.push({ entity, fence: String(fence), after: String(top), requestId: req.headers['x-request-id'] });
   } else maxFence.set(entity, fence);
   const now = (inflight.get(entity) ?? 0) + 1;
   inflight.set(entity, now);

@@ -16,9 +16,17 @@ app.all('*', async (req, res) => {
   delete headers.host;
   delete headers.connection;
   delete headers['content-length'];
-  const r = await request(upstream + req.originalUrl, { method: req.method, headers, body: Buffer.isBuffer(req.body) ? req.body : undefined, dispatcher: agent });
+  const r = await request(upstream + req.originalUrl, {
+    method: req.method,
+    headers,
+    body: Buffer.isBuffer(req.body) ? req.body : undefined,
+    dispatcher: agent,
+  });
   const out = Buffer.from(await r.body.arrayBuffer());
-  res.status(r.statusCode).type(String(r.headers['content-type'] ?? 'application/json')).send(out);
+  res
+    .status(r.statusCode)
+    .type(String(r.headers['content-type'] ?? 'application/json'))
+    .send(out);
 });
 const server = app.listen(0, '127.0.0.1', () => console.log(JSON.stringify({ port: server.address().port })));
 server.keepAliveTimeout = 60_000;

@@ -54,7 +54,19 @@ const worker = await runWorker({
   },
   kinds: toolKinds(TOOLS),
 });
-worker.events.onAny((e) => say({ type: 'event', ev: e.type, job: e.jobId, token: e.fencingToken, cause: e.cause, reason: e.reason, step: e.step, key: e.idempotencyKey, previousOwner: e.previousOwnerId }));
+worker.events.onAny((e) =>
+  say({
+    type: 'event',
+    ev: e.type,
+    job: e.jobId,
+    token: e.fencingToken,
+    cause: e.cause,
+    reason: e.reason,
+    step: e.step,
+    key: e.idempotencyKey,
+    previousOwner: e.previousOwnerId,
+  }),
+);
 say({ type: 'ready' });
 
 process.on('SIGTERM', async () => {

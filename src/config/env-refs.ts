@@ -85,7 +85,12 @@ export function resolveEnvRefs(input: unknown, env: Record<string, string | unde
 
 type Holder = Record<string | number, unknown>;
 
-function visit(node: unknown, rest: readonly string[], at: (string | number)[], fn: (holder: Holder, key: string | number, at: (string | number)[]) => void): void {
+function visit(
+  node: unknown,
+  rest: readonly string[],
+  at: (string | number)[],
+  fn: (holder: Holder, key: string | number, at: (string | number)[]) => void,
+): void {
   if (typeof node !== 'object' || node === null || rest.length === 0) return;
   const [head, ...tail] = rest as [string, ...string[]];
   const keys: (string | number)[] = head !== '*' ? [head] : Array.isArray(node) ? node.map((_, i) => i) : Object.keys(node);

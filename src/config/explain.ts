@@ -49,7 +49,9 @@ function unionMessage(issue: z.core.$ZodIssueInvalidUnion, value: unknown, schem
   }
   const kinds: string[] = [];
   for (const branch of issue.errors) {
-    const missing = branch.find((i) => i.code === 'invalid_type' && i.path.length === 1 && typeof i.path[0] === 'string' && valueAt(value, i.path as PropertyKey[]).present === false);
+    const missing = branch.find(
+      (i) => i.code === 'invalid_type' && i.path.length === 1 && typeof i.path[0] === 'string' && valueAt(value, i.path as PropertyKey[]).present === false,
+    );
     if (missing === undefined) return null;
     kinds.push(String(missing.path[0]));
   }
@@ -67,13 +69,23 @@ export function knownKeys(schema: z.ZodType, path: readonly PropertyKey[]): stri
   return [...out];
 }
 
-type Def = { type: string; shape?: Record<string, z.ZodType>; element?: z.ZodType; options?: z.ZodType[]; innerType?: z.ZodType; in?: z.ZodType; out?: z.ZodType; valueType?: z.ZodType };
+type Def = {
+  type: string;
+  shape?: Record<string, z.ZodType>;
+  element?: z.ZodType;
+  options?: z.ZodType[];
+  innerType?: z.ZodType;
+  in?: z.ZodType;
+  out?: z.ZodType;
+  valueType?: z.ZodType;
+};
 const defOf = (s: z.ZodType): Def => (s as unknown as { _zod: { def: Def } })._zod.def;
 
 /** The wrapped schema under defaults, optionals and pipes (`z.preprocess` is a pipe whose input is a transform). */
 function unwrap(s: z.ZodType): z.ZodType[] {
   const def = defOf(s);
-  if (def.innerType !== undefined && ['default', 'prefault', 'optional', 'nullable', 'readonly', 'catch', 'nonoptional'].includes(def.type)) return unwrap(def.innerType);
+  if (def.innerType !== undefined && ['default', 'prefault', 'optional', 'nullable', 'readonly', 'catch', 'nonoptional'].includes(def.type))
+    return unwrap(def.innerType);
   if (def.type === 'pipe') return unwrap(defOf(def.in!).type === 'transform' ? def.out! : def.in!);
   if (def.type === 'union') return def.options!.flatMap(unwrap);
   return [s];

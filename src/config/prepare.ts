@@ -40,9 +40,20 @@ export async function prepareConfig(
     credentialHashKeyOf(config, env);
   } catch (err) {
     if (!(err instanceof ConfigError)) throw err;
-    problems.push(...err.issues.map((field) => err.message.split('\n').find((l) => l.trim().startsWith(`${field}:`))?.trim() ?? field));
+    problems.push(
+      ...err.issues.map(
+        (field) =>
+          err.message
+            .split('\n')
+            .find((l) => l.trim().startsWith(`${field}:`))
+            ?.trim() ?? field,
+      ),
+    );
   }
-  for (const [field, spec] of [['auth', config.auth], ['fence.signed', config.fence.signed]] as const) {
+  for (const [field, spec] of [
+    ['auth', config.auth],
+    ['fence.signed', config.fence.signed],
+  ] as const) {
     if (spec === undefined) continue;
     try {
       await checkKeys(verificationKeys(spec, env, field));

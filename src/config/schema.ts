@@ -2,7 +2,15 @@ import { z } from 'zod';
 import { parseDuration } from '../core/duration.js';
 import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/query-timeout.js';
 import { resourceMetadataPath } from '../protocol/resource-metadata.js';
-import { credentialHeaderCollision, DEFAULT_MAX_KEY_LENGTH, echoKeyCollision, keyHeaderCollision, keyScopeCollision, MAX_KEY_LENGTH_LIMIT, OVERRIDE_FIELDS } from '../protocol/headers.js';
+import {
+  credentialHeaderCollision,
+  DEFAULT_MAX_KEY_LENGTH,
+  echoKeyCollision,
+  keyHeaderCollision,
+  keyScopeCollision,
+  MAX_KEY_LENGTH_LIMIT,
+  OVERRIDE_FIELDS,
+} from '../protocol/headers.js';
 
 const HeaderName = z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name');
 /**
@@ -17,20 +25,22 @@ const PER_TOKEN_CLAIMS = ['jti', 'iat', 'exp', 'nbf', 'auth_time', 'nonce', 'at_
  * in a 403's detail and `WWW-Authenticate`. Namespaced claims such as
  * `https://example.com/tenant` fit.
  */
-const ClaimName = z.string().regex(/^[\x21-\x7e]{1,256}$/, 'must be a top-level claim name: 1 to 256 printable ASCII characters, no spaces')
+const ClaimName = z
+  .string()
+  .regex(/^[\x21-\x7e]{1,256}$/, 'must be a top-level claim name: 1 to 256 printable ASCII characters, no spaces')
   // A claim that every token (re)issue changes would put a retry with a refreshed token in a new key space, and it would run again.
-  .refine((n) => !PER_TOKEN_CLAIMS.includes(n), { message: `changes with a new token or sign-in (${PER_TOKEN_CLAIMS.join(', ')}): a retry with a refreshed token would be in another key space and run upstream again; use a claim that names the tenant` });
-
-const Duration = z
-  .union([z.string(), z.number()])
-  .transform((v, ctx) => {
-    const ms = parseDuration(v);
-    if (ms === null) {
-      ctx.addIssue({ code: 'custom', message: 'must be a duration such as "500ms", "30s", "15m", "24h", "7d", "1h30m", or milliseconds' });
-      return z.NEVER;
-    }
-    return ms;
+  .refine((n) => !PER_TOKEN_CLAIMS.includes(n), {
+    message: `changes with a new token or sign-in (${PER_TOKEN_CLAIMS.join(', ')}): a retry with a refreshed token would be in another key space and run upstream again; use a claim that names the tenant`,
   });
+
+const Duration = z.union([z.string(), z.number()]).transform((v, ctx) => {
+  const ms = parseDuration(v);
+  if (ms === null) {
+    ctx.addIssue({ code: 'custom', message: 'must be a duration such as "500ms", "30s", "15m", "24h", "7d", "1h30m", or milliseconds' });
+    return z.NEVER;
+  }
+  return ms;
+});
 
 const ms = (max: number) => z.number().int().min(0).max(max);
 
@@ -106,7 +116,12 @@ const UpstreamHeader = z.union([
 export const McpToolSchema = z.strictObject({
   fence: z.enum(['required', 'optional', 'off']).optional(),
   idempotency: z.enum(['required', 'optional', 'off']).optional(),
-  entity: z.union([z.strictObject({ header: HeaderName }), z.strictObject({ json: z.string().regex(/^(\/.*)?$/, 'must be a JSON pointer (RFC 6901) into params, e.g. "/arguments/invoice_id"') })]).optional(),
+  entity: z
+    .union([
+      z.strictObject({ header: HeaderName }),
+      z.strictObject({ json: z.string().regex(/^(\/.*)?$/, 'must be a JSON pointer (RFC 6901) into params, e.g. "/arguments/invoice_id"') }),
+    ])
+    .optional(),
   mode: z.enum(['serial', 'concurrent']).optional(),
   timeoutMs: ms(600_000).min(1).optional(),
   retention: Duration.optional(),
@@ -123,7 +138,11 @@ export const McpToolSchema = z.strictObject({
  * written, and no `deny` pattern matches it compared without regard to
  * case, width, whitespace and invisible characters (../http/mcp/access.ts).
  */
-const ToolPattern = z.string().min(1).max(256).regex(/^[^\u0000-\u001f\u007f]+$/, 'must be a tool name or glob without control characters');
+const ToolPattern = z
+  .string()
+  .min(1)
+  .max(256)
+  .regex(/^[^\u0000-\u001f\u007f]+$/, 'must be a tool name or glob without control characters');
 export const ToolAccessSchema = z
   .strictObject({ allow: z.array(ToolPattern).optional(), deny: z.array(ToolPattern).optional() })
   .refine((a) => a.allow !== undefined || a.deny !== undefined, 'needs "allow", "deny" or both');
@@ -173,21 +192,38 @@ export const ReconcileSchema = z
   .superRefine((r, ctx) => {
     const names = [...r.path.matchAll(/\{([^{}]*)\}/g)].map((m) => m[1]!);
     for (const name of names) {
-      if (!(RECONCILE_VARIABLES as readonly string[]).includes(name)) ctx.addIssue({ code: 'custom', path: ['path'], message: `unknown variable {${name}}: one of ${RECONCILE_VARIABLES.map((v) => `{${v}}`).join(', ')}` });
+      if (!(RECONCILE_VARIABLES as readonly string[]).includes(name))
+        ctx.addIssue({ code: 'custom', path: ['path'], message: `unknown variable {${name}}: one of ${RECONCILE_VARIABLES.map((v) => `{${v}}`).join(', ')}` });
     }
     // The original attempt's request id is not kept with its record, and a guessed one would be
     // "not found" for a charge that happened: the record would be released and run again.
-    if (names.includes('request_id')) ctx.addIssue({ code: 'custom', path: ['path'], message: '{request_id}: the gateway does not keep the original attempt\'s request id with its record yet; identify the command by {key}' });
-    else if (!names.includes('key')) ctx.addIssue({ code: 'custom', path: ['path'], message: 'names no variable that identifies the command: include {key} (the Idempotency-Key), or the upstream\'s answer could be about another request' });
+    if (names.includes('request_id'))
+      ctx.addIssue({
+        code: 'custom',
+        path: ['path'],
+        message: "{request_id}: the gateway does not keep the original attempt's request id with its record yet; identify the command by {key}",
+      });
+    else if (!names.includes('key'))
+      ctx.addIssue({
+        code: 'custom',
+        path: ['path'],
+        message: "names no variable that identifies the command: include {key} (the Idempotency-Key), or the upstream's answer could be about another request",
+      });
   });
 
 /** What a route with `reconcile` may not be (called from ConfigSchema's checks): the field and why, or null. */
-export function reconcileConflict(route: { reconcile?: unknown; protocol: string; onUnknown: string; idempotency: string }): [field: string, message: string] | null {
+export function reconcileConflict(route: {
+  reconcile?: unknown;
+  protocol: string;
+  onUnknown: string;
+  idempotency: string;
+}): [field: string, message: string] | null {
   if (route.reconcile === undefined) return null;
   if (route.protocol === 'mcp') return ['reconcile', 'not available on an mcp route yet: only plain HTTP routes have a status query'];
   // A takeover keeps the record's created_at, so the not-found rule (measured from the admission) would not hold;
   // and an upstream that honours Idempotency-Key is its own reconciliation.
-  if (route.onUnknown === 'retry') return ['reconcile', 'does not go with onUnknown "retry": a retry that the upstream deduplicates by its Idempotency-Key is already the reconciliation'];
+  if (route.onUnknown === 'retry')
+    return ['reconcile', 'does not go with onUnknown "retry": a retry that the upstream deduplicates by its Idempotency-Key is already the reconciliation'];
   if (route.idempotency === 'off') return ['reconcile', 'needs idempotency: without a key there is no record to reconcile'];
   return null;
 }
@@ -228,14 +264,24 @@ export const RouteSchema = z.strictObject({
   serialWaitMs: ms(600_000).default(5_000),
   /** Cap on `Prefer: wait=N` for a key in progress. */
   maxWaitMs: ms(600_000).default(10_000),
-  maxBodyBytes: z.number().int().min(0).max(100 * 1024 * 1024).default(1024 * 1024),
+  maxBodyBytes: z
+    .number()
+    .int()
+    .min(0)
+    .max(100 * 1024 * 1024)
+    .default(1024 * 1024),
   /**
    * Most bytes of an upstream answer read and stored: every answer is held in
    * memory while it is read and kept in the store for `retention` to be
    * replayed. Past it the gateway stops reading and answers 502
    * `upstream-response-too-large` to the caller and to every retry.
    */
-  maxResponseBytes: z.number().int().min(0).max(100 * 1024 * 1024).default(1024 * 1024),
+  maxResponseBytes: z
+    .number()
+    .int()
+    .min(0)
+    .max(100 * 1024 * 1024)
+    .default(1024 * 1024),
   retention: Duration.prefault('24h'),
   onUnknown: z.enum(['reject', 'retry']).default('reject'),
   upstreamHeaders: z.record(HeaderName, UpstreamHeader).default({}),
@@ -269,7 +315,9 @@ export const RouteSchema = z.strictObject({
   /** Where the key is read when the request has no key header: a JSON pointer into the body. */
   idempotencyKeyFrom: z.strictObject({ json: JsonPointer }).optional(),
   /** What of the body the fingerprint covers: all its bytes (`raw`), some JSON fields, or all but some. */
-  fingerprint: z.union([z.literal('raw'), z.strictObject({ json: z.array(JsonPointer).min(1) }), z.strictObject({ ignore: z.array(JsonPointer) })]).default('raw'),
+  fingerprint: z
+    .union([z.literal('raw'), z.strictObject({ json: z.array(JsonPointer).min(1) }), z.strictObject({ ignore: z.array(JsonPointer) })])
+    .default('raw'),
   /**
    * Keys are per route (and caller); this adds one more part to their scope:
    * a header's value, or a claim of the caller's verified bearer token (a
@@ -330,7 +378,12 @@ const KeySetFields = {
   publicKeys: z
     .array(
       z
-        .strictObject({ alg: z.enum(['ES256', 'EdDSA', 'RS256']), kid: z.string().min(1).optional(), pem: z.string().min(1).optional(), file: z.string().min(1).optional() })
+        .strictObject({
+          alg: z.enum(['ES256', 'EdDSA', 'RS256']),
+          kid: z.string().min(1).optional(),
+          pem: z.string().min(1).optional(),
+          file: z.string().min(1).optional(),
+        })
         .refine((k) => (k.pem === undefined) !== (k.file === undefined), 'needs exactly one of "pem" or "file"'),
     )
     .min(1)
@@ -353,12 +406,18 @@ const Audience = z.union([z.string().min(1), z.array(z.string().min(1)).min(1)])
 const ResourceUrl = z
   .url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' })
   .refine((u) => !/[?#]/.test(u), 'must have no query or fragment (RFC 9728 §1.2, RFC 8707 §2)')
-  .refine((u) => new URL(u).pathname === '/' || !new URL(u).pathname.endsWith('/'), 'must not end with "/" (except the bare origin): the metadata path is formed from it');
+  .refine(
+    (u) => new URL(u).pathname === '/' || !new URL(u).pathname.endsWith('/'),
+    'must not end with "/" (except the bare origin): the metadata path is formed from it',
+  );
 const ResourceFields = {
   /** The resource identifier: published as `resource`, and the `aud` tokens must carry. */
   resource: ResourceUrl.optional(),
   /** `authorization_servers` of the metadata: the issuers' identifiers. Default: the `issuer` values that are URLs. */
-  authorizationServers: z.array(z.url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' })).min(1).optional(),
+  authorizationServers: z
+    .array(z.url({ protocol: /^https?$/, error: 'must be an http:// or https:// URL' }))
+    .min(1)
+    .optional(),
   /** `resource_name` of the metadata, shown to the user by clients. */
   resourceName: z.string().min(1).max(256).optional(),
 };
@@ -380,19 +439,32 @@ export const AuthSchema = z
   })
   .refine(hasKey, NO_KEY)
   .superRefine((a, ctx) => {
-    if (a.audience === undefined && a.resource === undefined) ctx.addIssue({ code: 'custom', path: ['audience'], message: 'is required (or "resource", whose identifier is then the audience)' });
+    if (a.audience === undefined && a.resource === undefined)
+      ctx.addIssue({ code: 'custom', path: ['audience'], message: 'is required (or "resource", whose identifier is then the audience)' });
     // MCP authorization: a token must have been issued for this resource (RFC 8707), so its identifier is an audience the gateway accepts.
     if (a.resource !== undefined && a.audience !== undefined && !listOf(a.audience).includes(a.resource)) {
-      ctx.addIssue({ code: 'custom', path: ['audience'], message: `must include the resource "${a.resource}": clients ask for tokens for it (RFC 8707) and the gateway must accept them, or leave audience out` });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['audience'],
+        message: `must include the resource "${a.resource}": clients ask for tokens for it (RFC 8707) and the gateway must accept them, or leave audience out`,
+      });
     }
     if (a.resource !== undefined && a.authorizationServers === undefined && !listOf(a.issuer).some(isHttpUrl)) {
-      ctx.addIssue({ code: 'custom', path: ['authorizationServers'], message: 'is required with "resource" when no issuer is an http(s) URL: the metadata must name the authorization servers (MCP authorization)' });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['authorizationServers'],
+        message: 'is required with "resource" when no issuer is an http(s) URL: the metadata must name the authorization servers (MCP authorization)',
+      });
     }
   })
   .transform(({ audience, authorizationServers, ...a }) => ({
     ...a,
     audience: audience ?? a.resource!,
-    ...(a.resource !== undefined ? { authorizationServers: authorizationServers ?? listOf(a.issuer).filter(isHttpUrl) } : authorizationServers !== undefined ? { authorizationServers } : {}),
+    ...(a.resource !== undefined
+      ? { authorizationServers: authorizationServers ?? listOf(a.issuer).filter(isHttpUrl) }
+      : authorizationServers !== undefined
+        ? { authorizationServers }
+        : {}),
   }));
 
 /** Signed fences (DESIGN §7): the fence header must be a JWS minted with these keys. */
@@ -410,9 +482,7 @@ export const ConfigSchema = z
   .strictObject({
     /** The JSON Schema an editor checks the file against (examples/fencegate.schema.json); ignored. */
     $schema: z.string().optional(),
-    listen: z
-      .strictObject({ host: z.string().min(1).default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080) })
-      .prefault({}),
+    listen: z.strictObject({ host: z.string().min(1).default('127.0.0.1'), port: z.number().int().min(0).max(65535).default(8080) }).prefault({}),
     store: StoreSchema.prefault({ sqlite: './fencegate.db' }),
     adminPrefix: z
       .string()
@@ -483,13 +553,21 @@ export const ConfigSchema = z
     const seen = new Set<string>();
     const metadataPath = config.auth?.resource === undefined ? null : resourceMetadataPath(config.auth.resource);
     if (metadataPath !== null && (metadataPath === config.adminPrefix || metadataPath.startsWith(`${config.adminPrefix}/`))) {
-      ctx.addIssue({ code: 'custom', path: ['adminPrefix'], message: `holds the protected resource metadata path ${metadataPath} of auth.resource; choose another prefix` });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['adminPrefix'],
+        message: `holds the protected resource metadata path ${metadataPath} of auth.resource; choose another prefix`,
+      });
     }
     config.routes.forEach((route, i) => {
       if (seen.has(route.name)) ctx.addIssue({ code: 'custom', path: ['routes', i, 'name'], message: `duplicate route name "${route.name}"` });
       seen.add(route.name);
       if ('path' in route.entity && !route.match.path.split('/').includes(route.entity.path)) {
-        ctx.addIssue({ code: 'custom', path: ['routes', i, 'entity', 'path'], message: `"${route.entity.path}" is not a parameter of match.path "${route.match.path}"` });
+        ctx.addIssue({
+          code: 'custom',
+          path: ['routes', i, 'entity', 'path'],
+          message: `"${route.entity.path}" is not a parameter of match.path "${route.match.path}"`,
+        });
       }
       const collision = { auth: config.auth !== undefined };
       const keyHeader = keyHeaderCollision(route, collision);
@@ -497,19 +575,38 @@ export const ConfigSchema = z
       const scopeHeader = keyScopeCollision(route, collision);
       if (scopeHeader !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'keyScope', 'header'], message: scopeHeader });
       if (route.keyScope !== undefined && 'claim' in route.keyScope && config.auth === undefined) {
-        ctx.addIssue({ code: 'custom', path: ['routes', i, 'keyScope', 'claim'], message: 'a claim scope needs "auth": without caller authentication there is no verified token to read the claim from' });
+        ctx.addIssue({
+          code: 'custom',
+          path: ['routes', i, 'keyScope', 'claim'],
+          message: 'a claim scope needs "auth": without caller authentication there is no verified token to read the claim from',
+        });
       }
       route.credentialHeaders.forEach((header, j) => {
         const why = credentialHeaderCollision(route, header, collision);
-        if (why !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'credentialHeaders', j], message: `${why}: keys are scoped by the credentials the upstream sees` });
+        if (why !== null)
+          ctx.addIssue({
+            code: 'custom',
+            path: ['routes', i, 'credentialHeaders', j],
+            message: `${why}: keys are scoped by the credentials the upstream sees`,
+          });
       });
       const echoed = echoKeyCollision(route);
       if (echoed !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, 'echoKey'], message: echoed });
       if (route.protocol === 'mcp') {
         // An MCP route reads its key from the JSON-RPC message and fingerprints the tool call (docs/mcp.md): these would be silently unused.
-        const unused = { keyScope: route.keyScope !== undefined, fingerprint: route.fingerprint !== 'raw', idempotencyKeyFrom: route.idempotencyKeyFrom !== undefined, echoKey: route.echoKey };
+        const unused = {
+          keyScope: route.keyScope !== undefined,
+          fingerprint: route.fingerprint !== 'raw',
+          idempotencyKeyFrom: route.idempotencyKeyFrom !== undefined,
+          echoKey: route.echoKey,
+        };
         for (const [field, set] of Object.entries(unused)) {
-          if (set) ctx.addIssue({ code: 'custom', path: ['routes', i, field], message: `does not apply to an mcp route ("protocol": "mcp"): its key comes from the header or the call's _meta and its fingerprint covers the tool name and arguments (docs/mcp.md); remove it` });
+          if (set)
+            ctx.addIssue({
+              code: 'custom',
+              path: ['routes', i, field],
+              message: `does not apply to an mcp route ("protocol": "mcp"): its key comes from the header or the call's _meta and its fingerprint covers the tool name and arguments (docs/mcp.md); remove it`,
+            });
         }
       }
       if (route.protocol !== 'mcp' && Object.keys(route.tools).length > 0) {
@@ -521,7 +618,11 @@ export const ConfigSchema = z
       // Streamable HTTP has POST, GET and DELETE only; any other method would pass through undecided (docs/mcp.md).
       const foreign = route.protocol === 'mcp' ? route.match.methods.filter((m) => m !== 'POST' && m !== 'GET' && m !== 'DELETE') : [];
       if (foreign.length > 0) {
-        ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'methods'], message: `an mcp route takes only POST, GET and DELETE (not ${foreign.join(', ')})` });
+        ctx.addIssue({
+          code: 'custom',
+          path: ['routes', i, 'match', 'methods'],
+          message: `an mcp route takes only POST, GET and DELETE (not ${foreign.join(', ')})`,
+        });
       }
       if (route.tls !== undefined && !route.upstream.startsWith('https:')) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'tls'], message: 'applies only to an https:// upstream' });
@@ -533,7 +634,11 @@ export const ConfigSchema = z
       }
       // The metadata path is the gateway's own, never proxied: a route written for it would never see a request (a `/*` route may cover it).
       if (metadataPath !== null && route.match.path === metadataPath) {
-        ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `is where the gateway serves the protected resource metadata of auth.resource (RFC 9728); it is never proxied` });
+        ctx.addIssue({
+          code: 'custom',
+          path: ['routes', i, 'match', 'path'],
+          message: `is where the gateway serves the protected resource metadata of auth.resource (RFC 9728); it is never proxied`,
+        });
       }
     });
     // undici pools connections per origin, so an origin's TLS is one setting (../http/forward-undici.ts upstreamTlsOf).
@@ -544,10 +649,19 @@ export const ConfigSchema = z
       const tls = JSON.stringify(route.tls ?? null);
       const seen = tlsByOrigin.get(origin);
       if (seen === undefined) tlsByOrigin.set(origin, { route: i, tls });
-      else if (seen.tls !== tls) ctx.addIssue({ code: 'custom', path: ['routes', i, 'tls'], message: `differs from routes[${seen.route}].tls for the same upstream origin ${origin}: connections to one origin share one TLS setting` });
+      else if (seen.tls !== tls)
+        ctx.addIssue({
+          code: 'custom',
+          path: ['routes', i, 'tls'],
+          message: `differs from routes[${seen.route}].tls for the same upstream origin ${origin}: connections to one origin share one TLS setting`,
+        });
     });
     if (config.fence.entityScope === 'caller' && config.auth === undefined) {
-      ctx.addIssue({ code: 'custom', path: ['fence', 'entityScope'], message: '"caller" needs "auth": without caller authentication there is no caller to scope by' });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['fence', 'entityScope'],
+        message: '"caller" needs "auth": without caller authentication there is no caller to scope by',
+      });
     }
   });
 

@@ -100,10 +100,7 @@ export function decide(state: AdmissionState, cmd: AdmitCommand, now: number): D
   //    (equal is fine: one owner may send several commands).
   if (cmd.entity !== null && cmd.fence !== null) {
     if (entity !== null && entity.fence !== null && cmd.fence < entity.fence) {
-      return answer(
-        { outcome: 'stale-fence', currentFence: entity.fence },
-        { reason: 'stale-fence', presentedFence: cmd.fence, currentFence: entity.fence },
-      );
+      return answer({ outcome: 'stale-fence', currentFence: entity.fence }, { reason: 'stale-fence', presentedFence: cmd.fence, currentFence: entity.fence });
     }
     // Raised (or set for the first time): accepted now. An equal fence is
     // accepted again only by a request that is forwarded (below): a refused
@@ -200,7 +197,8 @@ export function finish(state: AdmissionState, cmd: FinishCommand, now: number): 
       record = withState(record!, 'outcome_unknown', null);
     }
   }
-  if (cmd.entity !== null && entity !== null && entity.slot?.owner === cmd.ownerToken) entity = { fence: entity.fence, acceptedAt: entity.acceptedAt, slot: null };
+  if (cmd.entity !== null && entity !== null && entity.slot?.owner === cmd.ownerToken)
+    entity = { fence: entity.fence, acceptedAt: entity.acceptedAt, slot: null };
   return { recorded, next: entity === state.entity && record === state.record ? state : { entity, record }, rejection };
 }
 

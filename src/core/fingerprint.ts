@@ -41,10 +41,22 @@ import { foldName } from './json-duplicates.js';
  * `credential-hash-unkeyed` warning) the hash is recomputable from a guess,
  * and so is this digest from a guess and the request's public parts.
  */
-export function fingerprint(method: string, pathAndQuery: string, contentType: string, bodySha256: string, entity: string | null, credentials: string | null = null): string {
+export function fingerprint(
+  method: string,
+  pathAndQuery: string,
+  contentType: string,
+  bodySha256: string,
+  entity: string | null,
+  credentials: string | null = null,
+): string {
   const fields = `${method}\0${pathAndQuery}\0${contentType}\0${bodySha256}`;
-  if (credentials !== null) return createHash('sha256').update(`${fields}\0${entity ?? ''}\0cred:${credentials}`).digest('hex');
-  return createHash('sha256').update(entity === null ? fields : `${fields}\0${entity}`).digest('hex');
+  if (credentials !== null)
+    return createHash('sha256')
+      .update(`${fields}\0${entity ?? ''}\0cred:${credentials}`)
+      .digest('hex');
+  return createHash('sha256')
+    .update(entity === null ? fields : `${fields}\0${entity}`)
+    .digest('hex');
 }
 
 /** sha256 of the body alone, hex: what the rejection log keeps instead of the body. */
@@ -133,7 +145,10 @@ function canon(node: Json | undefined): string {
 }
 
 function tokensOf(pointer: string): string[] {
-  return pointer.slice(1).split('/').map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
+  return pointer
+    .slice(1)
+    .split('/')
+    .map((t) => t.replace(/~1/g, '/').replace(/~0/g, '~'));
 }
 
 /** A member that folds to a pointer token without being it: what a case-insensitive binder would read there. */

@@ -17,12 +17,7 @@ export type AfterMigrations = (client: ClientLike, applied: readonly string[]) =
  * the split, so a lease migrator adopting rows of the single ledger never
  * runs beside a migrator still writing it. Returns the names applied.
  */
-export async function applyPostgresMigrations(
-  pool: PoolLike,
-  ledger: Ledger,
-  migrations: Migration[],
-  after?: AfterMigrations,
-): Promise<string[]> {
+export async function applyPostgresMigrations(pool: PoolLike, ledger: Ledger, migrations: Migration[], after?: AfterMigrations): Promise<string[]> {
   checkLedger(ledger);
   const client = await pool.connect();
   const applied: string[] = [];
@@ -37,20 +32,18 @@ export async function applyPostgresMigrations(
     const done = new Set(rows.map((r) => r.name));
     let adopt = false;
     if (ledger.adoptFrom !== undefined) {
-      const { rows: found } = await client.query<{ t: string | null }>(
-        "SELECT to_regclass(quote_ident(current_schema()) || '.' || $1)::text AS t",
-        [ledger.adoptFrom],
-      );
+      const { rows: found } = await client.query<{ t: string | null }>("SELECT to_regclass(quote_ident(current_schema()) || '.' || $1)::text AS t", [
+        ledger.adoptFrom,
+      ]);
       adopt = found[0]?.t != null;
     }
     for (const m of migrations) {
       if (done.has(m.name)) continue;
       if (adopt) {
         // Applied under the earlier ledger: recorded here with its original time, never run again.
-        const taken = await client.query(
-          `INSERT INTO ${ledger.table} (name, applied_at) SELECT name, applied_at FROM ${ledger.adoptFrom} WHERE name = $1`,
-          [m.name],
-        );
+        const taken = await client.query(`INSERT INTO ${ledger.table} (name, applied_at) SELECT name, applied_at FROM ${ledger.adoptFrom} WHERE name = $1`, [
+          m.name,
+        ]);
         if (taken.rowCount === 1) continue;
       }
       await client.query(m.sql);

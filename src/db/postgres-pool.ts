@@ -48,7 +48,8 @@ export function transactionPooled(pool: pg.Pool, setLocal: string | null): PoolL
   const onClient = (client: pg.PoolClient): ClientLike => ({
     query: (text, values) => {
       const plain = unnamed(text);
-      if (setLocal !== null && typeof plain === 'string' && /^\s*BEGIN\b/i.test(plain) && values === undefined) return client.query(`${plain}; ${setLocal}`) as never;
+      if (setLocal !== null && typeof plain === 'string' && /^\s*BEGIN\b/i.test(plain) && values === undefined)
+        return client.query(`${plain}; ${setLocal}`) as never;
       return client.query(plain as string, values) as never;
     },
     release: (err) => client.release(err),
@@ -83,7 +84,11 @@ export function transactionPooled(pool: pg.Pool, setLocal: string | null): PoolL
         // to us until then). A broken connection is dropped instead.
         const broken = !begun || !(err instanceof Error && 'severity' in err);
         if (broken) client.release(err as Error);
-        else await client.query('ROLLBACK').then(() => client.release(), (e: Error) => client.release(e));
+        else
+          await client.query('ROLLBACK').then(
+            () => client.release(),
+            (e: Error) => client.release(e),
+          );
         throw err;
       }
     },

@@ -23,9 +23,7 @@ export function applySqliteMigrations(db: Database.Database, ledger: Ledger, mig
         ? new Map<string, number>()
         : new Map((db.prepare(`SELECT name, applied_at FROM ${adopt}`).all() as { name: string; applied_at: number }[]).map((r) => [r.name, r.applied_at]));
     const adoptRow = db.prepare(`INSERT INTO ${ledger.table} (name, applied_at) VALUES (?, ?)`);
-    const record = db.prepare(
-      `INSERT INTO ${ledger.table} (name, applied_at) VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))`,
-    );
+    const record = db.prepare(`INSERT INTO ${ledger.table} (name, applied_at) VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))`);
     for (const m of migrations) {
       if (done.has(m.name)) continue;
       const at = earlier.get(m.name);

@@ -199,6 +199,12 @@ export async function answerProblem(res: Response, hadToken: boolean): Promise<s
     // not JSON: the text as it is
   }
   const hint =
-    res.status === 401 ? (hadToken ? ' (the token was refused: mint a new one, or check issuer and audience)' : ' (pass --token T or set FENCEGATE_TOKEN)') : res.status === 403 ? ' (the token lacks the scope this needs)' : '';
+    res.status === 401
+      ? hadToken
+        ? ' (the token was refused: mint a new one, or check issuer and audience)'
+        : ' (pass --token T or set FENCEGATE_TOKEN)'
+      : res.status === 403
+        ? ' (the token lacks the scope this needs)'
+        : '';
   return `${res.status} ${res.statusText}: ${visibleText(detail).replace(/\s+/g, ' ')}${hint}`;
 }

@@ -78,6 +78,8 @@ export async function gatewayFetch(url: URL, init: RequestInit): Promise<Respons
   } catch (err) {
     const cause = (err as { cause?: { code?: string; message?: string } }).cause;
     const why = cause?.message ?? (err as Error).message;
-    throw new CliError(`cannot reach the gateway at ${url.origin}: ${why}${cause?.code === 'ECONNREFUSED' ? ' (is fencegate serve running there?)' : ''}`, { cause: err });
+    throw new CliError(`cannot reach the gateway at ${url.origin}: ${why}${cause?.code === 'ECONNREFUSED' ? ' (is fencegate serve running there?)' : ''}`, {
+      cause: err,
+    });
   }
 }

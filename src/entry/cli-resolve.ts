@@ -32,7 +32,8 @@ export async function resolveUnknownCommand(argv: string[]): Promise<number> {
   const usage = (message: string) => reportError(new UsageError(message), 'resolve-unknown');
   if (values.url === undefined) return usage('resolve-unknown needs --url URL (a running gateway)');
   if (values.route === undefined || values.route === '') return usage('resolve-unknown needs --route NAME');
-  if (values.from === undefined || values.to === undefined) return usage('resolve-unknown needs --from T and --to T (ISO 8601 or a duration back from now, e.g. 2h)');
+  if (values.from === undefined || values.to === undefined)
+    return usage('resolve-unknown needs --from T and --to T (ISO 8601 or a duration back from now, e.g. 2h)');
   const now = Date.now();
   const from = timeFlag('--from', values.from, now);
   const to = timeFlag('--to', values.to, now);

@@ -46,7 +46,8 @@ async function main(argv: string[]): Promise<number> {
     return command === undefined && !values.help ? 2 : 0;
   }
   const level = parseLogLevel(process.env.FENCEGATE_LOG_LEVEL || 'info');
-  if (level === null) return usage(`FENCEGATE_LOG_LEVEL must be one of ${LOG_LEVELS.join(', ')} (it is ${JSON.stringify(process.env.FENCEGATE_LOG_LEVEL)})`, command);
+  if (level === null)
+    return usage(`FENCEGATE_LOG_LEVEL must be one of ${LOG_LEVELS.join(', ')} (it is ${JSON.stringify(process.env.FENCEGATE_LOG_LEVEL)})`, command);
   const logger = createJsonLogger({ level });
 
   if (command === 'migrate') {
@@ -88,10 +89,16 @@ async function main(argv: string[]): Promise<number> {
     };
     const config = load();
     // Until the gateway runs, a SIGHUP is not a reload, and must not be Node's default (exit).
-    let onHangup = (): void => logger.warn('config-reload-failed', { config: configPath, error: 'the gateway is still starting; send SIGHUP again once it listens' });
+    let onHangup = (): void =>
+      logger.warn('config-reload-failed', { config: configPath, error: 'the gateway is still starting; send SIGHUP again once it listens' });
     process.on('SIGHUP', () => onHangup());
     const running = await startGateway({ config, logger });
-    logger.info('listening', { url: running.url, console: `${running.url}${config.adminPrefix}/`, store: running.gateway.store.kind, routes: config.routes.map((r) => r.name) });
+    logger.info('listening', {
+      url: running.url,
+      console: `${running.url}${config.adminPrefix}/`,
+      store: running.gateway.store.kind,
+      routes: config.routes.map((r) => r.name),
+    });
     // SIGHUP: the file again, validated as at start-up; swapped in only whole
     // (docs/deploy.md §4). One reload at a time; a signal during one
     // runs one more after it, so that the last edit is the one in force.
@@ -162,7 +169,11 @@ async function main(argv: string[]): Promise<number> {
  * a socket; for a deployment pipeline, before a restart or a SIGHUP.
  */
 async function configCommand(argv: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({ args: argv, allowPositionals: true, options: { config: { type: 'string' }, help: { type: 'boolean', short: 'h' } } });
+  const { values, positionals } = parseArgs({
+    args: argv,
+    allowPositionals: true,
+    options: { config: { type: 'string' }, help: { type: 'boolean', short: 'h' } },
+  });
   const sub = positionals[0];
   if (values.help || sub === undefined) {
     process.stdout.write(CONFIG_HELP);
@@ -177,7 +188,9 @@ async function configCommand(argv: string[]): Promise<number> {
     const path = values.config ?? (process.env.FENCEGATE_CONFIG || undefined);
     if (path === undefined) return usage('config check needs --config FILE (or FENCEGATE_CONFIG)', 'config');
     const config = await prepareConfig(readConfig(path, { env: process.env }), process.env);
-    process.stdout.write(`${path}: valid (${config.routes.length} route${config.routes.length === 1 ? '' : 's'}: ${config.routes.map((r) => r.name).join(', ')})\n`);
+    process.stdout.write(
+      `${path}: valid (${config.routes.length} route${config.routes.length === 1 ? '' : 's'}: ${config.routes.map((r) => r.name).join(', ')})\n`,
+    );
     return 0;
   }
   return usage(`unknown config command "${sub}" (schema, check)`, 'config');
@@ -215,7 +228,8 @@ function storeFrom(values: { config?: string; db?: string; 'database-url'?: stri
   if (values.db !== undefined) return { sqlite: values.db, synchronous: config && 'sqlite' in config.store ? config.store.synchronous : 'FULL' };
   const url = values['database-url'] ?? process.env.DATABASE_URL;
   // The URL replaces the configured one; the other PostgreSQL settings (schema, pooler, listenUrl, queryTimeout) stay.
-  if (url !== undefined && url !== '') return { ...(config && 'postgres' in config.store ? config.store : { poolSize: 10, queryTimeout: DEFAULT_QUERY_TIMEOUT_MS }), postgres: url };
+  if (url !== undefined && url !== '')
+    return { ...(config && 'postgres' in config.store ? config.store : { poolSize: 10, queryTimeout: DEFAULT_QUERY_TIMEOUT_MS }), postgres: url };
   if (config !== undefined) return null;
   const path = values.config ?? (process.env.FENCEGATE_CONFIG || undefined);
   if (path !== undefined) return readConfig(path).store;
@@ -243,7 +257,12 @@ main(argv).then(
   },
   (err) => {
     settled = true;
-    process.exit(reportError(err, ['serve', 'migrate', 'audit', 'token', 'resolve-unknown', 'config'].find((c) => c === argv[0])));
+    process.exit(
+      reportError(
+        err,
+        ['serve', 'migrate', 'audit', 'token', 'resolve-unknown', 'config'].find((c) => c === argv[0]),
+      ),
+    );
   },
 );
 

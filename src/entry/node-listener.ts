@@ -34,7 +34,8 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
     renderProblem(
       {
         code: 'invalid-request',
-        detail: 'the path contains a raw "\\": URL parsing reads it as "/", an upstream may keep it a character, and the two can be routed differently; send "/" or "%5C"',
+        detail:
+          'the path contains a raw "\\": URL parsing reads it as "/", an upstream may keep it a character, and the two can be routed differently; send "/" or "%5C"',
       },
       problemBaseOf(gateway.config),
     ),
@@ -43,7 +44,8 @@ export function createNodeListener(gateway: Gateway, fallback: RequestListener):
     renderProblem(
       {
         code: 'headers-too-large',
-        detail: "the request has as many header fields as the HTTP parser keeps (the server's maxHeadersCount): any beyond are dropped unseen, and a request is never decided on part of its headers; send fewer",
+        detail:
+          "the request has as many header fields as the HTTP parser keeps (the server's maxHeadersCount): any beyond are dropped unseen, and a request is never decided on part of its headers; send fewer",
       },
       problemBaseOf(gateway.config),
     ),
@@ -146,7 +148,8 @@ function write(req: IncomingMessage, res: ServerResponse, reply: Reply): void {
     if (name === 'content-length') hasLength = true;
   }
   if (reply.stream !== undefined) return writeStream(req, res, reply.status, flat, reply.stream);
-  if (reply.body !== null && !hasLength && !head) flat.push('content-length', String(typeof reply.body === 'string' ? Buffer.byteLength(reply.body) : reply.body.byteLength));
+  if (reply.body !== null && !hasLength && !head)
+    flat.push('content-length', String(typeof reply.body === 'string' ? Buffer.byteLength(reply.body) : reply.body.byteLength));
   try {
     res.writeHead(reply.status, flat);
     res.end(reply.body ?? undefined);

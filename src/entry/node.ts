@@ -90,7 +90,8 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const logger = options.logger ?? createJsonLogger();
   // With caller auth the admin API answers on any address, behind its scopes; without it, only on loopback.
   const adminAllowed = (c: Config) => c.auth !== undefined || isLoopback(c.listen.host);
-  if (!adminAllowed(config)) logger.warn('admin-api-disabled', { reason: 'listening on a non-loopback address without caller authentication', host: config.listen.host });
+  if (!adminAllowed(config))
+    logger.warn('admin-api-disabled', { reason: 'listening on a non-loopback address without caller authentication', host: config.listen.host });
 
   // What answers a request: nothing yet (starting), the gateway, then
   // nothing again (draining). A reload swaps the gateway; a request keeps
@@ -111,7 +112,13 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
     if (admin === '/health' && req.method === 'GET') return json(200, { status: phase });
     if (admin === '/ready' && req.method === 'GET') return json(503, { status: phase });
     // Nothing of this request was admitted or sent: a retry, here later or on another replica, is safe.
-    const r = renderProblem({ code: 'store-unavailable', detail: phase === 'starting' ? 'the gateway is starting (opening its store); retry shortly' : 'the gateway is shutting down; retry on another replica' }, problemBaseOf(config));
+    const r = renderProblem(
+      {
+        code: 'store-unavailable',
+        detail: phase === 'starting' ? 'the gateway is starting (opening its store); retry shortly' : 'the gateway is shutting down; retry on another replica',
+      },
+      problemBaseOf(config),
+    );
     res.shouldKeepAlive = false;
     res.writeHead(r.status, { ...r.headers, 'retry-after': '1' });
     res.end(r.body);
@@ -196,7 +203,11 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const build = (c: Config, reuse: Forwarder | null) => {
     const forwarder = reuse ?? options.forwarder ?? forwarderFor(c);
     try {
-      const metrics = createMetrics({ backend: metricsBackend, routes: c.routes.map((r) => r.name), reconcileRoutes: c.routes.filter((r) => r.reconcile !== undefined).map((r) => r.name) });
+      const metrics = createMetrics({
+        backend: metricsBackend,
+        routes: c.routes.map((r) => r.name),
+        reconcileRoutes: c.routes.filter((r) => r.reconcile !== undefined).map((r) => r.name),
+      });
       const gateway = createGateway({ config: c, store: finishes.store, forwarder, logger, admin: adminAllowed(c), env, metrics });
       // Proxied requests skip Hono's Request/Response (./node-listener.ts); the rest is the Hono app.
       const listener = createNodeListener(gateway, getRequestListener(gateway.app.fetch));
@@ -238,14 +249,17 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const reconcileEvery = () => {
     const intervals = config.routes.flatMap((r) => (r.reconcile === undefined ? [] : [r.reconcile.interval]));
     if (intervals.length === 0) return null;
-    return setInterval(() => {
-      current!.gateway.reconcile().then(
-        (r) => {
-          if (Object.keys(r.asked).length > 0 || r.gaveUp > 0) logger.info('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp, ...r.asked });
-        },
-        (err) => logger.error('reconcile-failed', { error: String(err) }),
-      );
-    }, Math.min(...intervals)).unref();
+    return setInterval(
+      () => {
+        current!.gateway.reconcile().then(
+          (r) => {
+            if (Object.keys(r.asked).length > 0 || r.gaveUp > 0) logger.info('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp, ...r.asked });
+          },
+          (err) => logger.error('reconcile-failed', { error: String(err) }),
+        );
+      },
+      Math.min(...intervals),
+    ).unref();
   };
   let reconciler = reconcileEvery();
 
@@ -308,7 +322,8 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         server.closeIdleConnections();
         const gateway = current!.gateway;
         const closing = Promise.all([...retired]).then(() => gateway.close());
-        if (await within(closing, deadline)) await closing; // its fault, if any, is close()'s
+        if (await within(closing, deadline))
+          await closing; // its fault, if any, is close()'s
         else {
           const unwritten = finishes.abandon('drain-timeout');
           logger.error('drain-timeout', { drain_timeout_ms: config.drainTimeout, inflight: gateway.inflight(), unwritten_finishes: unwritten });

@@ -73,19 +73,24 @@ function isolateFor(env: WorkerEnv): Isolate {
   }
   // The Node entry inlines key files before the gateway starts; a Worker has
   // no file system, so keys must be inline (pem, jwks) or secrets ({ env }).
-  const fileKeys = [
-    ...keyFileFields(config.auth, 'auth'),
-    ...keyFileFields(config.fence.signed, 'fence.signed'),
-  ];
+  const fileKeys = [...keyFileFields(config.auth, 'auth'), ...keyFileFields(config.fence.signed, 'fence.signed')];
   if (fileKeys.length > 0) {
-    throw new ConfigError(`invalid configuration:\n  ${fileKeys.map((f) => `${f}: key files cannot be read on Workers; put the key inline (pem, jwks) or in a secret`).join('\n  ')}`, fileKeys);
+    throw new ConfigError(
+      `invalid configuration:\n  ${fileKeys.map((f) => `${f}: key files cannot be read on Workers; put the key inline (pem, jwks) or in a secret`).join('\n  ')}`,
+      fileKeys,
+    );
   }
   const db = env[config.store.d1] as D1DatabaseLike | undefined;
   if (db === undefined || typeof db !== 'object' || typeof db.batch !== 'function') {
-    throw new ConfigError(`store.d1: no D1 binding named ${config.store.d1} (add [[d1_databases]] binding = "${config.store.d1}" to wrangler.toml)`, ['store.d1']);
+    throw new ConfigError(`store.d1: no D1 binding named ${config.store.d1} (add [[d1_databases]] binding = "${config.store.d1}" to wrangler.toml)`, [
+      'store.d1',
+    ]);
   }
   const level = parseLogLevel(env.FENCEGATE_LOG_LEVEL || 'info');
-  if (level === null) throw new ConfigError(`FENCEGATE_LOG_LEVEL must be one of ${LOG_LEVELS.join(', ')} (it is ${JSON.stringify(env.FENCEGATE_LOG_LEVEL)})`, ['FENCEGATE_LOG_LEVEL']);
+  if (level === null)
+    throw new ConfigError(`FENCEGATE_LOG_LEVEL must be one of ${LOG_LEVELS.join(', ')} (it is ${JSON.stringify(env.FENCEGATE_LOG_LEVEL)})`, [
+      'FENCEGATE_LOG_LEVEL',
+    ]);
   // console.log: Workers Logs parse one JSON object per line.
   const logger = createJsonLogger({ level, write: (line) => console.log(line) });
   const store = createD1Store({ db });
@@ -126,11 +131,15 @@ function adminAllowed(mode: string | undefined, config: Config, logger: Logger):
   }
   if (m === 'off') return false;
   if (m === 'on') {
-    if (config.auth === undefined) logger.warn('admin-api-unauthenticated', { reason: 'FENCEGATE_ADMIN is "on" without caller auth: anyone who reaches this Worker reads the audit API; for wrangler dev only' });
+    if (config.auth === undefined)
+      logger.warn('admin-api-unauthenticated', {
+        reason: 'FENCEGATE_ADMIN is "on" without caller auth: anyone who reaches this Worker reads the audit API; for wrangler dev only',
+      });
     return true;
   }
   // `loopback` was decided from the Host header before; it now means `auth`.
-  if (config.auth === undefined) logger.warn('admin-api-disabled', { reason: 'no caller auth configured (set FENCEGATE_ADMIN=on for wrangler dev only)', mode: m });
+  if (config.auth === undefined)
+    logger.warn('admin-api-disabled', { reason: 'no caller auth configured (set FENCEGATE_ADMIN=on for wrangler dev only)', mode: m });
   return config.auth !== undefined;
 }
 

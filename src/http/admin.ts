@@ -70,14 +70,19 @@ export function createAdminApp(options: AdminOptions): Hono {
   app.get('/', (c) => (c.req.path.endsWith('/') ? consoleResponse(mode) : c.redirect(`${c.req.path}/`, 308)));
   app.get('/console', () => consoleResponse(mode));
 
-  const disabled = () => problem({ code: 'admin-disabled', detail: 'the admin API answers only on a loopback listener until caller authentication is configured' });
+  const disabled = () =>
+    problem({ code: 'admin-disabled', detail: 'the admin API answers only on a loopback listener until caller authentication is configured' });
   const { metrics } = options;
   if (metrics !== undefined) {
-    app.get('/metrics', async (c, next) => {
-      if (metrics.public) return next();
-      if (!options.enabled) return disabled();
-      return metrics.guard ? metrics.guard(c, next) : next();
-    }, async (c) => c.body(await metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' }));
+    app.get(
+      '/metrics',
+      async (c, next) => {
+        if (metrics.public) return next();
+        if (!options.enabled) return disabled();
+        return metrics.guard ? metrics.guard(c, next) : next();
+      },
+      async (c) => c.body(await metrics.render(), 200, { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' }),
+    );
   }
 
   app.use('/v1/*', async (c, next) => {

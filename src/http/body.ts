@@ -12,7 +12,11 @@ export type BodyResult = { ok: true; body: Uint8Array } | { ok: false; tooLarge:
  * CPU (profile of `npm run bench`), and nothing else reads the body. Other
  * runtimes (Workers) read `request.body`.
  */
-export async function readBody(request: { headers: HeaderReader; body: ReadableStream<Uint8Array> | null }, maxBytes: number, incoming?: IncomingLike): Promise<BodyResult> {
+export async function readBody(
+  request: { headers: HeaderReader; body: ReadableStream<Uint8Array> | null },
+  maxBytes: number,
+  incoming?: IncomingLike,
+): Promise<BodyResult> {
   const declared = request.headers.get('content-length');
   if (declared !== null && Number(declared) > maxBytes) return { ok: false, tooLarge: true };
   if (incoming !== undefined && !incoming.readableEnded) return readIncoming(incoming, maxBytes);

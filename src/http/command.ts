@@ -52,7 +52,8 @@ export function parseCommand(
     const raw = headers.get(route.idempotencyHeader);
     if (raw === null) {
       // With `idempotencyKeyFrom` the body may still hold it (keyFromJson).
-      if (route.idempotency === 'required' && route.idempotencyKeyFrom === undefined) return refuse('missing-idempotency-key', `this route requires the ${route.idempotencyHeader} header`);
+      if (route.idempotency === 'required' && route.idempotencyKeyFrom === undefined)
+        return refuse('missing-idempotency-key', `this route requires the ${route.idempotencyHeader} header`);
     } else {
       const parsed = parseIdempotencyKey(raw, route.maxKeyLength);
       if (!parsed.ok) return refuse('invalid-idempotency-key', `${route.idempotencyHeader}: ${parsed.reason}`);
@@ -144,11 +145,18 @@ export function keyFromJson(route: RouteConfig, key: string | null, body: Uint8A
   if (!read.ok) return invalid(read.reason);
   if (read.value === null) {
     if (key !== null || route.idempotency !== 'required') return { ok: true, key };
-    return { ok: false, refusal: { code: 'missing-idempotency-key', detail: `this route requires the ${route.idempotencyHeader} header or a string at ${pointer} in a JSON body` } };
+    return {
+      ok: false,
+      refusal: {
+        code: 'missing-idempotency-key',
+        detail: `this route requires the ${route.idempotencyHeader} header or a string at ${pointer} in a JSON body`,
+      },
+    };
   }
   const checked = checkKey(read.value, route.maxKeyLength);
   if (!checked.ok) return invalid(checked.reason);
-  if (key !== null && key !== checked.value) return invalid(`the ${route.idempotencyHeader} header names another key than the body; send one of them, or the same key in both`);
+  if (key !== null && key !== checked.value)
+    return invalid(`the ${route.idempotencyHeader} header names another key than the body; send one of them, or the same key in both`);
   return { ok: true, key: checked.value };
 }
 
@@ -174,7 +182,14 @@ function keyAtPointer(pointer: string, body: Uint8Array): { ok: true; value: str
   if (lexeme === 'null') return { ok: true, value: null };
   const key = keyTextOf(lexeme);
   if (key !== null) return { ok: true, value: key };
-  const what = lexeme === 'true' || lexeme === 'false' ? 'a boolean' : lexeme.startsWith('{') ? 'an object' : lexeme.startsWith('[') ? 'an array' : 'a number that is not a plain integer within ±(2^53-1) (no fraction, exponent or -0)';
+  const what =
+    lexeme === 'true' || lexeme === 'false'
+      ? 'a boolean'
+      : lexeme.startsWith('{')
+        ? 'an object'
+        : lexeme.startsWith('[')
+          ? 'an array'
+          : 'a number that is not a plain integer within ±(2^53-1) (no fraction, exponent or -0)';
   return { ok: false, reason: `the key is ${what}; send a string or an integer` };
 }
 

@@ -1,5 +1,13 @@
 import { causeCode, CONNECT_ONLY_CODES } from '../protocol/connect-errors.js';
-import { BodyBuffer, declaredLength, START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from './forward.js';
+import {
+  BodyBuffer,
+  declaredLength,
+  START_DEADLINE_PASSED,
+  type Forwarder,
+  type StreamedAnswer,
+  type UpstreamRequest,
+  type UpstreamResult,
+} from './forward.js';
 
 /**
  * Cloudflare's own error statuses, for an upstream behind Cloudflare. Its
@@ -135,7 +143,8 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
           }
         }
         const headers = withoutDecodedEncoding(out, decoded);
-        if (streamIf !== null && streamIf(res.status, headers)) return { kind: 'stream', status: res.status, headers, body: res.body ?? new ReadableStream({ start: (c) => c.close() }) };
+        if (streamIf !== null && streamIf(res.status, headers))
+          return { kind: 'stream', status: res.status, headers, body: res.body ?? new ReadableStream({ start: (c) => c.close() }) };
         const body = await readLimited(res, req.maxResponseBytes, headers);
         if (body === null) return { kind: 'too-large', status: res.status, limit: req.maxResponseBytes };
         return { kind: 'response', status: res.status, headers, body };
@@ -201,7 +210,10 @@ async function readLimited(res: Response, limit: number, headers: [string, strin
 function withoutDecodedEncoding(headers: [string, string][], decoded: ReadonlySet<string>): [string, string][] {
   const ce = headers.find(([n]) => n.toLowerCase() === 'content-encoding');
   if (ce === undefined) return headers;
-  const codings = ce[1].split(',').map((c) => c.trim().toLowerCase()).filter((c) => c !== '' && c !== 'identity');
+  const codings = ce[1]
+    .split(',')
+    .map((c) => c.trim().toLowerCase())
+    .filter((c) => c !== '' && c !== 'identity');
   if (!codings.every((c) => decoded.has(c))) return headers;
   return headers.filter(([n]) => {
     const lower = n.toLowerCase();

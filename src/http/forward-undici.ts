@@ -1,7 +1,15 @@
 import { Agent, buildConnector, errors, type Dispatcher } from 'undici';
 import type { Config } from '../config/schema.js';
 import { causeCode, CONNECT_ONLY_CODES } from '../protocol/connect-errors.js';
-import { BodyBuffer, declaredLength, START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from './forward.js';
+import {
+  BodyBuffer,
+  declaredLength,
+  START_DEADLINE_PASSED,
+  type Forwarder,
+  type StreamedAnswer,
+  type UpstreamRequest,
+  type UpstreamResult,
+} from './forward.js';
 
 /**
  * Errors of a connection that was never made: the connect-only codes, and
@@ -24,10 +32,27 @@ const NOT_CONNECTED: ReadonlySet<string> = new Set([...CONNECT_ONLY_CODES, 'EHOS
  */
 function tlsVerifyCodes(): string[] {
   return [
-    'UNABLE_TO_GET_ISSUER_CERT', 'UNABLE_TO_GET_ISSUER_CERT_LOCALLY', 'UNABLE_TO_VERIFY_LEAF_SIGNATURE', 'UNABLE_TO_DECRYPT_CERT_SIGNATURE',
-    'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY', 'CERT_SIGNATURE_FAILURE', 'CERT_NOT_YET_VALID', 'CERT_HAS_EXPIRED', 'ERROR_IN_CERT_NOT_BEFORE_FIELD',
-    'ERROR_IN_CERT_NOT_AFTER_FIELD', 'DEPTH_ZERO_SELF_SIGNED_CERT', 'SELF_SIGNED_CERT_IN_CHAIN', 'CERT_CHAIN_TOO_LONG', 'CERT_REVOKED',
-    'INVALID_CA', 'PATH_LENGTH_EXCEEDED', 'INVALID_PURPOSE', 'CERT_UNTRUSTED', 'CERT_REJECTED', 'HOSTNAME_MISMATCH', 'ERR_TLS_CERT_ALTNAME_INVALID',
+    'UNABLE_TO_GET_ISSUER_CERT',
+    'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
+    'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+    'UNABLE_TO_DECRYPT_CERT_SIGNATURE',
+    'UNABLE_TO_DECODE_ISSUER_PUBLIC_KEY',
+    'CERT_SIGNATURE_FAILURE',
+    'CERT_NOT_YET_VALID',
+    'CERT_HAS_EXPIRED',
+    'ERROR_IN_CERT_NOT_BEFORE_FIELD',
+    'ERROR_IN_CERT_NOT_AFTER_FIELD',
+    'DEPTH_ZERO_SELF_SIGNED_CERT',
+    'SELF_SIGNED_CERT_IN_CHAIN',
+    'CERT_CHAIN_TOO_LONG',
+    'CERT_REVOKED',
+    'INVALID_CA',
+    'PATH_LENGTH_EXCEEDED',
+    'INVALID_PURPOSE',
+    'CERT_UNTRUSTED',
+    'CERT_REJECTED',
+    'HOSTNAME_MISMATCH',
+    'ERR_TLS_CERT_ALTNAME_INVALID',
   ];
 }
 

@@ -97,14 +97,21 @@ export function createGateway(options: GatewayOptions): Gateway {
   // may send: one with the proxy scope sends 9223372036854775807 for another
   // caller's entity and locks it for good (DESIGN §2 G1 trusts the fence).
   if (auth !== null && config.fence.signed === undefined && config.fence.entityScope === 'global' && config.routes.some((r) => r.fence !== 'off')) {
-    logger.warn('unsigned-fences', { reason: 'auth is on but fences are unsigned: any caller with fencegate:proxy can lock any entity with a giant fence; configure fence.signed, or fence.entityScope "caller"' });
+    logger.warn('unsigned-fences', {
+      reason:
+        'auth is on but fences are unsigned: any caller with fencegate:proxy can lock any entity with a giant fence; configure fence.signed, or fence.entityScope "caller"',
+    });
   }
 
   // The status query (DESIGN §3.12), only when a route has `reconcile`: otherwise nothing changes.
   const reconcileQuery =
-    reconcileRoutes.length === 0 ? undefined : createReconcileQuery({ store, forwarder, logger, headers: reconcileHeaders, counted: (route, result) => metrics.reconciled(route, result) });
+    reconcileRoutes.length === 0
+      ? undefined
+      : createReconcileQuery({ store, forwarder, logger, headers: reconcileHeaders, counted: (route, result) => metrics.reconciled(route, result) });
   const backgroundPass =
-    reconcileQuery === undefined ? null : createBackgroundReconciler({ routes: config.routes, store, query: reconcileQuery, logger, gauges: (p) => metrics.reconcilePass(p) });
+    reconcileQuery === undefined
+      ? null
+      : createBackgroundReconciler({ routes: config.routes, store, query: reconcileQuery, logger, gauges: (p) => metrics.reconcilePass(p) });
 
   const proxy = createPipeline({
     config,
@@ -128,11 +135,17 @@ export function createGateway(options: GatewayOptions): Gateway {
     // A PostgreSQL store's pool (pg.Pool counts), read as it is (no store code involved), and
     // before the stats query, which itself may wait for a client of that pool.
     const pool = (store as { pool?: { totalCount?: unknown; idleCount?: unknown; waitingCount?: unknown } }).pool;
-    const counts = typeof pool?.waitingCount === 'number' ? { total: Number(pool.totalCount), idle: Number(pool.idleCount), waiting: pool.waitingCount } : undefined;
+    const counts =
+      typeof pool?.waitingCount === 'number' ? { total: Number(pool.totalCount), idle: Number(pool.idleCount), waiting: pool.waitingCount } : undefined;
     // A PostgreSQL store's replication check (its last reading; no round trip here).
     const asyncReplication = (store as { replication?: { gauge?: unknown } | null }).replication?.gauge;
     const stats = await store.auditStats().catch(() => null);
-    return metrics.render({ inflight: active, stats, ...(counts ? { pool: counts } : {}), ...(typeof asyncReplication === 'number' ? { asyncReplication } : {}) });
+    return metrics.render({
+      inflight: active,
+      stats,
+      ...(counts ? { pool: counts } : {}),
+      ...(typeof asyncReplication === 'number' ? { asyncReplication } : {}),
+    });
   };
   app.route(
     config.adminPrefix,
@@ -182,15 +195,28 @@ export function createGateway(options: GatewayOptions): Gateway {
   // With auth.resource: the protected resource metadata (RFC 9728), at the one path isAdminPath keeps from the proxy.
   const metadataPath = metadataPathOf(config);
   if (metadataPath !== null && config.auth?.resource !== undefined) {
-    const document = JSON.stringify(resourceMetadataDocument({ resource: config.auth.resource, authorizationServers: config.auth.authorizationServers ?? [], resourceName: config.auth.resourceName }));
+    const document = JSON.stringify(
+      resourceMetadataDocument({
+        resource: config.auth.resource,
+        authorizationServers: config.auth.authorizationServers ?? [],
+        resourceName: config.auth.resourceName,
+      }),
+    );
     // Public, and read by browser-based clients from another origin: any origin may read it (it holds nothing secret).
     const cors = { 'access-control-allow-origin': '*' };
     app.all('*', (c, next) => {
       if (!isMetadataPath(new URL(c.req.url).pathname, metadataPath)) return next();
       const method = c.req.method;
-      if (method === 'GET' || method === 'HEAD') return c.body(document, 200, { ...cors, 'content-type': 'application/json', 'cache-control': 'public, max-age=300' });
+      if (method === 'GET' || method === 'HEAD')
+        return c.body(document, 200, { ...cors, 'content-type': 'application/json', 'cache-control': 'public, max-age=300' });
       // A preflight for the MCP-Protocol-Version header clients send with it (MCP 2025-06-18 "Protocol Version Header").
-      if (method === 'OPTIONS') return c.body(null, 204, { ...cors, 'access-control-allow-methods': 'GET, HEAD', 'access-control-allow-headers': 'mcp-protocol-version', 'access-control-max-age': '86400' });
+      if (method === 'OPTIONS')
+        return c.body(null, 204, {
+          ...cors,
+          'access-control-allow-methods': 'GET, HEAD',
+          'access-control-allow-headers': 'mcp-protocol-version',
+          'access-control-max-age': '86400',
+        });
       return c.body(null, 405, { allow: 'GET, HEAD, OPTIONS' });
     });
   }

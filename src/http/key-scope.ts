@@ -128,7 +128,10 @@ export function credentialHashKeyOf(config: Config, env: Record<string, string |
   const spec = config.credentialHashKey;
   if (spec === undefined) return null;
   const text = typeof spec === 'string' ? spec : env[spec.env];
-  if (text === undefined || text === '') throw new ConfigError(`invalid configuration:\n  credentialHashKey: environment variable ${(spec as { env: string }).env} is not set`, ['credentialHashKey']);
+  if (text === undefined || text === '')
+    throw new ConfigError(`invalid configuration:\n  credentialHashKey: environment variable ${(spec as { env: string }).env} is not set`, [
+      'credentialHashKey',
+    ]);
   if (text.length < 32) throw new ConfigError('invalid configuration:\n  credentialHashKey: must be at least 32 characters (256 bits)', ['credentialHashKey']);
   return new TextEncoder().encode(text);
 }
@@ -162,8 +165,8 @@ export function warnGlobalKeys(config: Config, logger: Logger): void {
       credentials === ''
         ? "every caller shares one key space and its stored answers: no credential of the caller reaches the upstream (the route's stripHeaders or upstreamHeaders replace Authorization), so none binds a record"
         : route.credentialBinding === 'scope'
-        ? `keys are scoped by the caller's credentials (${credentials}) only, so every caller that sends none shares one key space`
-        : `every caller shares one key space: a record answers only the credentials (${credentials}) that made it, others get 422, but callers that send none share stored answers and any caller can take a key another one will use`;
+          ? `keys are scoped by the caller's credentials (${credentials}) only, so every caller that sends none shares one key space`
+          : `every caller shares one key space: a record answers only the credentials (${credentials}) that made it, others get 422, but callers that send none share stored answers and any caller can take a key another one will use`;
     const reason =
       route.keyScope === undefined
         ? `no auth and no keyScope: ${bound}; configure auth or keyScope`
@@ -172,7 +175,8 @@ export function warnGlobalKeys(config: Config, logger: Logger): void {
   }
   if (keyed && config.credentialHashKey === undefined) {
     logger.warn('credential-hash-unkeyed', {
-      reason: 'no credentialHashKey: the credentials that bind records are hashed into fingerprints (or key scopes) as an unkeyed SHA-256, against which a reader of the table can confirm a guessed low-entropy credential (an API key, a password); configure credentialHashKey',
+      reason:
+        'no credentialHashKey: the credentials that bind records are hashed into fingerprints (or key scopes) as an unkeyed SHA-256, against which a reader of the table can confirm a guessed low-entropy credential (an API key, a password); configure credentialHashKey',
     });
   }
 }

@@ -24,34 +24,103 @@ export interface MetricSpec {
 const LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
 const FAST_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5];
 
-const spec = (name: string, type: MetricType, labels: readonly string[], help: string, buckets?: readonly number[]): MetricSpec => ({ name, type, labels, help, ...(buckets ? { buckets } : {}) });
+const spec = (name: string, type: MetricType, labels: readonly string[], help: string, buckets?: readonly number[]): MetricSpec => ({
+  name,
+  type,
+  labels,
+  help,
+  ...(buckets ? { buckets } : {}),
+});
 
 export const SPECS = {
-  requests: spec('fencegate_requests_total', 'counter', ['route', 'outcome'], 'Proxied requests by route and outcome (coarse: accepted, upstream_error, ...; see fencegate_decisions_total for the split).'),
-  decisions: spec('fencegate_decisions_total', 'counter', ['route', 'outcome', 'status'], 'Proxied requests by route, decision outcome and the HTTP status answered.'),
+  requests: spec(
+    'fencegate_requests_total',
+    'counter',
+    ['route', 'outcome'],
+    'Proxied requests by route and outcome (coarse: accepted, upstream_error, ...; see fencegate_decisions_total for the split).',
+  ),
+  decisions: spec(
+    'fencegate_decisions_total',
+    'counter',
+    ['route', 'outcome', 'status'],
+    'Proxied requests by route, decision outcome and the HTTP status answered.',
+  ),
   rejections: spec('fencegate_rejections_total', 'counter', ['route', 'reason'], 'Requests refused before the upstream, by route and refusal code.'),
   toolCalls: spec('fencegate_mcp_tool_calls_total', 'counter', ['route', 'tool', 'outcome'], 'tools/call requests on mcp routes by route, tool and outcome.'),
   total: spec('fencegate_request_duration_seconds', 'histogram', ['route'], 'Time from the request to the answer, upstream included.', LATENCY_BUCKETS),
   upstream: spec('fencegate_upstream_duration_seconds', 'histogram', ['route'], 'Upstream exchange time, response body included.', LATENCY_BUCKETS),
   overhead: spec('fencegate_overhead_duration_seconds', 'histogram', ['route'], 'Time the gateway adds: total minus the upstream exchange.', FAST_BUCKETS),
-  store: spec('fencegate_store_duration_seconds', 'histogram', ['op'], 'One store call (admit: one admission transaction; finish: one finish), errors included.', FAST_BUCKETS),
-  groupSize: spec('fencegate_store_group_size', 'histogram', [], 'Group commit: decisions committed together in one transaction (SQLite: admissions and finishes together; PostgreSQL: the admissions, or the finishes, of one statement).', [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]),
-  groupSync: spec('fencegate_store_sync_duration_seconds', 'histogram', [], 'SQLite group commit at synchronous=FULL: the WAL fsync after a group, which its callers wait for.', FAST_BUCKETS),
+  store: spec(
+    'fencegate_store_duration_seconds',
+    'histogram',
+    ['op'],
+    'One store call (admit: one admission transaction; finish: one finish), errors included.',
+    FAST_BUCKETS,
+  ),
+  groupSize: spec(
+    'fencegate_store_group_size',
+    'histogram',
+    [],
+    'Group commit: decisions committed together in one transaction (SQLite: admissions and finishes together; PostgreSQL: the admissions, or the finishes, of one statement).',
+    [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+  ),
+  groupSync: spec(
+    'fencegate_store_sync_duration_seconds',
+    'histogram',
+    [],
+    'SQLite group commit at synchronous=FULL: the WAL fsync after a group, which its callers wait for.',
+    FAST_BUCKETS,
+  ),
   storeErrors: spec('fencegate_store_errors_total', 'counter', ['op'], 'Store calls that failed (a finish is retried while its lock lives).'),
-  lateFinishes: spec('fencegate_late_finishes_total', 'counter', [], 'Finishes the store discarded: the record had passed to another owner (its lock expired first).'),
+  lateFinishes: spec(
+    'fencegate_late_finishes_total',
+    'counter',
+    [],
+    'Finishes the store discarded: the record had passed to another owner (its lock expired first).',
+  ),
   inflight: spec('fencegate_inflight_requests', 'gauge', [], 'Proxied requests being handled now.'),
   storeUp: spec('fencegate_store_up', 'gauge', [], 'Whether the store answered this scrape.'),
   rejectionRows: spec('fencegate_rejection_log_rows', 'gauge', [], 'Rows in the rejection log.'),
   unknownRecords: spec('fencegate_outcome_unknown_records', 'gauge', [], 'Idempotency records waiting for an operator.'),
-  asyncReplication: spec('fencegate_store_async_replication', 'gauge', [], 'PostgreSQL: 1 when a failover may lose acknowledged decisions (a standby replicates asynchronously, or synchronous_commit is off/local while standbys exist), 0 when not; absent when the store cannot tell.'),
+  asyncReplication: spec(
+    'fencegate_store_async_replication',
+    'gauge',
+    [],
+    'PostgreSQL: 1 when a failover may lose acknowledged decisions (a standby replicates asynchronously, or synchronous_commit is off/local while standbys exist), 0 when not; absent when the store cannot tell.',
+  ),
   pool: spec('fencegate_store_pool_clients', 'gauge', ['state'], 'PostgreSQL pool clients: total, idle, and requests waiting for one (waiting).'),
   sweeps: spec('fencegate_sweeps_total', 'counter', ['result'], 'Sweeps run, by result.'),
-  swept: spec('fencegate_swept_rows_total', 'counter', ['kind'], 'Rows the sweeper deleted (dead_records: in-progress records whose lock expired, marked outcome_unknown).'),
-  backlog: spec('fencegate_sweep_backlog_rows', 'gauge', ['kind'], `Rows still past their retention when the last sweep stopped (0: it caught up; counted up to ${SWEEP_BACKLOG_CAP}).`),
+  swept: spec(
+    'fencegate_swept_rows_total',
+    'counter',
+    ['kind'],
+    'Rows the sweeper deleted (dead_records: in-progress records whose lock expired, marked outcome_unknown).',
+  ),
+  backlog: spec(
+    'fencegate_sweep_backlog_rows',
+    'gauge',
+    ['kind'],
+    `Rows still past their retention when the last sweep stopped (0: it caught up; counted up to ${SWEEP_BACKLOG_CAP}).`,
+  ),
   sweepSeconds: spec('fencegate_sweep_duration_seconds', 'gauge', [], 'How long the last sweep took.'),
-  reconciles: spec('fencegate_reconcile_attempts_total', 'counter', ['route', 'result'], 'Status queries for outcome_unknown records (routes with reconcile), by route and result: found, not-found (released), not-yet-trusted, unknown, error.'),
-  reconcileUnknown: spec('fencegate_reconcile_unknown_records', 'gauge', ['route', 'age'], 'outcome_unknown records of routes with reconcile at the last background pass, by route and age since admission (under_1m, under_1h, under_1d, over_1d).'),
-  reconcileGaveUp: spec('fencegate_reconcile_gave_up_records', 'gauge', ['route'], 'outcome_unknown records past reconcile.maxAge at the last background pass: left to an operator.'),
+  reconciles: spec(
+    'fencegate_reconcile_attempts_total',
+    'counter',
+    ['route', 'result'],
+    'Status queries for outcome_unknown records (routes with reconcile), by route and result: found, not-found (released), not-yet-trusted, unknown, error.',
+  ),
+  reconcileUnknown: spec(
+    'fencegate_reconcile_unknown_records',
+    'gauge',
+    ['route', 'age'],
+    'outcome_unknown records of routes with reconcile at the last background pass, by route and age since admission (under_1m, under_1h, under_1d, over_1d).',
+  ),
+  reconcileGaveUp: spec(
+    'fencegate_reconcile_gave_up_records',
+    'gauge',
+    ['route'],
+    'outcome_unknown records past reconcile.maxAge at the last background pass: left to an operator.',
+  ),
   buildInfo: spec('fencegate_build_info', 'gauge', ['version', 'node'], 'Always 1: the fencegate version and the Node version it runs on (empty off Node).'),
 } as const satisfies Record<string, MetricSpec>;
 

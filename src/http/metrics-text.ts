@@ -80,7 +80,11 @@ export function createTextBackend(): MetricBackend {
             continue;
           }
           spec.buckets!.forEach((le, i) => out.push(`${spec.name}_bucket${braces([...pairs, `le="${le}"`])} ${v.counts![i]}`));
-          out.push(`${spec.name}_bucket${braces([...pairs, 'le="+Inf"'])} ${v.value}`, `${spec.name}_sum${braces(pairs)} ${v.sum}`, `${spec.name}_count${braces(pairs)} ${v.value}`);
+          out.push(
+            `${spec.name}_bucket${braces([...pairs, 'le="+Inf"'])} ${v.value}`,
+            `${spec.name}_sum${braces(pairs)} ${v.sum}`,
+            `${spec.name}_count${braces(pairs)} ${v.value}`,
+          );
         }
       }
       return out.join('\n') + '\n';

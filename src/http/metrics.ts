@@ -127,7 +127,8 @@ export function createMetrics(options: MetricsOptions = {}): Metrics {
   for (const k of SWEEP_KINDS) m.swept.inc([SWEEP_LABELS[k]], 0);
   // Only with a route that has reconcile: without one, /metrics is as it was.
   const reconciles = (options.reconcileRoutes?.length ?? 0) > 0 ? b.metric(SPECS.reconciles) : null;
-  for (const route of options.reconcileRoutes ?? []) for (const r of ['found', 'not-found', 'not-yet-trusted', 'unknown', 'error']) reconciles!.inc([route, r], 0);
+  for (const route of options.reconcileRoutes ?? [])
+    for (const r of ['found', 'not-found', 'not-yet-trusted', 'unknown', 'error']) reconciles!.inc([route, r], 0);
   let reconcileGauges: { unknown: ReturnType<MetricBackend['metric']>; gaveUp: ReturnType<MetricBackend['metric']> } | null = null;
   m.buildInfo.set([FENCEGATE_VERSION, options.nodeVersion ?? (globalThis as { process?: { versions?: { node?: string } } }).process?.versions?.node ?? ''], 1);
   // Shown from the first sweep (before it there is no backlog to tell), and a pool only for a store that has one.

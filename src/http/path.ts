@@ -93,7 +93,14 @@ const READINGS: Reading[] = [
   { applies: (p) => p.includes(';'), apply: (p) => removeDotSegments(p.replace(/;[^/]*/g, '')) },
   // Trailing dots and spaces dropped from each segment, as Windows does with
   // file names (IIS): `/payments./a` and `/payments%20/a` are `/payments/a`.
-  { applies: (p) => /(?:\.|%20)(?:\/|$)/.test(p), apply: (p) => p.split('/').map((s) => (s === '.' || s === '..' ? s : s.replace(/(?:\.|%20)+$/, ''))).join('/') },
+  {
+    applies: (p) => /(?:\.|%20)(?:\/|$)/.test(p),
+    apply: (p) =>
+      p
+        .split('/')
+        .map((s) => (s === '.' || s === '..' ? s : s.replace(/(?:\.|%20)+$/, '')))
+        .join('/'),
+  },
   // Empty segments merged (`//payments/a` is `/payments/a` to nginx).
   { applies: (p) => p.includes('//'), apply: (p) => p.replace(/\/{2,}/g, '/') },
   // A trailing slash dropped (Express and most frameworks route `/a/b/` as

@@ -58,12 +58,7 @@ export function presentedHeader(route: RouteConfig, code: string, headers: Heade
  * Rows are bounded (../store/bounds.ts) and swept by `rejectionRetention`,
  * so a client spamming 400s costs at most a few KB a row until the sweep.
  */
-export async function logRefusal(
-  deps: { store: GatewayStore; logger: Logger },
-  refusal: Refusal,
-  audit: AuditInfo,
-  presented: unknown,
-): Promise<void> {
+export async function logRefusal(deps: { store: GatewayStore; logger: Logger }, refusal: Refusal, audit: AuditInfo, presented: unknown): Promise<void> {
   if (!LOGGED_REFUSALS.has(refusal.code)) return;
   try {
     const shown = await presentedText(presented);
@@ -86,7 +81,11 @@ export async function logRefusal(
  * token was valid, what and why; never the token, only a short hash of it
  * to correlate repeated attempts. Best effort, as `logRefusal`.
  */
-export async function logAuthRefusal(deps: { store: GatewayStore; logger: Logger }, r: AuthRefusal, audit: Omit<AuditInfo, 'requestId' | 'caller' | 'payloadSha256'>): Promise<void> {
+export async function logAuthRefusal(
+  deps: { store: GatewayStore; logger: Logger },
+  r: AuthRefusal,
+  audit: Omit<AuditInfo, 'requestId' | 'caller' | 'payloadSha256'>,
+): Promise<void> {
   try {
     await deps.store.recordRejection({
       reason: r.code,

@@ -68,13 +68,23 @@ export function requestShapeProblem(headers: HeaderReader, pathname: string, sea
  * `SetInputFilter DEFLATE` in front of PHP) would see one.
  * Returns the reason for a 400 `invalid-request`, or null.
  */
-export function bodyMethodProblem(method: string, contentType: string | null, body: Uint8Array, route: Pick<RouteConfig, 'allowOverrides'>, contentEncoding: string | null = null): string | null {
+export function bodyMethodProblem(
+  method: string,
+  contentType: string | null,
+  body: Uint8Array,
+  route: Pick<RouteConfig, 'allowOverrides'>,
+  contentEncoding: string | null = null,
+): string | null {
   if (method !== 'POST' || body.byteLength === 0) return null;
   if (route.allowOverrides.some((n) => n.toLowerCase() === METHOD_QUERY_PARAMETER)) return null;
   const media = (contentType ?? '').split(';')[0]!.trim().toLowerCase();
   const form = media === '' || media === 'application/x-www-form-urlencoded';
   const json = media === 'application/json' || media.endsWith('+json');
-  if ((form || json || media === 'multipart/form-data') && contentEncoding !== null && contentEncoding.split(',').some((c) => c.trim() !== '' && c.trim().toLowerCase() !== 'identity')) {
+  if (
+    (form || json || media === 'multipart/form-data') &&
+    contentEncoding !== null &&
+    contentEncoding.split(',').some((c) => c.trim() !== '' && c.trim().toLowerCase() !== 'identity')
+  ) {
     return `the body is ${media === '' ? 'a form' : media} sent with Content-Encoding ${JSON.stringify(contentEncoding.slice(0, 64))}, in which the gateway cannot see whether it holds a "_method" field, which some upstream frameworks (Rails, Symfony, Laravel) take as the method of a POST once their server has decoded the body; send it uncoded, or name _method in the route's allowOverrides`;
   }
   // UTF-8 with replacement: every ASCII byte stays itself, whatever the

@@ -43,7 +43,8 @@ export interface SecurityOptions {
 export function createSecurity(options: SecurityOptions): Security {
   const { config, store, logger, problemBase } = options;
   try {
-    const checkSignedFence = config.fence.signed === undefined ? undefined : createSignedFenceCheck({ config: config.fence.signed, env: options.env, store, logger });
+    const checkSignedFence =
+      config.fence.signed === undefined ? undefined : createSignedFenceCheck({ config: config.fence.signed, env: options.env, store, logger });
     if (config.auth === undefined) return { auth: null, checkSignedFence };
 
     const keys = verificationKeys(config.auth, options.env, 'auth');
@@ -61,7 +62,11 @@ export function createSecurity(options: SecurityOptions): Security {
     // Refusals are logged for auditors: who (if the token was valid), what, why; never the token.
     // The path only, in the form the proxy routes: a query can carry a token (`?access_token=`).
     const onRefused = (c: Context, r: AuthRefusal) =>
-      logAuthRefusal({ store, logger }, r, { clientRequestId: clientRequestIdOf(c.req.raw), method: c.req.method, path: normalizePath(new URL(c.req.url).pathname) });
+      logAuthRefusal({ store, logger }, r, {
+        clientRequestId: clientRequestIdOf(c.req.raw),
+        method: c.req.method,
+        path: normalizePath(new URL(c.req.url).pathname),
+      });
     const adminRender = (_c: Context, refusal: Parameters<typeof renderRefusal>[0]) => toResponse(renderRefusal(refusal, null, problemBase));
     const admin = jwtAuth({
       verify,

@@ -55,7 +55,11 @@ export function createSignedFenceCheck(options: SignedFenceOptions): SignedFence
     } else {
       const why = v.why === 'wrong-entity' ? 'the fence was signed for another entity' : v.why;
       detail = `${why}; jws sha256 ${hash}`;
-      refusal = { code: 'invalid-fence-signature', detail: `the fence is not a valid signed fence for this entity (${why})`, extras: { entity, presented_fence: v.presented?.toString() ?? null } };
+      refusal = {
+        code: 'invalid-fence-signature',
+        detail: `the fence is not a valid signed fence for this entity (${why})`,
+        extras: { entity, presented_fence: v.presented?.toString() ?? null },
+      };
     }
     try {
       await store.recordRejection({
@@ -69,7 +73,11 @@ export function createSignedFenceCheck(options: SignedFenceOptions): SignedFence
       });
     } catch (err) {
       // The refusal stands: it never depended on the store.
-      logger.error('rejection-log-failed', { request_id: request.audit.requestId, reason: refusal.code, error: err instanceof Error ? err.message : String(err) });
+      logger.error('rejection-log-failed', {
+        request_id: request.audit.requestId,
+        reason: refusal.code,
+        error: err instanceof Error ? err.message : String(err),
+      });
     }
     return { ok: false, refusal };
   };

@@ -76,7 +76,13 @@ function encodePart(part: string): string {
   return part.replace(/%/g, '%25').replace(/:/g, '%3A');
 }
 
-async function enqueueStage(store: JobStore, key: string, stage: ParsedStage, payload: unknown, fenceKey: string | null): Promise<Exclude<DispatchAnswer, { status: 'skipped' }> & { job?: Job }> {
+async function enqueueStage(
+  store: JobStore,
+  key: string,
+  stage: ParsedStage,
+  payload: unknown,
+  fenceKey: string | null,
+): Promise<Exclude<DispatchAnswer, { status: 'skipped' }> & { job?: Job }> {
   const res = await store.enqueue({
     kind: stage.kind,
     idempotencyKey: key,
@@ -110,7 +116,10 @@ function entityOf(tool: ParsedTool, args: unknown): { ok: true; fenceKey: string
   // handler sends.
   const repeated = duplicateOnPointerPath(JSON.stringify(args), tool.entity.tokens);
   if (repeated !== null) {
-    return { ok: false, reason: `the tool's entity ${tool.entity.pointer}: the object at "${repeated.object}" has members whose names differ only in case, so parsers disagree on the entity` };
+    return {
+      ok: false,
+      reason: `the tool's entity ${tool.entity.pointer}: the object at "${repeated.object}" has members whose names differ only in case, so parsers disagree on the entity`,
+    };
   }
   let node = valueAtPointer(args, tool.entity.tokens);
   if (typeof node === 'number' && Number.isSafeInteger(node)) node = String(node);
@@ -158,7 +167,11 @@ export async function dispatchToolCalls(store: JobStore, plan: readonly unknown[
     }
     index++;
     if (index >= MAX_PLAN_CALLS) {
-      answers.push({ status: 'refused', code: 'too_many_calls', reason: `call ${index}: a plan holds at most ${MAX_PLAN_CALLS} calls; split it into several runs` });
+      answers.push({
+        status: 'refused',
+        code: 'too_many_calls',
+        reason: `call ${index}: a plan holds at most ${MAX_PLAN_CALLS} calls; split it into several runs`,
+      });
       continue;
     }
     const call = normalizeCall(raw);
@@ -174,7 +187,11 @@ export async function dispatchToolCalls(store: JobStore, plan: readonly unknown[
     }
     const parsed = tool.schema.safeParse(call.arguments);
     if (!parsed.success) {
-      answers.push({ status: 'refused', code: 'invalid_arguments', reason: `call ${index}: arguments do not match the ${call.name} schema: ${issueText(parsed.error)}` });
+      answers.push({
+        status: 'refused',
+        code: 'invalid_arguments',
+        reason: `call ${index}: arguments do not match the ${call.name} schema: ${issueText(parsed.error)}`,
+      });
       continue;
     }
     const entity = entityOf(tool, { arguments: parsed.data });
@@ -204,7 +221,10 @@ function chainOf(runId: string, index: number, tool: ParsedTool, stageIndex: num
 function issueText(error: unknown): string {
   const issues = (error as { issues?: { path?: PropertyKey[]; message?: string }[] } | null)?.issues;
   if (!Array.isArray(issues)) return 'invalid';
-  return issues.slice(0, 5).map((i) => `${(i.path ?? []).map(String).join('.') || '(arguments)'}: ${i.message ?? 'invalid'}`).join('; ');
+  return issues
+    .slice(0, 5)
+    .map((i) => `${(i.path ?? []).map(String).join('.') || '(arguments)'}: ${i.message ?? 'invalid'}`)
+    .join('; ');
 }
 
 export type AdvanceAnswer =

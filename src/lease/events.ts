@@ -105,11 +105,7 @@ export class LeaseEvents {
   }
 
   /** The next event of `type` that satisfies `predicate`; rejects on `signal` abort. */
-  waitFor<K extends LeaseEventType>(
-    type: K,
-    predicate: (event: LeaseEventOf<K>) => boolean = () => true,
-    signal?: AbortSignal,
-  ): Promise<LeaseEventOf<K>> {
+  waitFor<K extends LeaseEventType>(type: K, predicate: (event: LeaseEventOf<K>) => boolean = () => true, signal?: AbortSignal): Promise<LeaseEventOf<K>> {
     return new Promise((resolve, reject) => {
       if (signal?.aborted) return reject(signal.reason);
       const onAbort = () => {

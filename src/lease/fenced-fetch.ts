@@ -117,7 +117,7 @@ function idempotencyKey(ctx: FenceContext, step: string): string {
   }
   if (typeof ctx.jobKey !== 'string' || ctx.jobKey.length === 0) {
     // Never fall back to the job id alone: that key collides across job stores.
-    throw new LeaseError('invalid_input', 'the fence context has no jobKey (use the lease\'s jobKey)');
+    throw new LeaseError('invalid_input', "the fence context has no jobKey (use the lease's jobKey)");
   }
   return `${ctx.jobKey}:${step}`;
 }
@@ -138,12 +138,14 @@ export type FenceRefusal = 'stale-fence' | 'fence-expired';
 async function isFenceRefusal(res: Response): Promise<{ body: unknown; code: FenceRefusal } | undefined> {
   if (res.status !== 409) return undefined;
   if (!/json/i.test(res.headers.get('content-type') ?? '')) return undefined;
-  const body = (await res.clone().json().catch(() => null)) as
-    | { type?: unknown; error?: { code?: unknown } }
-    | null;
+  const body = (await res
+    .clone()
+    .json()
+    .catch(() => null)) as { type?: unknown; error?: { code?: unknown } } | null;
   const m = typeof body?.type === 'string' ? /\/(stale-fence|fence-expired)$/.exec(body.type) : null;
   if (m) return { body, code: m[1] as FenceRefusal };
-  if (body?.error?.code === 'stale_fence' || body?.error?.code === 'fence_expired') return { body, code: body.error.code === 'stale_fence' ? 'stale-fence' : 'fence-expired' };
+  if (body?.error?.code === 'stale_fence' || body?.error?.code === 'fence_expired')
+    return { body, code: body.error.code === 'stale_fence' ? 'stale-fence' : 'fence-expired' };
   return undefined;
 }
 
@@ -225,10 +227,9 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
       if (ctx.signal.aborted) throw ctx.signal.reason instanceof Error ? ctx.signal.reason : new LeaseLostError('the lease ended', { cause: err });
       if (callerSignal?.aborted) throw err;
       if (timeout?.aborted) {
-        throw new OutcomeUnknownError(
-          `step ${step}: no answer within ${timeoutMs} ms; the request may have taken effect, retry only with the same step`,
-          { cause: err },
-        );
+        throw new OutcomeUnknownError(`step ${step}: no answer within ${timeoutMs} ms; the request may have taken effect, retry only with the same step`, {
+          cause: err,
+        });
       }
       // With redirects followed, a connect that failed may have been the
       // second hop's, after the first one had the request.

@@ -129,7 +129,11 @@ function isFenceLost(e: RpcErrorLike): boolean {
  * server-error code, but the server ran the call. Matched by the SDK's own
  * messages; test/lease/connect-errors.test.ts pins them against the SDK.
  */
-const AFTER_RESULT = [/has an output schema but did not return structured content/, /Structured content does not match the tool's output schema/, /Failed to validate structured content/];
+const AFTER_RESULT = [
+  /has an output schema but did not return structured content/,
+  /Structured content does not match the tool's output schema/,
+  /Failed to validate structured content/,
+];
 function afterResult(err: unknown): boolean {
   const e = err as { name?: unknown; message?: unknown } | null;
   return e?.name === 'McpError' && typeof e.message === 'string' && AFTER_RESULT.some((r) => r.test(e.message as string));
@@ -181,7 +185,10 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
         const variant = caseVariantOf(member, MCP_CALL_MEMBERS);
         if (member === 'idempotencyKey' || variant === 'idempotencyKey') continue;
         if (variant !== undefined) {
-          throw new LeaseError('invalid_input', `callTool: params.${member} differs only in case from "${variant}", which an mcp route refuses; pass it as "${variant}"`);
+          throw new LeaseError(
+            'invalid_input',
+            `callTool: params.${member} differs only in case from "${variant}", which an mcp route refuses; pass it as "${variant}"`,
+          );
         }
         kept.push([member, value]);
       }
@@ -220,9 +227,12 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
           // The SDK's own check of the result against the tool's output
           // schema fails after the call ran: not a refusal.
           if (afterResult(err)) {
-            throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} ran, but its result did not pass the client's output-schema check; retry only with the same step`, {
-              cause: err,
-            });
+            throw new OutcomeUnknownError(
+              `step ${name}: tools/call ${wire.name} ran, but its result did not pass the client's output-schema check; retry only with the same step`,
+              {
+                cause: err,
+              },
+            );
           }
           const rpc = asRpcError(err);
           if (rpc && isFenceLost(rpc)) {

@@ -30,8 +30,6 @@ export async function openJobStore(descriptor: StoreDescriptor, options: OpenJob
     ...storeOptions,
     connectionString: descriptor.postgres,
     ...(descriptor.pooler === undefined ? {} : { pooler: descriptor.pooler }),
-    ...(statementTimeoutMs === undefined
-      ? {}
-      : { queryTimeoutMs: statementTimeoutMs, connectionTimeoutMs: statementTimeoutMs }),
+    ...(statementTimeoutMs === undefined ? {} : { queryTimeoutMs: statementTimeoutMs, connectionTimeoutMs: statementTimeoutMs }),
   });
 }

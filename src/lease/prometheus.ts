@@ -24,12 +24,16 @@ type CounterKey = Exclude<keyof KindCounters, 'lostByCause' | 'leasesLost' | 'co
 
 const COUNTERS: [name: string, key: CounterKey, help: string][] = [
   ['fencegate_lease_claims_total', 'claimed', 'Jobs this worker claimed.'],
-  ['fencegate_lease_reclaims_total', 'reclaimed', 'Claims that took over a lease which had expired in another owner\'s hands.'],
+  ['fencegate_lease_reclaims_total', 'reclaimed', "Claims that took over a lease which had expired in another owner's hands."],
   ['fencegate_lease_heartbeats_total', 'heartbeatsOk', 'Heartbeats (lease extends) that succeeded.'],
   ['fencegate_lease_extend_failures_total', 'extendsFailed', 'Lease extends that failed with an error (not zero rows).'],
-  ['fencegate_lease_ownership_unknown_total', 'ownershipUnknown', 'Times a lease could not be confirmed for another heartbeat interval (no new external action may start).'],
+  [
+    'fencegate_lease_ownership_unknown_total',
+    'ownershipUnknown',
+    'Times a lease could not be confirmed for another heartbeat interval (no new external action may start).',
+  ],
   ['fencegate_lease_tool_requests_total', 'toolRequests', 'External actions started (fencedFetch, step).'],
-  ['fencegate_lease_stage_timeouts_total', 'stageTimeouts', 'Attempts that ran past their kind\'s maxRunMs.'],
+  ['fencegate_lease_stage_timeouts_total', 'stageTimeouts', "Attempts that ran past their kind's maxRunMs."],
 ];
 
 /**
@@ -74,16 +78,26 @@ export function leaseMetricsRegistry(worker: { metrics(): LeaseMetrics }, option
       for (const [kind, c] of counters()) set({ kind }, c?.[key] ?? 0);
     });
   }
-  counter('fencegate_lease_lost_total', 'Leases this worker lost, by cause (zero_rows, unconfirmed: the lease ran out or a newer owner took it; stalled; stale_fence; thread_exit).', ['cause'], (set) => {
-    for (const [kind, c] of counters()) for (const cause of LOSS_CAUSES) set({ kind, cause }, c?.lostByCause[cause] ?? 0);
-  });
-  counter('fencegate_lease_attempts_total', 'Attempts ended, by result: committed, rejected (not stored: lease lost, timed out, store error), failed (retried or terminal).', ['result'], (set) => {
-    for (const [kind, c] of counters()) {
-      set({ kind, result: 'committed' }, c?.committed ?? 0);
-      set({ kind, result: 'rejected' }, c?.rejected ?? 0);
-      set({ kind, result: 'failed' }, c?.failed ?? 0);
-    }
-  });
+  counter(
+    'fencegate_lease_lost_total',
+    'Leases this worker lost, by cause (zero_rows, unconfirmed: the lease ran out or a newer owner took it; stalled; stale_fence; thread_exit).',
+    ['cause'],
+    (set) => {
+      for (const [kind, c] of counters()) for (const cause of LOSS_CAUSES) set({ kind, cause }, c?.lostByCause[cause] ?? 0);
+    },
+  );
+  counter(
+    'fencegate_lease_attempts_total',
+    'Attempts ended, by result: committed, rejected (not stored: lease lost, timed out, store error), failed (retried or terminal).',
+    ['result'],
+    (set) => {
+      for (const [kind, c] of counters()) {
+        set({ kind, result: 'committed' }, c?.committed ?? 0);
+        set({ kind, result: 'rejected' }, c?.rejected ?? 0);
+        set({ kind, result: 'failed' }, c?.failed ?? 0);
+      }
+    },
+  );
   const gauge = (name: string, help: string, value: (g: LeaseMetrics['gauges'][string]) => number | null) =>
     new Gauge({
       name,
@@ -100,7 +114,15 @@ export function leaseMetricsRegistry(worker: { metrics(): LeaseMetrics }, option
       },
     });
   gauge('fencegate_lease_running', 'Attempts running now.', (g) => g.running);
-  gauge('fencegate_lease_heartbeat_age_seconds', 'Age of the oldest last good heartbeat among running attempts (absent when none runs).', (g) => g.maxHeartbeatAgeMs / 1000);
-  gauge('fencegate_lease_time_left_seconds', 'Shortest confirmed lease time left among running attempts (absent when none runs; negative: past the conservative deadline).', (g) => (g.minLeaseLeftMs === null ? null : g.minLeaseLeftMs / 1000));
+  gauge(
+    'fencegate_lease_heartbeat_age_seconds',
+    'Age of the oldest last good heartbeat among running attempts (absent when none runs).',
+    (g) => g.maxHeartbeatAgeMs / 1000,
+  );
+  gauge(
+    'fencegate_lease_time_left_seconds',
+    'Shortest confirmed lease time left among running attempts (absent when none runs; negative: past the conservative deadline).',
+    (g) => (g.minLeaseLeftMs === null ? null : g.minLeaseLeftMs / 1000),
+  );
   return registry;
 }

@@ -20,7 +20,9 @@ export const DEFAULT_MAX_ATTEMPTS = 3;
 
 /** sha256 of a JSON value, hex: what events and logs carry instead of the value. */
 export function sha256Json(value: unknown): string {
-  return createHash('sha256').update(JSON.stringify(value ?? null)).digest('hex');
+  return createHash('sha256')
+    .update(JSON.stringify(value ?? null))
+    .digest('hex');
 }
 
 /** `JSON.stringify` that never yields `undefined` (a NOT NULL column needs a value). */
@@ -159,12 +161,7 @@ export function failParams(error: JobErrorInfo, backoffMs: number) {
 }
 
 /** FAIL's answer from its returned row (none: the lease was lost). */
-export function failResult(
-  row: { state: JobState; reason: string | null; runAfter: Date } | undefined,
-  error: JobErrorInfo,
-): FailResult {
+export function failResult(row: { state: JobState; reason: string | null; runAfter: Date } | undefined, error: JobErrorInfo): FailResult {
   if (!row) return LEASE_LOST;
-  return row.state === 'queued'
-    ? { ok: true, state: 'queued', runAfter: row.runAfter }
-    : { ok: true, state: 'failed', reason: row.reason ?? error.code };
+  return row.state === 'queued' ? { ok: true, state: 'queued', runAfter: row.runAfter } : { ok: true, state: 'failed', reason: row.reason ?? error.code };
 }

@@ -87,7 +87,17 @@ export function startAttemptSpan(lease: Lease, workerId: string, claimSentAt: nu
 }
 
 /** The span of one external action, a child of the active context (the attempt, or the user's span inside it). */
-export function startToolSpan(fields: { jobId: number; kind: string; fencingToken: number; fenceKey: string; step: string; idempotencyKey: string; requestId: string; method?: string; url?: URL }): ToolSpan {
+export function startToolSpan(fields: {
+  jobId: number;
+  kind: string;
+  fencingToken: number;
+  fenceKey: string;
+  step: string;
+  idempotencyKey: string;
+  requestId: string;
+  method?: string;
+  url?: URL;
+}): ToolSpan {
   const o = otel();
   if (o === null) return NOOP_TOOL;
   const attributes: Attributes = {

@@ -145,10 +145,7 @@ export interface FailOptions {
   backoffMs?: number;
 }
 
-export type FailResult =
-  | { ok: true; state: 'queued'; runAfter: Date }
-  | { ok: true; state: 'failed'; reason: TerminalReason }
-  | LeaseLost;
+export type FailResult = { ok: true; state: 'queued'; runAfter: Date } | { ok: true; state: 'failed'; reason: TerminalReason } | LeaseLost;
 
 export type CancelResult = { ok: true } | { ok: false; reason: 'not_cancellable' };
 
@@ -163,9 +160,7 @@ export interface JobCount {
  * heartbeat thread re-opens the store from this (a live connection cannot
  * cross a thread boundary).
  */
-export type StoreDescriptor =
-  | { sqlite: string; busyTimeoutMs?: number }
-  | { postgres: string; pooler?: 'session' | 'transaction' };
+export type StoreDescriptor = { sqlite: string; busyTimeoutMs?: number } | { postgres: string; pooler?: 'session' | 'transaction' };
 
 export interface JobStore {
   readonly dialect: 'sqlite' | 'postgres';

@@ -48,7 +48,14 @@ export async function mintFence(claims: FenceClaimsInput, key: FenceSigningKey, 
   const parsed = parseFence(fence);
   if (!parsed.ok) throw new RangeError(`fence: ${parsed.reason}`);
   if (!Number.isSafeInteger(claims.exp)) throw new RangeError('exp: expected epoch seconds');
-  const payload = { ent: claims.ent, fence, sub: claims.sub, exp: claims.exp, iat: Math.floor(Date.now() / 1000), ...(options.issuer ? { iss: options.issuer } : {}) };
+  const payload = {
+    ent: claims.ent,
+    fence,
+    sub: claims.sub,
+    exp: claims.exp,
+    iat: Math.floor(Date.now() / 1000),
+    ...(options.issuer ? { iss: options.issuer } : {}),
+  };
   const bytes = new TextEncoder().encode(JSON.stringify(payload));
   if ('secret' in key) {
     const secret = typeof key.secret === 'string' ? new TextEncoder().encode(key.secret) : key.secret;

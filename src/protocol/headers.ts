@@ -66,7 +66,12 @@ export function parseIdempotencyKey(raw: string, maxLength = DEFAULT_MAX_KEY_LEN
     key = unq;
   } else {
     if (/[",]/.test(raw)) return { ok: false, reason: 'an unquoted key may not contain `"` or `,` (several keys were sent, or the key needs quoting)' };
-    if (raw !== raw.trim()) return { ok: false, reason: 'an unquoted key has leading or trailing spaces, which HTTP does not count as part of a header value; send the key as a quoted string to keep them' };
+    if (raw !== raw.trim())
+      return {
+        ok: false,
+        reason:
+          'an unquoted key has leading or trailing spaces, which HTTP does not count as part of a header value; send the key as a quoted string to keep them',
+      };
     key = raw;
   }
   return checkKey(key, maxLength);
@@ -112,7 +117,21 @@ export function formatIdempotencyKey(key: string): string {
  * the upstream acts for the tenant it is sent.
  */
 const GATEWAY_HEADERS = ['x-request-id', 'x-fence-entity', 'idempotent-replayed', 'traceparent', 'tracestate'];
-const FRAMING_HEADERS = ['host', 'content-length', 'content-type', 'content-encoding', 'transfer-encoding', 'connection', 'keep-alive', 'te', 'trailer', 'upgrade', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate'];
+const FRAMING_HEADERS = [
+  'host',
+  'content-length',
+  'content-type',
+  'content-encoding',
+  'transfer-encoding',
+  'connection',
+  'keep-alive',
+  'te',
+  'trailer',
+  'upgrade',
+  'proxy-connection',
+  'proxy-authorization',
+  'proxy-authenticate',
+];
 
 /**
  * Request fields that some upstream stacks read as the request's real path
@@ -148,7 +167,29 @@ export function overrideHeaderName(name: string): string {
  * key (`echoKey` would write the key into them): cookies, redirects, caching,
  * content metadata, authentication challenges, CORS and security policy.
  */
-const RESPONSE_SIGNIFICANT = ['set-cookie', 'set-cookie2', 'location', 'content-location', 'refresh', 'link', 'vary', 'etag', 'last-modified', 'cache-control', 'expires', 'age', 'date', 'retry-after', 'www-authenticate', 'authentication-info', 'strict-transport-security', 'alt-svc', 'clear-site-data', 'server', 'allow'];
+const RESPONSE_SIGNIFICANT = [
+  'set-cookie',
+  'set-cookie2',
+  'location',
+  'content-location',
+  'refresh',
+  'link',
+  'vary',
+  'etag',
+  'last-modified',
+  'cache-control',
+  'expires',
+  'age',
+  'date',
+  'retry-after',
+  'www-authenticate',
+  'authentication-info',
+  'strict-transport-security',
+  'alt-svc',
+  'clear-site-data',
+  'server',
+  'allow',
+];
 const RESPONSE_SIGNIFICANT_PREFIXES = ['content-', 'access-control-', 'cross-origin-', 'x-frame-', 'x-content-'];
 
 /** What `keyHeaderCollision` needs of a route (a subset of its config). */
@@ -174,7 +215,8 @@ export function keyHeaderCollision(route: KeyHeaderRoute, context: CollisionCont
   if (route.idempotency === 'off') return null;
   const name = route.idempotencyHeader.toLowerCase();
   const said = `"${route.idempotencyHeader}"`;
-  if (route.keyScope !== undefined && 'header' in route.keyScope && name === route.keyScope.header.toLowerCase()) return `${said} is also this route's keyScope header`;
+  if (route.keyScope !== undefined && 'header' in route.keyScope && name === route.keyScope.header.toLowerCase())
+    return `${said} is also this route's keyScope header`;
   return rewrittenHeader(name, said, route, context);
 }
 
@@ -208,13 +250,17 @@ export function credentialHeaderCollision(route: KeyHeaderRoute, header: string,
 }
 
 function rewrittenHeader(name: string, said: string, route: KeyHeaderRoute, context: CollisionContext): string | null {
-  if (GATEWAY_HEADERS.includes(name)) return `${said} is a header the gateway writes itself (its own X-Request-Id, X-Fence-Entity and trace context), so the upstream would not see the value sent; use Idempotency-Key or another header of your own`;
+  if (GATEWAY_HEADERS.includes(name))
+    return `${said} is a header the gateway writes itself (its own X-Request-Id, X-Fence-Entity and trace context), so the upstream would not see the value sent; use Idempotency-Key or another header of your own`;
   if (name === route.fenceHeader.toLowerCase()) return `${said} is also this route's fenceHeader`;
   if ('header' in route.entity && name === route.entity.header.toLowerCase()) return `${said} is also this route's entity header`;
   if (FRAMING_HEADERS.includes(name)) return `${said} frames the HTTP message (or is hop-by-hop) and does not reach the upstream as sent`;
   if (context.auth && name === 'authorization') return `${said} carries the caller's credentials, which the gateway checks and does not forward`;
   if ((route.stripHeaders ?? []).some((h) => h.toLowerCase() === name)) return `${said} is in this route's stripHeaders, so it never reaches the upstream`;
-  if (OVERRIDE_FIELDS.some((f) => f.toLowerCase() === overrideHeaderName(name)) && !(route.allowOverrides ?? []).some((f) => overrideHeaderName(f) === overrideHeaderName(name))) {
+  if (
+    OVERRIDE_FIELDS.some((f) => f.toLowerCase() === overrideHeaderName(name)) &&
+    !(route.allowOverrides ?? []).some((f) => overrideHeaderName(f) === overrideHeaderName(name))
+  ) {
     return `${said} is a path or method override header, which the gateway does not forward unless the route's allowOverrides names it`;
   }
   if (Object.keys(route.upstreamHeaders).some((h) => h.toLowerCase() === name)) return `${said} is replaced by this route's upstreamHeaders`;

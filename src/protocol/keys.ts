@@ -61,13 +61,16 @@ export function verificationKeys(spec: KeySetSpec, env: Record<string, string | 
   let secret: Uint8Array | null = null;
   if (spec.secret !== undefined) {
     const text = typeof spec.secret === 'string' ? spec.secret : env[spec.secret.env];
-    if (text === undefined || text === '') throw new KeyConfigError(`${field}.secret: environment variable ${(spec.secret as { env: string }).env} is not set`, `${field}.secret`);
+    if (text === undefined || text === '')
+      throw new KeyConfigError(`${field}.secret: environment variable ${(spec.secret as { env: string }).env} is not set`, `${field}.secret`);
     if (text.length < 32) throw new KeyConfigError(`${field}.secret: must be at least 32 characters (256 bits) for HS256`, `${field}.secret`);
     secret = new TextEncoder().encode(text);
   }
-  if (spec.jwksFile !== undefined) throw new KeyConfigError(`${field}.jwksFile: key files are read by the Node entry; pass "jwks" inline here`, `${field}.jwksFile`);
+  if (spec.jwksFile !== undefined)
+    throw new KeyConfigError(`${field}.jwksFile: key files are read by the Node entry; pass "jwks" inline here`, `${field}.jwksFile`);
   spec.publicKeys?.forEach((k, i) => {
-    if (k.pem === undefined) throw new KeyConfigError(`${field}.publicKeys[${i}]: key files are read by the Node entry; pass "pem" inline here`, `${field}.publicKeys[${i}]`);
+    if (k.pem === undefined)
+      throw new KeyConfigError(`${field}.publicKeys[${i}]: key files are read by the Node entry; pass "pem" inline here`, `${field}.publicKeys[${i}]`);
   });
 
   const algorithms: string[] = [];

@@ -36,7 +36,11 @@ export const RESOURCE_SCOPES: readonly string[] = ['fencegate:proxy'];
  * from (§3.3) and sends it as the RFC 8707 `resource` parameter, and the
  * tokens it gets back carry it as `aud`, which the gateway checks.
  */
-export function resourceMetadataDocument(options: { resource: string; authorizationServers: readonly string[]; resourceName?: string | undefined }): Record<string, unknown> {
+export function resourceMetadataDocument(options: {
+  resource: string;
+  authorizationServers: readonly string[];
+  resourceName?: string | undefined;
+}): Record<string, unknown> {
   return {
     resource: options.resource,
     authorization_servers: [...options.authorizationServers],

@@ -69,16 +69,16 @@ interface Run {
  * }, { fences });
  * processor.watch(new Worker('payments', processor, { connection }));
  */
-export function fencedProcessor<J extends BullJobLike, R>(
-  processor: FencedProcessor<J, R>,
-  options: FencedProcessorOptions,
-): FencedBullProcessor<J, R> {
+export function fencedProcessor<J extends BullJobLike, R>(processor: FencedProcessor<J, R>, options: FencedProcessorOptions): FencedBullProcessor<J, R> {
   const fences = options?.fences;
-  if (fences?.backend !== 'redis') throw new LeaseConfigError("fencegate/bullmq needs a Redis fence source on the queue's Redis (createFenceSource({ redis }))");
+  if (fences?.backend !== 'redis')
+    throw new LeaseConfigError("fencegate/bullmq needs a Redis fence source on the queue's Redis (createFenceSource({ redis }))");
   if ('lockDurationMs' in options) {
     // It used to set the signed fence's exp to "now + lockDurationMs" at every call, which a worker
     // frozen past its lock still passed: refuse it rather than ignore it.
-    throw new LeaseConfigError('lockDurationMs is no longer an option: the signed fence expires with the BullMQ lock as Redis last confirmed it (docs/queues.md)');
+    throw new LeaseConfigError(
+      'lockDurationMs is no longer an option: the signed fence expires with the BullMQ lock as Redis last confirmed it (docs/queues.md)',
+    );
   }
   const runs = new Map<string, Set<Run>>();
 
@@ -114,7 +114,8 @@ export function fencedProcessor<J extends BullJobLike, R>(
   }
 
   async function fencedBullProcessor(job: J, token?: string, signal?: AbortSignal): Promise<R> {
-    if (job.id === undefined || token === undefined) throw new LeaseConfigError('a fenced processor needs the job id and the lock token BullMQ passes to a Worker processor');
+    if (job.id === undefined || token === undefined)
+      throw new LeaseConfigError('a fenced processor needs the job id and the lock token BullMQ passes to a Worker processor');
     // lifeHash: the job's own hash, which BullMQ deletes with the job, marks this life of the id.
     const jobHash = `${job.queueQualifiedName}:${job.id}`;
     const guard: FenceGuard = { kind: 'redis-key', key: `${jobHash}:lock`, equals: token, lifeHash: jobHash };

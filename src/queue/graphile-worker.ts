@@ -68,10 +68,13 @@ export function fencedTask<P = unknown, H extends GraphileHelpersLike = Graphile
   task: FencedTask<P, H>,
   options: FencedTaskOptions,
 ): (payload: P, helpers: H) => Promise<void> {
-  if (options.fences?.backend !== 'postgres') throw new LeaseConfigError("fencegate/graphile-worker needs a PostgreSQL fence source on the worker's database (createFenceSource({ postgres }))");
+  if (options.fences?.backend !== 'postgres')
+    throw new LeaseConfigError("fencegate/graphile-worker needs a PostgreSQL fence source on the worker's database (createFenceSource({ postgres }))");
   const { workerSchema = 'graphile_worker', lockMs = GRAPHILE_LOCK_MS, ...adapter } = options;
   if (!Number.isSafeInteger(lockMs) || lockMs <= 0 || lockMs > GRAPHILE_LOCK_MS) {
-    throw new LeaseConfigError(`lockMs must be an integer of ms in 1–${GRAPHILE_LOCK_MS} (graphile-worker's lock lasts 4 h from locked_at), got ${String(lockMs)}`);
+    throw new LeaseConfigError(
+      `lockMs must be an integer of ms in 1–${GRAPHILE_LOCK_MS} (graphile-worker's lock lasts 4 h from locked_at), got ${String(lockMs)}`,
+    );
   }
   if (!SCHEMA.test(workerSchema)) throw new LeaseConfigError(`workerSchema must be a plain lowercase identifier, got ${JSON.stringify(workerSchema)}`);
   // $3 the job id, $4 this worker's id. FOR SHARE: a take-over's get_job
@@ -85,7 +88,9 @@ export function fencedTask<P = unknown, H extends GraphileHelpersLike = Graphile
     // the time of a call: a worker frozen past it mints an expired fence.
     const lockedAtMs = lockedAt == null ? NaN : new Date(lockedAt).getTime();
     if (adapter.fenceSigner !== undefined && !Number.isFinite(lockedAtMs)) {
-      throw new LeaseConfigError("a fenced task with a fenceSigner needs the job's locked_at as graphile-worker hands it out (the signed fence expires with the lock)");
+      throw new LeaseConfigError(
+        "a fenced task with a fenceSigner needs the job's locked_at as graphile-worker hands it out (the signed fence expires with the lock)",
+      );
     }
     const attempt = await beginAttempt(
       adapter,

@@ -57,13 +57,17 @@ function part(what: string, value: unknown): string {
  * // 'queue-job:5f0c…e1:payments:42'
  */
 export function jobKeys(storeId: string, job: JobRef): JobKeys {
-  if (!STORE_ID.test(storeId)) throw new LeaseError('store_identity', `the fence store's id must be 32 lowercase hex characters, got ${JSON.stringify(storeId)}`);
+  if (!STORE_ID.test(storeId))
+    throw new LeaseError('store_identity', `the fence store's id must be 32 lowercase hex characters, got ${JSON.stringify(storeId)}`);
   const key = `queue-job:${storeId}:${part('queue name', job.queue)}:${part('job id', job.id)}`;
   const life = job.life ?? 1;
   if (!Number.isSafeInteger(life) || life < 1) throw new LeaseError('invalid_input', `life must be a positive integer, got ${String(job.life)}`);
   const keyPrefix = life === 1 ? key : `${key}@${life}`;
   if (keyPrefix.length > MAX_KEY_PREFIX) {
-    throw new LeaseError('invalid_input', `queue name and job id are too long for an Idempotency-Key (prefix ${keyPrefix.length} > ${MAX_KEY_PREFIX} characters)`);
+    throw new LeaseError(
+      'invalid_input',
+      `queue name and job id are too long for an Idempotency-Key (prefix ${keyPrefix.length} > ${MAX_KEY_PREFIX} characters)`,
+    );
   }
   return { entity: key, keyPrefix };
 }

@@ -109,7 +109,8 @@ export async function redisFenceSource(client: RedisLike, options: RedisFenceSou
     const result = answer(reply[0], id);
     if (result === IDENTITY_LOST || !result.ok) return result;
     const life = reply[2] === undefined ? undefined : Number(reply[2]);
-    if (life !== undefined && (!Number.isSafeInteger(life) || life < 1)) throw new LeaseError('invalid_input', `the job's life record returned an unusable life: ${String(reply[2])}`);
+    if (life !== undefined && (!Number.isSafeInteger(life) || life < 1))
+      throw new LeaseError('invalid_input', `the job's life record returned an unusable life: ${String(reply[2])}`);
     return { ...result, guardTtlMs: Number(reply[1]), ...(life !== undefined ? { life } : {}) };
   }
 
@@ -130,7 +131,8 @@ export async function redisFenceSource(client: RedisLike, options: RedisFenceSou
       const current = await readIdentity();
       if (storeId === lost) storeId = current;
       const again = await beginUnder(current, job, guard);
-      if (again === IDENTITY_LOST) throw new LeaseError('store_identity', `${storeIdKey} changed again while this fence was drawn; nothing was drawn, try the attempt again`);
+      if (again === IDENTITY_LOST)
+        throw new LeaseError('store_identity', `${storeIdKey} changed again while this fence was drawn; nothing was drawn, try the attempt again`);
       return again;
     },
     async guardTtl(guard) {

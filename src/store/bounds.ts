@@ -52,8 +52,7 @@ export function cutText(value: string, max: number): string {
   return value.slice(0, end) + CUT_MARKER;
 }
 
-const cutNullable = (value: string | null | undefined, max: number): string | null =>
-  value === null || value === undefined ? null : cutText(value, max);
+const cutNullable = (value: string | null | undefined, max: number): string | null => (value === null || value === undefined ? null : cutText(value, max));
 
 /** The text of one rejection row, every field bounded (see above). */
 export interface RejectionText {

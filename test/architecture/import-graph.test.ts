@@ -72,18 +72,14 @@ describe('import graph of src/', () => {
   });
 
   it(`has no import cycle, type-only included, through ${acyclic.join(', ')}`, () => {
-    const cycles = importCycles(graph, { includeTypeOnly: true }).filter((cycle) =>
-      cycle.some((file) => acyclic.some((folder) => under(file, folder))),
-    );
+    const cycles = importCycles(graph, { includeTypeOnly: true }).filter((cycle) => cycle.some((file) => acyclic.some((folder) => under(file, folder))));
     expect(cycles, `import cycles (give the types they share a file of their own):\n${formatCycles(cycles)}`).toEqual([]);
   });
 
   it(`${leaseEntry} loads ${leaseClosure.length} files at run time, none of them gateway code`, () => {
     console.info(`runtime closure of ${leaseEntry}: ${leaseClosure.length} files`);
     const gatewayFiles = leaseClosure.filter((file) => gateway.some((folder) => under(file, folder)));
-    expect(gatewayFiles, `gateway files in the runtime closure of ${leaseEntry}:\n  ${gatewayFiles.join('\n  ')}`).toEqual(
-      [],
-    );
+    expect(gatewayFiles, `gateway files in the runtime closure of ${leaseEntry}:\n  ${gatewayFiles.join('\n  ')}`).toEqual([]);
   });
 });
 
@@ -134,9 +130,7 @@ describe('import graph checker, negative control', () => {
     expect(layerViolations(synthetic, protocol).map((edge) => [edge.from, edge.to, edge.typeOnly])).toEqual([
       ['src/protocol/keys.ts', 'src/config/keys.ts', true],
     ]);
-    expect(layerViolations(synthetic, core).map((edge) => [edge.from, edge.to])).toEqual([
-      ['src/core/re-export.ts', 'src/protocol/codes.ts'],
-    ]);
+    expect(layerViolations(synthetic, core).map((edge) => [edge.from, edge.to])).toEqual([['src/core/re-export.ts', 'src/protocol/codes.ts']]);
   });
 
   it('reports the runtime cycle and not the type-only ones', () => {

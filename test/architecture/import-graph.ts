@@ -36,8 +36,7 @@ interface RawImport {
 export function importsOf(fileName: string, text: string): RawImport[] {
   const source = ts.createSourceFile(fileName, text, ts.ScriptTarget.Latest, true, ts.ScriptKind.TS);
   const found: RawImport[] = [];
-  const literal = (node: ts.Node | undefined): string | undefined =>
-    node !== undefined && ts.isStringLiteralLike(node) ? node.text : undefined;
+  const literal = (node: ts.Node | undefined): string | undefined => (node !== undefined && ts.isStringLiteralLike(node) ? node.text : undefined);
 
   const visit = (node: ts.Node): void => {
     if (ts.isImportDeclaration(node)) {
@@ -85,14 +84,7 @@ function exportIsTypeOnly(node: ts.ExportDeclaration): boolean {
 /** Resolves a relative specifier the way NodeNext does for these sources: `.js` names the `.ts` file. */
 function resolve(from: string, specifier: string, files: Set<string>): string | undefined {
   const base = posix.normalize(posix.join(posix.dirname(from), specifier));
-  const candidates = [
-    base,
-    base.replace(/\.js$/, '.ts'),
-    base.replace(/\.mjs$/, '.mts'),
-    base.replace(/\.cjs$/, '.cts'),
-    `${base}.ts`,
-    `${base}/index.ts`,
-  ];
+  const candidates = [base, base.replace(/\.js$/, '.ts'), base.replace(/\.mjs$/, '.mts'), base.replace(/\.cjs$/, '.cts'), `${base}.ts`, `${base}/index.ts`];
   return candidates.find((candidate) => files.has(candidate));
 }
 
@@ -159,9 +151,7 @@ export function layerViolations(graph: ImportGraph, rule: LayerRule): ImportEdge
     .filter((edge) => edge.local && (rule.includeTypeOnly || !edge.typeOnly))
     .filter((edge) => rule.from.some((folder) => under(edge.from, folder)))
     .filter((edge) =>
-      rule.allowed !== undefined
-        ? !rule.allowed.some((folder) => under(edge.to, folder))
-        : (rule.forbidden ?? []).some((folder) => under(edge.to, folder)),
+      rule.allowed !== undefined ? !rule.allowed.some((folder) => under(edge.to, folder)) : (rule.forbidden ?? []).some((folder) => under(edge.to, folder)),
     )
     .sort((a, b) => (a.from + a.to).localeCompare(b.from + b.to));
 }

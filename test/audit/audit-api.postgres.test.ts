@@ -90,8 +90,23 @@ describe.skipIf(!POSTGRES_URL)('audit API on the PostgreSQL store', () => {
 
     const resolve = (body: unknown) => v1(`/idempotency/${key}/resolve`, { method: 'POST', headers: admin, body: JSON.stringify(body) });
     const confirmed = '{"id":"ch_1","status":"succeeded","checked_by":"ops"}';
-    const done = await json(await resolve({ outcome: 'completed', response: { status: 201, headers: { 'content-type': 'application/json' }, body: confirmed }, note: 'checked in the provider dashboard' }));
-    expect(done.action).toMatchObject({ action: 'resolve-completed', key, scope: 'payments\u0000billing', entity, fence: '1', status: 201, operator: 'ops-alice', note: 'checked in the provider dashboard' });
+    const done = await json(
+      await resolve({
+        outcome: 'completed',
+        response: { status: 201, headers: { 'content-type': 'application/json' }, body: confirmed },
+        note: 'checked in the provider dashboard',
+      }),
+    );
+    expect(done.action).toMatchObject({
+      action: 'resolve-completed',
+      key,
+      scope: 'payments\u0000billing',
+      entity,
+      fence: '1',
+      status: 201,
+      operator: 'ops-alice',
+      note: 'checked in the provider dashboard',
+    });
 
     const retry = await command(gw.url, '/payments/charges', { fence: 1, entity, key, headers: worker });
     expect(retry.status).toBe(201);
@@ -102,14 +117,18 @@ describe.skipIf(!POSTGRES_URL)('audit API on the PostgreSQL store', () => {
 
     await expectProblem(await resolve({ outcome: 'released' }), 409, 'not-outcome-unknown', { state: 'completed' });
     const actions = await json(await v1('/operator-actions?limit=1000', { headers: admin }));
-    expect(actions.items.filter((a: any) => a.key === key)).toMatchObject([{ action: 'resolve-completed', key, operator: 'ops-alice', request_id: expect.any(String) }]);
+    expect(actions.items.filter((a: any) => a.key === key)).toMatchObject([
+      { action: 'resolve-completed', key, operator: 'ops-alice', request_id: expect.any(String) },
+    ]);
   });
 
   it('resolved as released: the next retry is forwarded; the action keeps the record’s entity and fence', async () => {
     const key = `pay-${uid()}`;
     const entity = `tool-job:${uid()}`;
     await unknownRecord(key, entity);
-    const res = await json(await v1(`/idempotency/${key}/resolve`, { method: 'POST', headers: admin, body: '{"outcome":"released","note":"not in the provider"}' }));
+    const res = await json(
+      await v1(`/idempotency/${key}/resolve`, { method: 'POST', headers: admin, body: '{"outcome":"released","note":"not in the provider"}' }),
+    );
     expect(res.action).toMatchObject({ action: 'resolve-released', operator: 'ops-alice', status: null, entity, fence: '1', note: 'not in the provider' });
     const retry = await command(gw.url, '/payments/charges', { fence: 1, entity, key, headers: worker });
     expect(retry.status).toBe(201);
@@ -121,15 +140,27 @@ describe.skipIf(!POSTGRES_URL)('audit API on the PostgreSQL store', () => {
     const key = `shared-${uid()}`;
     await unknownRecord(key, `tool-job:${uid()}`, bearer(await token({ sub: 'a' })));
     await unknownRecord(key, `tool-job:${uid()}`, bearer(await token({ sub: 'b' })));
-    const ambiguous = await expectProblem(await v1(`/idempotency/${key}/resolve`, { method: 'POST', headers: admin, body: '{"outcome":"released"}' }), 400, 'invalid-request');
+    const ambiguous = await expectProblem(
+      await v1(`/idempotency/${key}/resolve`, { method: 'POST', headers: admin, body: '{"outcome":"released"}' }),
+      400,
+      'invalid-request',
+    );
     expect(ambiguous.scopes.sort()).toEqual(['payments\u0000a', 'payments\u0000b']);
-    const named = await v1(`/idempotency/${key}/resolve`, { method: 'POST', headers: admin, body: JSON.stringify({ outcome: 'released', scope: 'payments\u0000b' }) });
+    const named = await v1(`/idempotency/${key}/resolve`, {
+      method: 'POST',
+      headers: admin,
+      body: JSON.stringify({ outcome: 'released', scope: 'payments\u0000b' }),
+    });
     expect(named.status).toBe(200);
     expect((await gw.store.getRecords(key)).map((r) => [r.scope, r.state])).toEqual([['payments\u0000a', 'outcome_unknown']]);
     await expectProblem(await v1(`/idempotency/none-${uid()}/resolve`, { method: 'POST', headers: admin, body: '{"outcome":"released"}' }), 404, 'not-found');
     const fine = `fine-${uid()}`;
     expect((await command(gw.url, '/payments/charges', { fence: 1, entity: `tool-job:${uid()}`, key: fine, headers: worker })).status).toBe(201);
-    await expectProblem(await v1(`/idempotency/${fine}/resolve`, { method: 'POST', headers: admin, body: '{"outcome":"released"}' }), 409, 'not-outcome-unknown');
+    await expectProblem(
+      await v1(`/idempotency/${fine}/resolve`, { method: 'POST', headers: admin, body: '{"outcome":"released"}' }),
+      409,
+      'not-outcome-unknown',
+    );
   });
 
   it('exports: NDJSON and CSV streams page through every matching row, newest (highest id) first', async () => {
@@ -152,7 +183,9 @@ describe.skipIf(!POSTGRES_URL)('audit API on the PostgreSQL store', () => {
     expect(rows.at(-1)).toMatchObject({ presented_fence: '1' });
     const csv = await (await v1(`/rejections?entity=${entity}-0&format=csv&limit=3`, { headers: auditor })).text();
     const csvLines = csv.split('\r\n');
-    expect(csvLines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,tool,detail');
+    expect(csvLines[0]).toBe(
+      'id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,tool,detail',
+    );
     expect(csvLines.slice(1, -1)).toHaveLength(3);
     expect(csvLines[1]).toContain(`,stale-fence,${entity}-0,2500,,k-2500,c,POST,/p,`);
   });
@@ -203,7 +236,16 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL audit methods (store level)', () => {
   const finishOf = (i: AdmitInput, outcome: 'unknown' | 'completed'): FinishInput =>
     outcome === 'unknown'
       ? { scope: i.scope, key: i.key, entity: i.entity, ownerToken: i.ownerToken, audit: i.audit, outcome: 'unknown' }
-      : { scope: i.scope, key: i.key, entity: i.entity, ownerToken: i.ownerToken, audit: i.audit, outcome: 'completed', response: { status: 200, headers: [['content-type', 'text/plain']], body: new TextEncoder().encode('late') }, retentionMs: 60_000 };
+      : {
+          scope: i.scope,
+          key: i.key,
+          entity: i.entity,
+          ownerToken: i.ownerToken,
+          audit: i.audit,
+          outcome: 'completed',
+          response: { status: 200, headers: [['content-type', 'text/plain']], body: new TextEncoder().encode('late') },
+          retentionMs: 60_000,
+        };
 
   async function unknown(over: Partial<AdmitInput> = {}): Promise<AdmitInput> {
     const i = admitInput(over);
@@ -216,7 +258,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL audit methods (store level)', () => {
     const made = [] as AdmitInput[];
     for (let i = 0; i < 7; i++) made.push(await unknown({ scope: i % 2 === 0 ? 'payments' : `payments\u0000caller-${i}`, key: `tie-${i}-\uE000-${uid()}` }));
     // Five of them created in the same microsecond: the keyset must still walk them exactly once.
-    await gw.schema.pool.query(`UPDATE idempotency_records SET created_at = '2020-01-01T00:00:00.123456Z' WHERE key = ANY($1)`, [made.slice(0, 5).map((m) => m.key!.replace(/\uE000/g, '\uE000\uE000'))]);
+    await gw.schema.pool.query(`UPDATE idempotency_records SET created_at = '2020-01-01T00:00:00.123456Z' WHERE key = ANY($1)`, [
+      made.slice(0, 5).map((m) => m.key!.replace(/\uE000/g, '\uE000\uE000')),
+    ]);
     const seen: string[] = [];
     let cursor: string | undefined;
     for (let pages = 0; pages < 20; pages++) {
@@ -238,7 +282,17 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL audit methods (store level)', () => {
     const i = await unknown();
     const results = await Promise.all(
       Array.from({ length: 20 }, (_, n) =>
-        gw.store.resolveRecord({ scope: i.scope, key: i.key!, resolution: n % 2 === 0 ? { outcome: 'released' } : { outcome: 'completed', response: { status: 201, headers: [], body: new Uint8Array([n]) }, retentionMs: 60_000 }, operator: `op-${n}`, note: null, requestId: `r-${n}` }),
+        gw.store.resolveRecord({
+          scope: i.scope,
+          key: i.key!,
+          resolution:
+            n % 2 === 0
+              ? { outcome: 'released' }
+              : { outcome: 'completed', response: { status: 201, headers: [], body: new Uint8Array([n]) }, retentionMs: 60_000 },
+          operator: `op-${n}`,
+          note: null,
+          requestId: `r-${n}`,
+        }),
       ),
     );
     const ok = results.filter((r) => r.ok);
@@ -252,10 +306,18 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL audit methods (store level)', () => {
     for (let round = 0; round < 10; round++) {
       const i = await unknown();
       const [res, fin] = await Promise.all([
-        gw.store.resolveRecord({ scope: i.scope, key: i.key!, resolution: { outcome: 'completed', response: { status: 202, headers: [], body: new TextEncoder().encode('operator') }, retentionMs: 60_000 }, operator: 'ops', note: null, requestId: 'r' }),
+        gw.store.resolveRecord({
+          scope: i.scope,
+          key: i.key!,
+          resolution: { outcome: 'completed', response: { status: 202, headers: [], body: new TextEncoder().encode('operator') }, retentionMs: 60_000 },
+          operator: 'ops',
+          note: null,
+          requestId: 'r',
+        }),
         gw.store.finish(finishOf(i, 'completed')),
       ]);
-      const row = (await gw.schema.pool.query(`SELECT state, status, convert_from(body, 'UTF8') AS body FROM idempotency_records WHERE key = $1`, [i.key])).rows[0];
+      const row = (await gw.schema.pool.query(`SELECT state, status, convert_from(body, 'UTF8') AS body FROM idempotency_records WHERE key = $1`, [i.key]))
+        .rows[0];
       const actions = (await gw.schema.pool.query(`SELECT count(*)::int AS n FROM operator_actions WHERE key = $1`, [i.key])).rows[0].n;
       expect(row.state).toBe('completed');
       if (res.ok) {

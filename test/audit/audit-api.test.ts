@@ -38,7 +38,14 @@ function rejection(i: number, o: Partial<{ reason: RejectionReason; entity: stri
     presentedFence: BigInt(i),
     currentFence: BigInt(i + 1),
     idempotencyKey: o.key ?? `key-${i}`,
-    audit: { requestId: `req-${i}`, clientRequestId: null, caller: o.caller === undefined ? `caller-${i % 2}` : o.caller, method: 'POST', path: o.path ?? `/payments/${i}`, payloadSha256: 'ab'.repeat(32) },
+    audit: {
+      requestId: `req-${i}`,
+      clientRequestId: null,
+      caller: o.caller === undefined ? `caller-${i % 2}` : o.caller,
+      method: 'POST',
+      path: o.path ?? `/payments/${i}`,
+      payloadSha256: 'ab'.repeat(32),
+    },
   };
 }
 
@@ -67,8 +74,21 @@ describe('GET /v1/rejections', () => {
     expect(ids(await json(await v1(gw, `/rejections?until=${encodeURIComponent(iso)}`)))).toEqual([4, 3, 2, 1]);
     const one = (await json(await v1(gw, '/rejections?reason=idempotency-key-reused'))).items[0];
     expect(one).toEqual({
-      id: '13', at: expect.any(String), reason: 'idempotency-key-reused', entity: 'e-0', presented_fence: '100', current_fence: '101',
-      idempotency_key: 'key-100', caller: 'caller-0', method: 'POST', path: '/payments/100', payload_sha256: 'ab'.repeat(32), request_id: 'req-100', client_request_id: null, tool: null, detail: null,
+      id: '13',
+      at: expect.any(String),
+      reason: 'idempotency-key-reused',
+      entity: 'e-0',
+      presented_fence: '100',
+      current_fence: '101',
+      idempotency_key: 'key-100',
+      caller: 'caller-0',
+      method: 'POST',
+      path: '/payments/100',
+      payload_sha256: 'ab'.repeat(32),
+      request_id: 'req-100',
+      client_request_id: null,
+      tool: null,
+      detail: null,
     });
 
     for (const bad of ['since=yesterday', 'limit=0', 'limit=1001', 'cursor=abc', 'format=xml']) {
@@ -126,7 +146,9 @@ describe('exports: NDJSON and CSV streams', () => {
     expect(res.headers.get('content-type')).toBe('text/csv; charset=utf-8');
     const text = await res.text();
     const lines = text.split('\r\n');
-    expect(lines[0]).toBe('id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,tool,detail');
+    expect(lines[0]).toBe(
+      'id,at,reason,entity,presented_fence,current_fence,idempotency_key,caller,method,path,payload_sha256,request_id,client_request_id,tool,detail',
+    );
     expect(lines[1]).toContain(`2,`);
     expect(lines[1]).toContain(',"a,""quoted"" entity",2,3,"\'=HYPERLINK(""http://x.invalid"")",caller-0,POST,"/p?a=1,2",');
     expect(lines[2]).toMatch(/^1,[^,]+,stale-fence,plain,1,2,key-1,caller-1,POST,\/payments\/1,/);
@@ -135,8 +157,8 @@ describe('exports: NDJSON and CSV streams', () => {
   });
 });
 
-describe('the client\'s X-Request-Id', () => {
-  it('is kept as client_request_id beside the gateway\'s own request_id, in JSON, NDJSON and CSV', async () => {
+describe("the client's X-Request-Id", () => {
+  it("is kept as client_request_id beside the gateway's own request_id, in JSON, NDJSON and CSV", async () => {
     const up = await upstream();
     const gw = await gateway([paymentsRoute(up.url)]);
     const e = 'acct:client-id';
@@ -157,7 +179,11 @@ describe('the client\'s X-Request-Id', () => {
     expect(cells[cols.indexOf('request_id')]).toBe(ours);
     expect(cells[cols.indexOf('client_request_id')]).toBe('their-trace-42');
     // A malformed one is not kept at all; the upstream sees the gateway's id.
-    await expectProblem(await command(gw.url, '/payments/x', { fence: 3, entity: e, key: 'k-3', headers: { 'x-request-id': 'not valid!' } }), 409, 'stale-fence');
+    await expectProblem(
+      await command(gw.url, '/payments/x', { fence: 3, entity: e, key: 'k-3', headers: { 'x-request-id': 'not valid!' } }),
+      409,
+      'stale-fence',
+    );
     const again = await json(await v1(gw, `/rejections?entity=${encodeURIComponent(e)}&limit=1`));
     expect(again.items[0]).toMatchObject({ client_request_id: null });
     expect(up.calls[0]!.headers['x-request-id']).toMatch(/^[0-9a-f-]{36}$/);
@@ -227,12 +253,28 @@ describe('outcome_unknown records: listing and resolution', () => {
     const list = await json(await v1(gw, '/idempotency?state=outcome_unknown', { headers: admin }));
     expect(list.items).toMatchObject([{ key: 'pay-9', scope: 'payments\u0000billing', state: 'outcome_unknown', entity: 'tool-job:9', fence: '1' }]);
 
-    const resolve = (body: unknown) => v1(gw, '/idempotency/pay-9/resolve', { method: 'POST', headers: { ...admin, 'content-type': 'application/json' }, body: JSON.stringify(body) });
+    const resolve = (body: unknown) =>
+      v1(gw, '/idempotency/pay-9/resolve', { method: 'POST', headers: { ...admin, 'content-type': 'application/json' }, body: JSON.stringify(body) });
     await expectProblem(await resolve({ outcome: 'completed' }), 400, 'invalid-request');
     await expectProblem(await resolve({ outcome: 'completed', response: { status: 201, headers: { 'set-cookie': 'a=b' }, body: '' } }), 400, 'invalid-request');
     const confirmed = '{"id":"ch_1","status":"succeeded","checked_by":"ops"}';
-    const done = await json(await resolve({ outcome: 'completed', response: { status: 201, headers: { 'content-type': 'application/json' }, body: confirmed }, note: 'checked in the provider dashboard' }));
-    expect(done.action).toMatchObject({ action: 'resolve-completed', key: 'pay-9', scope: 'payments\u0000billing', entity: 'tool-job:9', fence: '1', status: 201, operator: 'ops-alice', note: 'checked in the provider dashboard' });
+    const done = await json(
+      await resolve({
+        outcome: 'completed',
+        response: { status: 201, headers: { 'content-type': 'application/json' }, body: confirmed },
+        note: 'checked in the provider dashboard',
+      }),
+    );
+    expect(done.action).toMatchObject({
+      action: 'resolve-completed',
+      key: 'pay-9',
+      scope: 'payments\u0000billing',
+      entity: 'tool-job:9',
+      fence: '1',
+      status: 201,
+      operator: 'ops-alice',
+      note: 'checked in the provider dashboard',
+    });
 
     const retry = await command(gw.url, '/payments/charges', { fence: 1, entity: 'tool-job:9', key: 'pay-9', headers: worker });
     expect(retry.status).toBe(201);
@@ -252,7 +294,13 @@ describe('outcome_unknown records: listing and resolution', () => {
     const up = await upstream();
     const gw = await gateway([paymentsRoute(up.url)]);
     await unknownRecord(gw, up, 'pay-10');
-    const res = await json(await v1(gw, '/idempotency/pay-10/resolve', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"outcome":"released","note":"not in the provider"}' }));
+    const res = await json(
+      await v1(gw, '/idempotency/pay-10/resolve', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: '{"outcome":"released","note":"not in the provider"}',
+      }),
+    );
     expect(res.action).toMatchObject({ action: 'resolve-released', operator: null, status: null });
     const retry = await command(gw.url, '/payments/charges', { fence: 1, entity: 'tool-job:9', key: 'pay-10' });
     expect(retry.status).toBe(201);
@@ -266,14 +314,28 @@ describe('outcome_unknown records: listing and resolution', () => {
     await unknownRecord(gw, up, 'shared', bearer(await token({ sub: 'a' })));
     await unknownRecord(gw, up, 'shared', bearer(await token({ sub: 'b' })));
     const admin = { ...bearer(await token({ sub: 'ops', scope: 'fencegate:admin' })), 'content-type': 'application/json' };
-    const ambiguous = await expectProblem(await v1(gw, '/idempotency/shared/resolve', { method: 'POST', headers: admin, body: '{"outcome":"released"}' }), 400, 'invalid-request');
+    const ambiguous = await expectProblem(
+      await v1(gw, '/idempotency/shared/resolve', { method: 'POST', headers: admin, body: '{"outcome":"released"}' }),
+      400,
+      'invalid-request',
+    );
     expect(ambiguous.scopes.sort()).toEqual(['payments\u0000a', 'payments\u0000b']);
-    const named = await v1(gw, '/idempotency/shared/resolve', { method: 'POST', headers: admin, body: JSON.stringify({ outcome: 'released', scope: 'payments\u0000b' }) });
+    const named = await v1(gw, '/idempotency/shared/resolve', {
+      method: 'POST',
+      headers: admin,
+      body: JSON.stringify({ outcome: 'released', scope: 'payments\u0000b' }),
+    });
     expect(named.status).toBe(200);
     await expectProblem(await v1(gw, '/idempotency/none/resolve', { method: 'POST', headers: admin, body: '{"outcome":"released"}' }), 404, 'not-found');
     // Completed records are not the operator's to settle.
-    expect((await command(gw.url, '/payments/charges', { fence: 1, entity: 'tool-job:9', key: 'fine', headers: bearer(await token({ sub: 'a' })) })).status).toBe(201);
-    await expectProblem(await v1(gw, '/idempotency/fine/resolve', { method: 'POST', headers: admin, body: '{"outcome":"released"}' }), 409, 'not-outcome-unknown');
+    expect(
+      (await command(gw.url, '/payments/charges', { fence: 1, entity: 'tool-job:9', key: 'fine', headers: bearer(await token({ sub: 'a' })) })).status,
+    ).toBe(201);
+    await expectProblem(
+      await v1(gw, '/idempotency/fine/resolve', { method: 'POST', headers: admin, body: '{"outcome":"released"}' }),
+      409,
+      'not-outcome-unknown',
+    );
   });
 });
 
@@ -296,7 +358,15 @@ describe('GET /metrics', () => {
     const res = await fetch(`${gw.url}/_fencegate/metrics`, { headers: bearer(await token({ scope: 'fencegate:audit' })) });
     expect(res.headers.get('content-type')).toBe('text/plain; version=0.0.4; charset=utf-8');
     const text = await res.text();
-    for (const [outcome, n] of [['accepted', 1], ['replayed', 1], ['stale', 1], ['mismatch', 1], ['unauthorized', 1], ['upstream_error', 1], ['unknown', 1]] as const) {
+    for (const [outcome, n] of [
+      ['accepted', 1],
+      ['replayed', 1],
+      ['stale', 1],
+      ['mismatch', 1],
+      ['unauthorized', 1],
+      ['upstream_error', 1],
+      ['unknown', 1],
+    ] as const) {
       expect(text).toContain(`fencegate_requests_total{route="payments",outcome="${outcome}"} ${n}\n`);
     }
     expect(text).toMatch(/^fencegate_upstream_duration_seconds_count\{route="payments"\} 2$/m);

@@ -40,8 +40,15 @@ async function unknowns(gw: TestGateway, up: FakeUpstream, keys: string[], path 
 const stateOf = (gw: TestGateway, key: string) =>
   (gw.sqlite.db.prepare('SELECT state FROM idempotency_records WHERE key = ?').get(key) as { state: string } | undefined)?.state ?? null;
 const actions = (gw: TestGateway) =>
-  gw.sqlite.db.prepare('SELECT action, key, note, operator, request_id FROM operator_actions ORDER BY id').all() as { action: string; key: string; note: string; operator: string | null; request_id: string }[];
-const backdate = (gw: TestGateway, key: string, ms: number) => gw.sqlite.db.prepare('UPDATE idempotency_records SET created_at = created_at - ? WHERE key = ?').run(ms, key);
+  gw.sqlite.db.prepare('SELECT action, key, note, operator, request_id FROM operator_actions ORDER BY id').all() as {
+    action: string;
+    key: string;
+    note: string;
+    operator: string | null;
+    request_id: string;
+  }[];
+const backdate = (gw: TestGateway, key: string, ms: number) =>
+  gw.sqlite.db.prepare('UPDATE idempotency_records SET created_at = created_at - ? WHERE key = ?').run(ms, key);
 
 function bulk(gw: TestGateway, body: unknown, headers: Record<string, string> = {}): Promise<Response> {
   return fetch(`${gw.url}/_fencegate/v1/idempotency/resolve-unknown`, {
@@ -168,8 +175,16 @@ describe('POST /v1/idempotency/resolve-unknown', () => {
                 raced = true;
                 const m1 = page.items.find((r) => r.key === 'm1')!;
                 const other = await target.resolveRecord({
-                  scope: m1.scope, key: 'm1', operator: 'ops-bob', note: 'confirmed in the dashboard', requestId: 'other',
-                  resolution: { outcome: 'completed', response: { status: 201, headers: [['content-type', 'application/json']], body: new TextEncoder().encode('{"id":"ch_9"}') }, retentionMs: 3_600_000 },
+                  scope: m1.scope,
+                  key: 'm1',
+                  operator: 'ops-bob',
+                  note: 'confirmed in the dashboard',
+                  requestId: 'other',
+                  resolution: {
+                    outcome: 'completed',
+                    response: { status: 201, headers: [['content-type', 'application/json']], body: new TextEncoder().encode('{"id":"ch_9"}') },
+                    retentionMs: 3_600_000,
+                  },
                 });
                 expect(other.ok).toBe(true);
               }
@@ -181,7 +196,23 @@ describe('POST /v1/idempotency/resolve-unknown', () => {
               const r = await target.resolveRecord(input);
               if (r.ok) return r;
               gw.sqlite.db.prepare('DELETE FROM idempotency_records WHERE scope = ? AND key = ?').run(input.scope, input.key);
-              return { ok: true, action: { id: '0', at: new Date(), action: 'resolve-released', scope: input.scope, key: input.key, entity: null, fence: null, fingerprint: '', status: null, operator: null, note: input.note, requestId: input.requestId } };
+              return {
+                ok: true,
+                action: {
+                  id: '0',
+                  at: new Date(),
+                  action: 'resolve-released',
+                  scope: input.scope,
+                  key: input.key,
+                  entity: null,
+                  fence: null,
+                  fingerprint: '',
+                  status: null,
+                  operator: null,
+                  note: input.note,
+                  requestId: input.requestId,
+                },
+              };
             };
           }
           return Reflect.get(target, prop, receiver);
@@ -227,7 +258,14 @@ describe('POST /v1/idempotency/resolve-unknown', () => {
             return async (input: Parameters<GatewayStore['resolveRecord']>[0]) => {
               if (!raced && input.key === 'n1') {
                 raced = true;
-                const other = await target.resolveRecord({ scope: input.scope, key: 'n1', resolution: { outcome: 'released' }, operator: 'ops-bob', note: 'single', requestId: 'other' });
+                const other = await target.resolveRecord({
+                  scope: input.scope,
+                  key: 'n1',
+                  resolution: { outcome: 'released' },
+                  operator: 'ops-bob',
+                  note: 'single',
+                  requestId: 'other',
+                });
                 expect(other.ok).toBe(true);
                 await unknowns(gw, up, ['n1']); // the retry: forwarded, then outcome_unknown again
               }

@@ -29,7 +29,15 @@ describe('fencegate audit --tool', () => {
     cleanups.push(() => gw.close());
     const entity = 'job-cli';
     const call = (fence: number, key: string) =>
-      rawPost(`${gw.url}/mcp`, JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'create_ticket', arguments: { title: key }, _meta: fenced(fence, entity, key) } }));
+      rawPost(
+        `${gw.url}/mcp`,
+        JSON.stringify({
+          jsonrpc: '2.0',
+          id: 1,
+          method: 'tools/call',
+          params: { name: 'create_ticket', arguments: { title: key }, _meta: fenced(fence, entity, key) },
+        }),
+      );
     expect(await (await call(5, 'a')).text()).toContain('"result"');
     expect(await (await call(3, 'b')).text()).toContain('stale-fence');
     expect((await command(gw.url, '/payments/p', { fence: 3, entity, key: 'c' })).status).toBe(409);
@@ -37,9 +45,15 @@ describe('fencegate audit --tool', () => {
     const tools = async (...args: string[]) => {
       const r = await runNode([CLI, 'audit', ...args, '--entity', entity, '--format', 'ndjson']);
       expect(r.code, r.stderr).toBe(0);
-      return r.stdout.trim().split('\n').map((l) => (JSON.parse(l) as { tool: string | null }).tool);
+      return r.stdout
+        .trim()
+        .split('\n')
+        .map((l) => (JSON.parse(l) as { tool: string | null }).tool);
     };
-    for (const where of [['--url', gw.url], ['--db', gw.dbPath]]) {
+    for (const where of [
+      ['--url', gw.url],
+      ['--db', gw.dbPath],
+    ]) {
       expect(await tools(...where)).toEqual([null, 'create_ticket']);
       expect(await tools(...where, '--tool', 'create_ticket')).toEqual(['create_ticket']);
     }

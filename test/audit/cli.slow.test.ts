@@ -80,7 +80,10 @@ describe('fencegate audit', () => {
 
     const nd = await runNode([CLI, 'audit', '--url', gw.url, '--entity', 'tool-job:1', '--since', '2h', '--format', 'ndjson'], { FENCEGATE_TOKEN: audit });
     expect(nd.code, nd.stderr).toBe(0);
-    const rows = nd.stdout.trim().split('\n').map((l) => JSON.parse(l));
+    const rows = nd.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     expect(rows.map((r) => [r.reason, r.presented_fence, r.current_fence, r.caller, r.idempotency_key])).toEqual([
       ['stale-fence', '3', '5', 'billing', 'c'],
       ['stale-fence', '4', '5', 'billing', 'b'],
@@ -109,7 +112,12 @@ describe('fencegate audit', () => {
     const { gw, configPath } = await seeded();
     const byDb = await runNode([CLI, 'audit', '--db', gw.dbPath, '--entity', 'tool-job:2', '--format', 'ndjson']);
     expect(byDb.code, byDb.stderr).toBe(0);
-    expect(byDb.stdout.trim().split('\n').map((l) => JSON.parse(l).idempotency_key)).toEqual(['f']);
+    expect(
+      byDb.stdout
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).idempotency_key),
+    ).toEqual(['f']);
     const byConfig = await runNode([CLI, 'audit', '--config', configPath, '--reason', 'stale-fence', '--format', 'ndjson', '--since', '1h']);
     expect(byConfig.code, byConfig.stderr).toBe(0);
     expect(byConfig.stdout.trim().split('\n')).toHaveLength(3);

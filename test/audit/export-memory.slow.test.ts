@@ -92,6 +92,12 @@ describe('streaming export of 1,000,000 rejections', () => {
     const { code } = await cli.exited;
     expect(code).toBe(0);
     const top = ROWS - (ROWS % 3);
-    expect(cli.stdout().trim().split('\n').map((l) => JSON.parse(l).id)).toEqual([0, 3, 6, 9, 12].map((d) => String(top - d)));
+    expect(
+      cli
+        .stdout()
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).id),
+    ).toEqual([0, 3, 6, 9, 12].map((d) => String(top - d)));
   });
 });

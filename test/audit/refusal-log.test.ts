@@ -32,7 +32,10 @@ async function gateway(options: Parameters<typeof startTestGateway>[0] extends i
   cleanups.push(() => up.close());
   const mcp = await startMcpUpstream({ stateful: false, json: true });
   cleanups.push(() => mcp.close());
-  const gw = await startTestGateway({ routes: [paymentsRoute(up.url, { maxBodyBytes: 64 }), mcpRoute(mcp.url) as ReturnType<typeof paymentsRoute>], ...options });
+  const gw = await startTestGateway({
+    routes: [paymentsRoute(up.url, { maxBodyBytes: 64 }), mcpRoute(mcp.url) as ReturnType<typeof paymentsRoute>],
+    ...options,
+  });
   cleanups.push(() => gw.close());
   return { gw, up };
 }
@@ -93,7 +96,19 @@ describe('the rejection log keeps the 400s of a malformed or missing fence, enti
 
   it('a tools/call with a malformed _meta fence is logged with its tool and value', async () => {
     const { gw } = await gateway();
-    const res = await rawPost(`${gw.url}/mcp`, JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/call', params: { name: 'create_ticket', arguments: { title: 't' }, _meta: { 'io.fencegate/fence': '07', 'io.fencegate/entity': 'job', 'io.fencegate/idempotency-key': 'k' } } }));
+    const res = await rawPost(
+      `${gw.url}/mcp`,
+      JSON.stringify({
+        jsonrpc: '2.0',
+        id: 7,
+        method: 'tools/call',
+        params: {
+          name: 'create_ticket',
+          arguments: { title: 't' },
+          _meta: { 'io.fencegate/fence': '07', 'io.fencegate/entity': 'job', 'io.fencegate/idempotency-key': 'k' },
+        },
+      }),
+    );
     expect(((await res.json()) as { error: { data: { type: string } } }).error.data.type).toMatch(/invalid-fence$/);
     const [row] = rows(gw);
     expect(row).toMatchObject({ reason: 'invalid-fence', tool: 'create_ticket', path: '/mcp' });
@@ -111,7 +126,9 @@ describe('the rejection log keeps the 400s of a malformed or missing fence, enti
     expect(res.status).toBe(400);
     expect(((await res.json()) as { type: string }).type).toMatch(/\/invalid-fence$/);
     expect(rows(gw)).toEqual([]);
-    expect(logs).toContainEqual(expect.objectContaining({ msg: 'store-error', phase: 'rejection-log', reason: 'invalid-fence', error: expect.stringContaining('disk full') }));
+    expect(logs).toContainEqual(
+      expect.objectContaining({ msg: 'store-error', phase: 'rejection-log', reason: 'invalid-fence', error: expect.stringContaining('disk full') }),
+    );
     expect(logs.filter((l) => l.msg === 'decision').map((l) => [l.decision, l.status])).toEqual([['invalid-fence', 400]]);
   });
 });

@@ -27,9 +27,17 @@ afterEach(async () => {
 });
 
 type Wrap = (store: GatewayStore) => GatewayStore;
-const STORES: { name: string; skip: boolean; start: (routes: ReturnType<typeof paymentsRoute>[], wrapStore?: Wrap) => Promise<{ url: string; close(): Promise<void> }> }[] = [
+const STORES: {
+  name: string;
+  skip: boolean;
+  start: (routes: ReturnType<typeof paymentsRoute>[], wrapStore?: Wrap) => Promise<{ url: string; close(): Promise<void> }>;
+}[] = [
   { name: 'SQLite', skip: false, start: (routes, wrapStore) => startTestGateway({ routes, ...(wrapStore ? { wrapStore } : {}) }) },
-  { name: 'PostgreSQL', skip: !POSTGRES_URL, start: (routes, wrapStore) => startPgTestGateway({ routes, prefix: 'fg_tool', ...(wrapStore ? { wrapStore } : {}) }) },
+  {
+    name: 'PostgreSQL',
+    skip: !POSTGRES_URL,
+    start: (routes, wrapStore) => startPgTestGateway({ routes, prefix: 'fg_tool', ...(wrapStore ? { wrapStore } : {}) }),
+  },
 ];
 
 /** Drops the tool from every admission: the MCP pipeline's `audit.tool`, switched off. */
@@ -44,7 +52,15 @@ async function setup(start: (typeof STORES)[number]['start'], wrap?: Wrap) {
   cleanups.push(() => gw.close());
   const entity = `job-${randomUUID().slice(0, 8)}`;
   const call = (fence: number, key: string) =>
-    rawPost(`${gw.url}/mcp`, JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'create_ticket', arguments: { title: key }, _meta: fenced(fence, entity, key) } }));
+    rawPost(
+      `${gw.url}/mcp`,
+      JSON.stringify({
+        jsonrpc: '2.0',
+        id: 1,
+        method: 'tools/call',
+        params: { name: 'create_ticket', arguments: { title: key }, _meta: fenced(fence, entity, key) },
+      }),
+    );
   // A tools/call with fence 5, then one with the stale fence 3.
   expect(await (await call(5, `new-${entity}`)).text()).toContain('"result"');
   const stale = (await (await call(3, `old-${entity}`)).json()) as { error: { data: { type: string } } };
@@ -62,25 +78,28 @@ async function setup(start: (typeof STORES)[number]['start'], wrap?: Wrap) {
 }
 
 describe.each(STORES)('rejections.tool through the gateway ($name)', ({ skip, start }) => {
-  it.skipIf(skip)('a refused tools/call names its tool; ?tool= finds it in JSON, NDJSON and CSV; a plain route\'s row has tool null and is excluded', async () => {
-    const { entity, v1, items } = await setup(start);
-    const both = await items(`entity=${entity}&reason=stale-fence`);
-    expect(both.map((r) => [r.path, r.tool])).toEqual([
-      ['/payments/p1', null],
-      ['/mcp', 'create_ticket'],
-    ]);
-    const byTool = await items(`entity=${entity}&tool=create_ticket`);
-    expect(byTool).toHaveLength(1);
-    expect(byTool[0]).toMatchObject({ reason: 'stale-fence', tool: 'create_ticket', entity, presented_fence: '3', current_fence: '5', path: '/mcp' });
-    expect(await items(`entity=${entity}&tool=no_such_tool`)).toEqual([]);
+  it.skipIf(skip)(
+    "a refused tools/call names its tool; ?tool= finds it in JSON, NDJSON and CSV; a plain route's row has tool null and is excluded",
+    async () => {
+      const { entity, v1, items } = await setup(start);
+      const both = await items(`entity=${entity}&reason=stale-fence`);
+      expect(both.map((r) => [r.path, r.tool])).toEqual([
+        ['/payments/p1', null],
+        ['/mcp', 'create_ticket'],
+      ]);
+      const byTool = await items(`entity=${entity}&tool=create_ticket`);
+      expect(byTool).toHaveLength(1);
+      expect(byTool[0]).toMatchObject({ reason: 'stale-fence', tool: 'create_ticket', entity, presented_fence: '3', current_fence: '5', path: '/mcp' });
+      expect(await items(`entity=${entity}&tool=no_such_tool`)).toEqual([]);
 
-    const nd = (await (await v1(`entity=${entity}&tool=create_ticket`, 'application/x-ndjson')).text()).trim().split('\n');
-    expect(nd.map((l) => JSON.parse(l).tool)).toEqual(['create_ticket']);
-    const csv = (await (await v1(`entity=${entity}&tool=create_ticket&format=csv`)).text()).trim().split('\r\n');
-    const cols = csv[0]!.split(',');
-    expect(csv).toHaveLength(2);
-    expect(csv[1]!.split(',')[cols.indexOf('tool')]).toBe('create_ticket');
-  });
+      const nd = (await (await v1(`entity=${entity}&tool=create_ticket`, 'application/x-ndjson')).text()).trim().split('\n');
+      expect(nd.map((l) => JSON.parse(l).tool)).toEqual(['create_ticket']);
+      const csv = (await (await v1(`entity=${entity}&tool=create_ticket&format=csv`)).text()).trim().split('\r\n');
+      const cols = csv[0]!.split(',');
+      expect(csv).toHaveLength(2);
+      expect(csv[1]!.split(',')[cols.indexOf('tool')]).toBe('create_ticket');
+    },
+  );
 
   it.skipIf(skip)('negative control: with the tool dropped from the admission, the row has none and the filter finds nothing', async () => {
     const { entity, items } = await setup(start, withoutTool);

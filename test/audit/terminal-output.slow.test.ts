@@ -26,7 +26,9 @@ const HOSTILE = 'e\u001b[2J\u001b[31mred\u009b2J\u009b0m\u202egnp.exe\u2066x\u00
 /** Any byte sequence a terminal would act on: C0 but LF (and CR only before LF), DEL, C1 (UTF-8 C2 80–9F), bidi controls. */
 function terminalControls(text: string, { crlf = false } = {}): string[] {
   const lines = crlf ? text.replace(/\r\n/g, '\n') : text;
-  return [...lines.matchAll(/[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g)].map((m) => `U+${m[0].charCodeAt(0).toString(16).padStart(4, '0')}`);
+  return [...lines.matchAll(/[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g)].map(
+    (m) => `U+${m[0].charCodeAt(0).toString(16).padStart(4, '0')}`,
+  );
 }
 
 function row(o: Partial<RejectionJson> = {}): RejectionJson {
@@ -123,7 +125,10 @@ describe('fencegate audit prints no terminal controls', () => {
         expect(body.trim().split(/\r?\n/), what).toHaveLength(format === 'ndjson' ? 2 : 3);
         expect(terminalControls(body, { crlf: format === 'csv' }), what).toEqual([]);
         if (format === 'ndjson') {
-          const parsed = body.trim().split('\n').map((l) => JSON.parse(l));
+          const parsed = body
+            .trim()
+            .split('\n')
+            .map((l) => JSON.parse(l));
           expect(parsed.map((p) => p.caller ?? p.entity)).toEqual([HOSTILE, HOSTILE]);
           expect(parsed.find((p) => p.caller === null).path).toBe(`/payments/${HOSTILE}`);
         }

@@ -38,7 +38,11 @@ async function gateway(routes: RouteInput[], config: Record<string, unknown>): P
 function dumpDb(store: SqliteGatewayStore): string {
   const tables = store.db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[];
   return tables
-    .map(({ name }) => JSON.stringify(store.db.prepare(`SELECT * FROM "${name}"`).safeIntegers(true).all(), (_k, v) => (typeof v === 'bigint' ? v.toString() : Buffer.isBuffer(v) ? v.toString('latin1') : v)))
+    .map(({ name }) =>
+      JSON.stringify(store.db.prepare(`SELECT * FROM "${name}"`).safeIntegers(true).all(), (_k, v) =>
+        typeof v === 'bigint' ? v.toString() : Buffer.isBuffer(v) ? v.toString('latin1') : v,
+      ),
+    )
     .join('\n');
 }
 
@@ -95,7 +99,11 @@ describe('caller auth on the proxy (HS256)', () => {
       ['wrong audience', bearer(await token({ aud: 'someone-else' })), /wrong audience/],
       ['wrong issuer', bearer(await token({ iss: 'https://evil.invalid' })), /wrong issuer/],
       ['no sub', bearer(await token({ sub: '' })), /no sub claim/],
-      ['HS512, not in the allow-list', bearer(await token({ alg: 'HS512', key: new TextEncoder().encode(SECRET + SECRET) })), /not allowed|no .* key|verification failed/],
+      [
+        'HS512, not in the allow-list',
+        bearer(await token({ alg: 'HS512', key: new TextEncoder().encode(SECRET + SECRET) })),
+        /not allowed|no .* key|verification failed/,
+      ],
       ['garbage', bearer('abc.def.ghi'), /malformed/],
     ];
     const sent: string[] = [];
@@ -130,7 +138,13 @@ describe('caller auth on the proxy (HS256)', () => {
     expect(rejections(gw)).toMatchObject([{ reason: 'forbidden', caller: 'auditor-1' }]);
     expect(rejections(gw)[0]!.detail).toMatch(/^missing scope fencegate:proxy; token sha256 /);
     // `scp` as an array works as well as `scope`.
-    const scp = await new SignJWT({ scp: ['fencegate:proxy'] }).setProtectedHeader({ alg: 'HS256' }).setIssuer(ISSUER).setAudience(AUDIENCE).setSubject('billing').setExpirationTime('5m').sign(new TextEncoder().encode(SECRET));
+    const scp = await new SignJWT({ scp: ['fencegate:proxy'] })
+      .setProtectedHeader({ alg: 'HS256' })
+      .setIssuer(ISSUER)
+      .setAudience(AUDIENCE)
+      .setSubject('billing')
+      .setExpirationTime('5m')
+      .sign(new TextEncoder().encode(SECRET));
     expect((await send(gw, bearer(scp))).status).toBe(201);
     expect(up.effects).toBe(1);
     expectNoLeak(gw, [t, scp]);
@@ -176,7 +190,13 @@ describe('caller auth on the proxy (HS256)', () => {
   it('callerClaim names the caller from another claim', async () => {
     const up = await upstream();
     const gw = await gateway([paymentsRoute(up.url)], { auth: hsAuth({ callerClaim: 'client_id' }) });
-    const t = await new SignJWT({ scope: 'fencegate:proxy', client_id: 'svc-7' }).setProtectedHeader({ alg: 'HS256' }).setIssuer(ISSUER).setAudience(AUDIENCE).setSubject('user-1').setExpirationTime('5m').sign(new TextEncoder().encode(SECRET));
+    const t = await new SignJWT({ scope: 'fencegate:proxy', client_id: 'svc-7' })
+      .setProtectedHeader({ alg: 'HS256' })
+      .setIssuer(ISSUER)
+      .setAudience(AUDIENCE)
+      .setSubject('user-1')
+      .setExpirationTime('5m')
+      .sign(new TextEncoder().encode(SECRET));
     expect((await send(gw, bearer(t))).status).toBe(201);
     expect(gw.sqlite.db.prepare('SELECT scope FROM idempotency_records').get()).toEqual({ scope: 'payments\u0000svc-7' });
   });
@@ -197,7 +217,15 @@ describe('public keys: ES256 (PEM), EdDSA (JWKS file), RS256 (PEM file)', () => 
 
     const up = await upstream();
     const gw = await gateway([paymentsRoute(up.url)], {
-      auth: { issuer: ISSUER, audience: AUDIENCE, publicKeys: [{ alg: 'ES256', pem: esPem }, { alg: 'RS256', file: rsPath }], jwksFile: jwksPath },
+      auth: {
+        issuer: ISSUER,
+        audience: AUDIENCE,
+        publicKeys: [
+          { alg: 'ES256', pem: esPem },
+          { alg: 'RS256', file: rsPath },
+        ],
+        jwksFile: jwksPath,
+      },
     });
     let n = 0;
     const ok = async (t: string) => expect((await send(gw, bearer(t), { key: `ok-${n++}` })).status).toBe(201);
@@ -220,10 +248,16 @@ describe('public keys: ES256 (PEM), EdDSA (JWKS file), RS256 (PEM file)', () => 
 
   it('a key file that cannot be read stops start-up, naming the field', async () => {
     const up = await upstream();
-    await expect(startTestGateway({ routes: [paymentsRoute(up.url)], config: { auth: { issuer: ISSUER, audience: AUDIENCE, jwksFile: '/nonexistent/jwks.json' } } })).rejects.toThrow(/auth\.jwksFile: cannot read/);
-    await expect(startTestGateway({ routes: [paymentsRoute(up.url)], config: { auth: { issuer: ISSUER, audience: AUDIENCE, secret: { env: 'FG_TEST_UNSET_SECRET' } } }, env: {} })).rejects.toThrow(
-      /auth\.secret: environment variable FG_TEST_UNSET_SECRET is not set/,
-    );
+    await expect(
+      startTestGateway({ routes: [paymentsRoute(up.url)], config: { auth: { issuer: ISSUER, audience: AUDIENCE, jwksFile: '/nonexistent/jwks.json' } } }),
+    ).rejects.toThrow(/auth\.jwksFile: cannot read/);
+    await expect(
+      startTestGateway({
+        routes: [paymentsRoute(up.url)],
+        config: { auth: { issuer: ISSUER, audience: AUDIENCE, secret: { env: 'FG_TEST_UNSET_SECRET' } } },
+        env: {},
+      }),
+    ).rejects.toThrow(/auth\.secret: environment variable FG_TEST_UNSET_SECRET is not set/);
   });
 });
 

@@ -34,7 +34,8 @@ vi.mock('../../src/core/fingerprint.js', async (importOriginal) => {
   return {
     ...real,
     // The fix switched off: the fingerprint as it was before credentials entered it.
-    fingerprint: (m: string, p: string, c: string, b: string, e: string | null, cred: string | null = null) => real.fingerprint(m, p, c, b, e, mutant.dropCredentials ? null : cred),
+    fingerprint: (m: string, p: string, c: string, b: string, e: string | null, cred: string | null = null) =>
+      real.fingerprint(m, p, c, b, e, mutant.dropCredentials ? null : cred),
   };
 });
 
@@ -53,7 +54,9 @@ const withoutCredentials = (store: GatewayStore): GatewayStore =>
     finish: (i) => store.finish({ ...i, scope: i.scope.replace(CREDENTIAL_PART, '') }),
   });
 
-async function gateway(options: { route?: Record<string, unknown>; config?: Record<string, unknown>; wrapStore?: (s: GatewayStore) => GatewayStore; dbPath?: string } = {}) {
+async function gateway(
+  options: { route?: Record<string, unknown>; config?: Record<string, unknown>; wrapStore?: (s: GatewayStore) => GatewayStore; dbPath?: string } = {},
+) {
   const up = await startUpstream();
   cleanups.push(() => up.close());
   const logs: string[] = [];
@@ -80,7 +83,8 @@ const MATERIAL = (pairs: [string, string | null][]) => 'fencegate/key-scope/cred
 const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
 /** The 4 public fields of a charge's fingerprint (DESIGN §3.4), as the gateway joins them. */
 const PUBLIC_FIELDS = `POST\u0000/payments/charges\u0000application/json\u0000${sha256(BODY)}`;
-const fingerprintRow = (gw: TestGateway, key: string) => (gw.sqlite.db.prepare('SELECT scope, fingerprint FROM idempotency_records WHERE key = ?').all(key) as { scope: string; fingerprint: string }[]);
+const fingerprintRow = (gw: TestGateway, key: string) =>
+  gw.sqlite.db.prepare('SELECT scope, fingerprint FROM idempotency_records WHERE key = ?').all(key) as { scope: string; fingerprint: string }[];
 
 /** A 422 idempotency-key-reused that says credentials may be what differs and carries nothing of the record's answer. */
 async function expectReused(res: Response) {
@@ -91,7 +95,7 @@ async function expectReused(res: Response) {
 }
 
 describe('plain route, default binding (fingerprint): a record answers only the credentials that made it', () => {
-  it('two callers with different Authorization and one key: the upstream executes once, B gets 422 and never A\'s body, A\'s retry replays', async () => {
+  it("two callers with different Authorization and one key: the upstream executes once, B gets 422 and never A's body, A's retry replays", async () => {
     const { gw, up } = await gateway();
     const a1 = await effectOf(await charge(gw, 'order-1', A));
     expect(a1.effect).toBe(1);
@@ -138,7 +142,13 @@ describe('plain route, default binding (fingerprint): a record answers only the 
   it('the encoding with credentials is never a 4- or 5-field one, even for an entity that reads cred:<hash>', () => {
     const h = 'ab'.repeat(32);
     const args = ['POST', '/p', 'application/json', 'd'] as const;
-    const forms = [fingerprint(...args, null), fingerprint(...args, `cred:${h}`), fingerprint(...args, null, h), fingerprint(...args, `cred:${h}`, h), fingerprint(...args, 'e', h)];
+    const forms = [
+      fingerprint(...args, null),
+      fingerprint(...args, `cred:${h}`),
+      fingerprint(...args, null, h),
+      fingerprint(...args, `cred:${h}`, h),
+      fingerprint(...args, 'e', h),
+    ];
     expect(new Set(forms).size).toBe(forms.length);
     expect(fingerprint(...args, null, h)).toBe(sha256(`POST\u0000/p\u0000application/json\u0000d\u0000\u0000cred:${h}`));
   });
@@ -161,7 +171,9 @@ describe('plain route, default binding (fingerprint): a record answers only the 
   it('without credentialHashKey the hash is a domain-separated SHA-256 and the gateway warns so at start-up; with it, no warning', async () => {
     const { gw, warnings } = await gateway({ config: {} });
     await charge(gw, 'order-8', A);
-    expect(fingerprintRow(gw, 'order-8')[0]!.fingerprint).toBe(sha256(`${PUBLIC_FIELDS}\u0000\u0000cred:${sha256(MATERIAL([['authorization', A.authorization]]))}`));
+    expect(fingerprintRow(gw, 'order-8')[0]!.fingerprint).toBe(
+      sha256(`${PUBLIC_FIELDS}\u0000\u0000cred:${sha256(MATERIAL([['authorization', A.authorization]]))}`),
+    );
     expect(warnings('credential-hash-unkeyed')).toHaveLength(1);
     // Callers that send no credentials still share one key space: the global-keys warning stays, and says what the binding does.
     const [global] = warnings('global-keys');
@@ -185,7 +197,7 @@ describe('plain route, default binding (fingerprint): a record answers only the 
     expect(two.up.effects).toBe(0);
   });
 
-  it('negative control: with the credential part dropped from the fingerprint, B is handed A\'s answer and never reaches the upstream', async () => {
+  it("negative control: with the credential part dropped from the fingerprint, B is handed A's answer and never reaches the upstream", async () => {
     mutant.dropCredentials = true;
     const { gw, up } = await gateway();
     expect((await effectOf(await charge(gw, 'order-1', A))).effect).toBe(1);
@@ -196,7 +208,8 @@ describe('plain route, default binding (fingerprint): a record answers only the 
   });
 
   it('credentialBinding is validated', () => {
-    const parse = (credentialBinding: unknown) => () => parseConfig({ store: { sqlite: ':memory:' }, routes: [paymentsRoute('http://127.0.0.1:1', { credentialBinding })] });
+    const parse = (credentialBinding: unknown) => () =>
+      parseConfig({ store: { sqlite: ':memory:' }, routes: [paymentsRoute('http://127.0.0.1:1', { credentialBinding })] });
     expect(parse('hash')).toThrow(ConfigError);
     expect(parse('hash')).toThrow(/credentialBinding/);
     expect(parse('scope')).not.toThrow();
@@ -221,7 +234,9 @@ describe('plain route, credentialBinding "scope": each credential set its own ke
     expect(n2.headers.get('idempotent-replayed')).toBe('true');
     expect((await effectOf(n2)).effect).toBe(3);
     expect(up.effects).toBe(3);
-    const scopes = recordRows(gw.sqlite, 'order-1').map((r) => r.scope).sort();
+    const scopes = recordRows(gw.sqlite, 'order-1')
+      .map((r) => r.scope)
+      .sort();
     expect(scopes).toHaveLength(3);
     expect(scopes).toContain('payments');
     // The fingerprint is the one without credentials: they are in the scope only.
@@ -237,7 +252,7 @@ describe('plain route, credentialBinding "scope": each credential set its own ke
     expect(up.effects).toBe(2);
   });
 
-  it('negative control: with the credential part dropped from the scope, B is handed A\'s answer and never reaches the upstream', async () => {
+  it("negative control: with the credential part dropped from the scope, B is handed A's answer and never reaches the upstream", async () => {
     const { gw, up } = await gateway({ route: SCOPE, wrapStore: withoutCredentials });
     expect((await effectOf(await charge(gw, 'order-1', A))).effect).toBe(1);
     const b = await charge(gw, 'order-1', B);
@@ -263,10 +278,14 @@ describe.skipIf(!POSTGRES_URL)('plain route on PostgreSQL', () => {
   async function pgGateway(route: Record<string, unknown> = {}) {
     const up = await startUpstream();
     cleanups.push(() => up.close());
-    const gw = await startPgTestGateway({ routes: [paymentsRoute(up.url, { fence: 'off', mode: 'concurrent', ...route })], config: { credentialHashKey: HASH_KEY } });
+    const gw = await startPgTestGateway({
+      routes: [paymentsRoute(up.url, { fence: 'off', mode: 'concurrent', ...route })],
+      config: { credentialHashKey: HASH_KEY },
+    });
     cleanups.unshift(() => gw.close());
     const pg = (key: string, headers: Record<string, string>) => command(gw.url, '/payments/charges', { key, headers, body: BODY });
-    const rows = async (key: string) => (await gw.schema.pool.query<{ scope: string; fingerprint: string }>('SELECT scope, fingerprint FROM idempotency_records WHERE key = $1', [key])).rows;
+    const rows = async (key: string) =>
+      (await gw.schema.pool.query<{ scope: string; fingerprint: string }>('SELECT scope, fingerprint FROM idempotency_records WHERE key = $1', [key])).rows;
     return { up, pg, rows };
   }
 
@@ -279,11 +298,13 @@ describe.skipIf(!POSTGRES_URL)('plain route on PostgreSQL', () => {
     expect(again.headers.get('idempotent-replayed')).toBe('true');
     expect((await effectOf(again)).effect).toBe(1);
     expect(up.effects).toBe(1);
-    const hmac = createHmac('sha256', HASH_KEY).update(MATERIAL([['authorization', A.authorization]])).digest('hex');
+    const hmac = createHmac('sha256', HASH_KEY)
+      .update(MATERIAL([['authorization', A.authorization]]))
+      .digest('hex');
     expect(await rows('order-pg')).toEqual([{ scope: 'payments', fingerprint: sha256(`${PUBLIC_FIELDS}\u0000\u0000cred:${hmac}`) }]);
   });
 
-  it('negative control: with the credential part dropped from the fingerprint, B is handed A\'s answer', async () => {
+  it("negative control: with the credential part dropped from the fingerprint, B is handed A's answer", async () => {
     mutant.dropCredentials = true;
     const { up, pg } = await pgGateway();
     expect((await effectOf(await pg('order-pg', A))).effect).toBe(1);
@@ -305,24 +326,27 @@ describe.skipIf(!POSTGRES_URL)('plain route on PostgreSQL', () => {
   });
 });
 
-describe('an Authorization the upstream never sees binds nothing (the gateway\'s own credential, or stripped)', () => {
+describe("an Authorization the upstream never sees binds nothing (the gateway's own credential, or stripped)", () => {
   // The control is the rotation hazard above: the same retry on a route that forwards Authorization is executed again under "scope".
   it.each([
     ['upstreamHeaders sets Authorization', { upstreamHeaders: { Authorization: 'Bearer sk_gateway_own' } }, 'Bearer sk_gateway_own'],
     ['stripHeaders lists Authorization', { stripHeaders: ['Authorization'] }, undefined],
-  ] as const)('%s: under either binding, a retry whose caller-side token changed is a replay, one execution, and the row has no credential part', async (_, route, seen) => {
-    for (const binding of ['fingerprint', 'scope'] as const) {
-      const { gw, up, warnings } = await gateway({ route: { ...route, credentialBinding: binding } });
-      expect(warnings('global-keys').map((w) => w.reason)).toEqual([expect.stringContaining('no credential of the caller reaches the upstream')]);
-      expect((await effectOf(await charge(gw, 'order-gw', A))).effect).toBe(1);
-      const retry = await charge(gw, 'order-gw', A_REFRESHED);
-      expect(retry.headers.get('idempotent-replayed')).toBe('true');
-      expect((await effectOf(retry)).effect).toBe(1);
-      expect(up.effects).toBe(1);
-      expect(up.calls[0]!.headers.authorization).toBe(seen);
-      expect(fingerprintRow(gw, 'order-gw')).toEqual([{ scope: 'payments', fingerprint: sha256(PUBLIC_FIELDS) }]);
-    }
-  });
+  ] as const)(
+    '%s: under either binding, a retry whose caller-side token changed is a replay, one execution, and the row has no credential part',
+    async (_, route, seen) => {
+      for (const binding of ['fingerprint', 'scope'] as const) {
+        const { gw, up, warnings } = await gateway({ route: { ...route, credentialBinding: binding } });
+        expect(warnings('global-keys').map((w) => w.reason)).toEqual([expect.stringContaining('no credential of the caller reaches the upstream')]);
+        expect((await effectOf(await charge(gw, 'order-gw', A))).effect).toBe(1);
+        const retry = await charge(gw, 'order-gw', A_REFRESHED);
+        expect(retry.headers.get('idempotent-replayed')).toBe('true');
+        expect((await effectOf(retry)).effect).toBe(1);
+        expect(up.effects).toBe(1);
+        expect(up.calls[0]!.headers.authorization).toBe(seen);
+        expect(fingerprintRow(gw, 'order-gw')).toEqual([{ scope: 'payments', fingerprint: sha256(PUBLIC_FIELDS) }]);
+      }
+    },
+  );
 });
 
 describe('credentialHeaders', () => {
@@ -349,7 +373,7 @@ describe('credentialHeaders', () => {
     expect(up.effects).toBe(3);
   });
 
-  it('control: a header the route does not list does not bind the record (the second API key is handed the first one\'s answer)', async () => {
+  it("control: a header the route does not list does not bind the record (the second API key is handed the first one's answer)", async () => {
     const { gw, up } = await gateway();
     expect((await effectOf(await charge(gw, 'o', K1))).effect).toBe(1);
     expect((await effectOf(await charge(gw, 'o', K2))).effect).toBe(1);
@@ -380,8 +404,10 @@ describe('credentialHeaders', () => {
   });
 
   it('is refused at start-up for a header that does not reach the upstream as sent', () => {
-    const base = (route: Record<string, unknown>, extra: Record<string, unknown> = {}) => () =>
-      parseConfig({ store: { sqlite: ':memory:' }, ...extra, routes: [paymentsRoute('http://127.0.0.1:1', route)] });
+    const base =
+      (route: Record<string, unknown>, extra: Record<string, unknown> = {}) =>
+      () =>
+        parseConfig({ store: { sqlite: ':memory:' }, ...extra, routes: [paymentsRoute('http://127.0.0.1:1', route)] });
     expect(base({ credentialHeaders: ['Content-Length'] })).toThrow(/credentialHeaders/);
     expect(base({ credentialHeaders: ['X-Api-Key'], stripHeaders: ['x-api-key'] })).toThrow(/credentialHeaders.*stripHeaders|stripHeaders/);
     expect(base({ credentialHeaders: ['Idempotency-Key'] })).toThrow(/idempotencyHeader/);
@@ -393,7 +419,9 @@ describe('credentialHeaders', () => {
   it('a credentialHashKey from the environment must be set', () => {
     const config = parseConfig({ store: { sqlite: ':memory:' }, credentialHashKey: { env: 'FG_CRED_KEY' }, routes: [paymentsRoute('http://127.0.0.1:1')] });
     const store = {} as GatewayStore;
-    expect(() => createGateway({ config, store, forwarder: { forward: async () => ({ kind: 'refused', error: 'x' }) }, env: {} })).toThrow(/credentialHashKey: environment variable FG_CRED_KEY is not set/);
+    expect(() => createGateway({ config, store, forwarder: { forward: async () => ({ kind: 'refused', error: 'x' }) }, env: {} })).toThrow(
+      /credentialHashKey: environment variable FG_CRED_KEY is not set/,
+    );
   });
 });
 
@@ -401,26 +429,33 @@ describe('mcp route: callers told apart by Authorization', () => {
   async function setup(options: { route?: Record<string, unknown>; wrapStore?: (s: GatewayStore) => GatewayStore } = {}) {
     const up = await startMcpUpstream({ stateful: false, json: true });
     cleanups.push(() => up.close());
-    const gw = await startMcpGateway([mcpRoute(up.url, options.route)], { config: { credentialHashKey: HASH_KEY }, ...(options.wrapStore ? { wrapStore: options.wrapStore } : {}) });
+    const gw = await startMcpGateway([mcpRoute(up.url, options.route)], {
+      config: { credentialHashKey: HASH_KEY },
+      ...(options.wrapStore ? { wrapStore: options.wrapStore } : {}),
+    });
     cleanups.push(() => gw.close());
     const agent = async (headers: Record<string, string>) => {
       const c = await connectClient(`${gw.url}/mcp`, { headers });
       cleanups.unshift(() => c.close());
       return c.client;
     };
-    const call = (client: Awaited<ReturnType<typeof agent>>) => client.callTool({ name: 'create_ticket', arguments: { title: 'printer on fire' }, _meta: fenced(1, 'job-1', 'job-1:create') });
+    const call = (client: Awaited<ReturnType<typeof agent>>) =>
+      client.callTool({ name: 'create_ticket', arguments: { title: 'printer on fire' }, _meta: fenced(1, 'job-1', 'job-1:create') });
     const ticket = async (client: Awaited<ReturnType<typeof agent>>) => JSON.parse(textOf(await call(client))).id as string;
     /** The route's JSON-RPC error for idempotency-key-reused, without the other agent's ticket. */
     const reused = async (client: Awaited<ReturnType<typeof agent>>) => {
       // A result (another agent's ticket) reads as its text, so a failure shows what was handed out.
-      const outcome = await call(client).then((r) => `result: ${textOf(r)}`, (e: Error) => `error: ${e.message}`);
+      const outcome = await call(client).then(
+        (r) => `result: ${textOf(r)}`,
+        (e: Error) => `error: ${e.message}`,
+      );
       expect(outcome).toMatch(/^error: .*idempotency-key-reused/);
       expect(outcome).not.toMatch(/T-\d/);
     };
     return { up, gw, agent, ticket, reused };
   }
 
-  it('default binding: a second agent with another token, the first with a refreshed token, and an agent without one are refused; the server makes one ticket; the first agent\'s retry replays', async () => {
+  it("default binding: a second agent with another token, the first with a refreshed token, and an agent without one are refused; the server makes one ticket; the first agent's retry replays", async () => {
     const { up, gw, agent, ticket, reused } = await setup();
     const [alice, bob, refreshed, nobody] = [await agent(A), await agent(B), await agent(A_REFRESHED), await agent({})];
     expect(await ticket(alice)).toBe('T-1');
@@ -429,11 +464,16 @@ describe('mcp route: callers told apart by Authorization', () => {
     await reused(nobody);
     expect(await ticket(alice)).toBe('T-1');
     expect(up.tickets).toHaveLength(1);
-    expect(gw.decisions().map((d) => d.decision).filter((d) => d !== 'passed')).toEqual(['forwarded', 'idempotency-key-reused', 'idempotency-key-reused', 'idempotency-key-reused', 'replayed']);
+    expect(
+      gw
+        .decisions()
+        .map((d) => d.decision)
+        .filter((d) => d !== 'passed'),
+    ).toEqual(['forwarded', 'idempotency-key-reused', 'idempotency-key-reused', 'idempotency-key-reused', 'replayed']);
     expect(JSON.stringify(gw.sqlite.db.prepare('SELECT * FROM idempotency_records').all())).not.toContain('sk_test');
   });
 
-  it('negative control: with the credential part dropped from the fingerprint, the second agent is handed the first one\'s ticket', async () => {
+  it("negative control: with the credential part dropped from the fingerprint, the second agent is handed the first one's ticket", async () => {
     mutant.dropCredentials = true;
     const { up, agent, ticket } = await setup();
     const [alice, bob] = [await agent(A), await agent(B)];
@@ -452,7 +492,12 @@ describe('mcp route: callers told apart by Authorization', () => {
     expect(await ticket(nobody)).toBe('T-3');
     expect(await ticket(nobody)).toBe('T-3');
     expect(up.tickets).toHaveLength(3);
-    expect(gw.decisions().map((d) => d.decision).filter((d) => d !== 'passed')).toEqual(['forwarded', 'forwarded', 'replayed', 'replayed', 'forwarded', 'replayed']);
+    expect(
+      gw
+        .decisions()
+        .map((d) => d.decision)
+        .filter((d) => d !== 'passed'),
+    ).toEqual(['forwarded', 'forwarded', 'replayed', 'replayed', 'forwarded', 'replayed']);
     expect(JSON.stringify(gw.sqlite.db.prepare('SELECT scope FROM idempotency_records').all())).not.toContain('sk_test');
   });
 

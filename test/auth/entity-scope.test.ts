@@ -17,7 +17,10 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-async function gateway(fence: Record<string, unknown> | undefined, extra: Record<string, unknown> = {}): Promise<{ gw: TestGateway; up: FakeUpstream; warnings: () => { msg: string; reason: string }[] }> {
+async function gateway(
+  fence: Record<string, unknown> | undefined,
+  extra: Record<string, unknown> = {},
+): Promise<{ gw: TestGateway; up: FakeUpstream; warnings: () => { msg: string; reason: string }[] }> {
   const up = await startUpstream();
   cleanups.push(() => up.close());
   const logs: string[] = [];
@@ -90,7 +93,11 @@ describe('fence.entityScope with auth and unsigned fences', () => {
     const up = await startUpstream();
     cleanups.push(() => up.close());
     const logs: string[] = [];
-    const gw = await startTestGateway({ routes: [paymentsRoute(up.url, { fence: 'off' })], config: { auth: hsAuth() }, logger: createJsonLogger({ write: (l) => logs.push(l) }) });
+    const gw = await startTestGateway({
+      routes: [paymentsRoute(up.url, { fence: 'off' })],
+      config: { auth: hsAuth() },
+      logger: createJsonLogger({ write: (l) => logs.push(l) }),
+    });
     cleanups.unshift(() => gw.close());
     expect(logs.filter((l) => l.includes('unsigned-fences'))).toEqual([]);
   });

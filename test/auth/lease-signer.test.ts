@@ -38,13 +38,20 @@ describe('fencedFetch with createFenceSigner', () => {
 
     const lost: string[] = [];
     const live = createFencedFetch(context(new Date(Date.now() + 30_000), lost), { fenceSigner: signer });
-    const res = await live(`${gw.url}/payments/charges`, { step: 'charge', method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"amount":1200}' });
+    const res = await live(`${gw.url}/payments/charges`, {
+      step: 'charge',
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{"amount":1200}',
+    });
     expect(res.status).toBe(201);
     expect(up.calls[0]!).toMatchObject({ fence: '7', entity: 'tool-job:42', key: 'tool-job:42:charge' });
 
     // A lease that ended 10 s ago: beyond the 2 s grace.
     const late = createFencedFetch(context(new Date(Date.now() - 10_000), lost), { fenceSigner: signer });
-    await expect(late(`${gw.url}/payments/charges`, { step: 'refund', method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' })).rejects.toBeInstanceOf(LeaseLostError);
+    await expect(
+      late(`${gw.url}/payments/charges`, { step: 'refund', method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' }),
+    ).rejects.toBeInstanceOf(LeaseLostError);
     expect(lost).toEqual(['stale_fence']);
     expect(up.effects).toBe(1);
     const log = gw.sqlite.db.prepare('SELECT reason, entity, presented_fence FROM rejections').all();
@@ -52,7 +59,9 @@ describe('fencedFetch with createFenceSigner', () => {
 
     // Within the grace the fence still passes.
     const graced = createFencedFetch(context(new Date(Date.now() - 500), lost), { fenceSigner: signer });
-    expect((await graced(`${gw.url}/payments/charges`, { step: 'receipt', method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' })).status).toBe(201);
+    expect(
+      (await graced(`${gw.url}/payments/charges`, { step: 'receipt', method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' })).status,
+    ).toBe(201);
   });
 
   it('a worker without the signer sends a bare token, which a signed gateway refuses', async () => {

@@ -94,7 +94,16 @@ describe('the metadata document', () => {
 
   it('the Node listener and the Hono app agree on every spelling of the path', async () => {
     const { gw } = await setup();
-    const paths = [`${WELL_KNOWN}/mcp`, `${WELL_KNOWN}/%6Dcp`, `/.well-known/oauth-protected-resource%2Fmcp`, `${WELL_KNOWN}/mcp/`, `${WELL_KNOWN}/MCP`, `${WELL_KNOWN}/./mcp`, `${WELL_KNOWN}`, '/mcp'];
+    const paths = [
+      `${WELL_KNOWN}/mcp`,
+      `${WELL_KNOWN}/%6Dcp`,
+      `/.well-known/oauth-protected-resource%2Fmcp`,
+      `${WELL_KNOWN}/mcp/`,
+      `${WELL_KNOWN}/MCP`,
+      `${WELL_KNOWN}/./mcp`,
+      `${WELL_KNOWN}`,
+      '/mcp',
+    ];
     const node: [string, number][] = [];
     const app: [string, number][] = [];
     for (const p of paths) {
@@ -113,7 +122,10 @@ describe('challenges and audience', () => {
   it('a proxied 401 names the metadata (resource_metadata), as the SDK reads it; without resource it does not', async () => {
     const { gw, up } = await setup();
     const metadataUrl = `${new URL(gw.url).origin}${WELL_KNOWN}/mcp`;
-    for (const res of [await rawPost(`${gw.url}/mcp`, LIST), await viaApp(gw, '/mcp', { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: LIST })]) {
+    for (const res of [
+      await rawPost(`${gw.url}/mcp`, LIST),
+      await viaApp(gw, '/mcp', { method: 'POST', headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' }, body: LIST }),
+    ]) {
       expect(res.status).toBe(401);
       expect(res.headers.get('www-authenticate')).toBe(`Bearer realm="fencegate", resource_metadata="${metadataUrl}"`);
       expect(extractWWWAuthenticateParams(res).resourceMetadataUrl?.href).toBe(metadataUrl);
@@ -123,7 +135,9 @@ describe('challenges and audience', () => {
     // A 403 (a token for the resource without the proxy scope) names it too, so a client can step up its scopes there.
     const noScope = await rawPost(`${gw.url}/mcp`, LIST, bearer(await token({ aud: `${new URL(gw.url).origin}/mcp`, scope: 'fencegate:audit' })));
     expect(noScope.status).toBe(403);
-    expect(noScope.headers.get('www-authenticate')).toBe(`Bearer realm="fencegate", error="insufficient_scope", scope="fencegate:proxy", resource_metadata="${metadataUrl}"`);
+    expect(noScope.headers.get('www-authenticate')).toBe(
+      `Bearer realm="fencegate", error="insufficient_scope", scope="fencegate:proxy", resource_metadata="${metadataUrl}"`,
+    );
     expect(up.requests).toHaveLength(0);
 
     const off = await setup(false);
@@ -158,7 +172,9 @@ describe('configuration', () => {
     const a = parse(hsAuth({ audience: undefined, resource: 'https://gw.example/mcp' })).auth!;
     expect(a.audience).toBe('https://gw.example/mcp');
     expect(a.authorizationServers).toEqual([ISSUER]);
-    const b = parse(hsAuth({ audience: ['https://gw.example/mcp', 'legacy'], resource: 'https://gw.example/mcp', authorizationServers: ['https://as.example'] })).auth!;
+    const b = parse(
+      hsAuth({ audience: ['https://gw.example/mcp', 'legacy'], resource: 'https://gw.example/mcp', authorizationServers: ['https://as.example'] }),
+    ).auth!;
     expect(b.audience).toEqual(['https://gw.example/mcp', 'legacy']);
     expect(b.authorizationServers).toEqual(['https://as.example']);
     // Without resource nothing changes.
@@ -172,8 +188,16 @@ describe('configuration', () => {
     for (const resource of ['https://gw.example/mcp?x=1', 'https://gw.example/mcp#f', 'https://gw.example/mcp/', 'ftp://gw.example/']) {
       expect(() => parse(hsAuth({ audience: undefined, resource })), resource).toThrow(/resource/);
     }
-    expect(() => parse(hsAuth({ audience: undefined, resource: 'https://gw.example/mcp' }), [route, { ...route, name: 'w', protocol: 'http', match: { path: `${WELL_KNOWN}/mcp` } }])).toThrow(/protected resource metadata/);
+    expect(() =>
+      parse(hsAuth({ audience: undefined, resource: 'https://gw.example/mcp' }), [
+        route,
+        { ...route, name: 'w', protocol: 'http', match: { path: `${WELL_KNOWN}/mcp` } },
+      ]),
+    ).toThrow(/protected resource metadata/);
     // A wildcard route may cover it (the path is then kept from it), and the bare origin is a resource too.
-    expect(parse(hsAuth({ audience: undefined, resource: 'https://gw.example' }), [route, { ...route, name: 'w', protocol: 'http', match: { path: '/*' } }]).auth!.resource).toBe('https://gw.example');
+    expect(
+      parse(hsAuth({ audience: undefined, resource: 'https://gw.example' }), [route, { ...route, name: 'w', protocol: 'http', match: { path: '/*' } }]).auth!
+        .resource,
+    ).toBe('https://gw.example');
   });
 });

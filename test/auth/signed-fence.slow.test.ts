@@ -40,7 +40,8 @@ function rejections(gw: TestGateway): { reason: string; entity: string | null; p
 }
 
 const entityFence = (gw: TestGateway, entity: string) =>
-  (gw.sqlite.db.prepare('SELECT CAST(fence AS TEXT) AS fence FROM fence_entities WHERE entity = ?').get(entity) as { fence: string } | undefined)?.fence ?? null;
+  (gw.sqlite.db.prepare('SELECT CAST(fence AS TEXT) AS fence FROM fence_entities WHERE entity = ?').get(entity) as { fence: string } | undefined)?.fence ??
+  null;
 
 describe('signed fences: a forged fence cannot lock an entity', () => {
   it('a bare giant integer is 401 invalid-fence-signature, logged, and the real owner still gets through', async () => {
@@ -52,7 +53,9 @@ describe('signed fences: a forged fence cannot lock an entity', () => {
     expect(body.detail).toMatch(/bare integer/);
     // A JWS with the giant fence, signed with a key the gateway does not hold.
     const otherKey = await fence(e, GIANT, { secret: 'not-the-gateway-secret-0123456789-abcdefg' });
-    await expectProblem(await command(gw.url, '/payments/charges', { fence: otherKey, entity: e, key: 'evil-2' }), 401, 'invalid-fence-signature', { presented_fence: GIANT });
+    await expectProblem(await command(gw.url, '/payments/charges', { fence: otherKey, entity: e, key: 'evil-2' }), 401, 'invalid-fence-signature', {
+      presented_fence: GIANT,
+    });
     // The same claims with alg none.
     const none = `${Buffer.from('{"alg":"none","typ":"fence+jwt"}').toString('base64url')}.${otherKey.split('.')[1]}.`;
     await expectProblem(await command(gw.url, '/payments/charges', { fence: none, entity: e, key: 'evil-3' }), 401, 'invalid-fence-signature');
@@ -91,7 +94,11 @@ describe('signed fences: a forged fence cannot lock an entity', () => {
     const up = await upstream();
     const gw = await gateway([paymentsRoute(up.url)]);
     const forB = await fence('tool-job:B', 9);
-    const body = await expectProblem(await command(gw.url, '/payments/charges', { fence: forB, entity: 'tool-job:A', key: 'x' }), 401, 'invalid-fence-signature');
+    const body = await expectProblem(
+      await command(gw.url, '/payments/charges', { fence: forB, entity: 'tool-job:A', key: 'x' }),
+      401,
+      'invalid-fence-signature',
+    );
     expect(body.detail).toMatch(/another entity/);
     const expiredForB = await fence('tool-job:B', 9, { exp: inSec(-30) });
     await expectProblem(await command(gw.url, '/payments/charges', { fence: expiredForB, entity: 'tool-job:A', key: 'y' }), 401, 'invalid-fence-signature');
@@ -120,7 +127,11 @@ describe('signed fences: a forged fence cannot lock an entity', () => {
     const signed = await mintFence({ ent: 'job:1', fence: 4, sub: 'w', exp: inSec(60) }, { privateKey: ed.privateKey, alg: 'EdDSA' });
     expect((await command(gw.url, '/payments/charges', { fence: signed, entity: 'job:1', key: 'a', headers: bearer(t) })).status).toBe(201);
     const hs = await fence('job:1', 9, { secret: 'test-secret-0123456789-abcdefghijklmnop' });
-    await expectProblem(await command(gw.url, '/payments/charges', { fence: hs, entity: 'job:1', key: 'b', headers: bearer(t) }), 401, 'invalid-fence-signature');
+    await expectProblem(
+      await command(gw.url, '/payments/charges', { fence: hs, entity: 'job:1', key: 'b', headers: bearer(t) }),
+      401,
+      'invalid-fence-signature',
+    );
   });
 
   it('a signed fence is not a bearer token, and a bearer token is not a fence (typ)', async () => {
@@ -131,7 +142,11 @@ describe('signed fences: a forged fence cannot lock an entity', () => {
     const f = await fence('job:1', 1, { secret: shared });
     await expectProblem(await command(gw.url, '/payments/charges', { fence: f, entity: 'job:1', key: 'a', headers: bearer(f) }), 401, 'unauthorized');
     const t = await token({ sub: 'billing' });
-    await expectProblem(await command(gw.url, '/payments/charges', { fence: t, entity: 'job:1', key: 'b', headers: bearer(t) }), 401, 'invalid-fence-signature');
+    await expectProblem(
+      await command(gw.url, '/payments/charges', { fence: t, entity: 'job:1', key: 'b', headers: bearer(t) }),
+      401,
+      'invalid-fence-signature',
+    );
     expect(up.effects).toBe(0);
   });
 });
@@ -189,7 +204,11 @@ describe('verifyFence (unit)', () => {
     expect(await verifyFence(jws, keys, { entity: 'e', now })).toMatchObject({ ok: true, fence: { ent: 'e', fence: 7n, sub: 'w' } });
     expect(await verifyFence(jws, keys, { entity: 'e', now: now + 11_000 })).toMatchObject({ ok: false, code: 'fence-expired', presented: 7n });
     expect(await verifyFence(jws, keys, { entity: 'e', now: now + 11_000, clockToleranceSec: 5 })).toMatchObject({ ok: true });
-    expect(await verifyFence(jws, keys, { entity: 'other', now: now + 11_000 })).toMatchObject({ ok: false, code: 'invalid-fence-signature', why: 'wrong-entity' });
+    expect(await verifyFence(jws, keys, { entity: 'other', now: now + 11_000 })).toMatchObject({
+      ok: false,
+      code: 'invalid-fence-signature',
+      why: 'wrong-entity',
+    });
     // Not typed as a fence.
     const untyped = await new CompactSign(new TextEncoder().encode(JSON.stringify({ ent: 'e', fence: '7', exp: Math.floor(now / 1000) + 10 })))
       .setProtectedHeader({ alg: 'HS256' })

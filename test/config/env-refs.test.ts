@@ -47,7 +47,16 @@ describe('{ "env": … } in the configuration', () => {
 
   it('names the field of each missing variable, once, and validates the resolved value', () => {
     const issues = refused(() =>
-      parseConfig({ store: { postgres: { env: 'NO_PG' } }, routes: [{ ...route, upstream: { env: 'NO_UP' } }, { ...route, name: 'b', upstream: { env: 'BAD_UP' } }] }, { env: { BAD_UP: 'ftp://x' } }),
+      parseConfig(
+        {
+          store: { postgres: { env: 'NO_PG' } },
+          routes: [
+            { ...route, upstream: { env: 'NO_UP' } },
+            { ...route, name: 'b', upstream: { env: 'BAD_UP' } },
+          ],
+        },
+        { env: { BAD_UP: 'ftp://x' } },
+      ),
     );
     expect(issues).toEqual([
       'routes[0].upstream: environment variable NO_UP is not set',
@@ -57,7 +66,9 @@ describe('{ "env": … } in the configuration', () => {
   });
 
   it('an empty variable is a missing one', () => {
-    expect(refused(() => parseConfig({ routes: [{ ...route, upstream: { env: 'UP' } }] }, { env: { UP: '' } }))).toEqual(['routes[0].upstream: environment variable UP is not set']);
+    expect(refused(() => parseConfig({ routes: [{ ...route, upstream: { env: 'UP' } }] }, { env: { UP: '' } }))).toEqual([
+      'routes[0].upstream: environment variable UP is not set',
+    ]);
   });
 
   it('without an explicit environment, secrets stay { env } for the gateway to read (the Worker entry), URLs come from process.env', () => {

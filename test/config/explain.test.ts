@@ -49,7 +49,17 @@ describe('configuration errors', () => {
     expect(r.success).toBe(false);
     expect(explainIssues(r.error!.issues, { a: { brandNewFeild: 2 } }, schema)).toEqual(['a: unknown key "brandNewFeild" (did you mean "brandNewField"?)']);
     expect(knownKeys(ConfigSchema, ['routes', 0])).toEqual(expect.arrayContaining(['timeoutMs', 'upstream', 'idempotencyKeyFrom']));
-    expect(knownKeys(ConfigSchema, ['store'])).toEqual(['sqlite', 'synchronous', 'postgres', 'poolSize', 'queryTimeout', 'schema', 'pooler', 'listenUrl', 'd1']);
+    expect(knownKeys(ConfigSchema, ['store'])).toEqual([
+      'sqlite',
+      'synchronous',
+      'postgres',
+      'poolSize',
+      'queryTimeout',
+      'schema',
+      'pooler',
+      'listenUrl',
+      'd1',
+    ]);
   });
 
   it('nearest: a case difference wins, a far key suggests nothing', () => {

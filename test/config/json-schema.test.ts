@@ -49,7 +49,14 @@ describe('the committed JSON Schema', () => {
     const withEnv = {
       store: { postgres: { env: 'DATABASE_URL' } },
       credentialHashKey: { env: 'HASH_KEY' },
-      routes: [{ ...route, upstream: { env: 'UPSTREAM', prefix: 'https://' }, tls: { ca: { env: 'CA_PEM' }, cert: './client.pem', key: { pem: '-----BEGIN PRIVATE KEY-----' } }, upstreamHeaders: { Authorization: { env: 'TOKEN', prefix: 'Bearer ' } } }],
+      routes: [
+        {
+          ...route,
+          upstream: { env: 'UPSTREAM', prefix: 'https://' },
+          tls: { ca: { env: 'CA_PEM' }, cert: './client.pem', key: { pem: '-----BEGIN PRIVATE KEY-----' } },
+          upstreamHeaders: { Authorization: { env: 'TOKEN', prefix: 'Bearer ' } },
+        },
+      ],
     };
     expect(validate(withEnv), JSON.stringify(validate.errors)).toBe(true);
     // Not every string: a route's name or path is never read from the environment.

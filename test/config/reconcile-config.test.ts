@@ -1,8 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { ConfigError, parseConfig } from '../../src/config/load.js';
 
-const route = (reconcile: unknown, over: Record<string, unknown> = {}) =>
-  ({ routes: [{ name: 'charges', match: { path: '/charges' }, upstream: 'http://127.0.0.1:1', ...over, ...(reconcile === undefined ? {} : { reconcile }) }] });
+const route = (reconcile: unknown, over: Record<string, unknown> = {}) => ({
+  routes: [{ name: 'charges', match: { path: '/charges' }, upstream: 'http://127.0.0.1:1', ...over, ...(reconcile === undefined ? {} : { reconcile }) }],
+});
 
 /** The one line the start-up error has for `reconcile`. */
 function refusal(reconcile: unknown, over: Record<string, unknown> = {}): string {

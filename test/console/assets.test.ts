@@ -38,7 +38,8 @@ function lintTemplate(html: string): string[] {
   for (const marker of ['__STYLE__', '__SCRIPT__', '__REASONS__', '__AUTH__']) {
     if (html.split(marker).length !== 2) problems.push(`${marker} not exactly once`);
   }
-  if ((html.match(/<script\b/gi) ?? []).length !== 1 || !html.includes('<script>__SCRIPT__</script>')) problems.push('a script other than <script>__SCRIPT__</script>');
+  if ((html.match(/<script\b/gi) ?? []).length !== 1 || !html.includes('<script>__SCRIPT__</script>'))
+    problems.push('a script other than <script>__SCRIPT__</script>');
   if ((html.match(/<style\b/gi) ?? []).length !== 1 || !html.includes('<style>__STYLE__</style>')) problems.push('a style other than <style>__STYLE__</style>');
   if (/\son[a-z]+\s*=/i.test(html)) problems.push('an inline event handler');
   if (/\bstyle\s*=/i.test(html)) problems.push('a style attribute');
@@ -87,7 +88,7 @@ describe('console assets', () => {
     expect(lintScript(js)).toEqual([]);
     expect(lintTemplate(html)).toEqual([]);
     // Negative controls: each rule fires.
-    expect(lintScript(js.replace("td.textContent = text", "td.innerHTML = text"))).toEqual(['innerHTML/outerHTML']);
+    expect(lintScript(js.replace('td.textContent = text', 'td.innerHTML = text'))).toEqual(['innerHTML/outerHTML']);
     expect(lintScript(js.replace("'use strict';", ''))).toHaveLength(1);
     expect(lintTemplate(html.replace('<header>', '<header onclick="x()">'))).toEqual(['an inline event handler']);
     expect(lintTemplate(html.replace('</body>', '<script src="https://cdn.example/x.js"></script></body>'))).toEqual([

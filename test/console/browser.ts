@@ -8,7 +8,15 @@ import { ROOT } from '../helpers/child.js';
 // test-results/console/ (gitignored), kept as artifacts.
 
 const CHROMIUM = process.env.FENCEGATE_CHROMIUM ?? '/usr/bin/chromium';
-const FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'];
+const FLAGS = [
+  '--headless',
+  '--no-sandbox',
+  '--disable-gpu',
+  '--disable-background-networking',
+  '--disable-component-update',
+  '--disable-sync',
+  '--no-first-run',
+];
 export const SCREENSHOTS = join(ROOT, 'test-results', 'console');
 
 // Loaded by name so that the suite still compiles where it is not installed.

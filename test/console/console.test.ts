@@ -32,13 +32,25 @@ describe.skipIf(skipReason !== null)('console in headless Chromium, with caller 
     gw = await startTestGateway({ routes: [paymentsRoute(up.url)], config: { auth: hsAuth() } });
     const worker = bearer(await token({ sub: 'billing' }));
     const send = (fence: number, entity: string, key: string) => command(gw.url, '/payments/charges', { fence, entity, key, headers: worker });
-    for (const [f, k] of [[1, 'a'], [3, 'b'], [7, 'c']] as const) expect((await send(f, 'tool-job:1', k)).status).toBe(201);
+    for (const [f, k] of [
+      [1, 'a'],
+      [3, 'b'],
+      [7, 'c'],
+    ] as const)
+      expect((await send(f, 'tool-job:1', k)).status).toBe(201);
     await expectProblem(await send(2, 'tool-job:1', 'late-1'), 409, 'stale-fence');
     await expectProblem(await send(5, 'tool-job:1', 'late-2'), 409, 'stale-fence');
     expect((await send(4, 'tool-job:2', 'd')).status).toBe(201);
     await expectProblem(await send(1, 'tool-job:2', 'late-3'), 409, 'stale-fence');
     // An entity chosen by a hostile caller: the console must show it as text.
-    await gw.sqlite.recordRejection({ reason: 'stale-fence', entity: XSS, presentedFence: 1n, currentFence: 2n, idempotencyKey: XSS, audit: { requestId: 'r', clientRequestId: null, caller: 'mallory', method: 'POST', path: '/payments/x', payloadSha256: 'ab'.repeat(32) } });
+    await gw.sqlite.recordRejection({
+      reason: 'stale-fence',
+      entity: XSS,
+      presentedFence: 1n,
+      currentFence: 2n,
+      idempotencyKey: XSS,
+      audit: { requestId: 'r', clientRequestId: null, caller: 'mallory', method: 'POST', path: '/payments/x', payloadSha256: 'ab'.repeat(32) },
+    });
     // An outcome_unknown record: the upstream resets the connection after reading the request.
     up.behave(() => ({ kind: 'reset' }));
     await expectProblem(await send(8, 'tool-job:1', 'pay-42'), 504, 'upstream-timeout');
@@ -90,13 +102,20 @@ describe.skipIf(skipReason !== null)('console in headless Chromium, with caller 
     expect(quiet.problems).toEqual([]);
 
     const noisy = await open(true);
-    expect(noisy.requests.filter((p) => p.includes('/v1/')).sort()).toEqual(['/_fencegate/v1/idempotency', '/_fencegate/v1/operator-actions', '/_fencegate/v1/rejections']);
+    expect(noisy.requests.filter((p) => p.includes('/v1/')).sort()).toEqual([
+      '/_fencegate/v1/idempotency',
+      '/_fencegate/v1/operator-actions',
+      '/_fencegate/v1/rejections',
+    ]);
     // The three audit rows are written after the page went idle; a stalled disk may take seconds.
     await expect.poll(async () => (await gw.sqlite.listRejections({ limit: 1000, reason: 'unauthorized' })).items.length, { timeout: 10_000 }).toBe(3);
   });
 
-  it('sign-in checks the token with one request: a refused token is said so, leaves the operator signed out and writes one audit row', { timeout: 60_000 }, async () => {
-    const reasons = async () => (await gw.sqlite.listRejections({ limit: 1000 })).items.filter((r) => r.reason === 'unauthorized' || r.reason === 'forbidden').map((r) => r.reason);
+  it('sign-in checks the token with one request: a refused token is said so, leaves the operator signed out and writes one audit row', {
+    timeout: 60_000,
+  }, async () => {
+    const reasons = async () =>
+      (await gw.sqlite.listRejections({ limit: 1000 })).items.filter((r) => r.reason === 'unauthorized' || r.reason === 'forbidden').map((r) => r.reason);
     const { page, problems } = await browser.page();
     const requests: string[] = [];
     page.on('request', (r: any) => new URL(r.url()).pathname.includes('/v1/') && requests.push(new URL(r.url()).pathname));
@@ -236,7 +255,9 @@ describe.skipIf(skipReason !== null)('console in headless Chromium, with caller 
     const formShot = await browser.screenshot(page, 'auth-resolve-form');
     await page.click('#res-submit');
     await page.waitForSelector('#res-confirm:not([hidden])');
-    const what = await page.$$eval('#res-what dd', (dds: HTMLElement[]) => Object.fromEntries(dds.map((dd) => [dd.getAttribute('data-field'), dd.textContent])));
+    const what = await page.$$eval('#res-what dd', (dds: HTMLElement[]) =>
+      Object.fromEntries(dds.map((dd) => [dd.getAttribute('data-field'), dd.textContent])),
+    );
     expect(what).toMatchObject({ key: 'pay-42', scope: 'payments / billing', status: '201' });
     expect(what.outcome).toMatch(/^completed: /);
     await page.click('#res-confirm-yes');
@@ -260,13 +281,22 @@ describe.skipIf(skipReason !== null)('console in headless Chromium, with caller 
     expect((await gw.sqlite.listRejections({ limit: 1000, reason: 'unauthorized' })).items.length).toBe(unauthorizedBefore);
 
     // What the operator did holds outside the browser: the retry replays the confirmed answer.
-    const retry = await command(gw.url, '/payments/charges', { fence: 8, entity: 'tool-job:1', key: 'pay-42', headers: bearer(await token({ sub: 'billing' })) });
+    const retry = await command(gw.url, '/payments/charges', {
+      fence: 8,
+      entity: 'tool-job:1',
+      key: 'pay-42',
+      headers: bearer(await token({ sub: 'billing' })),
+    });
     expect(retry.status).toBe(201);
     expect(retry.headers.get('idempotent-replayed')).toBe('true');
     expect(await retry.text()).toBe('{"id":"ch_42","status":"succeeded"}');
     expect(up.effects).toBe(5);
-    const actions = (await (await fetch(`${gw.url}/_fencegate/v1/operator-actions`, { headers: bearer(await token({ scope: 'fencegate:audit' })) })).json()) as any;
-    expect(actions.items).toMatchObject([{ action: 'resolve-completed', key: 'pay-42', operator: 'ops-alice', note: 'found ch_42 in the provider dashboard', status: 201 }]);
+    const actions = (await (
+      await fetch(`${gw.url}/_fencegate/v1/operator-actions`, { headers: bearer(await token({ scope: 'fencegate:audit' })) })
+    ).json()) as any;
+    expect(actions.items).toMatchObject([
+      { action: 'resolve-completed', key: 'pay-42', operator: 'ops-alice', note: 'found ch_42 in the provider dashboard', status: 201 },
+    ]);
     expect(existsSync(formShot) && existsSync(doneShot)).toBe(true);
   });
 });

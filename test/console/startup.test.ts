@@ -38,7 +38,14 @@ describe('the console URL in the start-up line', () => {
 describe('the mode rendered into the page', () => {
   it('is auth behind a guard, open without one, off when the /v1 API is disabled; answered without touching the API', async () => {
     // The console route reads nothing from the store: a store that throws on any use proves it.
-    const store = new Proxy({}, { get: (_t, name) => { throw new Error(`store.${String(name)} used`); } }) as GatewayStore;
+    const store = new Proxy(
+      {},
+      {
+        get: (_t, name) => {
+          throw new Error(`store.${String(name)} used`);
+        },
+      },
+    ) as GatewayStore;
     const guard = async () => new Response('guarded', { status: 401 });
     const cases = [
       [{ enabled: true, guard }, 'auth'],

@@ -41,8 +41,11 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
 
   beforeAll(async () => {
     up = await startUpstream();
-    gw = await startTestGateway({ routes: [paymentsRoute(up.url), paymentsRoute(up.url, { name: 'refunds', match: { path: '/refunds/*', methods: ['POST'] } })] });
-    const send = (path: string, fence: number, entity: string, key: string, extra: Record<string, unknown> = {}) => command(gw.url, path, { fence, entity, key, ...extra });
+    gw = await startTestGateway({
+      routes: [paymentsRoute(up.url), paymentsRoute(up.url, { name: 'refunds', match: { path: '/refunds/*', methods: ['POST'] } })],
+    });
+    const send = (path: string, fence: number, entity: string, key: string, extra: Record<string, unknown> = {}) =>
+      command(gw.url, path, { fence, entity, key, ...extra });
     expect((await send('/payments/charges', 5, 'job:1', 'k-1')).status).toBe(201);
     expect((await send('/refunds/r', 9, 'job:2', 'k-2')).status).toBe(201);
     await expectProblem(await send('/payments/charges', 4, 'job:1', 'late-a', { headers: { 'x-request-id': 'client-req-77' } }), 409, 'stale-fence');
@@ -51,7 +54,22 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     // The same key with another body: reused.
     await expectProblem(await send('/payments/charges', 5, 'job:1', 'k-1', { body: '{"amount":1}' }), 422, 'idempotency-key-reused');
     await expectProblem(await send('/refunds/r', 9, 'job:2', 'k-2', { body: '{"amount":1}' }), 422, 'idempotency-key-reused');
-    await gw.sqlite.recordRejection({ reason: 'fence-expired', entity: 'job:3', presentedFence: 1n, currentFence: null, idempotencyKey: 'k-old', detail: 'the fence expired some while before this request arrived at the gateway', audit: { requestId: 'req-expired-1', clientRequestId: null, caller: 'carol', method: 'POST', path: '/payments/charges/with/a/rather/long/path', payloadSha256: 'cd'.repeat(32) } });
+    await gw.sqlite.recordRejection({
+      reason: 'fence-expired',
+      entity: 'job:3',
+      presentedFence: 1n,
+      currentFence: null,
+      idempotencyKey: 'k-old',
+      detail: 'the fence expired some while before this request arrived at the gateway',
+      audit: {
+        requestId: 'req-expired-1',
+        clientRequestId: null,
+        caller: 'carol',
+        method: 'POST',
+        path: '/payments/charges/with/a/rather/long/path',
+        payloadSha256: 'cd'.repeat(32),
+      },
+    });
     // Two rows from three hours ago: outside the 1 h window, inside 6 h.
     gw.sqlite.db.prepare('UPDATE rejections SET at = at - 3 * ? WHERE id IN (1, 4)').run(HOUR);
     all = await log();
@@ -78,7 +96,11 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     await page.waitForSelector('body[data-loaded="true"]');
     expect(await page.textContent('#whoami')).toBe('no auth configured: loopback only');
     expect(await page.isVisible('#signin')).toBe(false);
-    expect(requests.filter((p) => p.includes('/v1/')).sort()).toEqual(['/_fencegate/v1/idempotency', '/_fencegate/v1/operator-actions', '/_fencegate/v1/rejections']);
+    expect(requests.filter((p) => p.includes('/v1/')).sort()).toEqual([
+      '/_fencegate/v1/idempotency',
+      '/_fencegate/v1/operator-actions',
+      '/_fencegate/v1/rejections',
+    ]);
     // The default window (24 h) holds every row.
     expect((await shownIds()).sort()).toEqual(ids(all).sort());
     expect(problems).toEqual([]);
@@ -94,14 +116,21 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     const byReason = (rows: any[]) => rows.reduce((t: Record<string, number>, r) => ((t[r.reason] = (t[r.reason] ?? 0) + 1), t), {});
     const recent = await log('&since=1h');
     expect(recent.length).toBe(4);
-    for (const [window, rows] of [['1h', recent], ['6h', all]] as const) {
+    for (const [window, rows] of [
+      ['1h', recent],
+      ['6h', all],
+    ] as const) {
       await page.selectOption('#rej-window', window);
       await searchNow();
       expect((await shownIds()).sort()).toEqual(ids(rows).sort());
       expect(await chartTotals()).toEqual(byReason(rows));
-      const legend = await page.$$eval('#chart .legend [data-reason]', (s: HTMLElement[]) => Object.fromEntries(s.map((e) => [e.getAttribute('data-reason'), Number(e.getAttribute('data-total'))])));
+      const legend = await page.$$eval('#chart .legend [data-reason]', (s: HTMLElement[]) =>
+        Object.fromEntries(s.map((e) => [e.getAttribute('data-reason'), Number(e.getAttribute('data-total'))])),
+      );
       expect(legend).toEqual(byReason(rows));
-      const counts = await page.$$eval('#count-reason tbody tr', (trs: HTMLElement[]) => Object.fromEntries(trs.map((tr) => [tr.cells[0].textContent, Number(tr.cells[1].textContent)])));
+      const counts = await page.$$eval('#count-reason tbody tr', (trs: HTMLElement[]) =>
+        Object.fromEntries(trs.map((tr) => [tr.cells[0].textContent, Number(tr.cells[1].textContent)])),
+      );
       expect(counts).toEqual(byReason(rows));
     }
     // 6 h: the two old rows sit in the first bars, the rest in the last.
@@ -109,9 +138,16 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     expect(Math.min(...bars)).toBeLessThan(500);
     expect(Math.max(...bars)).toBeGreaterThan(900);
     const callers = await page.$$eval('#count-caller tbody tr', (trs: HTMLElement[]) => trs.map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent]));
-    expect(callers).toEqual([['(anonymous)', '5'], ['carol', '1']]);
+    expect(callers).toEqual([
+      ['(anonymous)', '5'],
+      ['carol', '1'],
+    ]);
     const routes = await page.$$eval('#count-route tbody tr', (trs: HTMLElement[]) => trs.map((tr) => [tr.cells[0].textContent, tr.cells[1].textContent]));
-    expect(routes).toEqual([['POST /payments/charges', '3'], ['POST /refunds/r', '2'], ['POST /payments/charges/with/a/rather/long/path', '1']]);
+    expect(routes).toEqual([
+      ['POST /payments/charges', '3'],
+      ['POST /refunds/r', '2'],
+      ['POST /payments/charges/with/a/rather/long/path', '1'],
+    ]);
     await browser.screenshot(page, 'open-chart-6h');
   });
 
@@ -123,7 +159,10 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
       [{ 'rej-key': 'late-' }, (r) => (r.idempotency_key ?? '').includes('late-')],
       // The caller's X-Request-Id, and the gateway's own id of another row.
       [{ 'rej-request': 'client-req-77' }, (r) => r.client_request_id === 'client-req-77'],
-      [{ 'rej-request': all.find((r) => r.reason === 'idempotency-key-reused').request_id }, (r) => r.request_id === all.find((x) => x.reason === 'idempotency-key-reused').request_id],
+      [
+        { 'rej-request': all.find((r) => r.reason === 'idempotency-key-reused').request_id },
+        (r) => r.request_id === all.find((x) => x.reason === 'idempotency-key-reused').request_id,
+      ],
       [{ 'rej-route': '/refunds/' }, (r) => r.path.startsWith('/refunds/')],
       // Server-side and browser-side filters together.
       [{ 'rej-entity': 'job:1', 'rej-key': 'late-b' }, (r) => r.entity === 'job:1' && r.idempotency_key === 'late-b'],
@@ -155,13 +194,23 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     expect(csv.text).toBe(await (await fetch(`${gw.url}/_fencegate/v1/rejections?since=6h&entity=job%3A1&format=csv`)).text());
     expect(csv.text.split('\r\n')[0]).toContain('payload_sha256,request_id');
     const nd = await download('#rej-ndjson');
-    expect(nd.text.trim().split('\n').map((l) => JSON.parse(l).id)).toEqual(all.filter((r) => r.entity === 'job:1').map((r) => r.id));
+    expect(
+      nd.text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).id),
+    ).toEqual(all.filter((r) => r.entity === 'job:1').map((r) => r.id));
     // A browser-side filter (key) too: only the rows the table shows.
     await search({ 'rej-entity': 'job:1', 'rej-key': 'late-' });
     const shown = (await shownIds()).map(String);
     expect(shown.length).toBe(2);
     const nd2 = await download('#rej-ndjson');
-    expect(nd2.text.trim().split('\n').map((l) => JSON.parse(l).id)).toEqual(shown);
+    expect(
+      nd2.text
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).id),
+    ).toEqual(shown);
     const csv2 = (await download('#rej-csv')).text.split('\r\n');
     expect(csv2[0]).toBe(csv.text.split('\r\n')[0]);
     expect(csv2.slice(1, -1).map((l) => l.split(',')[0])).toEqual(shown);
@@ -171,13 +220,16 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
   it('keeps table cells on one line at 1400 px (no word broken mid-way)', { timeout: 30_000 }, async () => {
     await search({});
     const broken = await page.$$eval('#rej-table td, #rej-table th, #count-route td', (cells: HTMLElement[]) =>
-      cells.filter((c) => {
-        if (c.textContent === '') return false;
-        const range = document.createRange();
-        range.selectNodeContents(c);
-        const lines = new Set([...range.getClientRects()].map((r: any) => Math.round(r.top)));
-        return lines.size > 1;
-      }).map((c) => c.textContent));
+      cells
+        .filter((c) => {
+          if (c.textContent === '') return false;
+          const range = document.createRange();
+          range.selectNodeContents(c);
+          const lines = new Set([...range.getClientRects()].map((r: any) => Math.round(r.top)));
+          return lines.size > 1;
+        })
+        .map((c) => c.textContent),
+    );
     expect(broken).toEqual([]);
     // And the table fits the page: no column pushed out of sight.
     expect(await page.$eval('#rejections .scroll', (d: HTMLElement) => d.scrollWidth - d.clientWidth)).toBeLessThanOrEqual(0);
@@ -213,13 +265,17 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
             // Every column header, the last (detail) included, within the section.
             outside: [...table.tHead.rows[0].cells].filter((th: any) => th.getBoundingClientRect().right > right + 0.5).map((th: any) => th.textContent),
             // The three count tables each within their third of the width (a long route does not push into the next).
-            counts: [...document.querySelectorAll('.counts table')].filter((t: any, i: number, ts: any[]) => i + 1 < ts.length && t.getBoundingClientRect().right > ts[i + 1].getBoundingClientRect().left).map((t: any) => t.id),
+            counts: [...document.querySelectorAll('.counts table')]
+              .filter((t: any, i: number, ts: any[]) => i + 1 < ts.length && t.getBoundingClientRect().right > ts[i + 1].getBoundingClientRect().left)
+              .map((t: any) => t.id),
           };
         });
       expect(await fit()).toEqual({ page: 0, box: 0, outside: [], counts: [] });
       // Cut cells end in an ellipsis and carry their whole text as a tooltip.
       const cut = await page.$$eval('#rej-table tbody td', (tds: HTMLElement[]) =>
-        tds.filter((td) => td.scrollWidth > td.clientWidth).map((td) => ({ ellipsis: getComputedStyle(td).textOverflow, whole: td.title.startsWith(td.textContent.replace(/…$/, '')), text: td.textContent })),
+        tds
+          .filter((td) => td.scrollWidth > td.clientWidth)
+          .map((td) => ({ ellipsis: getComputedStyle(td).textOverflow, whole: td.title.startsWith(td.textContent.replace(/…$/, '')), text: td.textContent })),
       );
       expect(cut.length).toBeGreaterThan(0);
       for (const c of cut as { ellipsis: string; whole: boolean; text: string }[]) expect(c, c.text).toMatchObject({ ellipsis: 'ellipsis', whole: true });
@@ -231,9 +287,13 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
       expect(await page.textContent('#rej-detail dd[data-field="path"]')).toBe(longRow.path);
       await browser.screenshot(page, 'open-refusals-1280');
       // Negative control: the table laid out by its content, as it was, needs scrolling at 1280 px.
-      await page.evaluate(() => { for (const t of document.querySelectorAll('#rej-table, .counts table')) t.style.tableLayout = 'auto'; });
+      await page.evaluate(() => {
+        for (const t of document.querySelectorAll('#rej-table, .counts table')) t.style.tableLayout = 'auto';
+      });
       const auto = await fit();
-      await page.evaluate(() => { for (const t of document.querySelectorAll('#rej-table, .counts table')) t.removeAttribute('style'); });
+      await page.evaluate(() => {
+        for (const t of document.querySelectorAll('#rej-table, .counts table')) t.removeAttribute('style');
+      });
       expect(auto.box).toBeGreaterThan(0);
       expect(auto.outside.length).toBeGreaterThan(0);
       expect(auto.counts).toEqual(['count-route']);
@@ -242,7 +302,9 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     }
   });
 
-  it("shows an entity's story: accepted at is when its fence was accepted, then its refusals and outcome-unknown records in time order", { timeout: 60_000 }, async () => {
+  it("shows an entity's story: accepted at is when its fence was accepted, then its refusals and outcome-unknown records in time order", {
+    timeout: 60_000,
+  }, async () => {
     // The operator's case: a retry of the unknown request at job:2's current fence, refused after the fence was accepted.
     await expectProblem(await command(gw.url, '/refunds/r', { fence: 10, entity: 'job:2', key: 'pay-9' }), 409, 'outcome-unknown');
     for (const entity of ['job:1', 'job:2']) {
@@ -251,7 +313,10 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
       const unknown = ((await gw.admin('/v1/idempotency?state=outcome_unknown')).body.items as any[]).filter((r) => r.entity === entity);
       await page.fill('#ent-input', entity);
       await page.click('#ent-go');
-      await page.waitForFunction((name: string) => document.getElementById('ent-name').textContent === name && !document.getElementById('ent-info').hidden, entity);
+      await page.waitForFunction(
+        (name: string) => document.getElementById('ent-name').textContent === name && !document.getElementById('ent-info').hidden,
+        entity,
+      );
       // The time the current fence was accepted (its history row), not the time of a refused retry at that fence.
       const accepted = e.history.find((h: any) => h.fence === e.fence).at;
       expect(await page.textContent('#ent-accepted')).toBe(accepted);
@@ -266,11 +331,15 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
         ...refusals.map((r) => ({ at: r.at, kind: 'refusal' })),
         ...unknown.map((r) => ({ at: r.created_at, kind: 'unknown' })),
       ].sort((a, b) => (a.at < b.at ? -1 : a.at > b.at ? 1 : 0));
-      const shown = await page.$$eval('#ent-story tbody tr', (trs: HTMLElement[]) => trs.map((tr) => ({ at: tr.cells[0].textContent, kind: tr.getAttribute('data-kind') })));
+      const shown = await page.$$eval('#ent-story tbody tr', (trs: HTMLElement[]) =>
+        trs.map((tr) => ({ at: tr.cells[0].textContent, kind: tr.getAttribute('data-kind') })),
+      );
       expect(shown).toEqual(expected);
       expect(shown.filter((r: any) => r.kind === 'refusal')).toHaveLength(refusals.length);
       // Each refusal is marked on the timeline too.
-      expect((await page.$$eval('#ent-timeline g[data-refusal]', (gs: HTMLElement[]) => gs.map((g) => g.getAttribute('data-refusal')))).sort()).toEqual(refusals.map((r) => r.id).sort());
+      expect((await page.$$eval('#ent-timeline g[data-refusal]', (gs: HTMLElement[]) => gs.map((g) => g.getAttribute('data-refusal')))).sort()).toEqual(
+        refusals.map((r) => r.id).sort(),
+      );
     }
     // job:2's unknown record is in its story, with a way to resolve it.
     expect(await page.textContent('#ent-story tr[data-kind="unknown"]')).toContain('pay-9');
@@ -291,7 +360,9 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     expect(problems.splice(0)).toEqual([expect.stringMatching(/status of 404/)]);
   });
 
-  it('accepted at: the current fence\'s history row even when the entity\'s accepted_at is later (negative control: the field as it was shown)', { timeout: 30_000 }, async () => {
+  it("accepted at: the current fence's history row even when the entity's accepted_at is later (negative control: the field as it was shown)", {
+    timeout: 30_000,
+  }, async () => {
     const e = (await gw.admin('/v1/entities/job%3A2')).body;
     const later = new Date(Date.parse(e.accepted_at) + 1234).toISOString();
     const url = `${gw.url}/_fencegate/v1/entities/job%3A2`;
@@ -341,7 +412,9 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     // Resolve asks first: what will be done, confirm or cancel; nothing is sent yet.
     await page.click('#res-submit');
     await page.waitForSelector('#res-confirm:not([hidden])');
-    const what = await page.$$eval('#res-what dd', (dds: HTMLElement[]) => Object.fromEntries(dds.map((dd) => [dd.getAttribute('data-field'), dd.textContent])));
+    const what = await page.$$eval('#res-what dd', (dds: HTMLElement[]) =>
+      Object.fromEntries(dds.map((dd) => [dd.getAttribute('data-field'), dd.textContent])),
+    );
     expect(what).toMatchObject({ key: 'pay-9', scope: 'refunds', status: '(none: nothing is stored)', note: 'no refund at the provider' });
     expect(what.outcome).toMatch(/^released: /);
     await browser.screenshot(page, 'open-resolve-confirm');

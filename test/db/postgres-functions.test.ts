@@ -115,7 +115,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
   const byFilesAlone = async (files: SqlFunctionFile[] = loadFunctions()): Promise<Map<string, string>> => {
     const s = await fresh('fg_fn_alone');
     await migratePostgres(s.pool, GATEWAY, []);
-    const { rows } = await s.pool.query<{ f: string }>('SELECT p.oid::regprocedure::text AS f FROM pg_proc p WHERE p.pronamespace = $1::regnamespace', [s.schema]);
+    const { rows } = await s.pool.query<{ f: string }>('SELECT p.oid::regprocedure::text AS f FROM pg_proc p WHERE p.pronamespace = $1::regnamespace', [
+      s.schema,
+    ]);
     for (const r of rows) await s.pool.query(`DROP FUNCTION ${r.f}`);
     expect(await definitions(s)).toEqual(new Map());
     for (const f of files) await s.pool.query(f.sql);
@@ -133,7 +135,12 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     expect(names).toContain(LAST_MIGRATION_WITH_FUNCTIONS);
     expect(functionsInMigrations(GATEWAY)).toEqual([]);
     // The scan sees the copies the migrations up to the cut-over hold (history, never edited).
-    expect(functionsInMigrations(GATEWAY, '0000').map((m) => m.migration)).toEqual(['0003_gateway_functions.sql', '0005_gateway_fence_history.sql', '0006_gateway_clock_retention.sql', LAST_MIGRATION_WITH_FUNCTIONS]);
+    expect(functionsInMigrations(GATEWAY, '0000').map((m) => m.migration)).toEqual([
+      '0003_gateway_functions.sql',
+      '0005_gateway_fence_history.sql',
+      '0006_gateway_clock_retention.sql',
+      LAST_MIGRATION_WITH_FUNCTIONS,
+    ]);
     // The lease part never had any.
     expect(functionsInMigrations(loadMigrations('lease', 'postgres'), '0000')).toEqual([]);
   });
@@ -142,7 +149,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     const msBetween = loadFunctions().find((f) => f.name === 'ms_between.sql')!.sql;
     const stale: Migration = { name: '0010_stale_copy.sql', sql: `ALTER TABLE rejections ADD COLUMN note text;\n${msBetween}` };
     const quoted: Migration = { name: '0011_procedure.sql', sql: 'create procedure "public"."fencegate_x"() language sql as $$ select 1 $$;' };
-    const commentOnly: Migration = { name: '0012_comment.sql', sql: '-- no CREATE OR REPLACE FUNCTION here: see src/store/postgres/sql\n/* nor CREATE FUNCTION x */ SELECT 1;' };
+    const commentOnly: Migration = {
+      name: '0012_comment.sql',
+      sql: '-- no CREATE OR REPLACE FUNCTION here: see src/store/postgres/sql\n/* nor CREATE FUNCTION x */ SELECT 1;',
+    };
     expect(functionsInMigrations([...GATEWAY, stale, quoted, commentOnly])).toEqual([
       { migration: '0010_stale_copy.sql', routines: ['fencegate_ms_between'] },
       { migration: '0011_procedure.sql', routines: ['public.fencegate_x'] },
@@ -168,7 +178,11 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     expect(await migratePostgres(installed.pool)).toEqual([...GATEWAY.map((m) => m.name), ...APPLIED_ALL]);
     expect(differences(await definitions(installed), fromFiles)).toEqual([]);
     const ledger = await installed.pool.query('SELECT name, sha256 FROM fencegate_functions ORDER BY name');
-    expect(ledger.rows).toEqual(loadFunctions().map((f) => ({ name: f.name, sha256: f.sha256 })).sort((a, b) => a.name.localeCompare(b.name)));
+    expect(ledger.rows).toEqual(
+      loadFunctions()
+        .map((f) => ({ name: f.name, sha256: f.sha256 }))
+        .sort((a, b) => a.name.localeCompare(b.name)),
+    );
     expect(await migratePostgres(installed.pool)).toEqual([]);
 
     for (let k = 1; k < GATEWAY.length; k++) {
@@ -196,7 +210,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     await migratePostgres(s.pool, GATEWAY.slice(0, 1), []);
     await recordFiles(s);
     const files = loadFunctions();
-    expect(await applyPostgresMigrations(s.pool, LEDGERS.gateway, GATEWAY, (client) => applyFunctions(client, files, false))).toEqual(GATEWAY.slice(1).map((m) => m.name));
+    expect(await applyPostgresMigrations(s.pool, LEDGERS.gateway, GATEWAY, (client) => applyFunctions(client, files, false))).toEqual(
+      GATEWAY.slice(1).map((m) => m.name),
+    );
     expect(differences(await definitions(s), fromFiles).map((d) => d.split('(')[0])).toEqual([
       'missing fencegate_admit_many',
       'missing fencegate_finish_many',
@@ -219,7 +235,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     const s = await fresh('fg_fn_stale');
     await migratePostgres(s.pool);
     const files = loadFunctions();
-    expect(await applyPostgresMigrations(s.pool, LEDGERS.gateway, [...GATEWAY, staleCopy], (client) => applyFunctions(client, files, false))).toEqual([staleCopy.name]);
+    expect(await applyPostgresMigrations(s.pool, LEDGERS.gateway, [...GATEWAY, staleCopy], (client) => applyFunctions(client, files, false))).toEqual([
+      staleCopy.name,
+    ]);
     expect(differences(await definitions(s), fromFiles)).toEqual(['differs fencegate_ms_between(a timestamp with time zone, b timestamp with time zone)']);
     // Today's migrator applies every file after a migration ran: the file's body again.
     const t = await fresh('fg_fn_force');
@@ -229,9 +247,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
   });
 
   it('an edited file reaches an installed database; negative control: a migrator that skips it is reported', async () => {
-    const edited = loadFunctions().map((f) =>
-      f.name === 'ms_between.sql' ? { ...f, sql: f.sql.replace('* 1000)', '* 1000 + 0)'), sha256: 'edited' } : f,
-    );
+    const edited = loadFunctions().map((f) => (f.name === 'ms_between.sql' ? { ...f, sql: f.sql.replace('* 1000)', '* 1000 + 0)'), sha256: 'edited' } : f));
     expect(edited.find((f) => f.name === 'ms_between.sql')!.sql).toContain('* 1000 + 0)');
     const want = await byFilesAlone(edited);
     expect(differences(want, await byFilesAlone())).toEqual(['differs fencegate_ms_between(a timestamp with time zone, b timestamp with time zone)']);
@@ -244,7 +260,11 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     // A migrator that applies the files only when a migration ran: the edit never arrives.
     const skipped = await fresh('fg_fn_skip');
     await migratePostgres(skipped.pool);
-    expect(await applyPostgresMigrations(skipped.pool, LEDGERS.gateway, GATEWAY, (client, applied) => (applied.length > 0 ? applyFunctions(client, edited, true) : Promise.resolve([])))).toEqual([]);
+    expect(
+      await applyPostgresMigrations(skipped.pool, LEDGERS.gateway, GATEWAY, (client, applied) =>
+        applied.length > 0 ? applyFunctions(client, edited, true) : Promise.resolve([]),
+      ),
+    ).toEqual([]);
     expect(differences(await definitions(skipped), want)).toEqual(['differs fencegate_ms_between(a timestamp with time zone, b timestamp with time zone)']);
   });
 
@@ -275,7 +295,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     expect(differences(await definitions(s), newer)).toEqual([]);
     expect((await s.pool.query("SELECT sha256 FROM fencegate_functions WHERE name = 'ms_between.sql'")).rows).toEqual([{ sha256: 'newer' }]);
     const files = loadFunctions();
-    expect(await applyPostgresMigrations(s.pool, LEDGERS.gateway, GATEWAY, (client) => applyFunctions(client, files, false))).toEqual(['functions/ms_between.sql']);
+    expect(await applyPostgresMigrations(s.pool, LEDGERS.gateway, GATEWAY, (client) => applyFunctions(client, files, false))).toEqual([
+      'functions/ms_between.sql',
+    ]);
     expect(differences(await definitions(s), newer)).toEqual(['differs fencegate_ms_between(a timestamp with time zone, b timestamp with time zone)']);
   });
 
@@ -291,7 +313,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL function files: applied by checksum',
     const s = await fresh('fg_fn_fail');
     const broken = loadFunctions().map((f) => (f.name === 'finish.sql' ? { ...f, sql: `${f.sql}\nSELECT no_such_function();` } : f));
     await expect(migratePostgres(s.pool, loadMigrations('gateway', 'postgres'), broken)).rejects.toThrow(/no_such_function/);
-    const left = await s.pool.query("SELECT count(*)::int AS n FROM information_schema.tables WHERE table_schema = $1", [s.schema]);
+    const left = await s.pool.query('SELECT count(*)::int AS n FROM information_schema.tables WHERE table_schema = $1', [s.schema]);
     expect(left.rows[0]).toEqual({ n: 0 });
   });
 });

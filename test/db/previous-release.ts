@@ -30,7 +30,9 @@ export function releasedMigrations(dialect: Dialect): Migration[] {
 
 /** The gateway migrations that came after that release: what an upgrade of its database applies. */
 export function gatewayMigrationsSince(dialect: Dialect): string[] {
-  return loadMigrations('gateway', dialect).map((m) => m.name).filter((n) => !RELEASED.includes(n));
+  return loadMigrations('gateway', dialect)
+    .map((m) => m.name)
+    .filter((n) => !RELEASED.includes(n));
 }
 
 /**
@@ -43,9 +45,26 @@ export function releasedPostgresAdmit(pool: PoolLike): (input: AdmitInput) => Pr
     const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
     const { rows } = await pool.query<{ outcome: Admission['outcome'] }>(
       'SELECT outcome FROM fencegate_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)',
-      [input.scope, input.key, input.entity, input.fence?.toString() ?? null, input.fingerprint, input.mode === 'serial', input.ownerToken,
-        input.lockMs, input.retentionMs, input.onUnknown === 'retry', a.caller, a.method, a.path, a.payloadSha256, a.requestId,
-        a.clientRequestId, a.entity, a.idempotencyKey],
+      [
+        input.scope,
+        input.key,
+        input.entity,
+        input.fence?.toString() ?? null,
+        input.fingerprint,
+        input.mode === 'serial',
+        input.ownerToken,
+        input.lockMs,
+        input.retentionMs,
+        input.onUnknown === 'retry',
+        a.caller,
+        a.method,
+        a.path,
+        a.payloadSha256,
+        a.requestId,
+        a.clientRequestId,
+        a.entity,
+        a.idempotencyKey,
+      ],
     );
     return rows[0]!.outcome;
   };
@@ -58,12 +77,8 @@ export function migrateSqliteAsReleased(db: Database.Database, migrations = rele
       name TEXT PRIMARY KEY NOT NULL,
       applied_at INTEGER NOT NULL
     ) STRICT`);
-    const done = new Set(
-      (db.prepare('SELECT name FROM fencegate_migrations').all() as { name: string }[]).map((r) => r.name),
-    );
-    const record = db.prepare(
-      "INSERT INTO fencegate_migrations (name, applied_at) VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))",
-    );
+    const done = new Set((db.prepare('SELECT name FROM fencegate_migrations').all() as { name: string }[]).map((r) => r.name));
+    const record = db.prepare("INSERT INTO fencegate_migrations (name, applied_at) VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))");
     for (const m of migrations) {
       if (done.has(m.name)) continue;
       db.exec(m.sql);

@@ -78,7 +78,10 @@ describe('schema snapshot', () => {
   it.skipIf(!POSTGRES_URL)('PostgreSQL: gateway schema (migrations and function files) and lease schema', async () => {
     const gateway = await createTestSchema('fg_snap_gw', 2);
     const lease = await createTestSchema('fg_snap_lease', 2);
-    cleanups.push(() => gateway.drop(), () => lease.drop());
+    cleanups.push(
+      () => gateway.drop(),
+      () => lease.drop(),
+    );
     await migratePostgres(gateway.pool);
     await migrateLeasePostgres(lease.pool);
     const text =

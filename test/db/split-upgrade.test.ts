@@ -98,12 +98,17 @@ async function checkState(gateway: GatewayStore, jobs: JobStore, w: Written): Pr
 
 describe('the gateway and the lease module each migrate their own schema (SQLite)', () => {
   const tables = (db: ReturnType<typeof openSqlite>) =>
-    (db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name").all() as { name: string }[]).map((r) => r.name);
+    (db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name").all() as { name: string }[]).map(
+      (r) => r.name,
+    );
 
   it('a new gateway database has only gateway tables, a new worker database only job tables', () => {
     const gateway = openSqlite(tempFile('gateway.db'));
     const jobs = openSqlite(tempFile('jobs.db'));
-    cleanups.push(() => void gateway.close(), () => void jobs.close());
+    cleanups.push(
+      () => void gateway.close(),
+      () => void jobs.close(),
+    );
     expect(migrateSqlite(gateway)).toEqual(loadMigrations('gateway', 'sqlite').map((m) => m.name));
     expect(migrateLeaseSqlite(jobs)).toEqual(LEASE_MIGRATIONS);
     expect(tables(gateway)).toEqual([...GATEWAY_TABLES.slice(0, 2), 'fencegate_migrations', ...GATEWAY_TABLES.slice(2), 'admission_scratch'].sort());
@@ -134,7 +139,9 @@ describe('the gateway and the lease module each migrate their own schema (SQLite
     expect(migrateSqlite(raw)).toEqual(gatewayMigrationsSince('sqlite'));
     expect(migrateLeaseSqlite(raw)).toEqual([]);
     const released = new Set((ledgerBefore as { name: string }[]).map((r) => r.name));
-    expect((raw.prepare('SELECT name, applied_at FROM fencegate_migrations ORDER BY name').all() as { name: string }[]).filter((r) => released.has(r.name))).toEqual(ledgerBefore);
+    expect(
+      (raw.prepare('SELECT name, applied_at FROM fencegate_migrations ORDER BY name').all() as { name: string }[]).filter((r) => released.has(r.name)),
+    ).toEqual(ledgerBefore);
     // The lease ledger took its rows over from the old one, times included.
     expect(raw.prepare('SELECT name, applied_at FROM fencegate_lease_migrations ORDER BY name').all()).toEqual(
       (ledgerBefore as { name: string }[]).filter((r) => LEASE_MIGRATIONS.includes(r.name)),
@@ -142,7 +149,10 @@ describe('the gateway and the lease module each migrate their own schema (SQLite
 
     const gateway = new SqliteGatewayStore({ path });
     const jobs = createSqliteJobStore({ path });
-    cleanups.push(() => gateway.close(), () => jobs.close());
+    cleanups.push(
+      () => gateway.close(),
+      () => jobs.close(),
+    );
     await checkState(gateway, jobs, written);
 
     // The same schema as a fresh database that both parts migrated.
@@ -168,9 +178,11 @@ describe.skipIf(!POSTGRES_URL)('the gateway and the lease module each migrate th
     return s;
   };
   const tables = async (s: TestSchema) =>
-    (await s.pool.query<{ t: string }>('SELECT table_name AS t FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1', [s.schema])).rows.map((r) => r.t);
+    (await s.pool.query<{ t: string }>('SELECT table_name AS t FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1', [s.schema])).rows.map(
+      (r) => r.t,
+    );
   const functionsIn = async (s: TestSchema) =>
-    (await s.pool.query<{ n: string }>("SELECT count(*)::text AS n FROM pg_proc WHERE pronamespace = $1::regnamespace", [s.schema])).rows[0]!.n;
+    (await s.pool.query<{ n: string }>('SELECT count(*)::text AS n FROM pg_proc WHERE pronamespace = $1::regnamespace', [s.schema])).rows[0]!.n;
 
   it('a new gateway schema has only gateway tables and functions, a new worker schema only job tables', async () => {
     const gateway = await schemaOf('fg_split_gw');
@@ -210,12 +222,18 @@ describe.skipIf(!POSTGRES_URL)('the gateway and the lease module each migrate th
 
     const gateway = await createPostgresStore({ connectionString: shared.url, listen: false });
     const jobs = await createPostgresJobStore({ connectionString: shared.url });
-    cleanups.push(() => gateway.close(), () => jobs.close());
+    cleanups.push(
+      () => gateway.close(),
+      () => jobs.close(),
+    );
     await checkState(gateway, jobs, written);
     // A replica of that release still running (rolling upgrade): its 18-argument call reaches today's function, tool NULL.
     const late = command({ entity: written.entity, fence: 2n });
     expect(await releasedPostgresAdmit(shared.pool)(late)).toBe('stale-fence');
-    expect((await gateway.listRejections({ entity: written.entity, limit: 10 })).items.find((r) => r.requestId === late.audit.requestId)).toMatchObject({ presentedFence: '2', tool: null });
+    expect((await gateway.listRejections({ entity: written.entity, limit: 10 })).items.find((r) => r.requestId === late.audit.requestId)).toMatchObject({
+      presentedFence: '2',
+      tool: null,
+    });
 
     const fresh = await schemaOf('fg_split_fresh');
     await migratePostgres(fresh.pool);

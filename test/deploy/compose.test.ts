@@ -29,7 +29,8 @@ afterAll(async () => {
 });
 
 /** Compose's `${VAR:-default}` interpolation, from `vars`. */
-const interpolate = (value: string, vars: Record<string, string>) => value.replace(/\$\{(\w+)(?::-([^}]*))?\}/g, (_, name: string, def?: string) => vars[name] ?? def ?? '');
+const interpolate = (value: string, vars: Record<string, string>) =>
+  value.replace(/\$\{(\w+)(?::-([^}]*))?\}/g, (_, name: string, def?: string) => vars[name] ?? def ?? '');
 
 describe('deploy/compose.yaml', () => {
   it('runs the image of the repository Dockerfile after PostgreSQL 15 is healthy, configured through FENCEGATE_CONFIG and the environment', () => {
@@ -104,7 +105,8 @@ describe.skipIf(ANALYZE === '')('deploy/fencegate.service', () => {
     expect(key('ExecStart')[0]).toMatch(/dist\/entry\/cli\.js serve$/);
     expect(key('Environment')).toContain('FENCEGATE_CONFIG=/etc/fencegate/fencegate.json');
     expect(key('User')).toEqual(['fencegate']);
-    for (const k of ['NoNewPrivileges', 'ProtectSystem', 'ProtectHome', 'PrivateTmp', 'CapabilityBoundingSet', 'RestrictAddressFamilies', 'SystemCallFilter']) expect(key(k).length, k).toBeGreaterThan(0);
+    for (const k of ['NoNewPrivileges', 'ProtectSystem', 'ProtectHome', 'PrivateTmp', 'CapabilityBoundingSet', 'RestrictAddressFamilies', 'SystemCallFilter'])
+      expect(key(k).length, k).toBeGreaterThan(0);
     // systemd's own exposure score (0 best, 10 worst) of the unit as written.
     const r = spawnSync(ANALYZE, ['security', '--offline=true', unit], { encoding: 'utf8' });
     const score = Number(/Overall exposure level for fencegate\.service: ([\d.]+)/.exec(r.stdout + r.stderr)?.[1]);

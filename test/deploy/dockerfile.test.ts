@@ -57,17 +57,22 @@ describe('the Dockerfile', () => {
   });
 
   it('.dockerignore keeps the installed and built trees and local databases out of the context', () => {
-    const ignored = readFileSync(join(ROOT, '.dockerignore'), 'utf8').split('\n').filter((l) => l && !l.startsWith('#'));
+    const ignored = readFileSync(join(ROOT, '.dockerignore'), 'utf8')
+      .split('\n')
+      .filter((l) => l && !l.startsWith('#'));
     expect(ignored).toEqual(expect.arrayContaining(['node_modules', 'dist', '.git', '*.db']));
   });
 });
 
 /** The build context: the repository's files that git knows and .dockerignore keeps. */
 function context(dir: string): void {
-  const ignore = readFileSync(join(ROOT, '.dockerignore'), 'utf8').split('\n').filter((l) => l && !l.startsWith('#'));
-  const matches = (path: string) =>
-    ignore.some((p) => (p.startsWith('*') ? path.endsWith(p.slice(1)) : path === p || path.startsWith(`${p}/`)));
-  const files = execFileSync('git', ['ls-files', '-co', '--exclude-standard'], { cwd: ROOT, encoding: 'utf8' }).split('\n').filter((f) => f && !matches(f) && existsSync(join(ROOT, f)));
+  const ignore = readFileSync(join(ROOT, '.dockerignore'), 'utf8')
+    .split('\n')
+    .filter((l) => l && !l.startsWith('#'));
+  const matches = (path: string) => ignore.some((p) => (p.startsWith('*') ? path.endsWith(p.slice(1)) : path === p || path.startsWith(`${p}/`)));
+  const files = execFileSync('git', ['ls-files', '-co', '--exclude-standard'], { cwd: ROOT, encoding: 'utf8' })
+    .split('\n')
+    .filter((f) => f && !matches(f) && existsSync(join(ROOT, f)));
   for (const f of files) {
     mkdirSync(dirname(join(dir, f)), { recursive: true });
     cpSync(join(ROOT, f), join(dir, f));
@@ -92,47 +97,57 @@ function runStage(s: Stage, roots: Record<string, string>, ctx: string): { env: 
       const c = parseCopy(step.args);
       for (const src of c.sources) {
         const from = c.from === null ? join(ctx, src) : join(roots[c.from] ?? expect.fail(`COPY --from=${c.from} before that stage`), src);
-        const to = c.dest.endsWith('/') || c.sources.length > 1 || src === '.' ? join(at(root, c.dest), src === '.' ? '' : src.split('/').pop()!) : at(root, c.dest);
+        const to =
+          c.dest.endsWith('/') || c.sources.length > 1 || src === '.' ? join(at(root, c.dest), src === '.' ? '' : src.split('/').pop()!) : at(root, c.dest);
         mkdirSync(dirname(to), { recursive: true });
         cpSync(from, to, { recursive: true });
       }
     } else if (step.op === 'RUN' && s.name !== 'run') {
-      execSync(step.args, { cwd: at(root, '.'), env: { ...process.env, ...env, NODE_ENV: env.NODE_ENV ?? '' }, stdio: ['ignore', 'pipe', 'pipe'], timeout: 15 * 60_000 });
+      execSync(step.args, {
+        cwd: at(root, '.'),
+        env: { ...process.env, ...env, NODE_ENV: env.NODE_ENV ?? '' },
+        stdio: ['ignore', 'pipe', 'pipe'],
+        timeout: 15 * 60_000,
+      });
     }
   }
   return { env, workdir };
 }
 
 describe.runIf(process.env.FENCEGATE_TEST_DOCKER_STAGES === '1')('its stages, run outside Docker', () => {
-  it('build, deps and run: the CMD serves with production dependencies only, the HEALTHCHECK passes, and fails once it stopped', async () => {
-    const ctx = join(tmp.dir, 'context');
-    context(ctx);
-    const roots: Record<string, string> = {};
-    runStage(stage('build'), roots, ctx);
-    runStage(stage('deps'), roots, ctx);
-    const image = runStage(stage('run'), roots, ctx);
-    const app = join(roots.run!, image.workdir);
-    // Production dependencies only.
-    for (const dep of ['hono', 'better-sqlite3', 'pg', 'zod', 'undici']) expect(existsSync(join(app, 'node_modules', dep)), dep).toBe(true);
-    for (const dev of ['typescript', 'vitest', 'wrangler', 'playwright-core']) expect(existsSync(join(app, 'node_modules', dev)), dev).toBe(false);
+  it(
+    'build, deps and run: the CMD serves with production dependencies only, the HEALTHCHECK passes, and fails once it stopped',
+    async () => {
+      const ctx = join(tmp.dir, 'context');
+      context(ctx);
+      const roots: Record<string, string> = {};
+      runStage(stage('build'), roots, ctx);
+      runStage(stage('deps'), roots, ctx);
+      const image = runStage(stage('run'), roots, ctx);
+      const app = join(roots.run!, image.workdir);
+      // Production dependencies only.
+      for (const dep of ['hono', 'better-sqlite3', 'pg', 'zod', 'undici']) expect(existsSync(join(app, 'node_modules', dep)), dep).toBe(true);
+      for (const dev of ['typescript', 'vitest', 'wrangler', 'playwright-core']) expect(existsSync(join(app, 'node_modules', dev)), dev).toBe(false);
 
-    const up = await startUpstream();
-    const config = join(tmp.dir, 'fencegate.json');
-    writeFileSync(config, JSON.stringify({ store: { sqlite: join(tmp.dir, 'image.db') }, routes: [paymentsRoute(up.url)] }));
-    // What `docker run -e FENCEGATE_CONFIG=… -e PORT=…` would set over the image's ENV.
-    const env = { ...image.env, FENCEGATE_CONFIG: config, PORT: String(await freePort()) };
-    const cmd = execForm(last(stage('run'), 'CMD')).argv;
-    const child = start(cmd.slice(1), { command: process.execPath, cwd: app, env });
-    const { url } = await child.waitFor((l) => l.msg === 'listening', 'listening', 60_000);
-    expect(url).toBe(`http://127.0.0.1:${env.PORT}`);
-    expect((await command(url, '/payments/charges', { fence: 1, entity: 'e', key: 'k' })).status).toBe(201);
+      const up = await startUpstream();
+      const config = join(tmp.dir, 'fencegate.json');
+      writeFileSync(config, JSON.stringify({ store: { sqlite: join(tmp.dir, 'image.db') }, routes: [paymentsRoute(up.url)] }));
+      // What `docker run -e FENCEGATE_CONFIG=… -e PORT=…` would set over the image's ENV.
+      const env = { ...image.env, FENCEGATE_CONFIG: config, PORT: String(await freePort()) };
+      const cmd = execForm(last(stage('run'), 'CMD')).argv;
+      const child = start(cmd.slice(1), { command: process.execPath, cwd: app, env });
+      const { url } = await child.waitFor((l) => l.msg === 'listening', 'listening', 60_000);
+      expect(url).toBe(`http://127.0.0.1:${env.PORT}`);
+      expect((await command(url, '/payments/charges', { fence: 1, entity: 'e', key: 'k' })).status).toBe(201);
 
-    const health = execForm(last(stage('run'), 'HEALTHCHECK')).argv;
-    const check = () => spawnSync(process.execPath, health.slice(1), { cwd: app, env: { ...process.env, ...env }, timeout: 10_000 }).status;
-    expect(check()).toBe(0);
-    child.proc.kill('SIGTERM');
-    expect(await child.exited).toBe(0);
-    expect(check()).toBe(1);
-    await up.close();
-  }, 30 * 60_000);
+      const health = execForm(last(stage('run'), 'HEALTHCHECK')).argv;
+      const check = () => spawnSync(process.execPath, health.slice(1), { cwd: app, env: { ...process.env, ...env }, timeout: 10_000 }).status;
+      expect(check()).toBe(0);
+      child.proc.kill('SIGTERM');
+      expect(await child.exited).toBe(0);
+      expect(check()).toBe(1);
+      await up.close();
+    },
+    30 * 60_000,
+  );
 });

@@ -76,7 +76,13 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL', () => {
     await holder.query('BEGIN');
     await holder.query("SELECT pg_advisory_xact_lock(hashtext('fencegate_migrations:' || current_schema()))");
 
-    const child = start(['serve', '--config', configFile({ store: { postgres: POSTGRES_URL, schema: schema.schema }, routes: [paymentsRoute('http://127.0.0.1:9')] }), '--port', '0']);
+    const child = start([
+      'serve',
+      '--config',
+      configFile({ store: { postgres: POSTGRES_URL, schema: schema.schema }, routes: [paymentsRoute('http://127.0.0.1:9')] }),
+      '--port',
+      '0',
+    ]);
     // The socket is bound before the store is opened; its address is in no line yet, so ask the kernel's table through a probe loop.
     const url = await listeningUrl(child.proc.pid!);
     expect(await probe(url, 'ready')).toEqual({ status: 503, body: { status: 'starting' } });
@@ -102,7 +108,13 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL', () => {
     through.port = String(proxy.port);
     const up = await startUpstream();
     cleanups.push(() => up.close());
-    const child = start(['serve', '--config', configFile({ store: { postgres: through.toString(), schema: schema.schema, queryTimeout: '1s' }, routes: [paymentsRoute(up.url)] }), '--port', '0']);
+    const child = start([
+      'serve',
+      '--config',
+      configFile({ store: { postgres: through.toString(), schema: schema.schema, queryTimeout: '1s' }, routes: [paymentsRoute(up.url)] }),
+      '--port',
+      '0',
+    ]);
     const { url } = await child.waitFor((l) => l.msg === 'listening', 'listening');
     expect((await probe(url, 'ready')).status).toBe(200);
 
@@ -114,7 +126,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL', () => {
     expect(await probe(url, 'health')).toEqual({ status: 200, body: { status: 'ok', store: 'unavailable' } });
 
     proxy.restore();
-    await until(async () => (await command(url, '/payments/charges', { fence: 1, entity: 'e', key: 'k' })).status === 201 || null, 'a request through the restored store');
+    await until(
+      async () => (await command(url, '/payments/charges', { fence: 1, entity: 'e', key: 'k' })).status === 201 || null,
+      'a request through the restored store',
+    );
     expect((await probe(url, 'ready')).status).toBe(200);
     child.proc.kill('SIGTERM');
     expect(await child.exited).toBe(0);
@@ -178,9 +193,10 @@ async function tcpProxy(host: string, port: number): Promise<{ port: number; cut
     restore() {
       down = false;
     },
-    close: () => new Promise<void>((resolve) => {
-      for (const s of sockets) s.destroy();
-      server.close(() => resolve());
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
   };
 }

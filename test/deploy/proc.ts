@@ -25,7 +25,11 @@ const children = new Set<ChildProcess>();
 export function start(args: string[], options: { cwd?: string; env?: Record<string, string | undefined>; command?: string } = {}): Child {
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries({ ...process.env, FENCEGATE_CONFIG: undefined, PORT: undefined, ...options.env })) if (v !== undefined) env[k] = v;
-  const proc = spawn(options.command ?? process.execPath, options.command ? args : [CLI, ...args], { cwd: options.cwd ?? ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(options.command ?? process.execPath, options.command ? args : [CLI, ...args], {
+    cwd: options.cwd ?? ROOT,
+    env,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   children.add(proc);
   const lines: Record<string, any>[] = [];
   const waiters = new Set<() => void>();
@@ -58,7 +62,8 @@ export function start(args: string[], options: { cwd?: string; env?: Record<stri
       const check = () => {
         const line = lines.find(predicate);
         if (line) return done(null, line);
-        if (proc.exitCode !== null || proc.signalCode !== null) done(new Error(`exited (${proc.exitCode ?? proc.signalCode}) before ${what}; stderr: ${err}; lines: ${JSON.stringify(lines)}`));
+        if (proc.exitCode !== null || proc.signalCode !== null)
+          done(new Error(`exited (${proc.exitCode ?? proc.signalCode}) before ${what}; stderr: ${err}; lines: ${JSON.stringify(lines)}`));
       };
       waiters.add(check);
       check();
@@ -66,7 +71,10 @@ export function start(args: string[], options: { cwd?: string; env?: Record<stri
   return { proc, lines, stderr: () => err, waitFor, exited };
 }
 
-export async function run(args: string[], options: Parameters<typeof start>[1] & { keepStdout?: boolean } = {}): Promise<{ code: number | null; stderr: string; stdout: string; lines: Record<string, any>[] }> {
+export async function run(
+  args: string[],
+  options: Parameters<typeof start>[1] & { keepStdout?: boolean } = {},
+): Promise<{ code: number | null; stderr: string; stdout: string; lines: Record<string, any>[] }> {
   const c = start(args, options);
   let stdout = '';
   if (options.keepStdout) c.proc.stdout!.on('data', (d: Buffer) => (stdout += d.toString('utf8')));

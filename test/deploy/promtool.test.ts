@@ -71,7 +71,9 @@ describe.skipIf(PROMTOOL === '')('promtool check metrics', () => {
   });
 
   it('negative control: a gauge named *_total, as prom-client names three by default, fails it', () => {
-    const r = promtool('# HELP nodejs_active_handles_total Total number of active handles.\n# TYPE nodejs_active_handles_total gauge\nnodejs_active_handles_total 3\n');
+    const r = promtool(
+      '# HELP nodejs_active_handles_total Total number of active handles.\n# TYPE nodejs_active_handles_total gauge\nnodejs_active_handles_total 3\n',
+    );
     expect(r.status).not.toBe(0);
     expect(r.output).toMatch(/non-counter metrics should not have "_total" suffix/);
   });

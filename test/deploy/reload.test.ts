@@ -65,9 +65,21 @@ describe('SIGHUP', () => {
     const refusals: [unknown, RegExp][] = [
       ['{"routes": [', /is not valid JSON/],
       [{ ...withUpstream(b.url), routes: [{ ...paymentsRoute(b.url), timeoutMs: 0 }] }, /routes\[0\]\.timeoutMs: /],
-      [{ ...withUpstream(b.url), routes: [{ ...paymentsRoute(b.url), upstreamHeaders: { Authorization: { env: 'FG_TEST_RELOAD_TOKEN', prefix: 'Bearer ' } } }] }, /^routes\[0\]\.upstreamHeaders\.Authorization: environment variable FG_TEST_RELOAD_TOKEN is not set$/],
-      [{ ...withUpstream(b.url), routes: [{ ...paymentsRoute({ env: 'FG_TEST_RELOAD_UPSTREAM' } as unknown as string) }] }, /^routes\[0\]\.upstream: environment variable FG_TEST_RELOAD_UPSTREAM is not set$/],
-      [{ ...withUpstream(b.url), routes: [{ ...paymentsRoute('https://127.0.0.1:1'), tls: { ca: join(tmp.dir, 'missing-ca.pem') } }] }, /^routes\[0\]\.tls\.ca: cannot read/],
+      [
+        {
+          ...withUpstream(b.url),
+          routes: [{ ...paymentsRoute(b.url), upstreamHeaders: { Authorization: { env: 'FG_TEST_RELOAD_TOKEN', prefix: 'Bearer ' } } }],
+        },
+        /^routes\[0\]\.upstreamHeaders\.Authorization: environment variable FG_TEST_RELOAD_TOKEN is not set$/,
+      ],
+      [
+        { ...withUpstream(b.url), routes: [{ ...paymentsRoute({ env: 'FG_TEST_RELOAD_UPSTREAM' } as unknown as string) }] },
+        /^routes\[0\]\.upstream: environment variable FG_TEST_RELOAD_UPSTREAM is not set$/,
+      ],
+      [
+        { ...withUpstream(b.url), routes: [{ ...paymentsRoute('https://127.0.0.1:1'), tls: { ca: join(tmp.dir, 'missing-ca.pem') } }] },
+        /^routes\[0\]\.tls\.ca: cannot read/,
+      ],
       [{ ...withUpstream(b.url), store: { sqlite: join(tmp.dir, 'other.db') } }, /^store: cannot change on reload/],
       // (--port overrides the file's port, as at start-up: the host is what changes here.)
       [{ ...withUpstream(b.url), listen: { host: '127.0.0.2', port: 1 } }, /^listen: cannot change on reload/],

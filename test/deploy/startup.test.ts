@@ -27,12 +27,36 @@ function workdir(config: unknown): { dir: string; path: string } {
 
 describe('a refused configuration touches no store', () => {
   const cases: { name: string; config: unknown; line: RegExp }[] = [
-    { name: 'route upstream', config: { routes: [{ ...route, upstream: { env: 'FG_TEST_NO_UPSTREAM' } }] }, line: /^ {2}routes\[0\]\.upstream: environment variable FG_TEST_NO_UPSTREAM is not set$/m },
-    { name: 'upstream header', config: { routes: [{ ...route, upstreamHeaders: { Authorization: { env: 'FG_TEST_NO_TOKEN', prefix: 'Bearer ' } } }] }, line: /^ {2}routes\[0\]\.upstreamHeaders\.Authorization: environment variable FG_TEST_NO_TOKEN is not set$/m },
-    { name: 'credentialHashKey', config: { credentialHashKey: { env: 'FG_TEST_NO_HASH' }, routes: [route] }, line: /^ {2}credentialHashKey: environment variable FG_TEST_NO_HASH is not set$/m },
-    { name: 'auth secret', config: { auth: { secret: { env: 'FG_TEST_NO_JWT' }, issuer: 'i', audience: 'a' }, routes: [route] }, line: /^ {2}auth\.secret: environment variable FG_TEST_NO_JWT is not set$/m },
-    { name: 'an unreadable public key', config: { auth: { publicKeys: [{ alg: 'ES256', pem: 'not a key' }], issuer: 'i', audience: 'a' }, routes: [route] }, line: /auth\.publicKeys\[0\]: not an SPKI PEM/ },
-    { name: 'a TLS file', config: { routes: [{ ...route, upstream: 'https://127.0.0.1:9', tls: { ca: './no-such-ca.pem' } }] }, line: /^ {2}routes\[0\]\.tls\.ca: cannot read \.\/no-such-ca\.pem/m },
+    {
+      name: 'route upstream',
+      config: { routes: [{ ...route, upstream: { env: 'FG_TEST_NO_UPSTREAM' } }] },
+      line: /^ {2}routes\[0\]\.upstream: environment variable FG_TEST_NO_UPSTREAM is not set$/m,
+    },
+    {
+      name: 'upstream header',
+      config: { routes: [{ ...route, upstreamHeaders: { Authorization: { env: 'FG_TEST_NO_TOKEN', prefix: 'Bearer ' } } }] },
+      line: /^ {2}routes\[0\]\.upstreamHeaders\.Authorization: environment variable FG_TEST_NO_TOKEN is not set$/m,
+    },
+    {
+      name: 'credentialHashKey',
+      config: { credentialHashKey: { env: 'FG_TEST_NO_HASH' }, routes: [route] },
+      line: /^ {2}credentialHashKey: environment variable FG_TEST_NO_HASH is not set$/m,
+    },
+    {
+      name: 'auth secret',
+      config: { auth: { secret: { env: 'FG_TEST_NO_JWT' }, issuer: 'i', audience: 'a' }, routes: [route] },
+      line: /^ {2}auth\.secret: environment variable FG_TEST_NO_JWT is not set$/m,
+    },
+    {
+      name: 'an unreadable public key',
+      config: { auth: { publicKeys: [{ alg: 'ES256', pem: 'not a key' }], issuer: 'i', audience: 'a' }, routes: [route] },
+      line: /auth\.publicKeys\[0\]: not an SPKI PEM/,
+    },
+    {
+      name: 'a TLS file',
+      config: { routes: [{ ...route, upstream: 'https://127.0.0.1:9', tls: { ca: './no-such-ca.pem' } }] },
+      line: /^ {2}routes\[0\]\.tls\.ca: cannot read \.\/no-such-ca\.pem/m,
+    },
   ];
   for (const c of cases) {
     it(`missing ${c.name}: exit 1, the field named, no ./fencegate.db`, async () => {

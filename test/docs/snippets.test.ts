@@ -76,8 +76,18 @@ function extractBlocks(file: string, text: string, problems: string[]): Block[] 
       for (; j < lines.length && !close.test(lines[j]!); j++) body.push(lines[j]!.startsWith(indent) ? lines[j]!.slice(indent.length) : lines[j]!);
       const lang = LANGS[info.toLowerCase()];
       if (lang && pending.config) problems.push(`${file}:${i + 1}: \`snippet: config\` above a \`${info}\` block (it is for json blocks)`);
-      if (lang) blocks.push({ file, line: i + 2, lang, code: body, continues: pending.continues, ...(pending.given ? { given: pending.given } : {}), ...(pending.skip !== undefined ? { skip: pending.skip } : {}) });
-      else if (info.toLowerCase() === 'json' && pending.config && !pending.continues && !pending.given && pending.skip === undefined) blocks.push({ file, line: i + 2, lang: 'json', code: body, continues: false, config: pending.config });
+      if (lang)
+        blocks.push({
+          file,
+          line: i + 2,
+          lang,
+          code: body,
+          continues: pending.continues,
+          ...(pending.given ? { given: pending.given } : {}),
+          ...(pending.skip !== undefined ? { skip: pending.skip } : {}),
+        });
+      else if (info.toLowerCase() === 'json' && pending.config && !pending.continues && !pending.given && pending.skip === undefined)
+        blocks.push({ file, line: i + 2, lang: 'json', code: body, continues: false, config: pending.config });
       else if (anyPending()) problems.push(`${file}:${i + 1}: a snippet directive that does not apply to this \`${info || 'plain'}\` block`);
       pending = { continues: false };
       i = j;
@@ -210,7 +220,8 @@ function checkMarkdown(sources: { file: string; text: string }[]): CheckResult {
           writeFileSync(givenPath, given + '\n');
           maps.set(givenPath, [{ from: 0, count: b.given.code.length, file, mdLine: b.given.line }]);
           roots.push(givenPath);
-          if (b.lang !== 'ts' && types.length > 0) problems.push(`${file}:${b.given.line}: a JS block cannot import the types its \`given\` declares (${types.join(', ')})`);
+          if (b.lang !== 'ts' && types.length > 0)
+            problems.push(`${file}:${b.given.line}: a JS block cannot import the types its \`given\` declares (${types.join(', ')})`);
           const names = [...values, ...(b.lang === 'ts' ? types.map((t) => `type ${t}`) : [])];
           current!.lines.push(`import { ${names.join(', ')} } from './${givenPath.slice(dir.length + 1, -3)}.js';`);
         }
@@ -256,7 +267,13 @@ function checkMarkdown(sources: { file: string; text: string }[]): CheckResult {
 }
 
 function docs(): { file: string; text: string }[] {
-  const files = ['README.md', ...readdirSync(join(ROOT, 'docs')).filter((f) => f.endsWith('.md')).sort().map((f) => `docs/${f}`)];
+  const files = [
+    'README.md',
+    ...readdirSync(join(ROOT, 'docs'))
+      .filter((f) => f.endsWith('.md'))
+      .sort()
+      .map((f) => `docs/${f}`),
+  ];
   return files.map((file) => ({ file, text: readFileSync(join(ROOT, file), 'utf8') }));
 }
 
@@ -317,7 +334,9 @@ describe('code snippets in README.md and docs/*.md', () => {
     expect(r.problems).toContainEqual(expect.stringMatching(/^control\.md:14:\d+: TS2322: Type 'unknown' is not assignable to type 'number'/));
     expect(r.problems).toContainEqual(expect.stringMatching(/^control\.md:16: unknown snippet directive "contineus/));
     expect(r.problems).toContainEqual('control.md:20: `snippet: skip` needs a reason');
-    expect(r.problems).toContainEqual(expect.stringMatching(/^control\.md:26: invalid configuration:; routes\[0\]: unknown key "timeoutMS" \(did you mean "timeoutMs"\?\)/));
+    expect(r.problems).toContainEqual(
+      expect.stringMatching(/^control\.md:26: invalid configuration:; routes\[0\]: unknown key "timeoutMS" \(did you mean "timeoutMs"\?\)/),
+    );
     expect(r.problems).toContainEqual('control.md:29: a snippet directive with no code block right below it');
   }, 60_000);
 });

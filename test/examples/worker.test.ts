@@ -32,7 +32,22 @@ describe('examples/worker.ts', () => {
     const tsc = join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc');
     const r = spawnSync(
       process.execPath,
-      [tsc, '--noEmit', '--strict', '--noUncheckedIndexedAccess', '--target', 'ES2022', '--module', 'NodeNext', '--moduleResolution', 'NodeNext', '--types', 'node', '--skipLibCheck', EXAMPLE],
+      [
+        tsc,
+        '--noEmit',
+        '--strict',
+        '--noUncheckedIndexedAccess',
+        '--target',
+        'ES2022',
+        '--module',
+        'NodeNext',
+        '--moduleResolution',
+        'NodeNext',
+        '--types',
+        'node',
+        '--skipLibCheck',
+        EXAMPLE,
+      ],
       { cwd: ROOT, encoding: 'utf8' },
     );
     expect(r.status, r.stdout + r.stderr).toBe(0);
@@ -47,18 +62,32 @@ describe('examples/worker.ts', () => {
     // Two more orders beside the example's own order-8812: a declined card and a provider hiccup.
     const jobsDb = join(tmp.dir, 'jobs.db');
     const jobs = createSqliteJobStore({ path: jobsDb });
-    await jobs.enqueue({ kind: 'payment', idempotencyKey: 'order-declined', payload: { orderId: 'order-declined', amount: 500, currency: 'eur', customer: 'cus_declined' }, maxAttempts: 5 });
-    await jobs.enqueue({ kind: 'payment', idempotencyKey: 'order-flaky', payload: { orderId: 'order-flaky', amount: 700, currency: 'eur', customer: 'cus_flaky' }, maxAttempts: 5 });
+    await jobs.enqueue({
+      kind: 'payment',
+      idempotencyKey: 'order-declined',
+      payload: { orderId: 'order-declined', amount: 500, currency: 'eur', customer: 'cus_declined' },
+      maxAttempts: 5,
+    });
+    await jobs.enqueue({
+      kind: 'payment',
+      idempotencyKey: 'order-flaky',
+      payload: { orderId: 'order-flaky', amount: 700, currency: 'eur', customer: 'cus_flaky' },
+      maxAttempts: 5,
+    });
     await jobs.close();
 
     const worker = spawnProc('example-worker', [...TS_ARGS, EXAMPLE], { env: { FENCEGATE_URL: gw.url, JOBS_DB: jobsDb, DATABASE_URL: '' } });
     const committed = new Set<number>();
     const declined = await worker.waitFor((m) => m.type === 'job_failed' && m.terminal === true, 'the declined job fails', 30_000);
     expect(declined).toMatchObject({ errorCode: 'card_declined' });
-    await worker.waitFor((m) => {
-      if (m.type === 'result_committed') committed.add(m.jobId as number);
-      return committed.size === 2;
-    }, 'two jobs committed', 30_000);
+    await worker.waitFor(
+      (m) => {
+        if (m.type === 'result_committed') committed.add(m.jobId as number);
+        return committed.size === 2;
+      },
+      'two jobs committed',
+      30_000,
+    );
     worker.proc.kill('SIGTERM');
     expect(await worker.exited).toEqual({ code: 0, signal: null });
 
@@ -73,13 +102,22 @@ describe('examples/worker.ts', () => {
 
     const db = new Database(jobsDb, { readonly: true });
     try {
-      const rows = db.prepare('SELECT idempotency_key AS k, state, attempt, result FROM tool_jobs ORDER BY id').all() as { k: string; state: string; attempt: number; result: string | null }[];
+      const rows = db.prepare('SELECT idempotency_key AS k, state, attempt, result FROM tool_jobs ORDER BY id').all() as {
+        k: string;
+        state: string;
+        attempt: number;
+        result: string | null;
+      }[];
       const byKey = Object.fromEntries(rows.map((r) => [r.k, r]));
       expect(byKey['order-declined']).toMatchObject({ state: 'failed', attempt: 1 });
       // The control: the same observation sees a retry when the answer is transient.
       expect(byKey['order-flaky']).toMatchObject({ state: 'succeeded', attempt: 2 });
       expect(byKey['order-8812']).toMatchObject({ state: 'succeeded', attempt: 1 });
-      expect(JSON.parse(byKey['order-8812']!.result!)).toEqual({ charge: expect.stringMatching(/^ch_/), receipt: expect.stringMatching(/^rc_/), replayed: false });
+      expect(JSON.parse(byKey['order-8812']!.result!)).toEqual({
+        charge: expect.stringMatching(/^ch_/),
+        receipt: expect.stringMatching(/^rc_/),
+        replayed: false,
+      });
     } finally {
       db.close();
     }

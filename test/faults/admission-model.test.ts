@@ -182,7 +182,13 @@ function admitInput(r: Req, owner: string): AdmitInput {
 }
 
 function finishInput(f: Inflight, outcome: 'completed' | 'released' | 'unknown'): FinishInput {
-  const base = { scope: SCOPE, key: f.key, entity: f.entity, ownerToken: f.owner, audit: { requestId: f.owner, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: 'ab' } };
+  const base = {
+    scope: SCOPE,
+    key: f.key,
+    entity: f.entity,
+    ownerToken: f.owner,
+    audit: { requestId: f.owner, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: 'ab' },
+  };
   if (outcome === 'completed') return { ...base, outcome, response: { status: 201, headers: [], body: Buffer.from(f.owner) }, retentionMs: 86_400_000 };
   return { ...base, outcome };
 }
@@ -191,7 +197,10 @@ function finishInput(f: Inflight, outcome: 'completed' | 'released' | 'unknown')
 function expectSame(real: Admission, model: Admission, what: string) {
   expect(real.outcome, what).toBe(model.outcome);
   if (real.outcome === 'stale-fence' && model.outcome === 'stale-fence') expect(real.currentFence, what).toBe(model.currentFence);
-  if (real.outcome === 'replay' && model.outcome === 'replay') expect(Buffer.from(real.response.body).toString(), `${what}: the replay is the completing owner's answer`).toBe(Buffer.from(model.response.body).toString());
+  if (real.outcome === 'replay' && model.outcome === 'replay')
+    expect(Buffer.from(real.response.body).toString(), `${what}: the replay is the completing owner's answer`).toBe(
+      Buffer.from(model.response.body).toString(),
+    );
   if (real.outcome === 'forward' && model.outcome === 'forward') expect(real.takeover, what).toBe(model.takeover);
 }
 
@@ -200,18 +209,30 @@ function expectState(real: Real, m: Model) {
   const db = real.sqlite.db;
   const now = Number((db.prepare("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER) AS now").get() as { now: number }).now);
   const fences = Object.fromEntries(
-    (db.prepare('SELECT entity, fence FROM fence_entities WHERE fence IS NOT NULL ORDER BY entity').safeIntegers(true).all() as { entity: string; fence: bigint }[]).map((r) => [r.entity, r.fence]),
+    (
+      db.prepare('SELECT entity, fence FROM fence_entities WHERE fence IS NOT NULL ORDER BY entity').safeIntegers(true).all() as {
+        entity: string;
+        fence: bigint;
+      }[]
+    ).map((r) => [r.entity, r.fence]),
   );
   expect(fences, 'fences').toEqual(Object.fromEntries([...m.fences].sort()));
   const records = Object.fromEntries(
-    (db.prepare('SELECT key, fingerprint, state, owner_token FROM idempotency_records ORDER BY key').all() as any[]).map((r) => [r.key, { fp: r.fingerprint, state: r.state, owner: r.owner_token }]),
+    (db.prepare('SELECT key, fingerprint, state, owner_token FROM idempotency_records ORDER BY key').all() as any[]).map((r) => [
+      r.key,
+      { fp: r.fingerprint, state: r.state, owner: r.owner_token },
+    ]),
   );
   expect(records, 'records').toEqual(Object.fromEntries([...m.records].sort().map(([k, r]) => [k, { fp: r.fp, state: r.state, owner: r.owner }])));
   const slots = Object.fromEntries(
-    (db.prepare('SELECT entity, inflight_owner, inflight_until FROM fence_entities WHERE inflight_owner IS NOT NULL ORDER BY entity').all() as any[]).map((r) => [r.entity, { owner: r.inflight_owner, expired: r.inflight_until <= now }]),
+    (db.prepare('SELECT entity, inflight_owner, inflight_until FROM fence_entities WHERE inflight_owner IS NOT NULL ORDER BY entity').all() as any[]).map(
+      (r) => [r.entity, { owner: r.inflight_owner, expired: r.inflight_until <= now }],
+    ),
   );
   expect(slots, 'serial slots').toEqual(Object.fromEntries([...m.slots].sort()));
-  const rejections = Object.fromEntries((db.prepare('SELECT reason, count(*) AS n FROM rejections GROUP BY reason').all() as any[]).map((r) => [r.reason, r.n]));
+  const rejections = Object.fromEntries(
+    (db.prepare('SELECT reason, count(*) AS n FROM rejections GROUP BY reason').all() as any[]).map((r) => [r.reason, r.n]),
+  );
   expect(rejections, 'rejection log').toEqual(m.rejections);
 }
 
@@ -244,7 +265,10 @@ class AdmitCommand implements fc.AsyncCommand<Model, Real> {
 }
 
 class FinishCommand implements fc.AsyncCommand<Model, Real> {
-  constructor(readonly pick: number, readonly outcome: 'completed' | 'released' | 'unknown') {}
+  constructor(
+    readonly pick: number,
+    readonly outcome: 'completed' | 'released' | 'unknown',
+  ) {}
   check = (m: Readonly<Model>) => m.inflight.length > 0;
   async run(m: Model, r: Real) {
     const f = m.inflight[this.pick % m.inflight.length]!;
@@ -287,7 +311,10 @@ type BatchItem = { kind: 'admit'; req: Req } | { kind: 'finish'; pick: number; o
  * every answer must match (the store's decisions are serialisable, §3.5).
  */
 class BatchCommand implements fc.AsyncCommand<Model, Real> {
-  constructor(readonly items: BatchItem[], readonly s: fc.Scheduler) {}
+  constructor(
+    readonly items: BatchItem[],
+    readonly s: fc.Scheduler,
+  ) {}
   check = () => true;
   async run(m: Model, r: Real) {
     // Finishes pick distinct requests that were in flight when the batch began.
@@ -309,7 +336,11 @@ class BatchCommand implements fc.AsyncCommand<Model, Real> {
             order.push(`admit ${owner}`);
             const expected = m.admit(item.req, owner);
             tally(expected);
-            expectSame(await r.store.admit(admitInput(item.req, owner)), expected, `batch admit ${JSON.stringify(item.req, (_k, v) => (typeof v === 'bigint' ? Number(v) : v))} after [${order.join(', ')}]`);
+            expectSame(
+              await r.store.admit(admitInput(item.req, owner)),
+              expected,
+              `batch admit ${JSON.stringify(item.req, (_k, v) => (typeof v === 'bigint' ? Number(v) : v))} after [${order.join(', ')}]`,
+            );
           } else {
             order.push(`finish ${f!.owner}`);
             const recorded = m.finish(f!, item.outcome);

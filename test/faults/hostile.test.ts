@@ -143,7 +143,16 @@ describe('hostile fences', () => {
 describe('duplicate headers', () => {
   it('a second fence, entity, key, Host, Content-Length or Transfer-Encoding line: 4xx, nothing changes, nothing forwarded', async () => {
     const duplicate = fc.record({
-      name: fc.constantFrom('X-Execution-Fence', 'x-execution-fence', 'X-Fence-Entity', 'Idempotency-Key', 'idempotency-key', 'Host', 'Content-Length', 'Transfer-Encoding'),
+      name: fc.constantFrom(
+        'X-Execution-Fence',
+        'x-execution-fence',
+        'X-Fence-Entity',
+        'Idempotency-Key',
+        'idempotency-key',
+        'Host',
+        'Content-Length',
+        'Transfer-Encoding',
+      ),
       same: fc.boolean(),
       other: fc.string({ unit: fc.constantFrom(...'abcxyz0123456789-:., '), minLength: 1, maxLength: 12 }),
       first: fc.boolean(),
@@ -191,7 +200,7 @@ function referenceKey(raw: string): string | null {
 
 const CLASSES = {
   alnum: 'abcXYZ019',
-  punct: '!#$%&\'*+-.^_`|~:/;<=>?@[]{}()',
+  punct: "!#$%&'*+-.^_`|~:/;<=>?@[]{}()",
   quote: '"\\',
   space: ' \t',
   comma: ',',
@@ -267,7 +276,29 @@ function resolvedByAnUpstream(path: string): string {
 }
 
 const SEGMENTS = ['payments', 'charges', 'invoices', 'inv-1', 'pay', '_fencegate', 'v1', 'rejections', 'admin', 'x'];
-const TRICKS = ['..', '.', '%2e%2e', '%2E%2e', '.%2e', '%2e', '..%2f', '..%2F', '%2f', '%2F..', '%5c', '..%5c', '%5C..%5C', '', '%00', '%25', '%252e%252e', ';', '..;', '.%00.', '%c0%ae%c0%ae'];
+const TRICKS = [
+  '..',
+  '.',
+  '%2e%2e',
+  '%2E%2e',
+  '.%2e',
+  '%2e',
+  '..%2f',
+  '..%2F',
+  '%2f',
+  '%2F..',
+  '%5c',
+  '..%5c',
+  '%5C..%5C',
+  '',
+  '%00',
+  '%25',
+  '%252e%252e',
+  ';',
+  '..;',
+  '.%00.',
+  '%c0%ae%c0%ae',
+];
 const pathArb = fc
   .tuple(
     fc.constantFrom('', 'http://evil.example', 'http://127.0.0.1:1', '/'),
@@ -344,7 +375,11 @@ describe('oversized, slow and truncated bodies', () => {
             const c = body.subarray(i, i + piece);
             parts.push(Buffer.from(`${c.length.toString(16)}\r\n`), c, Buffer.from('\r\n'));
           }
-          bytes = bytesOf('POST /payments/charges HTTP/1.1', [...validHeaders(), ['Transfer-Encoding', 'chunked']], Buffer.concat([...parts, Buffer.from('0\r\n\r\n')]));
+          bytes = bytesOf(
+            'POST /payments/charges HTTP/1.1',
+            [...validHeaders(), ['Transfer-Encoding', 'chunked']],
+            Buffer.concat([...parts, Buffer.from('0\r\n\r\n')]),
+          );
         }
         const a = await expectRefused(bytes, `${framing} body of ${size} bytes`, { pieceBytes: piece, pauseMs, then: 'wait' });
         expect(a.status).toBe(413);
@@ -355,7 +390,12 @@ describe('oversized, slow and truncated bodies', () => {
   });
 
   it('a body cut short (the client goes away mid-body, slowly or at once) admits nothing and forwards nothing', async () => {
-    const arb = fc.record({ declared: fc.integer({ min: 20, max: LIMIT }), sentFraction: fc.double({ min: 0, max: 0.95, noNaN: true }), pauseMs: fc.constantFrom(0, 10), end: fc.constantFrom('end', 'destroy') as fc.Arbitrary<'end' | 'destroy'> });
+    const arb = fc.record({
+      declared: fc.integer({ min: 20, max: LIMIT }),
+      sentFraction: fc.double({ min: 0, max: 0.95, noNaN: true }),
+      pauseMs: fc.constantFrom(0, 10),
+      end: fc.constantFrom('end', 'destroy') as fc.Arbitrary<'end' | 'destroy'>,
+    });
     await fc.assert(
       fc.asyncProperty(arb, async ({ declared, sentFraction, pauseMs, end }) => {
         await idle();
@@ -381,7 +421,24 @@ describe('unknown and unlisted methods', () => {
   it('4xx (Node: 400 for what it cannot parse; the gateway: 404 no-route), nothing changes, nothing forwarded', async () => {
     const method = fc.oneof(
       fc.stringMatching(/^[A-Z]{1,12}$/).filter((m) => !['POST', 'PUT', 'PATCH', 'DELETE'].includes(m)),
-      fc.constantFrom('GET', 'HEAD', 'OPTIONS', 'TRACE', 'PROPFIND', 'MKCOL', 'LINK', 'PURGE', 'SEARCH', 'QUERY', 'M-SEARCH', 'post', 'Post', 'P0ST', 'POST\t', 'PRI'),
+      fc.constantFrom(
+        'GET',
+        'HEAD',
+        'OPTIONS',
+        'TRACE',
+        'PROPFIND',
+        'MKCOL',
+        'LINK',
+        'PURGE',
+        'SEARCH',
+        'QUERY',
+        'M-SEARCH',
+        'post',
+        'Post',
+        'P0ST',
+        'POST\t',
+        'PRI',
+      ),
     );
     await fc.assert(
       fc.asyncProperty(method, async (m) => {
@@ -431,7 +488,22 @@ describe('request smuggling', () => {
       // A valid but short length is not ambiguous: the rest is a second, pipelined request that
       // goes through every check on its own. The lengths here are the ones no parser may guess at.
       lengths: fc.array(fc.constantFrom('correct', '+5', '-1', '0x10', '5 5', 'correct, correct', ' correct'), { maxLength: 2 }),
-      codings: fc.array(fc.constantFrom('chunked', 'Chunked', ' chunked', 'chunked ', 'gzip, chunked', 'chunked, gzip', 'identity', 'identity, chunked', 'chunked, chunked', 'xchunked', 'chunked;q=1'), { maxLength: 2 }),
+      codings: fc.array(
+        fc.constantFrom(
+          'chunked',
+          'Chunked',
+          ' chunked',
+          'chunked ',
+          'gzip, chunked',
+          'chunked, gzip',
+          'identity',
+          'identity, chunked',
+          'chunked, chunked',
+          'xchunked',
+          'chunked;q=1',
+        ),
+        { maxLength: 2 },
+      ),
       fold: fc.boolean(),
     });
     await fc.assert(
@@ -452,7 +524,8 @@ describe('request smuggling', () => {
         for (const c of codings) headers.push(['Transfer-Encoding', c]);
         // obs-fold: the last framing header's value continues on the next line.
         let bytes = bytesOf('POST /payments/charges HTTP/1.1', headers, body).toString('latin1');
-        if (fold && (lengths.length > 0 || codings.length > 0)) bytes = bytes.replace(/(\r\n(Content-Length|Transfer-Encoding): [^\r]*)\r\n\r\n/, '$1\r\n x\r\n\r\n');
+        if (fold && (lengths.length > 0 || codings.length > 0))
+          bytes = bytes.replace(/(\r\n(Content-Length|Transfer-Encoding): [^\r]*)\r\n\r\n/, '$1\r\n x\r\n\r\n');
         const f: Framing = { lengths: lengths.map(lengthValue), codings, fold: fold && (lengths.length > 0 || codings.length > 0) };
         const sound = framingIsSound(f) && f.lengths.every((l) => ows(l) === n);
         const what = `CL=${JSON.stringify(f.lengths)} TE=${JSON.stringify(codings)} fold=${f.fold}`;
@@ -463,7 +536,10 @@ describe('request smuggling', () => {
         const a = await sendBytes(gw.url, Buffer.from(bytes, 'latin1'), { timeoutMs: 5_000 });
         await idle();
         // Whatever happened, the inner request was never a request of its own.
-        expect(up.calls.filter((c) => c.key === smuggledKey), what).toEqual([]);
+        expect(
+          up.calls.filter((c) => c.key === smuggledKey),
+          what,
+        ).toEqual([]);
         expect(a.statuses.length, `${what}: one request, at most one answer`).toBeLessThanOrEqual(1);
         if (sound) {
           expect(a.status, `${what}: ${a.raw.slice(0, 300)}`).toBe(201);
@@ -564,28 +640,32 @@ describe('hostile answers', () => {
     await new Promise<void>((r) => server?.close(() => r()));
   });
 
-  const storedBytes = (key: string) => (answers.sqlite.db.prepare('SELECT length(body) AS n FROM idempotency_records WHERE key = ?').get(key) as { n: number | null } | undefined)?.n ?? null;
+  const storedBytes = (key: string) =>
+    (answers.sqlite.db.prepare('SELECT length(body) AS n FROM idempotency_records WHERE key = ?').get(key) as { n: number | null } | undefined)?.n ?? null;
 
   it.each([
     ['a 300 MiB answer', '/huge/charges', 201],
     ['an endless chunked answer', '/endless/charges', 200],
-  ])('%s: 502 upstream-response-too-large, the connection cut, the key finished small and replayed, never forwarded again', async (_name, path, upstreamStatus) => {
-    const key = `answer-${path}`;
-    const first = await command(answers.url, path, { fence: 1, entity: `e${path}`, key });
-    const text = await first.clone().text();
-    await expectProblem(first, 502, 'upstream-response-too-large', { upstream_status: upstreamStatus, max_response_bytes: LIMIT });
-    // The upstream's writes end because the gateway hung up.
-    expect(await written.get(key)).toBeLessThan(300 * 1024 * 1024);
-    for (let retry = 0; retry < 3; retry++) {
-      const again = await command(answers.url, path, { fence: 1, entity: `e${path}`, key });
-      expect(again.status).toBe(502);
-      expect(again.headers.get('idempotent-replayed')).toBe('true');
-      expect(await again.text()).toBe(text);
-    }
-    expect(reached.get(key)).toBe(1);
-    expect(recordRows(answers.sqlite, key)).toMatchObject([{ state: 'completed', status: 502 }]);
-    expect(storedBytes(key)).toBeLessThan(2_048);
-  });
+  ])(
+    '%s: 502 upstream-response-too-large, the connection cut, the key finished small and replayed, never forwarded again',
+    async (_name, path, upstreamStatus) => {
+      const key = `answer-${path}`;
+      const first = await command(answers.url, path, { fence: 1, entity: `e${path}`, key });
+      const text = await first.clone().text();
+      await expectProblem(first, 502, 'upstream-response-too-large', { upstream_status: upstreamStatus, max_response_bytes: LIMIT });
+      // The upstream's writes end because the gateway hung up.
+      expect(await written.get(key)).toBeLessThan(300 * 1024 * 1024);
+      for (let retry = 0; retry < 3; retry++) {
+        const again = await command(answers.url, path, { fence: 1, entity: `e${path}`, key });
+        expect(again.status).toBe(502);
+        expect(again.headers.get('idempotent-replayed')).toBe('true');
+        expect(await again.text()).toBe(text);
+      }
+      expect(reached.get(key)).toBe(1);
+      expect(recordRows(answers.sqlite, key)).toMatchObject([{ state: 'completed', status: 502 }]);
+      expect(storedBytes(key)).toBeLessThan(2_048);
+    },
+  );
 
   it('a trickling answer that never ends: 504 at the deadline, outcome_unknown, the retry refused', async () => {
     const key = 'answer-trickle';

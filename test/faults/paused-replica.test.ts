@@ -14,7 +14,12 @@ describe.each(backends)('a paused gateway on %s', (backend) => {
     const run = await runPausedReplica(backend);
     expect(run.upstreamFences).toEqual(['7']);
     expect(run.paused.status).toBe(503);
-    expect(run.paused.body).toMatchObject({ type: expect.stringMatching(/\/admission-expired$/), entity: 'tool-job:paused-1', presented_fence: '6', idempotency_key: 'paused-6' });
+    expect(run.paused.body).toMatchObject({
+      type: expect.stringMatching(/\/admission-expired$/),
+      entity: 'tool-job:paused-1',
+      presented_fence: '6',
+      idempotency_key: 'paused-6',
+    });
     // Released, not outcome_unknown: nothing was sent, the retry is safe.
     expect(run.pausedRecord).toBeNull();
   });

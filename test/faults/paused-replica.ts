@@ -45,7 +45,10 @@ export async function runPausedReplica(backend: Backend): Promise<PausedReplicaR
     held = holdAdmission(store, (i) => i.fence === 6n);
     return held.store;
   };
-  const gw = backend === 'sqlite' ? await startTestGateway({ routes: [route, newerRoute], wrapStore }) : await startPgTestGateway({ routes: [route, newerRoute], wrapStore });
+  const gw =
+    backend === 'sqlite'
+      ? await startTestGateway({ routes: [route, newerRoute], wrapStore })
+      : await startPgTestGateway({ routes: [route, newerRoute], wrapStore });
   const real: GatewayStore = 'sqlite' in gw ? gw.sqlite : gw.store;
   const slotLive = async (): Promise<boolean> => (await real.getEntity(ENTITY))?.inflight != null;
   try {
@@ -68,4 +71,3 @@ export async function runPausedReplica(backend: Backend): Promise<PausedReplicaR
     await upstream.close();
   }
 }
-

@@ -163,7 +163,12 @@ async function scenario(options: ScenarioOptions, r: Resources, log: (line: stri
   if (backend === 'sqlite') {
     r.jobs = createSqliteJobStore({ path: jobsDb });
     w1Store = w2Store = { sqlite: jobsDb };
-    r.gateway = await startGatewayProc({ store: { sqlite: join(r.dir, 'gateway.db') }, routes: faultRoutes(r.upstream.url), dir: r.dir, checksOff: options.checksOff });
+    r.gateway = await startGatewayProc({
+      store: { sqlite: join(r.dir, 'gateway.db') },
+      routes: faultRoutes(r.upstream.url),
+      dir: r.dir,
+      checksOff: options.checksOff,
+    });
   } else {
     if (!POSTGRES_URL) throw new Error('FENCEGATE_TEST_POSTGRES_URL is not set');
     r.schema = await createTestSchema('fg_faults', 4);
@@ -211,7 +216,10 @@ async function scenario(options: ScenarioOptions, r: Resources, log: (line: stri
   const claimed2 = await w2.waitFor(event('job_claimed', job.id), "W2's claim after W1's lease expired", 60_000);
   const w2Token = claimed2.token as number;
   log(`W1's lease expired (database clock); W2 claimed job ${job.id} with token ${w2Token} (previous owner ${claimed2.previousOwner})`);
-  const committed = await w2.waitFor((m) => m.type === 'event' && m.job === job.id && (m.ev === 'result_committed' || m.ev === 'result_rejected' || m.ev === 'job_failed'), "W2's result");
+  const committed = await w2.waitFor(
+    (m) => m.type === 'event' && m.job === job.id && (m.ev === 'result_committed' || m.ev === 'result_rejected' || m.ev === 'job_failed'),
+    "W2's result",
+  );
   log(`W2 paid through the gateway and committed its result (${committed.ev})`);
 
   const late = await w1Net.release();
@@ -262,7 +270,9 @@ async function scenario(options: ScenarioOptions, r: Resources, log: (line: stri
     payouts: calls.filter((c) => c.url.startsWith('/payouts/')),
     job: finalJob,
   };
-  log(`audit log: ${result.rejections.length} stale-fence rejection(s) for ${entity}; upstream: ${result.charges.length} charge(s), ${result.payouts.length} payout(s)`);
+  log(
+    `audit log: ${result.rejections.length} stale-fence rejection(s) for ${entity}; upstream: ${result.charges.length} charge(s), ${result.payouts.length} payout(s)`,
+  );
   return result;
 }
 
@@ -288,7 +298,10 @@ export function checkScenario(r: ScenarioResult): string[] {
   expect(r.w2Committed, "W2's result was committed");
   expect(r.late.length === 2, `W1's two requests were held and delivered late (${r.late.length})`);
   for (const h of r.late) {
-    expect(h.response?.status === 409 && problemType(h) === 'stale-fence', `W1's late ${h.head.target} refused with 409 stale-fence (got ${h.response?.status} ${problemType(h)})`);
+    expect(
+      h.response?.status === 409 && problemType(h) === 'stale-fence',
+      `W1's late ${h.head.target} refused with 409 stale-fence (got ${h.response?.status} ${problemType(h)})`,
+    );
   }
   expect(r.w1Extend.ok === false && r.w1Extend.reason === 'lease_lost', `W1's extend refused (${JSON.stringify(r.w1Extend)})`);
   expect(r.w1Complete.ok === false && r.w1Complete.reason === 'lease_lost', `W1's late result refused (${JSON.stringify(r.w1Complete)})`);
@@ -297,7 +310,8 @@ export function checkScenario(r: ScenarioResult): string[] {
   expect(stale.length === 2, `two stale-fence rows (presented ${r.w1Token}, current ${r.w2Token}) in the audit log (${r.rejections.length} rows)`);
   expect(r.charges.length === 1, `exactly one charge upstream (${r.charges.length})`);
   expect(r.payouts.length === 1, `exactly one payout upstream (${r.payouts.length})`);
-  for (const c of [...r.charges, ...r.payouts]) expect(c.fence === String(r.w2Token), `every upstream effect carries W2's fence ${r.w2Token} (${c.url}: ${c.fence})`);
+  for (const c of [...r.charges, ...r.payouts])
+    expect(c.fence === String(r.w2Token), `every upstream effect carries W2's fence ${r.w2Token} (${c.url}: ${c.fence})`);
   expect(r.job.state === 'succeeded' && r.job.fencingToken === r.w2Token, `the job succeeded under W2's token (${r.job.state}, ${r.job.fencingToken})`);
   const stored = r.job.result as { worker?: string; fence?: number } | null;
   expect(stored?.worker === 'w2' && stored?.fence === r.w2Token, `the stored result is W2's (${JSON.stringify(stored)})`);

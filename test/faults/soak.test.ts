@@ -34,7 +34,10 @@ function expectClean(report: SoakReport, kinds: readonly string[]) {
 describe('randomized soak', () => {
   it('SQLite: pauses, kills, upstream resets and latency, gateway kills, late requests: no invariant violated', { timeout: TIMEOUT }, async () => {
     const report = await soak({ backend: 'sqlite' });
-    expectClean(report, FAULT_KINDS.filter((k) => k !== 'dbCut' && k !== 'gatewayDbCut'));
+    expectClean(
+      report,
+      FAULT_KINDS.filter((k) => k !== 'dbCut' && k !== 'gatewayDbCut'),
+    );
   });
 
   it.skipIf(!POSTGRES_URL)('PostgreSQL: the same plus database cuts of workers and of the gateway: no invariant violated', { timeout: TIMEOUT }, async () => {

@@ -14,7 +14,9 @@ afterAll(async () => {
 const TIMEOUT = 120_000;
 
 function scenarioSuite(backend: Backend) {
-  it('W1 is refused everywhere: extend, late requests (409 stale-fence, audited), result; one charge and one payout upstream', { timeout: TIMEOUT }, async () => {
+  it('W1 is refused everywhere: extend, late requests (409 stale-fence, audited), result; one charge and one payout upstream', {
+    timeout: TIMEOUT,
+  }, async () => {
     const r = await runStaleOwner({ backend });
     expect(checkScenario(r)).toEqual([]);
     // The same facts, spelled out.
@@ -28,8 +30,20 @@ function scenarioSuite(backend: Backend) {
     expect(r.w1ResultRejected).toMatchObject({ reason: 'lease_lost' });
     expect(r.rejections).toEqual(
       expect.arrayContaining([
-        expect.objectContaining({ reason: 'stale-fence', entity: r.entity, presented_fence: String(r.w1Token), current_fence: String(r.w2Token), path: '/payments/charges' }),
-        expect.objectContaining({ reason: 'stale-fence', entity: r.entity, presented_fence: String(r.w1Token), current_fence: String(r.w2Token), path: '/payouts/send' }),
+        expect.objectContaining({
+          reason: 'stale-fence',
+          entity: r.entity,
+          presented_fence: String(r.w1Token),
+          current_fence: String(r.w2Token),
+          path: '/payments/charges',
+        }),
+        expect.objectContaining({
+          reason: 'stale-fence',
+          entity: r.entity,
+          presented_fence: String(r.w1Token),
+          current_fence: String(r.w2Token),
+          path: '/payouts/send',
+        }),
       ]),
     );
     expect(r.charges.map((c) => c.fence)).toEqual([String(r.w2Token)]);

@@ -51,7 +51,13 @@ describe('request bodies', () => {
   it('a body streamed in many chunks is forwarded byte for byte', async () => {
     const bytes = Buffer.alloc(300_000);
     for (let i = 0; i < bytes.length; i++) bytes[i] = (i * 7919) % 256;
-    const res = await command(gw.url, '/payments/charges', { fence: 1, entity: 'tool-job:body-2', key: 'body-big-1', body: bytes, headers: { 'content-type': 'application/octet-stream' } });
+    const res = await command(gw.url, '/payments/charges', {
+      fence: 1,
+      entity: 'tool-job:body-2',
+      key: 'body-big-1',
+      body: bytes,
+      headers: { 'content-type': 'application/octet-stream' },
+    });
     expect(res.status).toBe(201);
     const call = upstream.callsFor('body-big-1')[0]!;
     expect(Buffer.compare(call.body, bytes)).toBe(0);

@@ -40,15 +40,55 @@ describe('one-line errors with an exit code', () => {
     ['an unknown flag', ['serve', '--bogus'], 2, /^fencegate: unknown option --bogus \(fencegate serve --help lists the options\)\n$/],
     ['a flag without its value', ['serve', '--config', noAuth, '--port'], 2, /^fencegate: --port needs a value \(fencegate serve --help\)\n$/],
     ['an unknown command', ['launch'], 2, /^fencegate: unknown command "launch" \(fencegate --help\)\n$/],
-    ['--reason with underscores', ['audit', '--db', join(tmp.dir, 'r.db'), '--reason', 'stale_fence'], 2, /^fencegate: --reason "stale_fence" is not a reason \(did you mean stale-fence\?\); one of: stale-fence, idempotency-key-reused, outcome-unknown, invalid-fence-signature, fence-expired, unauthorized, forbidden, late-finish/],
-    ['an unknown --reason', ['audit', '--db', join(tmp.dir, 'r.db'), '--reason', 'nope'], 2, /^fencegate: --reason "nope" is not a reason; one of: stale-fence, /],
-    ['token on a gateway without auth', ['token', '--config', noAuth, '--sub', 'x'], 1, /^fencegate: .*no-auth\.json has no "auth" section: that gateway checks no tokens, so none is needed \(without auth its admin API answers on a loopback listener, e\.g\. fencegate audit --url http:\/\/127\.0\.0\.1:8181\)\n$/],
-    ['resolve-unknown without --route', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--from', '2h', '--to', '1m'], 2, /^fencegate: resolve-unknown needs --route NAME \(fencegate resolve-unknown --help\)\n$/],
-    ['resolve-unknown with a bad --from', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', 'monday', '--to', '1m'], 2, /^fencegate: --from "monday" is not an ISO 8601 time or a duration such as 2h/],
-    ['resolve-unknown with a time of day and no offset', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', '2026-05-01T00:00', '--to', '1m'], 2, /^fencegate: --from "2026-05-01T00:00" has a time of day but no offset: add Z \(UTC\) or one such as \+02:00/],
-    ['resolve-unknown --to without offset', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', '2026-05-01', '--to', '2026-05-01T10:00:00.5'], 2, /^fencegate: --to "2026-05-01T10:00:00.5" has a time of day but no offset/],
+    [
+      '--reason with underscores',
+      ['audit', '--db', join(tmp.dir, 'r.db'), '--reason', 'stale_fence'],
+      2,
+      /^fencegate: --reason "stale_fence" is not a reason \(did you mean stale-fence\?\); one of: stale-fence, idempotency-key-reused, outcome-unknown, invalid-fence-signature, fence-expired, unauthorized, forbidden, late-finish/,
+    ],
+    [
+      'an unknown --reason',
+      ['audit', '--db', join(tmp.dir, 'r.db'), '--reason', 'nope'],
+      2,
+      /^fencegate: --reason "nope" is not a reason; one of: stale-fence, /,
+    ],
+    [
+      'token on a gateway without auth',
+      ['token', '--config', noAuth, '--sub', 'x'],
+      1,
+      /^fencegate: .*no-auth\.json has no "auth" section: that gateway checks no tokens, so none is needed \(without auth its admin API answers on a loopback listener, e\.g\. fencegate audit --url http:\/\/127\.0\.0\.1:8181\)\n$/,
+    ],
+    [
+      'resolve-unknown without --route',
+      ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--from', '2h', '--to', '1m'],
+      2,
+      /^fencegate: resolve-unknown needs --route NAME \(fencegate resolve-unknown --help\)\n$/,
+    ],
+    [
+      'resolve-unknown with a bad --from',
+      ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', 'monday', '--to', '1m'],
+      2,
+      /^fencegate: --from "monday" is not an ISO 8601 time or a duration such as 2h/,
+    ],
+    [
+      'resolve-unknown with a time of day and no offset',
+      ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', '2026-05-01T00:00', '--to', '1m'],
+      2,
+      /^fencegate: --from "2026-05-01T00:00" has a time of day but no offset: add Z \(UTC\) or one such as \+02:00/,
+    ],
+    [
+      'resolve-unknown --to without offset',
+      ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', '2026-05-01', '--to', '2026-05-01T10:00:00.5'],
+      2,
+      /^fencegate: --to "2026-05-01T10:00:00.5" has a time of day but no offset/,
+    ],
     // Control: the same times with Z / an offset pass the flag check (and reach for the gateway).
-    ['resolve-unknown with Z and +02:00', ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', '2026-05-01T00:00Z', '--to', '2026-05-01T10:00:00.5+02:00'], 1, /^fencegate: cannot reach the gateway at http:\/\/127\.0\.0\.1:1/],
+    [
+      'resolve-unknown with Z and +02:00',
+      ['resolve-unknown', '--url', 'http://127.0.0.1:1', '--route', 'p', '--from', '2026-05-01T00:00Z', '--to', '2026-05-01T10:00:00.5+02:00'],
+      1,
+      /^fencegate: cannot reach the gateway at http:\/\/127\.0\.0\.1:1/,
+    ],
   ])('%s', async (_name, args, code, line) => {
     const r = await runNode([CLI, ...args]);
     expect(r.code, r.stderr).toBe(code);
@@ -75,14 +115,18 @@ describe('one-line errors with an exit code', () => {
     const config = writeJson(join(tmp.dir, 'busy.json'), { listen: { port }, store: { sqlite: join(tmp.dir, 'busy.db') }, routes: [route] });
     const r = await runNode([CLI, 'serve', '--config', config], { FENCEGATE_LOG_LEVEL: 'silent' });
     expect(r.code).toBe(1);
-    expect(r.stderr).toBe(`fencegate: 127.0.0.1:${port} is already in use (another fencegate?): pick another port with --port N or listen.port in the config\n`);
+    expect(r.stderr).toBe(
+      `fencegate: 127.0.0.1:${port} is already in use (another fencegate?): pick another port with --port N or listen.port in the config\n`,
+    );
   });
 
   it('FENCEGATE_LOG_LEVEL: another word stops start-up naming the levels; any case of a level is that level', async () => {
     for (const bad of ['debug', 'verbose']) {
       const r = await runNode([CLI, 'serve', '--config', noAuth, '--port', '0'], { FENCEGATE_LOG_LEVEL: bad });
       expect(r.code, r.stderr).toBe(2);
-      expect(r.stderr).toBe(`fencegate: FENCEGATE_LOG_LEVEL must be one of info, warn, error, silent (it is ${JSON.stringify(bad)}) (fencegate serve --help)\n`);
+      expect(r.stderr).toBe(
+        `fencegate: FENCEGATE_LOG_LEVEL must be one of info, warn, error, silent (it is ${JSON.stringify(bad)}) (fencegate serve --help)\n`,
+      );
     }
     // Control: WARN passes the check (the next one, --port's, is what stops it).
     const r = await runNode([CLI, 'serve', '--config', noAuth, '--port', 'x'], { FENCEGATE_LOG_LEVEL: 'WARN' });
@@ -97,7 +141,10 @@ describe('one-line errors with an exit code', () => {
   });
 
   it('a missing environment variable: names the field and the variable', async () => {
-    const config = writeJson(join(tmp.dir, 'env.json'), { store: { sqlite: join(tmp.dir, 'env.db') }, routes: [{ ...route, upstreamHeaders: { Authorization: { env: 'FG_CLI_TEST_UNSET' } } }] });
+    const config = writeJson(join(tmp.dir, 'env.json'), {
+      store: { sqlite: join(tmp.dir, 'env.db') },
+      routes: [{ ...route, upstreamHeaders: { Authorization: { env: 'FG_CLI_TEST_UNSET' } } }],
+    });
     const r = await runNode([CLI, 'serve', '--config', config, '--port', '0'], { FG_CLI_TEST_UNSET: '' });
     expect(r.code).toBe(1);
     expect(r.stderr).toBe('fencegate: invalid configuration:\n  routes[0].upstreamHeaders.Authorization: environment variable FG_CLI_TEST_UNSET is not set\n');
@@ -148,7 +195,20 @@ describe('fencegate resolve-unknown', () => {
       up.behave(() => ({ kind: 'hang' }));
       for (const key of ['c1', 'c2']) await expectProblem(await command(gw.url, '/payments/x', { fence: 1, entity: `e-${key}`, key }), 504, 'upstream-timeout');
       up.behave(null);
-      const args = [CLI, 'resolve-unknown', '--url', gw.url, '--route', 'payments', '--from', '10m', '--to', new Date(Date.now() + 60_000).toISOString(), '--note', 'upstream was down'];
+      const args = [
+        CLI,
+        'resolve-unknown',
+        '--url',
+        gw.url,
+        '--route',
+        'payments',
+        '--from',
+        '10m',
+        '--to',
+        new Date(Date.now() + 60_000).toISOString(),
+        '--note',
+        'upstream was down',
+      ];
       const dry = await runNode([...args, '--dry-run']);
       expect(dry.code, dry.stderr).toBe(0);
       expect(JSON.parse(dry.stdout)).toMatchObject({ dry_run: true, matched: 2, resolved: 0 });
@@ -158,7 +218,10 @@ describe('fencegate resolve-unknown', () => {
       const answer = JSON.parse(real.stdout);
       expect(answer).toMatchObject({ resolved: 2, skipped: 0, more: false });
       expect((await gw.admin('/v1/idempotency')).body.items).toEqual([]);
-      expect((await gw.admin('/v1/operator-actions')).body.items.map((a: any) => a.note)).toEqual([`bulk ${answer.bulk_id}: upstream was down`, `bulk ${answer.bulk_id}: upstream was down`]);
+      expect((await gw.admin('/v1/operator-actions')).body.items.map((a: any) => a.note)).toEqual([
+        `bulk ${answer.bulk_id}: upstream was down`,
+        `bulk ${answer.bulk_id}: upstream was down`,
+      ]);
     } finally {
       await gw.close();
       await up.close();

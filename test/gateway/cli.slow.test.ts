@@ -36,24 +36,60 @@ const badConfigs: { name: string; config: unknown; field: RegExp }[] = [
   { name: 'timeoutMs of zero', config: withRoute({ timeoutMs: 0 }), field: /routes\[0\]\.timeoutMs: / },
   { name: 'maxBodyBytes not an integer', config: withRoute({ maxBodyBytes: 1.5 }), field: /routes\[0\]\.maxBodyBytes: / },
   { name: 'upstream not an http URL', config: withRoute({ upstream: 'ftp://example.com' }), field: /routes\[0\]\.upstream: must be an http/ },
-  { name: 'upstream with a query', config: withRoute({ upstream: 'http://127.0.0.1:9000?token=1' }), field: /routes\[0\]\.upstream: must be a base URL without a query or fragment/ },
-  { name: 'upstream with a fragment', config: withRoute({ upstream: 'http://127.0.0.1:9000/#x' }), field: /routes\[0\]\.upstream: must be a base URL without a query or fragment/ },
+  {
+    name: 'upstream with a query',
+    config: withRoute({ upstream: 'http://127.0.0.1:9000?token=1' }),
+    field: /routes\[0\]\.upstream: must be a base URL without a query or fragment/,
+  },
+  {
+    name: 'upstream with a fragment',
+    config: withRoute({ upstream: 'http://127.0.0.1:9000/#x' }),
+    field: /routes\[0\]\.upstream: must be a base URL without a query or fragment/,
+  },
   { name: 'fence mode unknown', config: withRoute({ fence: 'maybe' }), field: /routes\[0\]\.fence: / },
   { name: 'mode unknown', config: withRoute({ mode: 'parallel' }), field: /routes\[0\]\.mode: / },
   { name: 'onUnknown unknown', config: withRoute({ onUnknown: 'ignore' }), field: /routes\[0\]\.onUnknown: / },
   { name: 'retention not a duration', config: withRoute({ retention: 'forever' }), field: /routes\[0\]\.retention: must be a duration/ },
-  { name: 'entity of an unknown kind', config: withRoute({ entity: { cookie: 'job' } }), field: /routes\[0\]\.entity: unknown kind "cookie" \(expected one of "header", "path", "json"\)/ },
-  { name: 'path entity not in match.path', config: withRoute({ entity: { path: ':invoice' } }), field: /routes\[0\]\.entity\.path: ":invoice" is not a parameter/ },
+  {
+    name: 'entity of an unknown kind',
+    config: withRoute({ entity: { cookie: 'job' } }),
+    field: /routes\[0\]\.entity: unknown kind "cookie" \(expected one of "header", "path", "json"\)/,
+  },
+  {
+    name: 'path entity not in match.path',
+    config: withRoute({ entity: { path: ':invoice' } }),
+    field: /routes\[0\]\.entity\.path: ":invoice" is not a parameter/,
+  },
   { name: 'json entity not a pointer', config: withRoute({ entity: { json: 'invoice' } }), field: /routes\[0\]\.entity\.json: must be a JSON pointer/ },
   { name: 'wildcard in the middle of a path', config: withRoute({ match: { path: '/a/*/b' } }), field: /routes\[0\]\.match\.path: may only end with/ },
   { name: 'unknown method', config: withRoute({ match: { path: '/p/*', methods: ['FETCH'] } }), field: /routes\[0\]\.match\.methods\[0\]: / },
-  { name: 'duplicate route names', config: { routes: [route, { ...route, match: { path: '/other/*' } }] }, field: /routes\[1\]\.name: duplicate route name "payments"/ },
-  { name: 'route under the admin prefix', config: withRoute({ match: { path: '/_fencegate/x' } }), field: /routes\[0\]\.match\.path: overlaps the admin prefix/ },
-  { name: 'replayHeaders with set-cookie', config: withRoute({ replayHeaders: ['content-type', 'Set-Cookie'] }), field: /routes\[0\]\.replayHeaders: may not contain set-cookie/ },
+  {
+    name: 'duplicate route names',
+    config: { routes: [route, { ...route, match: { path: '/other/*' } }] },
+    field: /routes\[1\]\.name: duplicate route name "payments"/,
+  },
+  {
+    name: 'route under the admin prefix',
+    config: withRoute({ match: { path: '/_fencegate/x' } }),
+    field: /routes\[0\]\.match\.path: overlaps the admin prefix/,
+  },
+  {
+    name: 'replayHeaders with set-cookie',
+    config: withRoute({ replayHeaders: ['content-type', 'Set-Cookie'] }),
+    field: /routes\[0\]\.replayHeaders: may not contain set-cookie/,
+  },
   { name: 'listen.port out of range', config: { ...withRoute({}), listen: { port: 70000 } }, field: /listen\.port: / },
-  { name: 'store of an unknown kind', config: { ...withRoute({}), store: { mysql: 'x' } }, field: /store: unknown kind "mysql" \(expected one of "sqlite", "postgres", "d1"\)/ },
+  {
+    name: 'store of an unknown kind',
+    config: { ...withRoute({}), store: { mysql: 'x' } },
+    field: /store: unknown kind "mysql" \(expected one of "sqlite", "postgres", "d1"\)/,
+  },
   { name: 'store of no kind', config: { ...withRoute({}), store: {} }, field: /store: needs one of "sqlite", "postgres", "d1"/ },
-  { name: 'a typo in the store', config: { ...withRoute({}), store: { sqlite: 'x', synchronus: 'FULL' } }, field: /store: unknown key "synchronus" \(did you mean "synchronous"\?\)/ },
+  {
+    name: 'a typo in the store',
+    config: { ...withRoute({}), store: { sqlite: 'x', synchronus: 'FULL' } },
+    field: /store: unknown key "synchronus" \(did you mean "synchronous"\?\)/,
+  },
   { name: 'sweepInterval not a duration', config: { ...withRoute({}), sweepInterval: 'often' }, field: /sweepInterval: must be a duration/ },
   {
     name: 'upstream credential from a missing environment variable',
@@ -85,16 +121,19 @@ describe('an invalid configuration stops start-up with a message naming the fiel
 
   // The same through the real CLI, for a sample of the table (each child costs a Node start-up).
   const sample = ['not JSON', 'path entity not in match.path', 'upstream credential from a missing environment variable'];
-  it.concurrent.each(sample.map((name) => [name, badConfigs.find((b) => b.name === name)!] as const))('fencegate serve: %s → exit 1, stderr names the field', async (name, bad) => {
-    const file = join(tmp.dir, `bad-${sample.indexOf(name)}.json`);
-    writeFileSync(file, textOf(bad.config));
-    const db = join(tmp.dir, `bad-${sample.indexOf(name)}.db`);
-    const { code, stdout, stderr } = await runNode([CLI, 'serve', '--config', file, '--db', db, '--port', '0'], { FENCEGATE_TEST_MISSING_SECRET: '' });
-    expect(code, stdout).toBe(1);
-    expect(stderr).toMatch(/^fencegate: /);
-    expect(stderr).toMatch(bad.field);
-    expect(stdout).not.toMatch(/"listening"/);
-  });
+  it.concurrent.each(sample.map((name) => [name, badConfigs.find((b) => b.name === name)!] as const))(
+    'fencegate serve: %s → exit 1, stderr names the field',
+    async (name, bad) => {
+      const file = join(tmp.dir, `bad-${sample.indexOf(name)}.json`);
+      writeFileSync(file, textOf(bad.config));
+      const db = join(tmp.dir, `bad-${sample.indexOf(name)}.db`);
+      const { code, stdout, stderr } = await runNode([CLI, 'serve', '--config', file, '--db', db, '--port', '0'], { FENCEGATE_TEST_MISSING_SECRET: '' });
+      expect(code, stdout).toBe(1);
+      expect(stderr).toMatch(/^fencegate: /);
+      expect(stderr).toMatch(bad.field);
+      expect(stdout).not.toMatch(/"listening"/);
+    },
+  );
 
   it('a config file that cannot be read', async () => {
     const { code, stderr } = await runNode([CLI, 'serve', '--config', join(tmp.dir, 'missing.json')]);
@@ -171,7 +210,11 @@ const pRoute = { name: 'p', match: { path: '/p/*' }, upstream: 'http://127.0.0.1
 describe.skipIf(!existsSync('/proc/self/fd'))('a failed start-up closes what it opened', () => {
   it('a missing upstream credential: ConfigError, and the store is closed', async () => {
     const db = join(tmp.dir, 'env.db');
-    const config = parseConfig({ listen: { port: 0 }, store: { sqlite: db }, routes: [{ ...pRoute, upstreamHeaders: { Authorization: { env: 'FENCEGATE_TEST_NOT_SET' } } }] });
+    const config = parseConfig({
+      listen: { port: 0 },
+      store: { sqlite: db },
+      routes: [{ ...pRoute, upstreamHeaders: { Authorization: { env: 'FENCEGATE_TEST_NOT_SET' } } }],
+    });
     await expect(startGateway({ config, logger: silentLogger, env: {} })).rejects.toBeInstanceOf(ConfigError);
     expect(openHandles(db)).toBe(0);
   });
@@ -238,7 +281,9 @@ describe('fencegate migrate --lease', () => {
     const schema = await createTestSchema('cli_lease', 1);
     try {
       const tablesOf = async () =>
-        (await schema.pool.query<{ t: string }>('SELECT table_name AS t FROM information_schema.tables WHERE table_schema = $1', [schema.schema])).rows.map((r) => r.t);
+        (await schema.pool.query<{ t: string }>('SELECT table_name AS t FROM information_schema.tables WHERE table_schema = $1', [schema.schema])).rows.map(
+          (r) => r.t,
+        );
       const first = await runNode([CLI, 'migrate', '--lease', '--database-url', schema.url]);
       expect(first.code, first.stderr).toBe(0);
       const line = lastLine(first.stdout);

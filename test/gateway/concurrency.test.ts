@@ -111,7 +111,9 @@ describe('serial mode (G3)', () => {
     // Hold every request until three for the entity are in flight together
     // (or give up after a while, and let the assertion below fail).
     up.behave(() => ({ kind: 'hold', gate: up.waitFor(() => up.maxInflight('job-c') >= 3, 'overlap', 5_000).catch(() => {}) }));
-    const answers = await Promise.all(Array.from({ length: 6 }, (_, j) => command(gw.url, '/payments/charges', { fence: 1, entity: 'job-c', key: `c-${j}` }).then(answer)));
+    const answers = await Promise.all(
+      Array.from({ length: 6 }, (_, j) => command(gw.url, '/payments/charges', { fence: 1, entity: 'job-c', key: `c-${j}` }).then(answer)),
+    );
     expect(answers.every((a) => a.status === 201)).toBe(true);
     expect(up.maxInflight('job-c')).toBeGreaterThanOrEqual(3);
   });

@@ -111,7 +111,11 @@ describe('a shutdown drain keeps the finishes it must not lose', () => {
     await drain.store.close();
     const unwritten = lines.filter((l) => l.msg === 'finish-unwritten');
     expect(unwritten).toEqual([
-      { level: 'error', msg: 'finish-unwritten', fields: { route: 'payments', idempotency_key: a.key, entity: a.entity, outcome: 'completed', request_id: a.audit.requestId, reason: 'drain-timeout' } },
+      {
+        level: 'error',
+        msg: 'finish-unwritten',
+        fields: { route: 'payments', idempotency_key: a.key, entity: a.entity, outcome: 'completed', request_id: a.audit.requestId, reason: 'drain-timeout' },
+      },
     ]);
     expect(JSON.stringify(lines)).not.toContain('secret');
   });

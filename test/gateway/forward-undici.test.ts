@@ -280,7 +280,11 @@ describe('undici forwarder: maxResponseBytes', () => {
       for (let i = 0; i < 10; i++) res.write(Buffer.alloc(16 * 1024, 0x62));
       res.end();
     });
-    expect(await forwarder().forward(post(`${up.origin}/x`, { maxResponseBytes: LIMIT, timeoutMs: 60_000 }))).toEqual({ kind: 'too-large', status: 200, limit: LIMIT });
+    expect(await forwarder().forward(post(`${up.origin}/x`, { maxResponseBytes: LIMIT, timeoutMs: 60_000 }))).toEqual({
+      kind: 'too-large',
+      status: 200,
+      limit: LIMIT,
+    });
   });
 
   it('an endless chunked answer: "too-large" at the limit, not at the deadline, and the connection is closed', async () => {
@@ -315,7 +319,11 @@ describe('undici forwarder: maxResponseBytes', () => {
       const at = await f.forward(post(`${up.origin}/${framing}?n=${LIMIT}`, { maxResponseBytes: LIMIT }));
       expect(at.kind, framing).toBe('response');
       if (at.kind === 'response') expect(Buffer.from(at.body).equals(Buffer.alloc(LIMIT, 0x64)), framing).toBe(true);
-      expect(await f.forward(post(`${up.origin}/${framing}?n=${LIMIT + 1}`, { maxResponseBytes: LIMIT })), framing).toEqual({ kind: 'too-large', status: 200, limit: LIMIT });
+      expect(await f.forward(post(`${up.origin}/${framing}?n=${LIMIT + 1}`, { maxResponseBytes: LIMIT })), framing).toEqual({
+        kind: 'too-large',
+        status: 200,
+        limit: LIMIT,
+      });
     }
     // A limit of 0 takes empty answers only.
     expect(await f.forward(post(`${up.origin}/length?n=0`, { maxResponseBytes: 0 }))).toMatchObject({ kind: 'response', status: 200 });

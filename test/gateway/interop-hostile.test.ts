@@ -45,7 +45,7 @@ describe('keyScope without auth is chosen by the caller', () => {
     expect(warnings({ auth: hsAuth() })).toEqual([]);
   });
 
-  it('what the warning is about: a caller who sends another tenant\'s value is handed its replay', async () => {
+  it("what the warning is about: a caller who sends another tenant's value is handed its replay", async () => {
     const g = gateway({ keyScope: { header: 'X-Tenant-Id' } });
     const victim = await g.command(P, { key: '1', headers: { 'x-tenant-id': 'acme' }, body: '{"amount":1}' });
     const other = await g.command(P, { key: '1', headers: { 'x-tenant-id': 'acme' }, body: '{"amount":1}' });
@@ -79,14 +79,17 @@ describe('idempotencyKeyFrom: a header key and a body key must be one key', () =
 describe('idempotencyKeyFrom: a body key that is there but unusable', () => {
   const route = { idempotencyKeyFrom: { json: '/request_id' }, idempotency: 'optional' };
 
-  it.each(['12345678901234567890', '9007199254740992', '1.5', '1.0', '1e0', '-0', 'true', 'false', '{"id":"x"}', '["x"]'])('%s is 400 invalid-idempotency-key, not "no key" (no state, no upstream call)', async (v) => {
-    const g = gateway(route);
-    const before = snapshot(g.sqlite);
-    const res = await g.command(P, { body: `{"request_id":${v}}` });
-    await expectProblem(res, 400, 'invalid-idempotency-key');
-    expect(snapshot(g.sqlite)).toBe(before);
-    expect(g.upstream.effects).toBe(0);
-  });
+  it.each(['12345678901234567890', '9007199254740992', '1.5', '1.0', '1e0', '-0', 'true', 'false', '{"id":"x"}', '["x"]'])(
+    '%s is 400 invalid-idempotency-key, not "no key" (no state, no upstream call)',
+    async (v) => {
+      const g = gateway(route);
+      const before = snapshot(g.sqlite);
+      const res = await g.command(P, { body: `{"request_id":${v}}` });
+      await expectProblem(res, 400, 'invalid-idempotency-key');
+      expect(snapshot(g.sqlite)).toBe(before);
+      expect(g.upstream.effects).toBe(0);
+    },
+  );
 
   it('a plain integer is the key as written; null is no key', async () => {
     const g = gateway(route);
@@ -136,7 +139,8 @@ describe('the JSON fingerprint options read JSON only when the body says it is J
 
 describe('start-up: a key or scope header the upstream would not see as sent, an echo into a significant response header', () => {
   const base = { name: 'r', match: { path: '/r/*' }, upstream: 'http://127.0.0.1:9', fence: 'off' };
-  const parse = (route: Record<string, unknown>, extra: Record<string, unknown> = {}) => parseConfig({ store: { sqlite: ':memory:' }, ...extra, routes: [{ ...base, ...route }] });
+  const parse = (route: Record<string, unknown>, extra: Record<string, unknown> = {}) =>
+    parseConfig({ store: { sqlite: ':memory:' }, ...extra, routes: [{ ...base, ...route }] });
   const auth = { auth: hsAuth() };
 
   it.each([
@@ -200,7 +204,16 @@ describe('options that do not apply to an mcp route are refused on one', () => {
 
   it('control: the mcp route without them, and an http route with them, are accepted', () => {
     expect(parse({ fingerprint: 'raw', echoKey: false }).routes[0]!.protocol).toBe('mcp');
-    const http = { ...mcp, name: 'h', protocol: 'http', match: { path: '/h/*' }, keyScope: { header: 'X-Tenant-Id' }, fingerprint: { ignore: [] }, idempotencyKeyFrom: { json: '/id' }, echoKey: true };
+    const http = {
+      ...mcp,
+      name: 'h',
+      protocol: 'http',
+      match: { path: '/h/*' },
+      keyScope: { header: 'X-Tenant-Id' },
+      fingerprint: { ignore: [] },
+      idempotencyKeyFrom: { json: '/id' },
+      echoKey: true,
+    };
     expect(parseConfig({ store: { sqlite: ':memory:' }, routes: [http] }).routes).toHaveLength(1);
   });
 });

@@ -148,7 +148,9 @@ describe('member names and media types', () => {
   });
 
   it('isJsonMediaType: application/json and +json, UTF-8 only', () => {
-    for (const ct of ['application/json', 'Application/JSON; charset=utf-8', 'application/problem+json', 'application/json;charset="utf-8"']) expect(isJsonMediaType(ct)).toBe(true);
-    for (const ct of ['', 'text/plain', 'text/json', 'application/json; charset=latin1', 'application/jsonx', 'multipart/form-data']) expect(isJsonMediaType(ct)).toBe(false);
+    for (const ct of ['application/json', 'Application/JSON; charset=utf-8', 'application/problem+json', 'application/json;charset="utf-8"'])
+      expect(isJsonMediaType(ct)).toBe(true);
+    for (const ct of ['', 'text/plain', 'text/json', 'application/json; charset=latin1', 'application/jsonx', 'multipart/form-data'])
+      expect(isJsonMediaType(ct)).toBe(false);
   });
 });

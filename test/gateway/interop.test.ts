@@ -130,8 +130,14 @@ describe('fingerprint options', () => {
     const g = gateway({ fingerprint: { ignore: ['/timestamp'] } });
     const form = 'amount=1200&timestamp=1';
     await g.command(P, { key: 'f1', body: form, headers: { 'content-type': 'application/x-www-form-urlencoded' } });
-    expect((await g.command(P, { key: 'f1', body: form, headers: { 'content-type': 'application/x-www-form-urlencoded' } })).headers.get('idempotent-replayed')).toBe('true');
-    await expectProblem(await g.command(P, { key: 'f1', body: 'amount=1200&timestamp=2', headers: { 'content-type': 'application/x-www-form-urlencoded' } }), 422, 'idempotency-key-reused');
+    expect(
+      (await g.command(P, { key: 'f1', body: form, headers: { 'content-type': 'application/x-www-form-urlencoded' } })).headers.get('idempotent-replayed'),
+    ).toBe('true');
+    await expectProblem(
+      await g.command(P, { key: 'f1', body: 'amount=1200&timestamp=2', headers: { 'content-type': 'application/x-www-form-urlencoded' } }),
+      422,
+      'idempotency-key-reused',
+    );
   });
 
   it('a body that repeats a member name is fingerprinted raw, so it never shares an answer with the body one parser reads it as', async () => {
@@ -154,7 +160,7 @@ describe('keyScope: keys per tenant without caller auth', () => {
     expect(g.upstream.effects).toBe(2);
   });
 
-  it('negative control: without keyScope the second tenant is handed the first tenant\'s answer', async () => {
+  it("negative control: without keyScope the second tenant is handed the first tenant's answer", async () => {
     const g = gateway();
     const a = await g.command(P, { key: 'order-1', headers: { 'x-tenant-id': 'acme' } });
     const b = await g.command(P, { key: 'order-1', headers: { 'x-tenant-id': 'globex' } });
@@ -183,7 +189,13 @@ describe('keyScope: keys per tenant without caller auth', () => {
         { name: 'keyless', match: { path: '/c/*' }, upstream: up.url, fence: 'off', idempotency: 'off' },
       ],
     });
-    const gw = createGateway({ config, store: new SqliteGatewayStore({ path: ':memory:' }), forwarder: createFetchForwarder({ fetch: (r) => up.fetch(r) }), env: {}, logger });
+    const gw = createGateway({
+      config,
+      store: new SqliteGatewayStore({ path: ':memory:' }),
+      forwarder: createFetchForwarder({ fetch: (r) => up.fetch(r) }),
+      env: {},
+      logger,
+    });
     await gw.close();
     // keyScope without auth warns too: its header is whatever the caller sends (interop-hostile.test.ts).
     expect(lines.filter((l) => l.msg === 'global-keys').map((l) => l.route)).toEqual(['global', 'scoped']);

@@ -164,7 +164,11 @@ describe('clean shutdown of a large answer', () => {
     cleanups.push(() => gw.close());
     const big = Buffer.alloc(16 * 1024 * 1024, 7);
     const gate = up.gate();
-    up.behave(() => ({ kind: 'hold', gate: gate.promise, then: { kind: 'respond', status: 200, headers: { 'content-type': 'application/octet-stream' }, body: big } }));
+    up.behave(() => ({
+      kind: 'hold',
+      gate: gate.promise,
+      then: { kind: 'respond', status: 200, headers: { 'content-type': 'application/octet-stream' }, body: big },
+    }));
     const inFlight = command(gw.url, '/payments/charges', { fence: 1, entity: 'e', key: 'k' });
     await up.waitForCalls(1);
 
@@ -224,10 +228,12 @@ describe('kill -9 while the upstream call hangs', () => {
     // The first gateway's sweeper must not run (it dies anyway); the second's runs often.
     const first = await startGatewayChild([CLI, 'serve', '--config', writeJson(join(tmp.dir, 'first.json'), withUpstream(config('1h')))]);
     up.behave((call) => (call.seq <= hanging.length ? { kind: 'hang' } : undefined));
-    const inFlight = hanging.map((h) => command(first.url, h.path, { fence: 1, entity: h.entity, key: h.key }).then(
-      (res) => res.status,
-      (err: Error) => err,
-    ));
+    const inFlight = hanging.map((h) =>
+      command(first.url, h.path, { fence: 1, entity: h.entity, key: h.key }).then(
+        (res) => res.status,
+        (err: Error) => err,
+      ),
+    );
     await up.waitForCalls(hanging.length);
     expect(inProgress()).toBe(hanging.length);
 

@@ -181,7 +181,11 @@ describe('malformed inputs: the right 4xx, no state change, the upstream never c
 describe('control: well-formed requests do change state', () => {
   it('outer whitespace is not part of a header value (RFC 9110 §5.5), so " 11 " is fence 11', async () => {
     const before = snapshot(gw.sqlite);
-    const res = await rawRequest(gw.url, { path: '/payments/charges', headers: headersOf({ name: 'padded', fence: '  11  ', status: 201, code: null }), body: '{}' });
+    const res = await rawRequest(gw.url, {
+      path: '/payments/charges',
+      headers: headersOf({ name: 'padded', fence: '  11  ', status: 201, code: null }),
+      body: '{}',
+    });
     expect(res.status, res.text).toBe(201);
     expect(snapshot(gw.sqlite)).not.toBe(before);
     expect((await gw.admin('/v1/entities/job-1')).body.fence).toBe('11');

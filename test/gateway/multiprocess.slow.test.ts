@@ -105,7 +105,9 @@ describe('two gateway processes on one SQLite file', () => {
     up.behave(() => ({ kind: 'delay', ms: 5 }));
     try {
       const answers = await Promise.all(
-        Array.from({ length: 100 }, (_, i) => command(pair[i % 2]!.url, '/payments/charges', { fence: 1, entity: 'tool-job:dup', key: 'dup-key' }).then(answer)),
+        Array.from({ length: 100 }, (_, i) =>
+          command(pair[i % 2]!.url, '/payments/charges', { fence: 1, entity: 'tool-job:dup', key: 'dup-key' }).then(answer),
+        ),
       );
       expect(up.callsFor('dup-key')).toHaveLength(1);
       const original = answers.filter((a) => a.status === 201 && !a.replayed);

@@ -34,7 +34,15 @@ async function setup(config: Record<string, unknown> = {}, route: Record<string,
 /** A fenced POST, then `filler` short header fields, then Transfer-Encoding, and a chunked body. */
 function cappedRequest(gw: TestGateway, filler: number, transferEncoding: string): string {
   const { host } = new URL(gw.url);
-  const lines = ['POST /payments/charges HTTP/1.1', `Host: ${host}`, 'Content-Type: application/json', 'Connection: close', 'X-Execution-Fence: 1', 'X-Fence-Entity: e', 'Idempotency-Key: k'];
+  const lines = [
+    'POST /payments/charges HTTP/1.1',
+    `Host: ${host}`,
+    'Content-Type: application/json',
+    'Connection: close',
+    'X-Execution-Fence: 1',
+    'X-Fence-Entity: e',
+    'Idempotency-Key: k',
+  ];
   for (let i = 0; i < filler; i++) lines.push(`f${i}: x`);
   lines.push(`Transfer-Encoding: ${transferEncoding}`);
   const body = '{"amount":1}';
@@ -69,7 +77,7 @@ describe('a request at the parser header cap', () => {
     expect(up.calls).toHaveLength(0);
   });
 
-  it("a server with its own maxHeadersCount (50): its cap counts, 60 filler fields are 431 and 30 are forwarded", async () => {
+  it('a server with its own maxHeadersCount (50): its cap counts, 60 filler fields are 431 and 30 are forwarded', async () => {
     const { up, gw } = await setup();
     gw.running.server.maxHeadersCount = 50;
     const over = await sendBytes(gw.url, cappedRequest(gw, 60, 'chunked'));
@@ -120,7 +128,10 @@ function holdAnswers(up: FakeUpstream): () => void {
 /** The gateway's side of its next connection: once it has read the client's FIN (so the upstream answers after it), and once it is closed. */
 function nextConnection(gw: TestGateway): { fin: Promise<void>; closed: Promise<void> } {
   const socket = new Promise<Socket>((resolve) => gw.running.server.once('connection', resolve));
-  return { fin: socket.then((s) => new Promise<void>((r) => s.once('end', () => r()))), closed: socket.then((s) => new Promise<void>((r) => s.once('close', () => r()))) };
+  return {
+    fin: socket.then((s) => new Promise<void>((r) => s.once('end', () => r()))),
+    closed: socket.then((s) => new Promise<void>((r) => s.once('close', () => r()))),
+  };
 }
 
 /** Sends `bytes` and half-closes; the upstream answers only once the gateway has read the FIN. */

@@ -113,7 +113,19 @@ const script: (RawRequest & { behave?: (up: FakeUpstream) => void })[] = [
     headers: cmd(5, 'k13'),
     body: '{}',
     behave: (up) =>
-      up.behave(() => ({ kind: 'respond', status: 202, headers: { 'content-type': 'text/plain', location: '/r/1', 'set-cookie': ['a=1', 'b=2'], 'x-request-id': 'upstream-id', connection: 'x-drop', 'x-drop': '1' }, body: 'ok' })),
+      up.behave(() => ({
+        kind: 'respond',
+        status: 202,
+        headers: {
+          'content-type': 'text/plain',
+          location: '/r/1',
+          'set-cookie': ['a=1', 'b=2'],
+          'x-request-id': 'upstream-id',
+          connection: 'x-drop',
+          'x-drop': '1',
+        },
+        body: 'ok',
+      })),
   },
   { path: '/payments/refunds', headers: cmd(5, 'k13'), body: '{}' }, // its replay: only the allow-listed headers
   { path: '/payments/void', headers: cmd(6, 'k14'), body: '', behave: (up) => up.behave(() => ({ kind: 'respond', status: 204 })) },
@@ -132,7 +144,12 @@ async function play(s: Side): Promise<{ answers: unknown[]; rows: string; upstre
     const { date: _date, ...headers } = res.headers;
     // A random request id (the one sent was not valid) differs between runs by design.
     const id = /^req-/.test(headers['x-request-id'] ?? '') ? headers['x-request-id'] : '(generated)';
-    answers.push({ step: `${step.method ?? 'POST'} ${step.path}`, status: res.status, headers: { ...headers, 'x-request-id': id }, body: res.text.replace(/"request_id":"[0-9a-f-]{36}"/, '"request_id":"(generated)"') });
+    answers.push({
+      step: `${step.method ?? 'POST'} ${step.path}`,
+      status: res.status,
+      headers: { ...headers, 'x-request-id': id },
+      body: res.text.replace(/"request_id":"[0-9a-f-]{36}"/, '"request_id":"(generated)"'),
+    });
   }
   // Rows: owner tokens and request ids are random; everything else must match.
   const rows = snapshot(s.store)
@@ -140,7 +157,14 @@ async function play(s: Side): Promise<{ answers: unknown[]; rows: string; upstre
     .replace(/"inflight_owner":"[^"]*"/g, '"inflight_owner":"*"')
     .replace(/"request_id":"[0-9a-f-]{36}"/g, '"request_id":"*"')
     .replace(/"(created_at|expires_at|locked_until|accepted_at|at|inflight_until)":"\d+"/g, '"$1":"*"');
-  const upstream = s.up.calls.map((c) => ({ url: c.url, body: c.body.toString(), fence: c.fence, entity: c.entity, key: c.key, headers: Object.keys(c.headers).sort() }));
+  const upstream = s.up.calls.map((c) => ({
+    url: c.url,
+    body: c.body.toString(),
+    fence: c.fence,
+    entity: c.entity,
+    key: c.key,
+    headers: Object.keys(c.headers).sort(),
+  }));
   return { answers, rows, upstream };
 }
 
@@ -172,7 +196,9 @@ describe('the Node listener and the Hono app', () => {
     expect(node.fellBack).toEqual(['GET /_fencegate/health', 'GET /%5Ffencegate/health']);
     expect(node.direct).toBe(script.length - 2);
     // And the script reached every branch it names.
-    expect((a.answers as { status: number }[]).map((x) => x.status)).toEqual([201, 201, 422, 409, 201, 400, 400, 400, 413, 400, 400, 404, 404, 201, 202, 202, 204, 503, 201, 201, 200, 200]);
+    expect((a.answers as { status: number }[]).map((x) => x.status)).toEqual([
+      201, 201, 422, 409, 201, 400, 400, 400, 413, 400, 400, 404, 404, 201, 202, 202, 204, 503, 201, 201, 200, 200,
+    ]);
   });
 
   it('sends to the Hono app what @hono/node-server must judge: absolute-form targets, a backslash in the query, a bad Host', async () => {
@@ -212,7 +238,12 @@ describe('with caller auth', () => {
       const out: unknown[] = [];
       for (const step of steps) {
         const res = await rawRequest(s.url, step);
-        out.push({ status: res.status, authenticate: res.headers['www-authenticate'] ?? null, replayed: res.headers['idempotent-replayed'] ?? null, type: res.status >= 400 ? JSON.parse(res.text).type : null });
+        out.push({
+          status: res.status,
+          authenticate: res.headers['www-authenticate'] ?? null,
+          replayed: res.headers['idempotent-replayed'] ?? null,
+          type: res.status >= 400 ? JSON.parse(res.text).type : null,
+        });
       }
       return out;
     };
@@ -226,8 +257,11 @@ describe('with caller auth', () => {
     expect(node.fellBack).toEqual([]);
     expect(node.direct).toBe(steps.length);
     // The refusals are logged alike on both ways in.
-    const reasons = (s: Side) => (s.store.db.prepare('SELECT reason, caller FROM rejections ORDER BY id').all() as { reason: string; caller: string | null }[]);
-    expect(reasons(node)).toEqual([{ reason: 'unauthorized', caller: null }, { reason: 'forbidden', caller: 'billing' }]);
+    const reasons = (s: Side) => s.store.db.prepare('SELECT reason, caller FROM rejections ORDER BY id').all() as { reason: string; caller: string | null }[];
+    expect(reasons(node)).toEqual([
+      { reason: 'unauthorized', caller: null },
+      { reason: 'forbidden', caller: 'billing' },
+    ]);
     expect(reasons(hono)).toEqual(reasons(node));
   });
 });
@@ -239,14 +273,24 @@ describe('an unread request body', () => {
     cleanups.push(() => pool.close());
     const before = connections.count;
     // Refused before the body is read (Node's server drops such a body itself).
-    const refused = await pool.request({ method: 'POST', path: '/payments/charges', headers: { 'x-execution-fence': '1', 'idempotency-key': 'u1' }, body: 'x'.repeat(200) });
+    const refused = await pool.request({
+      method: 'POST',
+      path: '/payments/charges',
+      headers: { 'x-execution-fence': '1', 'idempotency-key': 'u1' },
+      body: 'x'.repeat(200),
+    });
     expect(refused.statusCode).toBe(400);
     await refused.body.arrayBuffer();
     // Refused halfway through a chunked body over the route's 256 bytes: the rest is the listener's to discard.
     const chunks = async function* () {
       for (let i = 0; i < 64; i++) yield Buffer.alloc(4096, 120);
     };
-    const tooLarge = await pool.request({ method: 'POST', path: '/payments/charges', headers: Object.fromEntries(cmd(1, 'u3')), body: Readable.from(chunks()) });
+    const tooLarge = await pool.request({
+      method: 'POST',
+      path: '/payments/charges',
+      headers: Object.fromEntries(cmd(1, 'u3')),
+      body: Readable.from(chunks()),
+    });
     expect(tooLarge.statusCode).toBe(413);
     await tooLarge.body.arrayBuffer();
     const next = await pool.request({ method: 'POST', path: '/payments/charges', headers: Object.fromEntries(cmd(1, 'u2')), body: '{}' });

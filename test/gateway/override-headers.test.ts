@@ -23,7 +23,15 @@ afterEach(async () => {
 function routes(up: string, other: Record<string, unknown> = {}): RouteInput[] {
   return [
     paymentsRoute(up),
-    { name: 'other', match: { path: '/other/*', methods: ['POST', 'GET'] }, upstream: up, fence: 'off', idempotency: 'off', entity: { header: 'X-Fence-Entity' }, ...other },
+    {
+      name: 'other',
+      match: { path: '/other/*', methods: ['POST', 'GET'] },
+      upstream: up,
+      fence: 'off',
+      idempotency: 'off',
+      entity: { header: 'X-Fence-Entity' },
+      ...other,
+    },
   ];
 }
 
@@ -67,9 +75,18 @@ describe('override headers', () => {
     const up = await startUpstream();
     cleanups.push(() => up.close());
     // The Hono app alone (as on Workers), its store in memory: only the forwarder matters here.
-    const g = createGateway({ config: parseConfig({ routes: routes(up.url) }), store: new SqliteGatewayStore({ path: ':memory:' }), forwarder: createFetchForwarder(), env: {} });
+    const g = createGateway({
+      config: parseConfig({ routes: routes(up.url) }),
+      store: new SqliteGatewayStore({ path: ':memory:' }),
+      forwarder: createFetchForwarder(),
+      env: {},
+    });
     cleanups.push(() => g.close());
-    const res = await g.app.request('/other/x', { method: 'POST', headers: [...OVERRIDES, ['X-Keep', 'yes'], ['Content-Type', 'application/json']], body: '{}' });
+    const res = await g.app.request('/other/x', {
+      method: 'POST',
+      headers: [...OVERRIDES, ['X-Keep', 'yes'], ['Content-Type', 'application/json']],
+      body: '{}',
+    });
     expect(res.status).toBe(201);
     expect(forwardedOverrides(up)).toEqual([]);
     expect(up.calls[0]!.headers['x-keep']).toBe('yes');
@@ -81,14 +98,31 @@ describe('override headers', () => {
     expect(res.status).toBe(201);
     expect(forwardedOverrides(up).sort()).toEqual(['x-http-method-override', 'x-http_method-override', 'x-original-url', 'x_original_url']);
     // Only the route that allows them: the fenced route still strips all.
-    const fenced = await rawRequest(gw.url, { path: '/payments/x', headers: [...OVERRIDES, ['Content-Type', 'application/json'], ['X-Execution-Fence', '1'], ['X-Fence-Entity', 'e'], ['Idempotency-Key', 'k']], body: '{}' });
+    const fenced = await rawRequest(gw.url, {
+      path: '/payments/x',
+      headers: [...OVERRIDES, ['Content-Type', 'application/json'], ['X-Execution-Fence', '1'], ['X-Fence-Entity', 'e'], ['Idempotency-Key', 'k']],
+      body: '{}',
+    });
     expect(fenced.status).toBe(201);
     expect(forwardedOverrides(up)).toEqual([]);
   });
 });
 
 describe('a _method query parameter', () => {
-  const REFUSED = ['?_method=DELETE', '?a=1&_method=PUT', '?%5Fmethod=PUT', '?_%6Dethod=PUT', '?_METHOD=PUT', '?_method[]=PUT', '?.method=PUT', '?+_method=PUT', '?%20_method=PUT', '?_method%00x=PUT', '?a=1;_method=PUT', '?_method'];
+  const REFUSED = [
+    '?_method=DELETE',
+    '?a=1&_method=PUT',
+    '?%5Fmethod=PUT',
+    '?_%6Dethod=PUT',
+    '?_METHOD=PUT',
+    '?_method[]=PUT',
+    '?.method=PUT',
+    '?+_method=PUT',
+    '?%20_method=PUT',
+    '?_method%00x=PUT',
+    '?a=1;_method=PUT',
+    '?_method',
+  ];
 
   it.each(REFUSED)('POST /other/x%s: 400 invalid-request, not forwarded, nothing stored', async (query) => {
     const { up, gw } = await setup();
@@ -149,10 +183,24 @@ describe('a _method field in a POST body (Rails, Symfony, Laravel read it there)
 
   it('the fenced route too, and the Hono app alone (the Workers path)', async () => {
     const { up, gw } = await setup();
-    const fenced = await rawRequest(gw.url, { path: '/payments/x', headers: [['Content-Type', 'application/x-www-form-urlencoded'], ['X-Execution-Fence', '1'], ['X-Fence-Entity', 'e'], ['Idempotency-Key', 'k']], body: '_method=DELETE' });
+    const fenced = await rawRequest(gw.url, {
+      path: '/payments/x',
+      headers: [
+        ['Content-Type', 'application/x-www-form-urlencoded'],
+        ['X-Execution-Fence', '1'],
+        ['X-Fence-Entity', 'e'],
+        ['Idempotency-Key', 'k'],
+      ],
+      body: '_method=DELETE',
+    });
     expect(fenced.status).toBe(400);
     expect(up.calls).toHaveLength(0);
-    const g = createGateway({ config: parseConfig({ routes: routes(up.url) }), store: new SqliteGatewayStore({ path: ':memory:' }), forwarder: createFetchForwarder(), env: {} });
+    const g = createGateway({
+      config: parseConfig({ routes: routes(up.url) }),
+      store: new SqliteGatewayStore({ path: ':memory:' }),
+      forwarder: createFetchForwarder(),
+      env: {},
+    });
     cleanups.push(() => g.close());
     const res = await g.app.request('/other/x', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"_method":"DELETE"}' });
     expect(res.status).toBe(400);
@@ -182,9 +230,18 @@ describe('a _method field in a POST body (Rails, Symfony, Laravel read it there)
   it('a coded body (Content-Encoding gzip) of a type the scan reads is refused, since a server that decodes it may find _method; control: identity, another type, PUT, and allowOverrides are forwarded', async () => {
     const { up, gw } = await setup({ match: { path: '/other/*', methods: ['POST', 'PUT'] } });
     const zipped = gzipSync('_method=DELETE');
-    for (const [type, coding] of [['application/x-www-form-urlencoded', 'gzip'], ['application/json', 'br'], [null, 'identity, gzip'], ['multipart/form-data; boundary=b', 'deflate']] as const) {
+    for (const [type, coding] of [
+      ['application/x-www-form-urlencoded', 'gzip'],
+      ['application/json', 'br'],
+      [null, 'identity, gzip'],
+      ['multipart/form-data; boundary=b', 'deflate'],
+    ] as const) {
       const before = snapshot(gw.sqlite);
-      const res = await rawRequest(gw.url, { path: '/other/x', headers: [...(type === null ? [] : [['Content-Type', type] as [string, string]]), ['Content-Encoding', coding]], body: zipped });
+      const res = await rawRequest(gw.url, {
+        path: '/other/x',
+        headers: [...(type === null ? [] : [['Content-Type', type] as [string, string]]), ['Content-Encoding', coding]],
+        body: zipped,
+      });
       expect(res.status, `${type} ${coding}`).toBe(400);
       const problem = JSON.parse(res.text);
       expect(problem.type).toMatch(/\/invalid-request$/);
@@ -198,11 +255,26 @@ describe('a _method field in a POST body (Rails, Symfony, Laravel read it there)
       ['application/json', 'gzip', 'PUT'],
     ];
     for (const [type, coding, method] of FORWARDED) {
-      const res = await rawRequest(gw.url, { method, path: '/other/x', headers: [['Content-Type', type], ['Content-Encoding', coding]], body: coding === 'identity' ? 'a=1' : zipped });
+      const res = await rawRequest(gw.url, {
+        method,
+        path: '/other/x',
+        headers: [
+          ['Content-Type', type],
+          ['Content-Encoding', coding],
+        ],
+        body: coding === 'identity' ? 'a=1' : zipped,
+      });
       expect(res.status, `${type} ${coding} ${method}`).toBe(201);
     }
     const { up: up2, gw: allowed } = await setup({ allowOverrides: ['_method'] });
-    const res = await rawRequest(allowed.url, { path: '/other/x', headers: [['Content-Type', 'application/x-www-form-urlencoded'], ['Content-Encoding', 'gzip']], body: zipped });
+    const res = await rawRequest(allowed.url, {
+      path: '/other/x',
+      headers: [
+        ['Content-Type', 'application/x-www-form-urlencoded'],
+        ['Content-Encoding', 'gzip'],
+      ],
+      body: zipped,
+    });
     expect(res.status).toBe(201);
     expect(up2.calls[0]!.body.equals(zipped)).toBe(true);
   });
@@ -219,7 +291,9 @@ describe('allowOverrides in the config', () => {
   it('a name that is not an override field stops start-up, naming the field and the choices', () => {
     const route = { ...routes('http://127.0.0.1:9')[1]!, allowOverrides: ['X-Forwarded-Host'] };
     expect(() => parseConfig({ routes: [route] })).toThrow(ConfigError);
-    expect(() => parseConfig({ routes: [route] })).toThrow(/allowOverrides.*must be one of X-Original-URL, X-Rewrite-URL, X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override, _method/s);
+    expect(() => parseConfig({ routes: [route] })).toThrow(
+      /allowOverrides.*must be one of X-Original-URL, X-Rewrite-URL, X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override, _method/s,
+    );
   });
 
   it('a key header that is an override header is refused at start-up (it would not reach the upstream), unless allowed', () => {

@@ -302,18 +302,21 @@ describe('the cost of the readings is bounded (MAX_READING_CHARS): a path with t
 });
 
 describe('the admin prefix: the same decision on both ways in', () => {
-  it.each(['/_fencegate/health', '/%5Ffencegate/health', '/%5ffencegate/health', '/_fencegat%65/health'])('%s is the admin API, never proxied', async (path) => {
-    for (const way of ways) {
-      const calls = way.up.calls.length;
-      const res = await way.send(path, [], '', 'GET');
-      expect(res.status, `${way.name} ${path}`).toBe(200);
-      expect(res.body, way.name).toEqual({ status: 'ok' });
-      // POST is routed by the catch-all for any other path: not for these.
-      const post = await way.send(path, []);
-      expect(post.status, `${way.name} POST ${path}`).not.toBe(201);
-      expect(way.up.calls.length, way.name).toBe(calls);
-    }
-  });
+  it.each(['/_fencegate/health', '/%5Ffencegate/health', '/%5ffencegate/health', '/_fencegat%65/health'])(
+    '%s is the admin API, never proxied',
+    async (path) => {
+      for (const way of ways) {
+        const calls = way.up.calls.length;
+        const res = await way.send(path, [], '', 'GET');
+        expect(res.status, `${way.name} ${path}`).toBe(200);
+        expect(res.body, way.name).toEqual({ status: 'ok' });
+        // POST is routed by the catch-all for any other path: not for these.
+        const post = await way.send(path, []);
+        expect(post.status, `${way.name} POST ${path}`).not.toBe(201);
+        expect(way.up.calls.length, way.name).toBe(calls);
+      }
+    },
+  );
 });
 
 describe('the proxy never takes an admin path, whoever hands it one', () => {
@@ -323,10 +326,22 @@ describe('the proxy never takes an admin path, whoever hands it one', () => {
     const tmp = tempDir();
     cleanups.push(() => tmp.cleanup());
     const config = parseConfig({ store: { sqlite: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }, routes: ROUTES(up.url) });
-    const gateway = createGateway({ config, store: new SqliteGatewayStore({ path: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }), forwarder: createUndiciForwarder(), env: {} });
+    const gateway = createGateway({
+      config,
+      store: new SqliteGatewayStore({ path: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }),
+      forwarder: createUndiciForwarder(),
+      env: {},
+    });
     cleanups.push(() => gateway.close());
     const direct = (pathname: string) =>
-      gateway.direct!({ method: 'POST', pathname, search: '', headers: new Headers({ 'content-type': 'application/json' }), body: null, signal: new AbortController().signal });
+      gateway.direct!({
+        method: 'POST',
+        pathname,
+        search: '',
+        headers: new Headers({ 'content-type': 'application/json' }),
+        body: null,
+        signal: new AbortController().signal,
+      });
     for (const path of ['/_fencegate/v1/rejections', '/%5Ffencegate/v1/rejections', '/_fencegate']) {
       const reply = await direct(path);
       expect(reply.status, path).toBe(404);
@@ -407,7 +422,15 @@ describe('normalizePath, alternativeReadings (unit)', () => {
     const routes = parseConfig({ routes: ROUTES('http://127.0.0.1:1') }).routes;
     const router = createRouter(routes);
     const folded = createFoldedRouter(routes);
-    for (const path of ['/payments%252Fcharges', '/other/%252e%252e/payments/charges', '/payments./charges', '/payments%20/charges', '/payment%C5%BF/charges', '/tic%E2%84%AAets/a', '/%EF%BD%90ayments/charges']) {
+    for (const path of [
+      '/payments%252Fcharges',
+      '/other/%252e%252e/payments/charges',
+      '/payments./charges',
+      '/payments%20/charges',
+      '/payment%C5%BF/charges',
+      '/tic%E2%84%AAets/a',
+      '/%EF%BD%90ayments/charges',
+    ]) {
       const m = router('POST', path)!;
       expect(m.route.name, path).toBe('rest');
       expect(divergentReading(router, 'POST', m, [], folded, path), path).toBeNull();
@@ -439,6 +462,8 @@ describe('normalizePath, alternativeReadings (unit)', () => {
     expect(m.params).toEqual({ invoice: 'inv/10' });
     expect(divergentReading(withoutCatchAll, 'POST', m, alternativeReadings('/invoices/inv%2F10/pay'))).toBeNull();
     const withCatchAll = createRouter(parseConfig({ routes: ROUTES('http://127.0.0.1:1') }).routes);
-    expect(divergentReading(withCatchAll, 'POST', withCatchAll('POST', '/invoices/inv%2F10/pay')!, alternativeReadings('/invoices/inv%2F10/pay'))).toBe('/invoices/inv/10/pay');
+    expect(divergentReading(withCatchAll, 'POST', withCatchAll('POST', '/invoices/inv%2F10/pay')!, alternativeReadings('/invoices/inv%2F10/pay'))).toBe(
+      '/invoices/inv/10/pay',
+    );
   });
 });

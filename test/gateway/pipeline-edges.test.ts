@@ -26,7 +26,16 @@ describe('mcp rejection rows', () => {
     cleanups.push(() => mcp.close());
     const gw = await startTestGateway({ routes: [paymentsRoute(up.url), mcpRoute(mcp.url) as ReturnType<typeof paymentsRoute>] });
     cleanups.push(() => gw.close());
-    const body = JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/call', params: { name: 'create_ticket', arguments: { title: 't' }, _meta: { 'io.fencegate/fence': '07', 'io.fencegate/entity': 'job', 'io.fencegate/idempotency-key': 'k' } } });
+    const body = JSON.stringify({
+      jsonrpc: '2.0',
+      id: 7,
+      method: 'tools/call',
+      params: {
+        name: 'create_ticket',
+        arguments: { title: 't' },
+        _meta: { 'io.fencegate/fence': '07', 'io.fencegate/entity': 'job', 'io.fencegate/idempotency-key': 'k' },
+      },
+    });
     const res = await rawPost(`${gw.url}/mcp`, body);
     await res.text();
     const [row] = gw.sqlite.db.prepare('SELECT * FROM rejections ORDER BY id').all() as Record<string, string | null>[];
@@ -61,10 +70,12 @@ describe('mcp admission-expired after a takeover', () => {
 });
 
 describe('a catch-all route and the admin prefix', () => {
-  it('a path whose %2F-decoded reading is under adminPrefix, but neither its normal form nor the admin app\'s reading (decodeURI keeps %2F), is proxied', async () => {
+  it("a path whose %2F-decoded reading is under adminPrefix, but neither its normal form nor the admin app's reading (decodeURI keeps %2F), is proxied", async () => {
     const up = await startUpstream();
     cleanups.push(() => up.close());
-    const gw = await startTestGateway({ routes: [paymentsRoute(up.url, { name: 'all', match: { path: '/*' }, fence: 'off', idempotency: 'off', mode: 'concurrent' })] });
+    const gw = await startTestGateway({
+      routes: [paymentsRoute(up.url, { name: 'all', match: { path: '/*' }, fence: 'off', idempotency: 'off', mode: 'concurrent' })],
+    });
     cleanups.push(() => gw.close());
     const res = await fetch(`${gw.url}/_fencegate%2Fhealth`, { method: 'POST', body: '{}', headers: { 'content-type': 'application/json' } });
     const text = await res.text();
@@ -79,7 +90,7 @@ describe('a catch-all route and the admin prefix', () => {
 });
 
 describe('an auth refusal', () => {
-  it('one decision line, its x-request-id the body\'s and the rejection row\'s', async () => {
+  it("one decision line, its x-request-id the body's and the rejection row's", async () => {
     const { hsAuth } = await import('../auth/tokens.js');
     const up = await startUpstream();
     cleanups.push(() => up.close());

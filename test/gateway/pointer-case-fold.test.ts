@@ -124,7 +124,7 @@ describe('key from the body: a member that differs from a pointer token only in 
 });
 
 describe('an array is entered by an index only (RFC 6901)', () => {
-  it('`/dimensions/length` on an array names no member: no entity, never the array\'s length', async () => {
+  it("`/dimensions/length` on an array names no member: no entity, never the array's length", async () => {
     const { entityFromJson } = await import('../../src/http/command.js');
     const body = (v: unknown) => new TextEncoder().encode(JSON.stringify(v));
     expect(entityFromJson('/dimensions/length', body({ dimensions: [1, 2, 3] }))).toEqual({ ok: true, entity: null });

@@ -2,16 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ConfigError } from '../../src/config/load.js';
 import type { GatewayStore } from '../../src/store/types.js';
-import {
-  command,
-  effectOf,
-  expectProblem,
-  paymentsRoute,
-  rejectionRows,
-  startTestGateway,
-  type RouteInput,
-  type TestGateway,
-} from '../helpers/gateway.js';
+import { command, effectOf, expectProblem, paymentsRoute, rejectionRows, startTestGateway, type RouteInput, type TestGateway } from '../helpers/gateway.js';
 import { rawRequest } from '../helpers/raw-http.js';
 import { withoutFenceCheck, withoutIdempotency } from '../helpers/store-wrappers.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
@@ -175,7 +166,7 @@ describe('forwarding', () => {
     expect(h['x-static']).toBe('literal');
   });
 
-  it('an upstream base path is kept in front of the request path; the X-Request-Id passed on is the gateway\'s own, not the caller\'s', async () => {
+  it("an upstream base path is kept in front of the request path; the X-Request-Id passed on is the gateway's own, not the caller's", async () => {
     const { up, gw } = await setup((u) => [paymentsRoute(`${u}/v1/`)]);
     const res = await command(gw.url, '/payments/charges?expand=a', { fence: 1, entity: 'e', key: 'k', headers: { 'x-request-id': 'req-123' } });
     expect(res.status).toBe(201);
@@ -187,8 +178,21 @@ describe('forwarding', () => {
 
   it('hop-by-hop headers of the upstream answer are not passed back to the caller', async () => {
     const { up, gw } = await setup((u) => [paymentsRoute(u)]);
-    up.behave(() => ({ kind: 'respond', status: 201, headers: { connection: 'x-up-hop', 'x-up-hop': 'secret', 'keep-alive': 'timeout=5', 'x-kept': 'yes' }, body: 'ok' }));
-    const res = await rawRequest(gw.url, { path: '/payments/charges', headers: [['X-Execution-Fence', '1'], ['X-Fence-Entity', 'e'], ['Idempotency-Key', 'k']], body: '{}' });
+    up.behave(() => ({
+      kind: 'respond',
+      status: 201,
+      headers: { connection: 'x-up-hop', 'x-up-hop': 'secret', 'keep-alive': 'timeout=5', 'x-kept': 'yes' },
+      body: 'ok',
+    }));
+    const res = await rawRequest(gw.url, {
+      path: '/payments/charges',
+      headers: [
+        ['X-Execution-Fence', '1'],
+        ['X-Fence-Entity', 'e'],
+        ['Idempotency-Key', 'k'],
+      ],
+      body: '{}',
+    });
     expect(res.status).toBe(201);
     expect(res.headers['x-up-hop']).toBeUndefined();
     expect(res.headers['keep-alive']).toBeUndefined();

@@ -12,7 +12,18 @@ import { createJsonLogger } from '../../src/http/logger.js';
 import { SqliteGatewayStore } from '../../src/store/sqlite/gateway-store.js';
 import type { AdmitInput, GatewayStore } from '../../src/store/types.js';
 import { bearer, hsAuth, token } from '../auth/tokens.js';
-import { command, effectOf, expectProblem, paymentsRoute, rejectionRows, snapshot, startTestGateway, tempDir, type RouteInput, type TestGateway } from '../helpers/gateway.js';
+import {
+  command,
+  effectOf,
+  expectProblem,
+  paymentsRoute,
+  rejectionRows,
+  snapshot,
+  startTestGateway,
+  tempDir,
+  type RouteInput,
+  type TestGateway,
+} from '../helpers/gateway.js';
 import { rawRequest } from '../helpers/raw-http.js';
 import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
@@ -32,7 +43,10 @@ async function upstream(): Promise<FakeUpstream> {
   return u;
 }
 
-async function gateway(routes: RouteInput[], options: { config?: Record<string, unknown>; wrapStore?: (s: GatewayStore) => GatewayStore; dbPath?: string } = {}): Promise<TestGateway & { logs: string[] }> {
+async function gateway(
+  routes: RouteInput[],
+  options: { config?: Record<string, unknown>; wrapStore?: (s: GatewayStore) => GatewayStore; dbPath?: string } = {},
+): Promise<TestGateway & { logs: string[] }> {
   const logs: string[] = [];
   const gw = await startTestGateway({ routes, logger: createJsonLogger({ write: (l) => logs.push(l) }), ...options });
   cleanups.push(() => gw.close());
@@ -45,7 +59,11 @@ function onDisk(dbPath: string): string {
   const db = new Database(dbPath, { readonly: true });
   try {
     const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[];
-    const rows = tables.map(({ name }) => JSON.stringify(db.prepare(`SELECT * FROM "${name}"`).safeIntegers(true).all(), (_k, v) => (typeof v === 'bigint' ? v.toString() : Buffer.isBuffer(v) ? v.toString('latin1') : v)));
+    const rows = tables.map(({ name }) =>
+      JSON.stringify(db.prepare(`SELECT * FROM "${name}"`).safeIntegers(true).all(), (_k, v) =>
+        typeof v === 'bigint' ? v.toString() : Buffer.isBuffer(v) ? v.toString('latin1') : v,
+      ),
+    );
     return [...bytes, ...rows].join('\n');
   } finally {
     db.close();
@@ -63,7 +81,11 @@ describe('no query string is stored or logged', () => {
     await expectProblem(await command(gw.url, `/payments/charges${q}`, { fence: 1, entity: 'e', key: 'k0' }), 401, 'unauthorized');
     expect((await command(gw.url, '/payments/charges', { fence: 5, entity: 'e', key: 'k1', headers: proxyToken })).status).toBe(201);
     await expectProblem(await command(gw.url, `/payments/charges${q}`, { fence: 4, entity: 'e', key: 'k2', headers: proxyToken }), 409, 'stale-fence');
-    await expectProblem(await command(gw.url, `/payments/charges${q}`, { fence: 5, entity: 'e', key: 'k1', headers: proxyToken, body: '{"amount":2}' }), 422, 'idempotency-key-reused');
+    await expectProblem(
+      await command(gw.url, `/payments/charges${q}`, { fence: 5, entity: 'e', key: 'k1', headers: proxyToken, body: '{"amount":2}' }),
+      422,
+      'idempotency-key-reused',
+    );
     // Control: a stored field (the key) does reach the disk, the audit API and the log, so the scans below can see what is there.
     await expectProblem(await command(gw.url, `/payments/charges${q}`, { fence: 3, entity: 'e', key: 'CANARY-7', headers: proxyToken }), 409, 'stale-fence');
 
@@ -80,7 +102,11 @@ describe('no query string is stored or logged', () => {
     }
     const disk = onDisk(gw.dbPath);
     const logs = gw.logs.join('\n');
-    for (const [where, text] of [['disk', disk], ['audit', audit.join('\n')], ['logs', logs]] as const) {
+    for (const [where, text] of [
+      ['disk', disk],
+      ['audit', audit.join('\n')],
+      ['logs', logs],
+    ] as const) {
       expect(text, where).toContain('CANARY-7');
       expect(text, where).not.toContain('SECRET');
       expect(text, where).not.toContain('access_token');
@@ -136,7 +162,12 @@ describe('Connection cannot strip the fields the gateway decided with', () => {
     const tmp = tempDir();
     cleanups.push(() => tmp.cleanup());
     const config = parseConfig({ store: { sqlite: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }, routes: [route(up.url)] });
-    const g = createGateway({ config, store: new SqliteGatewayStore({ path: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }), forwarder: createUndiciForwarder(), env: {} });
+    const g = createGateway({
+      config,
+      store: new SqliteGatewayStore({ path: `${tmp.dir}/g.db`, synchronous: 'NORMAL' }),
+      forwarder: createUndiciForwarder(),
+      env: {},
+    });
     cleanups.push(() => g.close());
     const res = await g.app.request('/payments/charges', { method: 'POST', headers, body: '{"amount":1}' });
     expect(res.status).toBe(201);
@@ -156,7 +187,7 @@ describe('a replay never crosses entities', () => {
   const send = (gw: TestGateway, customer: string, fence: number, key = 'pay-1') =>
     command(gw.url, '/payments/charges', { fence, key, headers: { 'x-customer': customer }, body: '{"amount":1200}' });
 
-  it('the same key for another entity is 422 idempotency-key-reused (logged), never the other entity\'s stored answer', async () => {
+  it("the same key for another entity is 422 idempotency-key-reused (logged), never the other entity's stored answer", async () => {
     const up = await upstream();
     const gw = await gateway([route(up.url)]);
     const first = await send(gw, 'cust:A', 1);
@@ -177,7 +208,7 @@ describe('a replay never crosses entities', () => {
     expect(up.effects).toBe(2);
   });
 
-  it('negative control: with the fingerprint of before (no entity), cust:B is replayed cust:A\'s charge', async () => {
+  it("negative control: with the fingerprint of before (no entity), cust:B is replayed cust:A's charge", async () => {
     const up = await upstream();
     const gw = await gateway([route(up.url)], { wrapStore: withoutEntityInFingerprint });
     expect((await send(gw, 'cust:A', 1)).status).toBe(201);
@@ -219,7 +250,8 @@ function withoutEntityInFingerprint(inner: GatewayStore): GatewayStore {
   return new Proxy(inner, {
     get(target, prop) {
       if (prop === 'admit') {
-        return (i: AdmitInput) => target.admit({ ...i, fingerprint: fingerprint(i.audit.method, i.audit.path, 'application/json', i.audit.payloadSha256, null) });
+        return (i: AdmitInput) =>
+          target.admit({ ...i, fingerprint: fingerprint(i.audit.method, i.audit.path, 'application/json', i.audit.payloadSha256, null) });
       }
       const v = Reflect.get(target, prop, target);
       return typeof v === 'function' ? v.bind(target) : v;

@@ -29,7 +29,12 @@ function storedBytes(g: TestGateway, key: string): number | null {
 
 async function start(route: Record<string, unknown>, answer: { status: number; bytes: number }) {
   up = await startUpstream();
-  up.behave(() => ({ kind: 'respond', status: answer.status, headers: { 'content-type': 'application/octet-stream' }, body: Buffer.alloc(answer.bytes, 0x61) }));
+  up.behave(() => ({
+    kind: 'respond',
+    status: answer.status,
+    headers: { 'content-type': 'application/octet-stream' },
+    body: Buffer.alloc(answer.bytes, 0x61),
+  }));
   gw = await startTestGateway({ routes: [paymentsRoute(up.url, route)] });
   return { up, gw };
 }
@@ -92,7 +97,10 @@ describe('maxResponseBytes', () => {
       expect(res.status).toBe(502);
       expect(res.headers.get('idempotent-replayed')).toBe(replayed);
       expect(res.headers.get('stripe-should-retry')).toBe('false');
-      expect(((await res.json()) as { error: { code: string; upstream_status: number } }).error).toMatchObject({ code: 'upstream_response_too_large', upstream_status: 200 });
+      expect(((await res.json()) as { error: { code: string; upstream_status: number } }).error).toMatchObject({
+        code: 'upstream_response_too_large',
+        upstream_status: 200,
+      });
     }
     expect(up.callsFor('stripe-1')).toHaveLength(1);
   });

@@ -112,7 +112,15 @@ describe('admission', () => {
 
     const log = await gw.admin('/v1/rejections?entity=job-1');
     expect(log.body.items).toHaveLength(1);
-    expect(log.body.items[0]).toMatchObject({ reason: 'stale-fence', entity: 'job-1', presented_fence: '4', current_fence: '5', idempotency_key: 'c', method: 'POST', path: '/payments/charges' });
+    expect(log.body.items[0]).toMatchObject({
+      reason: 'stale-fence',
+      entity: 'job-1',
+      presented_fence: '4',
+      current_fence: '5',
+      idempotency_key: 'c',
+      method: 'POST',
+      path: '/payments/charges',
+    });
     expect(log.body.items[0].payload_sha256).toMatch(/^[0-9a-f]{64}$/);
     // A refused key leaves no record: it can be used again by the right owner.
     expect(recordRows(gw.sqlite, 'c')).toEqual([]);
@@ -166,7 +174,7 @@ describe('admission', () => {
     expect(up.effects).toBe(1);
   });
 
-  it('Prefer: wait is bounded by the route\'s maxWaitMs: past it, the answer is still 409 idempotency-in-progress', async () => {
+  it("Prefer: wait is bounded by the route's maxWaitMs: past it, the answer is still 409 idempotency-in-progress", async () => {
     const up = await upstream();
     let spy!: AdmissionSpy;
     const gw = await gateway([paymentsRoute(up.url, { maxWaitMs: 50 })], (s) => (spy = s));
@@ -375,7 +383,19 @@ describe('the admin API (DESIGN §5)', () => {
     expect(all.body.items.map((r: any) => r.reason)).toEqual(['idempotency-key-reused', ...Array(5).fill('stale-fence')]);
     expect(all.body.next_cursor).toBeNull();
     const item = all.body.items[1];
-    for (const field of ['id', 'at', 'reason', 'entity', 'presented_fence', 'current_fence', 'idempotency_key', 'method', 'path', 'payload_sha256', 'request_id']) {
+    for (const field of [
+      'id',
+      'at',
+      'reason',
+      'entity',
+      'presented_fence',
+      'current_fence',
+      'idempotency_key',
+      'method',
+      'path',
+      'payload_sha256',
+      'request_id',
+    ]) {
       expect(item, field).toHaveProperty(field);
     }
     expect(new Date(item.at).toISOString()).toBe(item.at);
@@ -396,7 +416,12 @@ describe('the admin API (DESIGN §5)', () => {
   });
 
   it('GET /v1/rejections with a bad parameter is a 400 naming it', async () => {
-    for (const [q, name] of [['limit=0', 'limit'], ['limit=abc', 'limit'], ['since=yesterday', 'since'], ['cursor=x', 'cursor']]) {
+    for (const [q, name] of [
+      ['limit=0', 'limit'],
+      ['limit=abc', 'limit'],
+      ['since=yesterday', 'since'],
+      ['cursor=x', 'cursor'],
+    ]) {
       const res = await gw.admin(`/v1/rejections?${q}`);
       expect(res.status).toBe(400);
       expect(res.body.detail).toMatch(new RegExp(`^${name}`));
@@ -416,7 +441,17 @@ describe('the admin API (DESIGN §5)', () => {
     const r = await gw.admin('/v1/idempotency/paid');
     expect(r.body.records).toMatchObject([{ scope: 'payments', state: 'completed', entity: 'job-a', fence: '10', status: 201 }]);
     // The fields docs/http-api.md documents, no more (the key is named once, at the top).
-    expect(Object.keys(r.body.records[0]).sort()).toEqual(['created_at', 'entity', 'expires_at', 'fence', 'fingerprint', 'locked_until', 'scope', 'state', 'status']);
+    expect(Object.keys(r.body.records[0]).sort()).toEqual([
+      'created_at',
+      'entity',
+      'expires_at',
+      'fence',
+      'fingerprint',
+      'locked_until',
+      'scope',
+      'state',
+      'status',
+    ]);
     expect(JSON.stringify(r.body)).not.toContain('effect');
     expect((await gw.admin('/v1/idempotency/never')).status).toBe(404);
   });

@@ -26,7 +26,23 @@ function makeCertificates(): void {
   ] as const) {
     writeFileSync(file(`${name}.ext`), ext);
     openssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.csr`, '-subj', `/CN=${cn}`);
-    openssl('x509', '-req', '-in', `${name}.csr`, '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-out', `${name}.pem`, '-days', '2', '-extfile', `${name}.ext`);
+    openssl(
+      'x509',
+      '-req',
+      '-in',
+      `${name}.csr`,
+      '-CA',
+      'ca.pem',
+      '-CAkey',
+      'ca.key',
+      '-CAcreateserial',
+      '-out',
+      `${name}.pem`,
+      '-days',
+      '2',
+      '-extfile',
+      `${name}.ext`,
+    );
   }
 }
 
@@ -38,16 +54,25 @@ const gateways: TestGateway[] = [];
 
 beforeAll(async () => {
   makeCertificates();
-  upstream = createServer({ key: readFileSync(file('server.key')), cert: readFileSync(file('server.pem')), ca: readFileSync(file('ca.pem')), requestCert: true, rejectUnauthorized: false }, (req, res) => {
-    const socket = req.socket as TLSSocket;
-    const peer = socket.getPeerCertificate();
-    seen.push({ authorized: socket.authorized, cn: peer && typeof peer.subject?.CN === 'string' ? peer.subject.CN : null });
-    req.resume();
-    req.on('end', () => {
-      res.writeHead(201, { 'content-type': 'application/json' });
-      res.end('{"ok":true}');
-    });
-  });
+  upstream = createServer(
+    {
+      key: readFileSync(file('server.key')),
+      cert: readFileSync(file('server.pem')),
+      ca: readFileSync(file('ca.pem')),
+      requestCert: true,
+      rejectUnauthorized: false,
+    },
+    (req, res) => {
+      const socket = req.socket as TLSSocket;
+      const peer = socket.getPeerCertificate();
+      seen.push({ authorized: socket.authorized, cn: peer && typeof peer.subject?.CN === 'string' ? peer.subject.CN : null });
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(201, { 'content-type': 'application/json' });
+        res.end('{"ok":true}');
+      });
+    },
+  );
   await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
   upstreamUrl = `https://127.0.0.1:${(upstream.address() as AddressInfo).port}`;
 });
@@ -90,7 +115,11 @@ describe('upstream TLS', () => {
   });
 
   it('PEM text from the environment ({ "env": … }) works as the files do', async () => {
-    const env = { FG_TEST_CA_PEM: readFileSync(file('ca.pem'), 'utf8'), FG_TEST_CLIENT_PEM: readFileSync(file('client.pem'), 'utf8'), FG_TEST_CLIENT_KEY: readFileSync(file('client.key'), 'utf8') };
+    const env = {
+      FG_TEST_CA_PEM: readFileSync(file('ca.pem'), 'utf8'),
+      FG_TEST_CLIENT_PEM: readFileSync(file('client.pem'), 'utf8'),
+      FG_TEST_CLIENT_KEY: readFileSync(file('client.key'), 'utf8'),
+    };
     Object.assign(process.env, env);
     try {
       const g = await gatewayWith({ ca: { env: 'FG_TEST_CA_PEM' }, cert: { env: 'FG_TEST_CLIENT_PEM' }, key: { env: 'FG_TEST_CLIENT_KEY' } });
@@ -101,7 +130,9 @@ describe('upstream TLS', () => {
     }
   });
 
-  it('a key that is not the certificate\'s stops start-up naming the field', async () => {
-    await expect(gatewayWith({ ca: file('ca.pem'), cert: file('client.pem'), key: file('server.key') })).rejects.toThrow(/routes\[0\]\.tls: .*key values mismatch/);
+  it("a key that is not the certificate's stops start-up naming the field", async () => {
+    await expect(gatewayWith({ ca: file('ca.pem'), cert: file('client.pem'), key: file('server.key') })).rejects.toThrow(
+      /routes\[0\]\.tls: .*key values mismatch/,
+    );
   });
 });

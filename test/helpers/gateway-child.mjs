@@ -46,5 +46,8 @@ else if (flag === '--checks-off' && off === 'idempotency') {
 const running = await startGateway({ config, store, logger });
 logger.info('listening', { url: running.url, checksOff: off ?? null });
 process.on('SIGTERM', () => {
-  running.close().then(() => process.exit(0), () => process.exit(1));
+  running.close().then(
+    () => process.exit(0),
+    () => process.exit(1),
+  );
 });

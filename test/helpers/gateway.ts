@@ -116,7 +116,9 @@ export function snapshot(store: SqliteGatewayStore): string {
   return JSON.stringify(
     {
       entities: dump('SELECT * FROM fence_entities ORDER BY entity'),
-      records: dump('SELECT scope, key, fingerprint, entity, fence, state, owner_token, locked_until, status, headers, hex(body) AS body, created_at, expires_at FROM idempotency_records ORDER BY scope, key'),
+      records: dump(
+        'SELECT scope, key, fingerprint, entity, fence, state, owner_token, locked_until, status, headers, hex(body) AS body, created_at, expires_at FROM idempotency_records ORDER BY scope, key',
+      ),
       rejections: dump(`SELECT * FROM rejections WHERE reason NOT IN (${[...LOGGED_REFUSALS].map((r) => `'${r}'`).join(', ')}) ORDER BY id`),
     },
     (_k, v) => (typeof v === 'bigint' ? v.toString() : v),
@@ -128,10 +130,15 @@ export function recordRows(store: SqliteGatewayStore, key: string): { scope: str
   return store.db.prepare('SELECT scope, state, owner_token, status FROM idempotency_records WHERE key = ?').all(key) as any[];
 }
 
-export function rejectionRows(store: SqliteGatewayStore, reason?: string): { reason: string; entity: string | null; presented_fence: number | null; current_fence: number | null; idempotency_key: string | null }[] {
-  return (reason === undefined
-    ? store.db.prepare('SELECT * FROM rejections ORDER BY id').all()
-    : store.db.prepare('SELECT * FROM rejections WHERE reason = ? ORDER BY id').all(reason)) as any[];
+export function rejectionRows(
+  store: SqliteGatewayStore,
+  reason?: string,
+): { reason: string; entity: string | null; presented_fence: number | null; current_fence: number | null; idempotency_key: string | null }[] {
+  return (
+    reason === undefined
+      ? store.db.prepare('SELECT * FROM rejections ORDER BY id').all()
+      : store.db.prepare('SELECT * FROM rejections WHERE reason = ? ORDER BY id').all(reason)
+  ) as any[];
 }
 
 /**

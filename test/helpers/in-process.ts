@@ -58,7 +58,10 @@ export function inProcessUpstream(url = 'http://upstream.test'): InProcessUpstre
   let behavior: ((call: InProcessCall) => InProcessBehavior | undefined) | null = null;
   const answer = async (b: InProcessBehavior | undefined, call: InProcessCall): Promise<Response> => {
     if (b === undefined) {
-      return new Response(JSON.stringify({ effect: call.seq, fence: call.fence, entity: call.entity, key: call.key }), { status: 201, headers: { 'content-type': 'application/json' } });
+      return new Response(JSON.stringify({ effect: call.seq, fence: call.fence, entity: call.entity, key: call.key }), {
+        status: 201,
+        headers: { 'content-type': 'application/json' },
+      });
     }
     switch (b.kind) {
       case 'respond':

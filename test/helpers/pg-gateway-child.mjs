@@ -50,5 +50,8 @@ if (flag === '--checks-off' && off === 'fence') {
 const running = await startGateway({ config, store, logger });
 logger.info('listening', { url: running.url, store: 'postgres', checksOff: off ?? null });
 process.on('SIGTERM', () => {
-  running.close().then(() => process.exit(0), () => process.exit(1));
+  running.close().then(
+    () => process.exit(0),
+    () => process.exit(1),
+  );
 });

@@ -96,7 +96,10 @@ export interface LoggedPgGateway {
  */
 export async function startLoggedPgGateway(store: PostgresGatewayStore, url: string, routes: RouteInput[]): Promise<LoggedPgGateway> {
   const lines: LoggedLine[] = [];
-  const keep = (level: LoggedLine['level']) => (msg: string, fields: Record<string, unknown> = {}) => void lines.push({ level, msg, fields });
+  const keep =
+    (level: LoggedLine['level']) =>
+    (msg: string, fields: Record<string, unknown> = {}) =>
+      void lines.push({ level, msg, fields });
   const config = parseConfig({ listen: { host: '127.0.0.1', port: 0 }, store: { postgres: url }, routes });
   const running = await startGateway({ config, store, logger: { info: keep('info'), warn: keep('warn'), error: keep('error') }, env: {} });
   return {

@@ -39,7 +39,9 @@ export function findPostgresBin(): string | null {
   const candidates: string[] = [];
   if (process.env.FENCEGATE_PG_BIN) candidates.push(process.env.FENCEGATE_PG_BIN);
   try {
-    const versions = readdirSync('/usr/lib/postgresql').filter((v) => /^\d+$/.test(v)).sort((a, b) => Number(b) - Number(a));
+    const versions = readdirSync('/usr/lib/postgresql')
+      .filter((v) => /^\d+$/.test(v))
+      .sort((a, b) => Number(b) - Number(a));
     candidates.push(...versions.map((v) => `/usr/lib/postgresql/${v}/bin`));
   } catch {
     // not Debian's layout
@@ -112,11 +114,15 @@ export async function startPrivatePostgres(bin: string, init: PrivatePostgresOpt
   let destroyed = false;
   const stopNow = () => {
     try {
-      execFileSync(user === null ? join(bin, 'pg_ctl') : 'runuser', user === null ? ['-D', data, '-m', 'immediate', 'stop'] : ['-u', 'postgres', '--', join(bin, 'pg_ctl'), '-D', data, '-m', 'immediate', 'stop'], {
-        cwd: dir,
-        stdio: 'ignore',
-        timeout: 30_000,
-      });
+      execFileSync(
+        user === null ? join(bin, 'pg_ctl') : 'runuser',
+        user === null ? ['-D', data, '-m', 'immediate', 'stop'] : ['-u', 'postgres', '--', join(bin, 'pg_ctl'), '-D', data, '-m', 'immediate', 'stop'],
+        {
+          cwd: dir,
+          stdio: 'ignore',
+          timeout: 30_000,
+        },
+      );
     } catch {
       // not running
     }
@@ -153,7 +159,23 @@ export async function startPrivatePostgres(bin: string, init: PrivatePostgresOpt
   };
   try {
     if (init.standbyOf === undefined) await run('initdb', ['-D', data, '-A', 'trust', '-U', 'postgres', '-E', 'UTF8', '--locale=C', '--no-sync']);
-    else await run('pg_basebackup', ['-D', data, '-R', '-X', 'stream', '-c', 'fast', '--no-sync', '-h', '127.0.0.1', '-p', String(init.standbyOf.port), '-U', 'postgres']);
+    else
+      await run('pg_basebackup', [
+        '-D',
+        data,
+        '-R',
+        '-X',
+        'stream',
+        '-c',
+        'fast',
+        '--no-sync',
+        '-h',
+        '127.0.0.1',
+        '-p',
+        String(init.standbyOf.port),
+        '-U',
+        'postgres',
+      ]);
     await instance.start();
   } catch (err) {
     await instance.destroy();

@@ -151,9 +151,12 @@ describe('attempt lifecycle with plain objects', () => {
   });
 
   test('a thrown JobError fails the attempt with its code and retryability', async () => {
-    const h = harness(() => {
-      throw new JobError('card_declined', 'declined', { retryable: false });
-    }, { fail: async () => ({ ok: true, state: 'failed', reason: 'non_retryable' }) });
+    const h = harness(
+      () => {
+        throw new JobError('card_declined', 'declined', { retryable: false });
+      },
+      { fail: async () => ({ ok: true, state: 'failed', reason: 'non_retryable' }) },
+    );
     startAttempt(h.ctx, lease(), monotonicMs());
     await h.freed;
     expect(h.calls.at(-1)).toBe('fail card_declined retryable=false');

@@ -68,7 +68,7 @@ describe.skipIf(!POSTGRES_URL)('concurrent claims on PostgreSQL', () => {
     const stale = await Promise.all(byOwner(first).map((mine, w) => Promise.all(mine.map((l) => stores[w]!.extend(l)))));
     expect(stale.flat().filter((r) => r.ok)).toEqual([]);
     const rows = await db.sql<{ state: string; owner_id: string; n: string }>(
-      "SELECT state, count(*) AS n FROM tool_jobs WHERE owner_id IS NOT NULL AND fencing_token = 2 GROUP BY state",
+      'SELECT state, count(*) AS n FROM tool_jobs WHERE owner_id IS NOT NULL AND fencing_token = 2 GROUP BY state',
     );
     expect(rows).toEqual([{ state: 'running', n: String(JOBS) }]);
   });

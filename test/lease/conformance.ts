@@ -43,8 +43,7 @@ export function jobStoreConformance(name: string, factory: TestDatabaseFactory):
       await db.sql('DELETE FROM tool_jobs');
     });
 
-    const claimOne = async (workerId: string, options: { kinds?: string[] } = {}): Promise<Lease> =>
-      must((await store.claim({ workerId, ...options })).lease);
+    const claimOne = async (workerId: string, options: { kinds?: string[] } = {}): Promise<Lease> => must((await store.claim({ workerId, ...options })).lease);
 
     test('enqueue stores a queued job with defaults, a payload hash and the default fence key', async () => {
       const { created, job } = await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: { amount: 1200 } });
@@ -77,9 +76,7 @@ export function jobStoreConformance(name: string, factory: TestDatabaseFactory):
 
     test('concurrent enqueues with one key create exactly one job', async () => {
       const k = nextKey();
-      const results = await Promise.all(
-        Array.from({ length: 10 }, () => store.enqueue({ kind: 'payment', idempotencyKey: k, payload: {} })),
-      );
+      const results = await Promise.all(Array.from({ length: 10 }, () => store.enqueue({ kind: 'payment', idempotencyKey: k, payload: {} })));
       expect(results.filter((r) => r.created)).toHaveLength(1);
       expect(new Set(results.map((r) => r.job.id)).size).toBe(1);
     });

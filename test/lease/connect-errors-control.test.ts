@@ -33,8 +33,13 @@ test('with every error taken as never-connected, the reset is no longer outcome 
   expect(viaFetch).toBeInstanceOf(Error);
   expect(viaFetch).not.toBeInstanceOf(OutcomeUnknownError);
 
-  const reset = await fetch(resetUrl, { method: 'POST', body: '{}' }).then(() => null, (e: unknown) => e);
-  const viaMcp = await fencedMcp({ callTool: () => Promise.reject(reset) }, ctx).callTool({ name: 'create_ticket', arguments: {} }).catch((e: unknown) => e);
+  const reset = await fetch(resetUrl, { method: 'POST', body: '{}' }).then(
+    () => null,
+    (e: unknown) => e,
+  );
+  const viaMcp = await fencedMcp({ callTool: () => Promise.reject(reset) }, ctx)
+    .callTool({ name: 'create_ticket', arguments: {} })
+    .catch((e: unknown) => e);
   expect(viaMcp).toBeInstanceOf(Error);
   expect(viaMcp).not.toBeInstanceOf(OutcomeUnknownError);
 });

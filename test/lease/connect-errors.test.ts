@@ -39,7 +39,11 @@ afterAll(async () => {
 
 const context = () => fenceContext({ kind: 'ticket', jobKey: 'tool-job:connect-errors:1', fenceKey: 'tool-job:connect-errors:1' });
 
-const fetchError = (url: string) => fetch(url, { method: 'POST', body: '{}' }).then(() => null, (e: unknown) => e);
+const fetchError = (url: string) =>
+  fetch(url, { method: 'POST', body: '{}' }).then(
+    () => null,
+    (e: unknown) => e,
+  );
 
 describe('never connected, or maybe sent', () => {
   test('a refused connect is never-connected; a reset after the request arrived is not', async () => {
@@ -68,7 +72,9 @@ describe('never connected, or maybe sent', () => {
     try {
       await server.close();
       const { ctx, lost } = context();
-      const err = await fencedMcp(client, ctx).callTool({ name: 'search_tickets', arguments: { q: 'x' } }).catch((e: unknown) => e);
+      const err = await fencedMcp(client, ctx)
+        .callTool({ name: 'search_tickets', arguments: { q: 'x' } })
+        .catch((e: unknown) => e);
       expect(err).toBeInstanceOf(Error);
       expect(err).not.toBeInstanceOf(OutcomeUnknownError);
       expect(neverConnected(err)).toBe(true);
@@ -102,11 +108,21 @@ async function oddServer(answer: 'status-504' | 'cut-json' | 'app-error' | 'off-
       const msg = JSON.parse(text) as { id?: number; method: string };
       if (msg.method === 'initialize') {
         res.writeHead(200, { 'content-type': 'application/json' });
-        return void res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, result: { protocolVersion: '2025-06-18', capabilities: { tools: {} }, serverInfo: { name: 'odd', version: '1' } } }));
+        return void res.end(
+          JSON.stringify({
+            jsonrpc: '2.0',
+            id: msg.id,
+            result: { protocolVersion: '2025-06-18', capabilities: { tools: {} }, serverInfo: { name: 'odd', version: '1' } },
+          }),
+        );
       }
       if (msg.method === 'tools/list') {
         // One tool with an output schema, which the SDK's Client checks each result against.
-        const tool = { name: 'create_ticket', inputSchema: { type: 'object' }, outputSchema: { type: 'object', properties: { id: { type: 'string' } }, required: ['id'] } };
+        const tool = {
+          name: 'create_ticket',
+          inputSchema: { type: 'object' },
+          outputSchema: { type: 'object', properties: { id: { type: 'string' } }, required: ['id'] },
+        };
         res.writeHead(200, { 'content-type': 'application/json' });
         return void res.end(JSON.stringify({ jsonrpc: '2.0', id: msg.id, result: { tools: [tool] } }));
       }
@@ -143,7 +159,9 @@ describe('fencedMcp with the real SDK Client: after the call arrived, never a pl
       const server = await oddServer(answer);
       try {
         const { ctx } = context();
-        const err = await fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} }).catch((e: unknown) => e);
+        const err = await fencedMcp(server.client, ctx)
+          .callTool({ name: 'create_ticket', arguments: {} })
+          .catch((e: unknown) => e);
         expect(server.calls()).toBe(1);
         expect(err).toBeInstanceOf(OutcomeUnknownError);
       } finally {
@@ -157,7 +175,9 @@ describe('fencedMcp with the real SDK Client: after the call arrived, never a pl
     try {
       await server.client.listTools(); // the Client learns the tool's output schema here
       const { ctx } = context();
-      const err = await fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} }).catch((e: unknown) => e);
+      const err = await fencedMcp(server.client, ctx)
+        .callTool({ name: 'create_ticket', arguments: {} })
+        .catch((e: unknown) => e);
       expect(server.calls()).toBe(1);
       expect(err).toBeInstanceOf(OutcomeUnknownError);
       // What the SDK threw: an McpError with a server-error code, which alone would read as the server's refusal.
@@ -176,7 +196,10 @@ describe('fencedMcp with the real SDK Client: after the call arrived, never a pl
     await expect(fencedMcp(never, ctx).callTool({ name: 'create_ticket', arguments: {} })).rejects.toMatchObject({ name: 'LeaseError', code: 'invalid_input' });
     const server = await oddServer('app-error');
     await server.client.close();
-    await expect(fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} })).rejects.toMatchObject({ name: 'LeaseError', code: 'invalid_input' });
+    await expect(fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} })).rejects.toMatchObject({
+      name: 'LeaseError',
+      code: 'invalid_input',
+    });
     expect(server.calls()).toBe(0);
     expect(events.map((e) => e.type)).not.toContain('tool_request_started');
     await server.close();
@@ -186,7 +209,9 @@ describe('fencedMcp with the real SDK Client: after the call arrived, never a pl
     const server = await oddServer('app-error');
     try {
       const { ctx } = context();
-      const err = await fencedMcp(server.client, ctx).callTool({ name: 'create_ticket', arguments: {} }).catch((e: unknown) => e);
+      const err = await fencedMcp(server.client, ctx)
+        .callTool({ name: 'create_ticket', arguments: {} })
+        .catch((e: unknown) => e);
       expect(server.calls()).toBe(1);
       expect(err).toBeInstanceOf(McpRefusalError);
       expect((err as McpRefusalError).rpcCode).toBe(4001);

@@ -47,7 +47,12 @@ describe('dispatchToolCalls', () => {
       const [answer] = await dispatchToolCalls(store, [call], { tools, runId: `shapes-${i}` });
       expect(answer).toMatchObject({ status: 'enqueued', kind: 'create_ticket', key: `shapes-${i}:0:create_ticket` });
       const job = await store.get((answer as { jobId: number }).jobId);
-      expect(job).toMatchObject({ kind: 'create_ticket', idempotencyKey: `shapes-${i}:0:create_ticket`, payload: { title: 'Printer on fire' }, maxAttempts: 2 });
+      expect(job).toMatchObject({
+        kind: 'create_ticket',
+        idempotencyKey: `shapes-${i}:0:create_ticket`,
+        payload: { title: 'Printer on fire' },
+        maxAttempts: 2,
+      });
     }
   });
 
@@ -106,10 +111,17 @@ describe('dispatchToolCalls', () => {
     expect(JSON.stringify(answers)).not.toContain('hunter2');
     expect(await count()).toBe(before);
     // Negative control: the valid form of each is enqueued.
-    const good = await dispatchToolCalls(store, [{ name: 'create_ticket', arguments: { title: 'ok' } }, { name: 'search_tickets', arguments: { q: 'x' } }], {
-      tools,
-      runId: 'schema',
-    });
+    const good = await dispatchToolCalls(
+      store,
+      [
+        { name: 'create_ticket', arguments: { title: 'ok' } },
+        { name: 'search_tickets', arguments: { q: 'x' } },
+      ],
+      {
+        tools,
+        runId: 'schema',
+      },
+    );
     expect(good.map((a) => a.status)).toEqual(['enqueued', 'enqueued']);
   });
 
@@ -152,7 +164,13 @@ describe('dispatchToolCalls', () => {
     expect(claimed.leaseUntil!.getTime() - claimed.heartbeatAt!.getTime()).toBe(20_000);
 
     // Negative control: a dispatcher that passed the plan's fields on would store them, and the check catches it.
-    const leaky = await store.enqueue({ kind: 'create_ticket', idempotencyKey: 'leaky', payload: plan[0]!.arguments, maxAttempts: plan[0]!.maxAttempts, deadlineMs: plan[0]!.deadlineMs });
+    const leaky = await store.enqueue({
+      kind: 'create_ticket',
+      idempotencyKey: 'leaky',
+      payload: plan[0]!.arguments,
+      maxAttempts: plan[0]!.maxAttempts,
+      deadlineMs: plan[0]!.deadlineMs,
+    });
     expect(fromConfigOnly(leaky.job)).toBe(false);
   });
 
@@ -184,9 +202,9 @@ describe('dispatchToolCalls', () => {
     await expect(dispatchToolCalls(store, [], { tools: { t: { schema: z.object({}), leaseMs: 0, maxRunMs: 1, maxAttempts: 1 } }, runId: 'r' })).rejects.toThrow(
       /tools\.t\.leaseMs/,
     );
-    await expect(dispatchToolCalls(store, [], { tools: { t: { schema: {} as never, leaseMs: 1, maxRunMs: 1, maxAttempts: 1 } }, runId: 'r' })).rejects.toBeInstanceOf(
-      LeaseConfigError,
-    );
+    await expect(
+      dispatchToolCalls(store, [], { tools: { t: { schema: {} as never, leaseMs: 1, maxRunMs: 1, maxAttempts: 1 } }, runId: 'r' }),
+    ).rejects.toBeInstanceOf(LeaseConfigError);
     await expect(dispatchToolCalls(store, [], { tools, runId: 'has space' })).rejects.toThrow(/runId/);
     await expect(dispatchToolCalls(store, {} as never, { tools, runId: 'r' })).rejects.toThrow(/array/);
   });
@@ -273,7 +291,15 @@ describe('stages', () => {
     const errors: unknown[] = [];
     const off = followStages(events, store, tools, (e) => errors.push(e));
     const draft = await finish('write_report.draft', { text: 'y' });
-    events.emit({ type: 'result_committed', at: new Date(), workerId: 'w', jobId: draft.id, kind: draft.kind, fencingToken: draft.fencingToken, resultSha256: '' });
+    events.emit({
+      type: 'result_committed',
+      at: new Date(),
+      workerId: 'w',
+      jobId: draft.id,
+      kind: draft.kind,
+      fencingToken: draft.fencingToken,
+      resultSha256: '',
+    });
     off();
     const publishKey = toolJobKey('stalled', 0, 'write_report', 'publish');
     // followStages enqueues in the background: wait for its row however slow
@@ -291,7 +317,16 @@ describe('Anthropic content blocks that are not calls', () => {
 
   test('text and thinking blocks between the calls are skipped, not refused, and the calls get the keys they get without them', async () => {
     const calls = [use('toolu_1', 'first'), use('toolu_2', 'second'), { name: 'search_tickets', arguments: { q: 'x' } }];
-    const withText = [text('Let me open two tickets.'), calls[0], { type: 'thinking', thinking: '…', signature: 's' }, text('and then'), calls[1], { type: 'redacted_thinking', data: 'x' }, calls[2], text('Done.')];
+    const withText = [
+      text('Let me open two tickets.'),
+      calls[0],
+      { type: 'thinking', thinking: '…', signature: 's' },
+      text('and then'),
+      calls[1],
+      { type: 'redacted_thinking', data: 'x' },
+      calls[2],
+      text('Done.'),
+    ];
     const bare = await dispatchToolCalls(store, calls, { tools, runId: 'blocks-bare' });
     const mixed = await dispatchToolCalls(store, withText, { tools, runId: 'blocks-mixed' });
     const keysOf = (answers: typeof bare) => answers.flatMap((a) => ('key' in a ? [a.key.replace(/^blocks-[a-z]+:/, '')] : []));
@@ -335,31 +370,49 @@ describe('Anthropic content blocks that are not calls', () => {
 describe('leases the workers cannot hold', () => {
   const short = { quick: { schema: z.object({}), leaseMs: 10_000, maxRunMs: 5_000, maxAttempts: 1 } } satisfies ToolsInput;
 
-  test("a leaseMs at or below maxMissedHeartbeats × heartbeatMs + jitterMs is refused at dispatch, naming the numbers; nothing is enqueued", async () => {
+  test('a leaseMs at or below maxMissedHeartbeats × heartbeatMs + jitterMs is refused at dispatch, naming the numbers; nothing is enqueued', async () => {
     const before = await count();
     // runWorker's defaults: 3 × 5 000 + 1 000 = 16 000 > 10 000.
     await expect(dispatchToolCalls(store, [{ name: 'quick', arguments: {} }], { tools: short, runId: 'hb-default' })).rejects.toThrow(
       /tools\.quick.*leaseMs \(10000\) must be greater than maxMissedHeartbeats × heartbeatMs \+ jitterMs = 3 × 5000 \+ 1000 = 16000/,
     );
     await expect(
-      dispatchToolCalls(store, [{ name: 'quick', arguments: {} }], { tools: short, heartbeat: { heartbeatMs: 3_000, maxMissedHeartbeats: 3, jitterMs: 1_000 }, runId: 'hb-slow' }),
+      dispatchToolCalls(store, [{ name: 'quick', arguments: {} }], {
+        tools: short,
+        heartbeat: { heartbeatMs: 3_000, maxMissedHeartbeats: 3, jitterMs: 1_000 },
+        runId: 'hb-slow',
+      }),
     ).rejects.toBeInstanceOf(LeaseConfigError);
     // A stage's own lease is checked too.
-    const staged = { report: { schema: z.object({}), leaseMs: 30_000, maxRunMs: 5_000, maxAttempts: 1, stages: ['outline', { name: 'draft', leaseMs: 2_000 }] } } satisfies ToolsInput;
-    await expect(dispatchToolCalls(store, [{ name: 'report', arguments: {} }], { tools: staged, runId: 'hb-stage' })).rejects.toThrow(/tools\.report stage draft.*leaseMs \(2000\)/);
+    const staged = {
+      report: { schema: z.object({}), leaseMs: 30_000, maxRunMs: 5_000, maxAttempts: 1, stages: ['outline', { name: 'draft', leaseMs: 2_000 }] },
+    } satisfies ToolsInput;
+    await expect(dispatchToolCalls(store, [{ name: 'report', arguments: {} }], { tools: staged, runId: 'hb-stage' })).rejects.toThrow(
+      /tools\.report stage draft.*leaseMs \(2000\)/,
+    );
     await expect(dispatchToolCalls(store, [], { tools: short, heartbeat: { heartbeatMs: 0 }, runId: 'hb-bad' })).rejects.toThrow(/heartbeat\.heartbeatMs/);
     expect(await count()).toBe(before);
   });
 
   test('control: with heartbeat settings a worker can hold it under, the same tool is enqueued', async () => {
-    const [answer] = await dispatchToolCalls(store, [{ name: 'quick', arguments: {} }], { tools: short, heartbeat: { heartbeatMs: 2_000, maxMissedHeartbeats: 3, jitterMs: 1_000 }, runId: 'hb-fits' });
+    const [answer] = await dispatchToolCalls(store, [{ name: 'quick', arguments: {} }], {
+      tools: short,
+      heartbeat: { heartbeatMs: 2_000, maxMissedHeartbeats: 3, jitterMs: 1_000 },
+      runId: 'hb-fits',
+    });
     expect(answer).toMatchObject({ status: 'enqueued', kind: 'quick' });
   });
 });
 
 describe("a tool's entity from its arguments", () => {
   const refunds = {
-    refund_payment: { schema: z.object({ invoice_id: z.union([z.string(), z.number()]), amount: z.number() }), leaseMs: 30_000, maxRunMs: 60_000, maxAttempts: 3, entity: { json: '/arguments/invoice_id' } },
+    refund_payment: {
+      schema: z.object({ invoice_id: z.union([z.string(), z.number()]), amount: z.number() }),
+      leaseMs: 30_000,
+      maxRunMs: 60_000,
+      maxAttempts: 3,
+      entity: { json: '/arguments/invoice_id' },
+    },
     create_ticket: tools.create_ticket,
   } satisfies ToolsInput;
 
@@ -373,7 +426,7 @@ describe("a tool's entity from its arguments", () => {
       ],
       { tools: refunds, runId: 'entity' },
     );
-    expect(answers.map((a) => a.status)).toEqual(["enqueued", "enqueued", "enqueued"]);
+    expect(answers.map((a) => a.status)).toEqual(['enqueued', 'enqueued', 'enqueued']);
     const jobs = await Promise.all(answers.map(async (a) => (await store.get((a as { jobId: number }).jobId))!));
     expect(jobs.map((j) => j.fenceKey)).toEqual(['inv_42', '7', jobs[2]!.jobKey]);
   });
@@ -393,11 +446,15 @@ describe("a tool's entity from its arguments", () => {
       { status: 'refused', code: 'invalid_arguments', reason: expect.stringContaining('/arguments/invoice_id') },
     ]);
     expect(await count()).toBe(before);
-    await expect(dispatchToolCalls(store, [], { tools: { t: { ...refunds.refund_payment, entity: { json: '/_meta/x' } } }, runId: 'r' })).rejects.toThrow(/tools\.t\.entity\.json/);
+    await expect(dispatchToolCalls(store, [], { tools: { t: { ...refunds.refund_payment, entity: { json: '/_meta/x' } } }, runId: 'r' })).rejects.toThrow(
+      /tools\.t\.entity\.json/,
+    );
   });
 
   test("arguments kept by a passthrough schema with a member whose name differs from the entity's only in case are refused: the route would refuse every attempt invalid-entity", async () => {
-    const loose = { refund_payment: { ...refunds.refund_payment, schema: z.object({ invoice_id: z.string(), amount: z.number() }).passthrough() } } satisfies ToolsInput;
+    const loose = {
+      refund_payment: { ...refunds.refund_payment, schema: z.object({ invoice_id: z.string(), amount: z.number() }).passthrough() },
+    } satisfies ToolsInput;
     const before = await count();
     const answers = await dispatchToolCalls(
       store,

@@ -147,7 +147,9 @@ describe('fencedFetch', () => {
       // Followed on the caller's word to a place that refuses: the first hop had the command, so unknown.
       target.closeAllConnections();
       await new Promise((resolve) => target.close(resolve));
-      const refusedAfter = await createFencedFetch(ctx)(from, { step: 'charge', method: 'POST', body: '{"amount":1}', redirect: 'follow' }).catch((e: unknown) => e);
+      const refusedAfter = await createFencedFetch(ctx)(from, { step: 'charge', method: 'POST', body: '{"amount":1}', redirect: 'follow' }).catch(
+        (e: unknown) => e,
+      );
       expect(refusedAfter).toBeInstanceOf(OutcomeUnknownError);
     } finally {
       redirecting.closeAllConnections();
@@ -244,7 +246,13 @@ describe('step', () => {
     expect(got).toMatchObject({ idempotencyKey: 'tool-job:5f0c9e:42:receipt', fence: '7', fenceKey: 'tool-job:5f0c9e:42' });
     expect(events).toEqual([expect.objectContaining({ type: 'tool_request_started', step: 'receipt', requestId: got.requestId })]);
 
-    const refused = createStep(context({ assertCanStart: () => { throw new LeaseLostError('gone'); } }).ctx);
+    const refused = createStep(
+      context({
+        assertCanStart: () => {
+          throw new LeaseLostError('gone');
+        },
+      }).ctx,
+    );
     let ran = false;
     await expect(refused('receipt', () => (ran = true))).rejects.toBeInstanceOf(LeaseLostError);
     expect(ran).toBe(false);

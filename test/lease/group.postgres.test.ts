@@ -58,9 +58,7 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     expect(new Set(first.map((l) => l.id)).size).toBe(500);
     expect(first.every((l) => l.fencingToken === 1 && l.attempt === 1)).toBe(true);
     // Grouping happened: far fewer claim statements (distinct now()) than jobs.
-    const [once] = await db.sql<{ statements: string }>(
-      "SELECT count(DISTINCT first_claimed_at) AS statements FROM tool_jobs WHERE kind = 'g-once'",
-    );
+    const [once] = await db.sql<{ statements: string }>("SELECT count(DISTINCT first_claimed_at) AS statements FROM tool_jobs WHERE kind = 'g-once'");
     expect(Number(once!.statements)).toBeLessThan(250);
 
     await db.sql("UPDATE tool_jobs SET lease_until = now() - interval '1 hour' WHERE kind = 'g-once'");
@@ -89,9 +87,7 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     expect(new Set(failed.map((f) => f.id)).size).toBe(10);
     expect(failed.every((f) => f.reason === 'max_attempts')).toBe(true);
     expect(await store.claim({ workerId: 'gw3', kinds: ['g-dead'] })).toEqual({ lease: null, failed: [] });
-    const rows = await db.sql<{ state: string; n: string }>(
-      "SELECT state, count(*) AS n FROM tool_jobs WHERE kind = 'g-dead' GROUP BY state ORDER BY state",
-    );
+    const rows = await db.sql<{ state: string; n: string }>("SELECT state, count(*) AS n FROM tool_jobs WHERE kind = 'g-dead' GROUP BY state ORDER BY state");
     expect(rows).toEqual([
       { state: 'failed', n: '10' },
       { state: 'running', n: '10' },

@@ -46,7 +46,13 @@ describe('fencedMcp through the gateway mcp route', () => {
     store = await db.open();
     server = await startTicketServer();
     server.fencing = false;
-    const route = (tools: Record<string, unknown>) => ({ name: 'tickets', protocol: 'mcp', match: { path: '/mcp' }, upstream: new URL(server.url).origin, tools });
+    const route = (tools: Record<string, unknown>) => ({
+      name: 'tickets',
+      protocol: 'mcp',
+      match: { path: '/mcp' },
+      upstream: new URL(server.url).origin,
+      tools,
+    });
     gateway = await startTestGateway({ routes: [route({ search_tickets: { readOnly: true } })] });
     client = await connectClient(`${gateway.url}/mcp`);
     unchecked = await startTestGateway({ routes: [route({ search_tickets: { readOnly: true }, create_ticket: { fence: 'off', idempotency: 'off' } })] });
@@ -158,7 +164,11 @@ describe('fencedMcp through the gateway mcp route', () => {
    * pointed where the route reads it, the job is fenced on that invoice.
    */
   async function refundThrough(tools: ToolsInput, runId: string) {
-    const [answer] = await dispatchToolCalls(store, [{ type: 'tool_use', id: 'toolu_1', name: 'refund_payment', input: { invoice_id: `inv-${runId}`, amount: 1200 } }], { tools, runId, heartbeat: HEARTBEAT });
+    const [answer] = await dispatchToolCalls(
+      store,
+      [{ type: 'tool_use', id: 'toolu_1', name: 'refund_payment', input: { invoice_id: `inv-${runId}`, amount: 1200 } }],
+      { tools, runId, heartbeat: HEARTBEAT },
+    );
     const jobId = (answer as { jobId: number }).jobId;
     let error: unknown;
     await start({
@@ -187,7 +197,11 @@ describe('fencedMcp through the gateway mcp route', () => {
     const { job, error, arrivals } = await refundThrough({ refund_payment: { ...refund, entity: { json: '/arguments/invoice_id' } } }, 'from-args');
     expect(error).toBeUndefined();
     expect(job).toMatchObject({ state: 'succeeded', fenceKey: 'inv-from-args', result: { refunded: 'inv-from-args' } });
-    expect(arrivals).toEqual([expect.objectContaining({ meta: expect.objectContaining({ 'io.fencegate/entity': 'inv-from-args', 'io.fencegate/idempotency-key': `${job.jobKey}:mcp:refund_payment` }) })]);
+    expect(arrivals).toEqual([
+      expect.objectContaining({
+        meta: expect.objectContaining({ 'io.fencegate/entity': 'inv-from-args', 'io.fencegate/idempotency-key': `${job.jobKey}:mcp:refund_payment` }),
+      }),
+    ]);
   });
 
   test("control: with the job's own entity (no entity in the dispatch entry) the route refuses the call invalid-entity and the tool is not called", async () => {
@@ -208,11 +222,21 @@ describe('fencedMcp through the gateway mcp route', () => {
     const invoice = `inv-shared-${maxAttempts}`;
     const tools: ToolsInput = { refund_payment: { ...refund, maxAttempts, entity: { json: '/arguments/invoice_id' } } };
     const jobIds: number[] = [];
-    for (const [runId, amount] of [[`shared-${maxAttempts}-a`, 100], [`shared-${maxAttempts}-b`, 200]] as const) {
-      const [answer] = await dispatchToolCalls(store, [{ name: 'refund_payment', arguments: { invoice_id: invoice, amount } }], { tools, runId, heartbeat: HEARTBEAT });
+    for (const [runId, amount] of [
+      [`shared-${maxAttempts}-a`, 100],
+      [`shared-${maxAttempts}-b`, 200],
+    ] as const) {
+      const [answer] = await dispatchToolCalls(store, [{ name: 'refund_payment', arguments: { invoice_id: invoice, amount } }], {
+        tools,
+        runId,
+        heartbeat: HEARTBEAT,
+      });
       jobIds.push((answer as { jobId: number }).jobId);
     }
-    const gates = new Map([[100, gate()], [200, gate()]]);
+    const gates = new Map([
+      [100, gate()],
+      [200, gate()],
+    ]);
     const started: { amount: number; token: number }[] = [];
     const errors: unknown[] = [];
     await start({
@@ -233,10 +257,11 @@ describe('fencedMcp through the gateway mcp route', () => {
         },
       },
     });
-    const settled = (id: number) => until(async () => {
-      const j = await store.get(id);
-      return j && (j.state === 'succeeded' || j.state === 'failed') ? j : null;
-    }, `job ${id} to finish`);
+    const settled = (id: number) =>
+      until(async () => {
+        const j = await store.get(id);
+        return j && (j.state === 'succeeded' || j.state === 'failed') ? j : null;
+      }, `job ${id} to finish`);
     await until(() => started.length === 2, 'both refunds to be running');
     const firstStarted = [...started];
     // The job claimed second (the higher token) calls first, then the other one.

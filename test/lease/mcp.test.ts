@@ -49,7 +49,9 @@ describe('fencedMcp', () => {
     expect(meta(first.meta)).toEqual({ fence: '7', entity: ctx.fenceKey, key: `${ctx.jobKey}:mcp:create_ticket` });
     expect(first.meta.progressToken).toBe('p1'); // the caller's own _meta stays
     expect(first.arguments).toEqual({ title: 'Printer on fire' }); // `step` never goes on the wire
-    expect(events).toEqual([expect.objectContaining({ type: 'tool_request_started', step: 'mcp:create_ticket', idempotencyKey: `${ctx.jobKey}:mcp:create_ticket` })]);
+    expect(events).toEqual([
+      expect.objectContaining({ type: 'tool_request_started', step: 'mcp:create_ticket', idempotencyKey: `${ctx.jobKey}:mcp:create_ticket` }),
+    ]);
 
     // A retry in the same attempt, and the next attempt (token 8) of the same job: same key.
     await mcp.callTool({ name: 'create_ticket', arguments: { title: 'Printer on fire' } });
@@ -111,7 +113,9 @@ describe('fencedMcp', () => {
     const ticketsBefore = server.tickets.length;
 
     const stale = context({ fencingToken: 7, jobKey: newer.ctx.jobKey, fenceKey: newer.ctx.fenceKey });
-    const err = await fencedMcp(client, stale.ctx).callTool({ name: 'create_ticket', arguments: { title: 'late' } }).catch((e: unknown) => e);
+    const err = await fencedMcp(client, stale.ctx)
+      .callTool({ name: 'create_ticket', arguments: { title: 'late' } })
+      .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(LeaseLostError);
     expect(stale.lost).toEqual(['stale_fence']);
     expect(server.tickets.length).toBe(ticketsBefore);
@@ -144,7 +148,9 @@ describe('fencedMcp', () => {
     const { ctx, lost } = context();
     const data = { type: 'idempotency-key-reused', title: 'Idempotency key reused', status: 422, idempotency_key: `${ctx.jobKey}:mcp:create_ticket` };
     server.failNext({ code: -32003, message: 'idempotency-key-reused: the key was used with another request', data });
-    const err = (await fencedMcp(client, ctx).callTool({ name: 'create_ticket', arguments: { title: 'x' } }).catch((e: unknown) => e)) as McpRefusalError;
+    const err = (await fencedMcp(client, ctx)
+      .callTool({ name: 'create_ticket', arguments: { title: 'x' } })
+      .catch((e: unknown) => e)) as McpRefusalError;
     expect(err).toBeInstanceOf(McpRefusalError);
     expect(err).toMatchObject({ code: 'idempotency-key-reused', rpcCode: -32003, data });
     expect(err.message).toContain('idempotency-key-reused');
@@ -159,7 +165,9 @@ describe('fencedMcp', () => {
     ]) {
       const { ctx, lost } = context();
       server.failNext(error);
-      const err = await fencedMcp(client, ctx).callTool({ name: 'create_ticket', arguments: { title: 'x' } }).catch((e: unknown) => e);
+      const err = await fencedMcp(client, ctx)
+        .callTool({ name: 'create_ticket', arguments: { title: 'x' } })
+        .catch((e: unknown) => e);
       expect(err).toBeInstanceOf(McpRefusalError);
       expect(err).toMatchObject({ rpcCode: error.code, code: 'jsonrpc_error' });
       expect(lost).toEqual([]);
@@ -180,7 +188,9 @@ describe('fencedMcp', () => {
     const { ctx, lost } = context();
     const release = server.hold();
     try {
-      const err = await fencedMcp(client, ctx).callTool({ name: 'search_tickets', arguments: { q: 'x' } }, undefined, { timeout: 100 }).catch((e: unknown) => e);
+      const err = await fencedMcp(client, ctx)
+        .callTool({ name: 'search_tickets', arguments: { q: 'x' } }, undefined, { timeout: 100 })
+        .catch((e: unknown) => e);
       expect(err).toBeInstanceOf(OutcomeUnknownError);
       expect(lost).toEqual([]);
     } finally {
@@ -209,7 +219,10 @@ describe('fencedMcp', () => {
     expect(sent).toEqual([]);
     await fencedMcp(fake, ctx).callTool({ name: 'tickets/create', step: 'create' });
     expect(sent).toEqual([
-      { name: 'tickets/create', _meta: { 'io.fencegate/fence': '7', 'io.fencegate/entity': ctx.fenceKey, 'io.fencegate/idempotency-key': `${ctx.jobKey}:create` } },
+      {
+        name: 'tickets/create',
+        _meta: { 'io.fencegate/fence': '7', 'io.fencegate/entity': ctx.fenceKey, 'io.fencegate/idempotency-key': `${ctx.jobKey}:create` },
+      },
     ]);
   });
 });

@@ -50,9 +50,7 @@ describe('runWorker options', () => {
     await expect(runWorker({ ...base, kinds: { pay: { leaseMs: 10_000 } } })).rejects.toThrow(
       /runWorker kinds\.pay: leaseMs \(10000\) must be greater than .* = 16000/,
     );
-    await expect(runWorker({ ...base, leaseMs: 1_000, heartbeatMs: 500, maxMissedHeartbeats: 2, jitterMs: 0 })).rejects.toBeInstanceOf(
-      LeaseConfigError,
-    );
+    await expect(runWorker({ ...base, leaseMs: 1_000, heartbeatMs: 500, maxMissedHeartbeats: 2, jitterMs: 0 })).rejects.toBeInstanceOf(LeaseConfigError);
   });
 
   test('invalid values are refused with the field named', () => {

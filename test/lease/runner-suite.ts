@@ -170,7 +170,13 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
         const latencies = mine.flatMap((e) => (e.type === 'heartbeat_ok' ? [Math.round(e.latencyMs)] : []));
         const fellBehind = mine.some((e) => e.type === 'heartbeat_failed') || latencies.some((ms) => ms > STALL_PROOF.leaseMs / 3);
         const lost = mine.find((e) => e.type === 'heartbeat_lost');
-        const seen = { attempt, row: { state: row?.state, fencingToken: row?.fencingToken }, lost: lost?.type === 'heartbeat_lost' ? lost.cause : null, latencies, events: mine.map((e) => e.type) };
+        const seen = {
+          attempt,
+          row: { state: row?.state, fencingToken: row?.fencingToken },
+          lost: lost?.type === 'heartbeat_lost' ? lost.cause : null,
+          latencies,
+          events: mine.map((e) => e.type),
+        };
         expect(fellBehind, JSON.stringify(seen)).toBe(true);
         tries.push(seen);
         await worker.stop({ release: true });
@@ -475,9 +481,7 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       expect(w1Error).toBeInstanceOf(LeaseLostError);
       const forEntity = (r: { headers: Record<string, unknown> }) => r.headers['x-fence-entity'] === job.jobKey;
       expect(gateway.requests.filter(forEntity).map((r) => r.headers['x-execution-fence'])).toEqual(['2', '1']);
-      expect(gateway.upstream.filter((u) => u.entity === job.jobKey)).toEqual([
-        expect.objectContaining({ fence: 2, key: `${job.jobKey}:charge` }),
-      ]);
+      expect(gateway.upstream.filter((u) => u.entity === job.jobKey)).toEqual([expect.objectContaining({ fence: 2, key: `${job.jobKey}:charge` })]);
       expect(w1.events.some((e) => e.type === 'result_committed')).toBe(false);
       expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', fencingToken: 2, result: { payment: expect.any(String), fence: 2 } });
     });
@@ -508,9 +512,9 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
     });
 
     runnerOnly('a heartbeat thread that cannot open its store fails the start with a clear error', async () => {
-      await expect(
-        start({ handlers: { never: () => 'x' }, threadStore: { sqlite: '/nonexistent-dir/for/sure/jobs.db' } }),
-      ).rejects.toMatchObject({ code: 'heartbeat_thread' });
+      await expect(start({ handlers: { never: () => 'x' }, threadStore: { sqlite: '/nonexistent-dir/for/sure/jobs.db' } })).rejects.toMatchObject({
+        code: 'heartbeat_thread',
+      });
     });
 
     runnerOnly('stop() waits for running jobs and is idempotent; stop({ release: true }) gives jobs back at once', async () => {

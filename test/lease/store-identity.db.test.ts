@@ -137,7 +137,10 @@ describe('job stores behind one gateway', () => {
       const r = await scenario(await pairOf(), { withStoreId: true });
       expect([...r.outA, ...r.outB].map((e) => e.type)).toEqual(Array(6).fill('result_committed'));
       expect(r.effects).toBe(6);
-      for (const [store, jobs] of [[r.a, r.jobsA], [r.b, r.jobsB]] as const) {
+      for (const [store, jobs] of [
+        [r.a, r.jobsA],
+        [r.b, r.jobsB],
+      ] as const) {
         for (const job of jobs) {
           expect(job).toMatchObject({ state: 'succeeded', jobKey: `tool-job:${store.storeId}:${job!.id}`, fenceKey: `tool-job:${store.storeId}:${job!.id}` });
           expect(job!.result).toMatchObject({ status: 201, replayed: null, body: { entity: job!.jobKey, key: `${job!.jobKey}:charge` } });
@@ -187,7 +190,10 @@ describe('job stores behind one gateway', () => {
         const tmp = tempDir('fencegate-upgrade-');
         const path = `${tmp.dir}/jobs.db`;
         const raw = openSqlite(path);
-        migrateSqlite(raw, loadMigrations('sqlite').filter((m) => m.name < '0007'));
+        migrateSqlite(
+          raw,
+          loadMigrations('sqlite').filter((m) => m.name < '0007'),
+        );
         let store: JobStore | undefined;
         return {
           async sql(text) {
@@ -210,7 +216,10 @@ describe('job stores behind one gateway', () => {
       skip: BACKENDS.find((b) => b.name === 'postgres')!.skip,
       async open() {
         const schema = await createTestSchema('lease_upgrade');
-        await migratePostgres(schema.pool, loadMigrations('postgres').filter((m) => m.name < '0007'));
+        await migratePostgres(
+          schema.pool,
+          loadMigrations('postgres').filter((m) => m.name < '0007'),
+        );
         let store: JobStore | undefined;
         return {
           async sql(text) {
@@ -279,9 +288,7 @@ describe('job stores behind one gateway', () => {
       async () => {
         const r = await upgradeScenario(backend, { rederive: false });
         expect(r).toMatchObject({ late: 409, payments: 1, entity: 'tool-job:1' });
-        expect(r.rejections).toEqual([
-          expect.objectContaining({ reason: 'stale-fence', entity: 'tool-job:1', presented_fence: 1, current_fence: 2 }),
-        ]);
+        expect(r.rejections).toEqual([expect.objectContaining({ reason: 'stale-fence', entity: 'tool-job:1', presented_fence: 1, current_fence: 2 })]);
       },
     );
 

@@ -40,7 +40,13 @@ export async function startMcpGateway(
   const logs: Record<string, unknown>[] = [];
   const keep = (msg: string, fields?: Record<string, unknown>) => void logs.push({ msg, ...fields });
   const logger: Logger = options.logger ?? { info: keep, warn: keep, error: keep };
-  const running = await startGateway({ config, store: options.wrapStore ? options.wrapStore(sqlite) : sqlite, logger, env: {}, ...(options.forwarder ? { forwarder: options.forwarder } : {}) });
+  const running = await startGateway({
+    config,
+    store: options.wrapStore ? options.wrapStore(sqlite) : sqlite,
+    logger,
+    env: {},
+    ...(options.forwarder ? { forwarder: options.forwarder } : {}),
+  });
   return {
     url: running.url,
     running,
@@ -80,7 +86,7 @@ export function fenced(fence: number | string, entity: string, key: string): Rec
 
 /** The text of a tool result's first content item. */
 export function textOf(result: unknown): string {
-  return ((result as { content: { text: string }[] }).content[0]!).text;
+  return (result as { content: { text: string }[] }).content[0]!.text;
 }
 
 /**

@@ -20,7 +20,13 @@ it('through app.fetch and the fetch forwarder: progress streamed while the tool 
   const up = await startMcpUpstream({ stateful: true, json: false });
   cleanups.push(() => up.close());
   const config = parseConfig({ store: { sqlite: ':memory:' }, routes: [mcpRoute(up.url)] });
-  const gateway = createGateway({ config, store: new SqliteGatewayStore({ path: ':memory:' }), forwarder: createFetchForwarder(), env: {}, logger: silentLogger });
+  const gateway = createGateway({
+    config,
+    store: new SqliteGatewayStore({ path: ':memory:' }),
+    forwarder: createFetchForwarder(),
+    env: {},
+    logger: silentLogger,
+  });
   cleanups.push(() => gateway.close());
   const viaApp = ((input: string | URL | Request, init?: RequestInit) => Promise.resolve(gateway.app.fetch(new Request(input, init)))) as typeof fetch;
   const connect = async () => {

@@ -80,7 +80,9 @@ describe('a _meta fence written as a JSON number', () => {
   const withFence = (fenceLiteral: string, key: string) =>
     `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"refund","arguments":{"inv":1},"_meta":{"${MCP_META.fence}":${fenceLiteral},"${MCP_META.entity}":"inv-1","${MCP_META.idempotencyKey}":"${key}"}}}`;
   const echo: Handler = (_req, res, body) =>
-    void res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: JSON.parse(body).id, result: { content: [{ type: 'text', text: 'ok' }] } }));
+    void res
+      .writeHead(200, { 'content-type': 'application/json' })
+      .end(JSON.stringify({ jsonrpc: '2.0', id: JSON.parse(body).id, result: { content: [{ type: 'text', text: 'ok' }] } }));
 
   it('is refused invalid-fence unless written as the one canonical decimal (1e3, 1000.0, 1000e0, 10E2 are not 1000); never forwarded', async () => {
     const { up, gw } = await setup(echo, { fence: 'required' });
@@ -125,9 +127,11 @@ function sseServer(events: (id: unknown) => string): { handler: Handler; calls: 
 const result = (id: unknown, text: string) => JSON.stringify({ jsonrpc: '2.0', id, result: { content: [{ type: 'text', text }] } });
 const progress = JSON.stringify({ jsonrpc: '2.0', method: 'notifications/message', params: { level: 'info', data: 'working' } });
 
-describe('answers that are not the call\'s', () => {
+describe("answers that are not the call's", () => {
   it('an SSE event of another type is never the answer: the SDK agent gets (and a retry replays) the message event', async () => {
-    const server = sseServer((id) => `event: decoy\ndata: ${result(id, 'decoy')}\n\nevent: message\ndata: ${progress}\n\nevent: message\ndata: ${result(id, 'real')}\n\n`);
+    const server = sseServer(
+      (id) => `event: decoy\ndata: ${result(id, 'decoy')}\n\nevent: message\ndata: ${progress}\n\nevent: message\ndata: ${result(id, 'real')}\n\n`,
+    );
     const { gw } = await setup(server.handler);
     const agent = await connectClient(`${gw.url}/mcp`);
     cleanups.push(() => agent.close());
@@ -170,14 +174,20 @@ describe('answers that are not the call\'s', () => {
   it('read whole (a forwarder that cannot stream): the decoy and the response to another id are dropped from the body, the message event is stored', async () => {
     const inner = createUndiciForwarder();
     const whole: Forwarder = { forward: (r) => inner.forward(r), close: () => inner.close!() };
-    const server = sseServer((id) => `event: decoy\ndata: ${result(id, 'decoy')}\n\ndata: ${result(4242, 'someone else')}\n\ndata: ${progress}\n\nevent: message\ndata: ${result(id, 'real')}\n\n`);
+    const server = sseServer(
+      (id) =>
+        `event: decoy\ndata: ${result(id, 'decoy')}\n\ndata: ${result(4242, 'someone else')}\n\ndata: ${progress}\n\nevent: message\ndata: ${result(id, 'real')}\n\n`,
+    );
     const { gw } = await setup(server.handler, {}, whole);
     const first = await (await rawPost(`${gw.url}/mcp`, toolCall(1, 'refund', { inv: 1 }, fenced(1, 'inv-1', 'k-whole')))).text();
     expect(first).not.toContain('decoy');
     expect(first).not.toContain('someone else');
     expect(first).toContain('notifications/message');
     expect(first).toContain('"real"');
-    expect(await post(gw.url, toolCall(2, 'refund', { inv: 1 }, fenced(1, 'inv-1', 'k-whole')))).toMatchObject({ id: 2, result: { content: [{ text: 'real' }] } });
+    expect(await post(gw.url, toolCall(2, 'refund', { inv: 1 }, fenced(1, 'inv-1', 'k-whole')))).toMatchObject({
+      id: 2,
+      result: { content: [{ text: 'real' }] },
+    });
     expect(server.calls()).toBe(1);
   });
 
@@ -190,7 +200,10 @@ describe('answers that are not the call\'s', () => {
     const first = await (await rawPost(`${gw.url}/mcp`, toolCall(1, 'refund', { inv: 1 }, fenced(1, 'inv-1', 'k-json-id')))).text();
     expect(first).not.toContain('someone else');
     expect(JSON.parse(first)).toMatchObject({ id: 1, error: { code: MCP_ERROR_CODES['upstream-timeout'], data: { type: 'upstream-timeout' } } });
-    expect(await post(gw.url, toolCall(2, 'refund', { inv: 1 }, fenced(1, 'inv-1', 'k-json-id')))).toMatchObject({ id: 2, error: { code: MCP_ERROR_CODES['outcome-unknown'] } });
+    expect(await post(gw.url, toolCall(2, 'refund', { inv: 1 }, fenced(1, 'inv-1', 'k-json-id')))).toMatchObject({
+      id: 2,
+      error: { code: MCP_ERROR_CODES['outcome-unknown'] },
+    });
     expect(calls).toBe(1);
     expect(gw.decisions().map((d) => d.decision)).toEqual(['upstream-no-response', 'outcome-unknown']);
   });

@@ -31,7 +31,9 @@ const rpc = (text: string) => JSON.parse(text) as { id: unknown; result?: { cont
 function rewriting(inner: GatewayStore, scope: (s: string) => string, fp: (f: string, key: string | null) => string): GatewayStore {
   return new Proxy(inner, {
     get(target, prop) {
-      if (prop === 'admit') return (input: Parameters<GatewayStore['admit']>[0]) => target.admit({ ...input, scope: scope(input.scope), fingerprint: fp(input.fingerprint, input.key) });
+      if (prop === 'admit')
+        return (input: Parameters<GatewayStore['admit']>[0]) =>
+          target.admit({ ...input, scope: scope(input.scope), fingerprint: fp(input.fingerprint, input.key) });
       if (prop === 'finish') return (input: Parameters<GatewayStore['finish']>[0]) => target.finish({ ...input, scope: scope(input.scope) });
       const v = Reflect.get(target, prop) as unknown;
       return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
@@ -63,8 +65,14 @@ describe('the endpoint is part of the command', () => {
     expect(up.seen.map((s) => s.url)).toEqual(['/mcp/tenant-a?ws=1', '/mcp/tenant-b?ws=2']);
   });
 
-  it('negative control: with the path out of the scope and the fingerprint, tenant-b is answered with tenant-a\'s stored result', async () => {
-    const { b, runs } = await twoTenants((s) => rewriting(s, (scope) => scope.replace(/\u0000path:.*$/, ''), (_f, key) => `same:${key}`));
+  it("negative control: with the path out of the scope and the fingerprint, tenant-b is answered with tenant-a's stored result", async () => {
+    const { b, runs } = await twoTenants((s) =>
+      rewriting(
+        s,
+        (scope) => scope.replace(/\u0000path:.*$/, ''),
+        (_f, key) => `same:${key}`,
+      ),
+    );
     expect(b.headers['idempotent-replayed']).toBe('true');
     expect(rpc(b.text).result!.content[0]!.text).toBe('run 1 at /mcp/tenant-a?ws=1');
     expect(runs).toBe(1);
@@ -76,7 +84,8 @@ describe('arguments as written', () => {
     const tool = echoTool();
     const { up, gw } = await setup(tool.handler, { entity: { json: '/arguments/account' } });
     const meta = { 'io.fencegate/fence': '1', 'io.fencegate/idempotency-key': 'k-big' };
-    const mk = (id: number, args: string) => `{"jsonrpc":"2.0","id":${id},"method":"tools/call","params":{"name":"transfer","arguments":${args},"_meta":${JSON.stringify(meta)}}}`;
+    const mk = (id: number, args: string) =>
+      `{"jsonrpc":"2.0","id":${id},"method":"tools/call","params":{"name":"transfer","arguments":${args},"_meta":${JSON.stringify(meta)}}}`;
     await rawRequest(`${gw.url}/mcp`, 'POST', mk(1, '{"account":"a1","amount":9007199254740993}'));
     const second = await rawRequest(`${gw.url}/mcp`, 'POST', mk(2, '{"account":"a1","amount":9007199254740992}'));
     expect(rpc(second.text).error!.data.type).toBe('idempotency-key-reused');
@@ -105,7 +114,10 @@ describe('compressed answers', () => {
     // The SDK client over Node's fetch offers gzip, as every agent using it does.
     const c = await connectClient(`${gw.url}/mcp`);
     cleanups.push(() => c.close());
-    const callOnce = (id: string) => c.client.callTool({ name: 'create_ticket', arguments: { title: 'printer on fire' }, _meta: fenced(1, 'job-z', 'k-zip') }).then(textOf, (e: { code?: number }) => `error ${e.code}`);
+    const callOnce = (id: string) =>
+      c.client
+        .callTool({ name: 'create_ticket', arguments: { title: 'printer on fire' }, _meta: fenced(1, 'job-z', 'k-zip') })
+        .then(textOf, (e: { code?: number }) => `error ${e.code}`);
     return { server, relay, gw, callOnce };
   }
 
@@ -116,7 +128,12 @@ describe('compressed answers', () => {
     expect(server.tickets).toHaveLength(1);
     expect(relay.gzipped()).toBe(0);
     expect(relay.seen.every((s) => s.headers['accept-encoding'] === 'identity')).toBe(true);
-    expect(gw.decisions().filter((d) => d.tool === 'create_ticket').map((d) => d.decision)).toEqual(['forwarded', 'replayed']);
+    expect(
+      gw
+        .decisions()
+        .filter((d) => d.tool === 'create_ticket')
+        .map((d) => d.decision),
+    ).toEqual(['forwarded', 'replayed']);
   });
 
   it("negative control: the caller's gzip forwarded, the result is unreadable: outcome unknown, the retry gets -32005", async () => {
@@ -132,13 +149,21 @@ describe('compressed answers', () => {
     expect(await callOnce('2')).toBe(`error ${MCP_ERROR_CODES['outcome-unknown']}`);
     expect(server.tickets).toHaveLength(1);
     expect(relay.gzipped()).toBeGreaterThan(0);
-    expect(gw.decisions().filter((d) => d.tool === 'create_ticket').map((d) => d.decision)).toEqual(['upstream-no-response', 'outcome-unknown']);
+    expect(
+      gw
+        .decisions()
+        .filter((d) => d.tool === 'create_ticket')
+        .map((d) => d.decision),
+    ).toEqual(['upstream-no-response', 'outcome-unknown']);
   });
 
   it('an upstream that gzips anyway (an event stream too) is passed on intact and recorded as outcome unknown', async () => {
     const { gunzipSync, gzipSync } = await import('node:zlib');
-    const event = (id: unknown) => `event: message\ndata: ${JSON.stringify({ jsonrpc: '2.0', id, result: { content: [{ type: 'text', text: 'refund done' }] } })}\n\n`;
-    const { gw } = await setup((_q, res, body) => void res.writeHead(200, { 'content-type': 'text/event-stream', 'content-encoding': 'gzip' }).end(gzipSync(event(JSON.parse(body).id))));
+    const event = (id: unknown) =>
+      `event: message\ndata: ${JSON.stringify({ jsonrpc: '2.0', id, result: { content: [{ type: 'text', text: 'refund done' }] } })}\n\n`;
+    const { gw } = await setup(
+      (_q, res, body) => void res.writeHead(200, { 'content-type': 'text/event-stream', 'content-encoding': 'gzip' }).end(gzipSync(event(JSON.parse(body).id))),
+    );
     const r = await rawRequest(`${gw.url}/mcp`, 'POST', toolCall(1, 'refund', { inv: 1 }, fenced(1, 'job-s', 'k-sse')));
     expect(r.headers['content-encoding']).toBe('gzip');
     expect(gunzipSync(r.body).toString()).toBe(event(1));
@@ -147,10 +172,12 @@ describe('compressed answers', () => {
 });
 
 describe('4xx from the upstream', () => {
-  const answering = (status: number, body: (id: unknown) => string | null): Handler => (_q, res, raw) => {
-    const text = body(JSON.parse(raw).id);
-    res.writeHead(status, text === null ? {} : { 'content-type': 'application/json' }).end(text ?? '');
-  };
+  const answering =
+    (status: number, body: (id: unknown) => string | null): Handler =>
+    (_q, res, raw) => {
+      const text = body(JSON.parse(raw).id);
+      res.writeHead(status, text === null ? {} : { 'content-type': 'application/json' }).end(text ?? '');
+    };
   const twice = async (gw: { url: string }) => {
     const one = await rawRequest(`${gw.url}/mcp`, 'POST', toolCall(1, 'refund', { inv: 7 }, fenced(1, 'e', 'k-4xx')));
     const two = await rawRequest(`${gw.url}/mcp`, 'POST', toolCall(2, 'refund', { inv: 7 }, fenced(1, 'e', 'k-4xx')));
@@ -159,7 +186,7 @@ describe('4xx from the upstream', () => {
 
   it.each([
     ['a proxy 408 (no JSON-RPC error)', 408, () => 'Request Timeout'],
-    ['a 400 answering the call\'s id', 400, (id: unknown) => JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32602, message: 'bad arguments' } })],
+    ["a 400 answering the call's id", 400, (id: unknown) => JSON.stringify({ jsonrpc: '2.0', id, error: { code: -32602, message: 'bad arguments' } })],
   ])('%s may come after the tool ran: stored and replayed, one execution', async (_name, status, body) => {
     const { up, gw } = await setup(answering(status, body));
     const [one, two] = await twice(gw);
@@ -180,7 +207,10 @@ describe('4xx from the upstream', () => {
   });
 
   it('negative control: with 408 in releaseStatuses the key is released and the tool runs again', async () => {
-    const { up, gw } = await setup(answering(408, () => 'Request Timeout'), { releaseStatuses: [408] });
+    const { up, gw } = await setup(
+      answering(408, () => 'Request Timeout'),
+      { releaseStatuses: [408] },
+    );
     await twice(gw);
     expect(up.seen).toHaveLength(2);
   });

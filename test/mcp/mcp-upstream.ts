@@ -65,7 +65,8 @@ export async function startMcpUpstream(options: { stateful: boolean; json: boole
     server.registerTool('slow_report', { description: 'A report with progress', inputSchema: { steps: z.number() } }, async ({ steps }, extra) => {
       const token = extra._meta?.progressToken;
       for (let i = 1; i <= steps; i++) {
-        if (token !== undefined) await extra.sendNotification({ method: 'notifications/progress', params: { progressToken: token, progress: i, total: steps } });
+        if (token !== undefined)
+          await extra.sendNotification({ method: 'notifications/progress', params: { progressToken: token, progress: i, total: steps } });
         if (i === 1 && up.gate) await up.gate;
       }
       return { content: [{ type: 'text', text: `report of ${steps} steps` }] };
@@ -89,13 +90,19 @@ export async function startMcpUpstream(options: { stateful: boolean; json: boole
     const sid = req.headers['mcp-session-id'];
     let transport = typeof sid === 'string' ? sessions.get(sid) : undefined;
     if (transport === undefined && typeof sid !== 'string' && parsed?.method === 'initialize') {
-      const t = new StreamableHTTPServerTransport({ sessionIdGenerator: () => randomUUID(), enableJsonResponse: options.json, onsessioninitialized: (id) => void sessions.set(id, t) });
+      const t = new StreamableHTTPServerTransport({
+        sessionIdGenerator: () => randomUUID(),
+        enableJsonResponse: options.json,
+        onsessioninitialized: (id) => void sessions.set(id, t),
+      });
       t.onclose = () => t.sessionId && sessions.delete(t.sessionId);
       await newServer().connect(t);
       transport = t;
     }
     if (transport === undefined) {
-      res.writeHead(typeof sid === 'string' ? 404 : 400, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32000, message: 'no session' } }));
+      res
+        .writeHead(typeof sid === 'string' ? 404 : 400, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32000, message: 'no session' } }));
       return;
     }
     return transport.handleRequest(req, res, parsed);
@@ -117,7 +124,13 @@ export async function startMcpUpstream(options: { stateful: boolean; json: boole
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
       const body = Buffer.concat(chunks).toString('utf8');
-      up.requests.push({ method: req.method ?? '', headers: req.headers, body, response: () => Buffer.concat(written).toString('utf8'), status: () => res.statusCode });
+      up.requests.push({
+        method: req.method ?? '',
+        headers: req.headers,
+        body,
+        response: () => Buffer.concat(written).toString('utf8'),
+        status: () => res.statusCode,
+      });
       handle(req, res, body).catch((err) => {
         if (!res.headersSent) res.writeHead(500).end(String(err));
       });

@@ -51,7 +51,16 @@ const call = (id: number, method: string, meta: Record<string, string> = {}) =>
   JSON.stringify({ jsonrpc: '2.0', id, method, params: { name: 'x', arguments: {}, _meta: meta } });
 
 describe('a method that is tools/call in another spelling', () => {
-  const variants = ['Tools/call', 'TOOLS/CALL', ' tools/call', 'tools/call\n', '\ttools/call ', 'tools/\u200bcall', 'toolſ/call', `tools/call${' '.repeat(1000)}`];
+  const variants = [
+    'Tools/call',
+    'TOOLS/CALL',
+    ' tools/call',
+    'tools/call\n',
+    '\ttools/call ',
+    'tools/\u200bcall',
+    'toolſ/call',
+    `tools/call${' '.repeat(1000)}`,
+  ];
 
   it('is refused (-32007 invalid-request) before the upstream, which would have run it; the exact tools/call is decided', async () => {
     const up = await lenientServers();
@@ -125,7 +134,9 @@ describe('readOnlyHint is learnt per endpoint', () => {
 
   it('the endpoints of a route share one bound; the endpoint learnt longest ago is forgotten first', () => {
     const a = new ToolAnnotations();
-    const many = (n: number, prefix: string) => ({ tools: Array.from({ length: n }, (_, i) => ({ name: `${prefix}${i}`, annotations: { readOnlyHint: true } })) });
+    const many = (n: number, prefix: string) => ({
+      tools: Array.from({ length: n }, (_, i) => ({ name: `${prefix}${i}`, annotations: { readOnlyHint: true } })),
+    });
     a.learn('r', '/one', many(6000, 'a'));
     a.learn('r', '/two', many(3000, 'b'));
     expect(a.readOnly('r', '/one', 'a1')).toBe(true);

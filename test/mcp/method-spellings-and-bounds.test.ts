@@ -17,7 +17,11 @@ afterEach(async () => {
 });
 
 /** Go encoding/json v1 matching of a struct tag: exact first, else case-insensitive with ſ→s, K→k. */
-const goFold = (s: string) => s.replace(/\u017f/g, 's').replace(/\u212a/g, 'k').toLowerCase();
+const goFold = (s: string) =>
+  s
+    .replace(/\u017f/g, 's')
+    .replace(/\u212a/g, 'k')
+    .toLowerCase();
 function goField(obj: Record<string, unknown>, tag: string): unknown {
   if (Object.hasOwn(obj, tag)) return obj[tag];
   const k = Object.keys(obj).find((key) => goFold(key) === goFold(tag));
@@ -84,13 +88,25 @@ describe('the method member in another case (`Method`) is refused, alone and in 
 });
 
 describe('other spellings of tools/call (fullwidth, other separators, invisible marks) are refused too', () => {
-  const notCaught = ['ｔｏｏｌｓ/ｃａｌｌ', 'tools／call', 'tools.call', 'tools/call/', 'tools//call', 'tools/\u202ecall', 'tools/\u2066call', 'tools/\u034fcall', 'tools/\u180ecall', 'tools/c\ufe0fall'];
+  const notCaught = [
+    'ｔｏｏｌｓ/ｃａｌｌ',
+    'tools／call',
+    'tools.call',
+    'tools/call/',
+    'tools//call',
+    'tools/\u202ecall',
+    'tools/\u2066call',
+    'tools/\u034fcall',
+    'tools/\u180ecall',
+    'tools/c\ufe0fall',
+  ];
   it('each is refused; tools/list and the exact tools/call are not', () => {
     for (const method of notCaught) {
       const body = new TextEncoder().encode(JSON.stringify({ jsonrpc: '2.0', id: 1, method, params: { name: 'pay', arguments: {} } }));
       expect(readMessage(body).kind, JSON.stringify(method)).toBe('refused');
     }
-    const other = (method: string) => readMessage(new TextEncoder().encode(JSON.stringify({ jsonrpc: '2.0', id: 1, method, params: { name: 'pay', arguments: {} } }))).kind;
+    const other = (method: string) =>
+      readMessage(new TextEncoder().encode(JSON.stringify({ jsonrpc: '2.0', id: 1, method, params: { name: 'pay', arguments: {} } }))).kind;
     expect(other('tools/list')).toBe('pass');
     expect(other('tools/call')).toBe('call');
   });
@@ -101,7 +117,9 @@ describe('what holds', () => {
     const up = await goLikeServer();
     const gw = await gateway(up);
     for (const m of ['"tools\\/call"', '"tools/\\u0063all"', '"\\u0074ools/call"']) {
-      const res = (await (await rawPost(`${gw.url}/mcp/a`, `{"jsonrpc":"2.0","id":1,"method":${m},"params":{"name":"pay","arguments":{}}}`)).json()) as { error: { data: { type: string } } };
+      const res = (await (await rawPost(`${gw.url}/mcp/a`, `{"jsonrpc":"2.0","id":1,"method":${m},"params":{"name":"pay","arguments":{}}}`)).json()) as {
+        error: { data: { type: string } };
+      };
       expect(res.error.data.type).toBe('missing-fence');
     }
     expect(up.ran).toEqual([]);
@@ -113,11 +131,18 @@ describe('what holds', () => {
       `{"jsonrpc":"2.0","id":1,"method":"ping","Method":"tools/call","params":{"name":"p"}}`,
       `{"jsonrpc":"2.0","id":1,"method":"ping","m\\u0065thod":"tools/call","params":{"name":"p"}}`,
       `[{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call"}]`,
-    ]) expect(readMessage(new TextEncoder().encode(b)).kind, b).toBe('refused');
+    ])
+      expect(readMessage(new TextEncoder().encode(b)).kind, b).toBe('refused');
   });
 
   it('the speed-up kept every refusal of a repeated member in arguments or _meta (any depth, folded)', () => {
-    for (const inner of [`"arguments":{"a":1,"a":2}`, `"arguments":{"a":1,"A":2}`, `"arguments":{"x":{"k":1,"\u212a":2}}`, `"_meta":{"t":1,"t":2}`, `"arguments":{},"Arguments":{}`]) {
+    for (const inner of [
+      `"arguments":{"a":1,"a":2}`,
+      `"arguments":{"a":1,"A":2}`,
+      `"arguments":{"x":{"k":1,"\u212a":2}}`,
+      `"_meta":{"t":1,"t":2}`,
+      `"arguments":{},"Arguments":{}`,
+    ]) {
       const b = `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"p",${inner}}}`;
       expect(readMessage(new TextEncoder().encode(b)).kind, b).toBe('refused');
     }
@@ -137,7 +162,21 @@ describe('what holds', () => {
     const gw = await gateway(up);
     await (await rawPost(`${gw.url}/mcp/a`, JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/list' }))).text();
     const call = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'x', arguments: {} } });
-    const paths = ['/mcp/a', '/mcp/%61', '/mcp/./a', '/mcp/b/../a', '/mcp/a?', '/mcp/a?q=1', '/mcp/a/', '/mcp//a', '/MCP/a', '/mcp/a;p', '/mcp/a#frag', '/mcp/a%2F', '/mcp/A'];
+    const paths = [
+      '/mcp/a',
+      '/mcp/%61',
+      '/mcp/./a',
+      '/mcp/b/../a',
+      '/mcp/a?',
+      '/mcp/a?q=1',
+      '/mcp/a/',
+      '/mcp//a',
+      '/MCP/a',
+      '/mcp/a;p',
+      '/mcp/a#frag',
+      '/mcp/a%2F',
+      '/mcp/A',
+    ];
     const passed: string[] = [];
     for (const p of paths) {
       const before = ran.length;
@@ -153,7 +192,8 @@ describe('what holds', () => {
   it('eviction only ever forgets: a side-effecting tool is never read-only after any sequence of lists', () => {
     const a = new ToolAnnotations();
     a.learn('r', '/b', { tools: [{ name: 'x', annotations: { readOnlyHint: false } }] });
-    for (let i = 0; i < 30; i++) a.learn('r', `/a?${i}`, { tools: Array.from({ length: 500 }, (_, k) => ({ name: k === 0 ? 'x' : `t${k}`, annotations: { readOnlyHint: true } })) });
+    for (let i = 0; i < 30; i++)
+      a.learn('r', `/a?${i}`, { tools: Array.from({ length: 500 }, (_, k) => ({ name: k === 0 ? 'x' : `t${k}`, annotations: { readOnlyHint: true } })) });
     expect(a.readOnly('r', '/b', 'x')).not.toBe(true);
   });
 });
@@ -215,7 +255,11 @@ describe('as documented: the endpoint is the path and query; an upstream that pi
     const gw = await startMcpGateway([mcpRoute(up.url, { match: { path: '/mcp' }, tools: { '*': { readOnly: false } } })]);
     cleanups.push(() => gw.close());
     await (await rawPost(`${gw.url}/mcp`, JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/list' }), { 'x-tenant': 'a' })).text();
-    const res = (await (await rawPost(`${gw.url}/mcp`, JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'x', arguments: {}, _meta: {} } }), { 'x-tenant': 'b' })).json()) as { error?: { data?: { type?: string } } };
+    const res = (await (
+      await rawPost(`${gw.url}/mcp`, JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'x', arguments: {}, _meta: {} } }), {
+        'x-tenant': 'b',
+      })
+    ).json()) as { error?: { data?: { type?: string } } };
     expect(ran).toEqual([]);
     expect(res.error?.data?.type).toBe('missing-fence');
   });

@@ -26,7 +26,11 @@ afterEach(async () => {
 });
 
 /** Go encoding/json v1 matching of a struct tag: exact first, else case-insensitive with ſ→s, K→k. */
-const goFold = (s: string) => s.replace(/\u017f/g, 's').replace(/\u212a/g, 'k').toLowerCase();
+const goFold = (s: string) =>
+  s
+    .replace(/\u017f/g, 's')
+    .replace(/\u212a/g, 'k')
+    .toLowerCase();
 function goField(obj: unknown, tag: string): unknown {
   if (obj === null || typeof obj !== 'object') return undefined;
   const o = obj as Record<string, unknown>;
@@ -50,9 +54,16 @@ async function goLikeServer(): Promise<RawUpstream & { ran: Ran[] }> {
     if (goField(m, 'method') === 'tools/call') {
       const params = goField(m, 'params');
       const meta = goField(params, '_meta');
-      ran.push({ name: goField(params, 'name'), fence: goField(meta, MCP_META.fence), entity: goField(meta, MCP_META.entity), key: goField(meta, MCP_META.idempotencyKey) ?? goField(params, 'idempotencyKey') });
+      ran.push({
+        name: goField(params, 'name'),
+        fence: goField(meta, MCP_META.fence),
+        entity: goField(meta, MCP_META.entity),
+        key: goField(meta, MCP_META.idempotencyKey) ?? goField(params, 'idempotencyKey'),
+      });
     }
-    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: goField(m, 'id'), result: { content: [{ type: 'text', text: 'paid' }] } }));
+    res
+      .writeHead(200, { 'content-type': 'application/json' })
+      .end(JSON.stringify({ jsonrpc: '2.0', id: goField(m, 'id'), result: { content: [{ type: 'text', text: 'paid' }] } }));
   });
   cleanups.push(() => up.close());
   return Object.assign(up, { ran });
@@ -87,10 +98,26 @@ const shapes: [string, Record<string, unknown>, Record<string, unknown>][] = [
   // `Name` and `Arguments` were refused before as well (no name; the arguments' digest refuses a folded pointer, src/core/fingerprint.ts): kept so every member is covered.
   ['Name', { Name: 'pay', arguments: {} }, { name: 'pay', arguments: {} }],
   ['Arguments', { name: 'pay', Arguments: { amount: 1 } }, { name: 'pay', arguments: { amount: 1 } }],
-  ['_meta fence', { name: 'pay', arguments: {}, _meta: { 'IO.fencegate/Fence': '5', [MCP_META.entity]: 'bob' } }, { name: 'pay', arguments: {}, _meta: { [MCP_META.fence]: '5', [MCP_META.entity]: 'bob' } }],
-  ['_meta entity', { name: 'pay', arguments: {}, _meta: { 'io.fencegate/Entity': 'bob' } }, { name: 'pay', arguments: {}, _meta: { [MCP_META.entity]: 'bob' } }],
-  ['_meta key', { name: 'pay', arguments: {}, _meta: { 'io.fencegate/idempotency-KEY': 'k-secret-1' } }, { name: 'pay', arguments: {}, _meta: { [MCP_META.idempotencyKey]: 'k-secret-1' } }],
-  ['_meta key with K (Kelvin sign)', { name: 'pay', arguments: {}, _meta: { 'io.fencegate/idempotency-\u212aey': 'k-secret-1' } }, { name: 'pay', arguments: {}, _meta: { [MCP_META.idempotencyKey]: 'k-secret-1' } }],
+  [
+    '_meta fence',
+    { name: 'pay', arguments: {}, _meta: { 'IO.fencegate/Fence': '5', [MCP_META.entity]: 'bob' } },
+    { name: 'pay', arguments: {}, _meta: { [MCP_META.fence]: '5', [MCP_META.entity]: 'bob' } },
+  ],
+  [
+    '_meta entity',
+    { name: 'pay', arguments: {}, _meta: { 'io.fencegate/Entity': 'bob' } },
+    { name: 'pay', arguments: {}, _meta: { [MCP_META.entity]: 'bob' } },
+  ],
+  [
+    '_meta key',
+    { name: 'pay', arguments: {}, _meta: { 'io.fencegate/idempotency-KEY': 'k-secret-1' } },
+    { name: 'pay', arguments: {}, _meta: { [MCP_META.idempotencyKey]: 'k-secret-1' } },
+  ],
+  [
+    '_meta key with K (Kelvin sign)',
+    { name: 'pay', arguments: {}, _meta: { 'io.fencegate/idempotency-\u212aey': 'k-secret-1' } },
+    { name: 'pay', arguments: {}, _meta: { [MCP_META.idempotencyKey]: 'k-secret-1' } },
+  ],
 ];
 
 describe('tools/call params: a member that differs only in case from one the route reads is invalid-request', () => {
@@ -122,7 +149,9 @@ describe('the gap, with the fold switched off', () => {
   it('`_Meta` carries a stale fence past the check: the gateway saw no fence, the upstream runs it as fence 5 for bob', async () => {
     const { up, gw } = await setup();
     // bob's fence is at 9.
-    expect((await post(gw.url, call({ name: 'pay', arguments: {}, _meta: { ...META, [MCP_META.fence]: '9', [MCP_META.idempotencyKey]: 'k-9' } }))).body.result).toBeDefined();
+    expect(
+      (await post(gw.url, call({ name: 'pay', arguments: {}, _meta: { ...META, [MCP_META.fence]: '9', [MCP_META.idempotencyKey]: 'k-9' } }))).body.result,
+    ).toBeDefined();
     // The stale fence under the exact name is refused.
     expect((await post(gw.url, call({ name: 'pay', arguments: {}, _meta: META }))).refusal).toBe('stale-fence');
     // Under `_Meta`: refused with the check; with it off, admitted as a call with no fence, entity or key.

@@ -13,7 +13,11 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-async function setup(mode: { stateful: boolean; json: boolean }, routes?: (upstream: string) => Record<string, unknown>[], options: Parameters<typeof startMcpGateway>[1] = {}) {
+async function setup(
+  mode: { stateful: boolean; json: boolean },
+  routes?: (upstream: string) => Record<string, unknown>[],
+  options: Parameters<typeof startMcpGateway>[1] = {},
+) {
   const up = await startMcpUpstream(mode);
   cleanups.push(() => up.close());
   const gw = await startMcpGateway(routes ? routes(up.url) : [mcpRoute(up.url)], options);
@@ -27,7 +31,12 @@ async function client(url: string, headers?: Record<string, string>) {
   return c.client;
 }
 
-const INIT = JSON.stringify({ jsonrpc: '2.0', id: 'init-1', method: 'initialize', params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '0' } } });
+const INIT = JSON.stringify({
+  jsonrpc: '2.0',
+  id: 'init-1',
+  method: 'initialize',
+  params: { protocolVersion: '2025-06-18', capabilities: {}, clientInfo: { name: 'raw', version: '0' } },
+});
 
 describe('pass-through', () => {
   it.each([
@@ -45,7 +54,11 @@ describe('pass-through', () => {
     expect(notified.status).toBe(202);
     const list = await rawPost(url, ' {"jsonrpc":"2.0","id":7,"method":"tools/list"}', headers);
     const listText = await list.text();
-    expect(up.requests.map((r) => r.body)).toEqual([INIT, '{"jsonrpc":"2.0","method":"notifications/initialized"}', ' {"jsonrpc":"2.0","id":7,"method":"tools/list"}']);
+    expect(up.requests.map((r) => r.body)).toEqual([
+      INIT,
+      '{"jsonrpc":"2.0","method":"notifications/initialized"}',
+      ' {"jsonrpc":"2.0","id":7,"method":"tools/list"}',
+    ]);
     expect(initText).toBe(up.requests[0]!.response());
     expect(listText).toBe(up.requests[2]!.response());
     expect(listText).toContain('search_tickets');
@@ -144,13 +157,35 @@ describe('refused before the upstream', () => {
   it.each([
     ['not JSON', '{"jsonrpc":"2.0",'],
     ['a name that is not a string', JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 5, _meta: fenced(1, 'job', 'x') } })],
-    ['arguments that are not an object', JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'create_ticket', arguments: ['t'], _meta: fenced(1, 'job', 'x') } })],
-    ['a tools/call without an id', JSON.stringify({ jsonrpc: '2.0', method: 'tools/call', params: { name: 'create_ticket', arguments: { title: 't' }, _meta: fenced(1, 'job', 'x') } })],
-    ['a repeated method (a parser keeping the first reads tools/call)', '{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"ping","params":{"name":"create_ticket","arguments":{"title":"t"}}}'],
-    ['a repeated member on the entity path', `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_ticket","arguments":{"title":"a","title":"b"},"_meta":${JSON.stringify(fenced(1, 'job', 'x'))}}}`],
-    ['the key in _meta and params.idempotencyKey differ', JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'create_ticket', arguments: { title: 't' }, idempotencyKey: 'other', _meta: fenced(1, 'job', 'x') } })],
+    [
+      'arguments that are not an object',
+      JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'create_ticket', arguments: ['t'], _meta: fenced(1, 'job', 'x') } }),
+    ],
+    [
+      'a tools/call without an id',
+      JSON.stringify({ jsonrpc: '2.0', method: 'tools/call', params: { name: 'create_ticket', arguments: { title: 't' }, _meta: fenced(1, 'job', 'x') } }),
+    ],
+    [
+      'a repeated method (a parser keeping the first reads tools/call)',
+      '{"jsonrpc":"2.0","id":1,"method":"tools/call","method":"ping","params":{"name":"create_ticket","arguments":{"title":"t"}}}',
+    ],
+    [
+      'a repeated member on the entity path',
+      `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_ticket","arguments":{"title":"a","title":"b"},"_meta":${JSON.stringify(fenced(1, 'job', 'x'))}}}`,
+    ],
+    [
+      'the key in _meta and params.idempotencyKey differ',
+      JSON.stringify({
+        jsonrpc: '2.0',
+        id: 1,
+        method: 'tools/call',
+        params: { name: 'create_ticket', arguments: { title: 't' }, idempotencyKey: 'other', _meta: fenced(1, 'job', 'x') },
+      }),
+    ],
   ])('%s: a -32007 JSON-RPC error, never forwarded, no state change', async (_what, body) => {
-    const { up, gw, url } = await setup({ stateful: false, json: true }, (u) => [mcpRoute(u, { tools: { create_ticket: { entity: { json: '/arguments/title' } } } })]);
+    const { up, gw, url } = await setup({ stateful: false, json: true }, (u) => [
+      mcpRoute(u, { tools: { create_ticket: { entity: { json: '/arguments/title' } } } }),
+    ]);
     const before = snapshot(gw.sqlite);
     const res = await rawPost(url, body);
     expect(res.status).toBe(200);
@@ -176,7 +211,15 @@ describe('refused before the upstream', () => {
     const port = await freePort();
     const gw = await startMcpGateway([mcpRoute(`http://127.0.0.1:${port}`)]);
     cleanups.push(() => gw.close());
-    const res = await rawPost(`${gw.url}/mcp`, JSON.stringify({ jsonrpc: '2.0', id: 'c1', method: 'tools/call', params: { name: 'create_ticket', arguments: { title: 't' }, _meta: fenced(1, 'job', 'down-1') } }));
+    const res = await rawPost(
+      `${gw.url}/mcp`,
+      JSON.stringify({
+        jsonrpc: '2.0',
+        id: 'c1',
+        method: 'tools/call',
+        params: { name: 'create_ticket', arguments: { title: 't' }, _meta: fenced(1, 'job', 'down-1') },
+      }),
+    );
     const body = (await res.json()) as any;
     expect(body).toMatchObject({ id: 'c1', error: { code: -32008, data: { type: 'upstream-unavailable', status: 502 } } });
     expect(gw.sqlite.db.prepare("SELECT count(*) AS n FROM idempotency_records WHERE key = 'down-1'").get()).toEqual({ n: 0 });

@@ -135,7 +135,9 @@ export function echoTool(): { handler: Handler; runs: () => number } {
     handler: (req, res, body) => {
       const m = JSON.parse(body);
       runs++;
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: m.id, result: { content: [{ type: 'text', text: `run ${runs} at ${req.url}` }] } }));
+      res
+        .writeHead(200, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ jsonrpc: '2.0', id: m.id, result: { content: [{ type: 'text', text: `run ${runs} at ${req.url}` }] } }));
     },
   };
 }

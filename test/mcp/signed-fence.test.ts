@@ -35,9 +35,15 @@ it('a signed _meta fence passes; a bare giant integer and an expired fence are r
     code: -32007,
     data: { type: 'invalid-fence-signature', status: 401, entity: 'job-1' },
   });
-  await expect(a.callTool({ name: 'create_ticket', arguments: { title: 'late' }, _meta: fenced(expired, 'job-1', 'k-3') })).rejects.toMatchObject({ code: -32002, data: { type: 'fence-expired' } });
+  await expect(a.callTool({ name: 'create_ticket', arguments: { title: 'late' }, _meta: fenced(expired, 'job-1', 'k-3') })).rejects.toMatchObject({
+    code: -32002,
+    data: { type: 'fence-expired' },
+  });
   expect(up.tickets.map((t) => t.title)).toEqual(['signed']);
-  expect(signed.sqlite.db.prepare('SELECT reason FROM rejections ORDER BY id').all()).toEqual([{ reason: 'invalid-fence-signature' }, { reason: 'fence-expired' }]);
+  expect(signed.sqlite.db.prepare('SELECT reason FROM rejections ORDER BY id').all()).toEqual([
+    { reason: 'invalid-fence-signature' },
+    { reason: 'fence-expired' },
+  ]);
 
   // The control: without signed fences the forged giant fence is a fence like any other.
   const b = await agent(unsigned.url);

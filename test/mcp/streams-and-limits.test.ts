@@ -25,7 +25,9 @@ const streamsForever: Handler = (req, res, body) => {
     return;
   }
   const m = JSON.parse(body);
-  res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: m.id, result: { content: [{ type: 'text', text: 'done' }] } }));
+  res
+    .writeHead(200, { 'content-type': 'application/json' })
+    .end(JSON.stringify({ jsonrpc: '2.0', id: m.id, result: { content: [{ type: 'text', text: 'done' }] } }));
 };
 
 /** Opens a GET event stream through the gateway and resolves once its first bytes are in. */
@@ -128,14 +130,20 @@ describe('bounds', () => {
   it("a passed message's refusal answers its id", async () => {
     const up = await rawUpstream((_q, res, body) => {
       const m = JSON.parse(body);
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: m.id, result: { tools: Array.from({ length: 200 }, (_, i) => ({ name: `tool_${i}`, inputSchema: {} })) } }));
+      res
+        .writeHead(200, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ jsonrpc: '2.0', id: m.id, result: { tools: Array.from({ length: 200 }, (_, i) => ({ name: `tool_${i}`, inputSchema: {} })) } }));
     });
     cleanups.push(() => up.close());
     const gw = await startMcpGateway([mcpRoute(up.url, { maxResponseBytes: 2000, tools: { search: { readOnly: true } } })]);
     cleanups.push(() => gw.close());
     const list = await rawRequest(`${gw.url}/mcp`, 'POST', JSON.stringify({ jsonrpc: '2.0', id: 41, method: 'tools/list' }));
     expect(JSON.parse(list.text)).toMatchObject({ id: 41, error: { data: { type: 'upstream-response-too-large' } } });
-    const call = await rawRequest(`${gw.url}/mcp`, 'POST', JSON.stringify({ jsonrpc: '2.0', id: 'q-42', method: 'tools/call', params: { name: 'search', arguments: {} } }));
+    const call = await rawRequest(
+      `${gw.url}/mcp`,
+      'POST',
+      JSON.stringify({ jsonrpc: '2.0', id: 'q-42', method: 'tools/call', params: { name: 'search', arguments: {} } }),
+    );
     expect(JSON.parse(call.text)).toMatchObject({ id: 'q-42', error: { data: { type: 'upstream-response-too-large' } } });
     // A notification has no id to answer.
     const note = await rawRequest(`${gw.url}/mcp`, 'POST', JSON.stringify({ jsonrpc: '2.0', method: 'notifications/initialized' }));
@@ -145,7 +153,14 @@ describe('bounds', () => {
   it('tool names no call could carry are not learnt from tools/list (over 256 characters, control characters)', () => {
     const a = new ToolAnnotations();
     const long = 'x'.repeat(257);
-    a.learn('r', '/mcp', { tools: [{ name: long, annotations: { readOnlyHint: true } }, { name: 'a\u0007b' }, { name: 'ok', annotations: { readOnlyHint: true } }, { name: 'y'.repeat(256) }] });
+    a.learn('r', '/mcp', {
+      tools: [
+        { name: long, annotations: { readOnlyHint: true } },
+        { name: 'a\u0007b' },
+        { name: 'ok', annotations: { readOnlyHint: true } },
+        { name: 'y'.repeat(256) },
+      ],
+    });
     expect(a.known('r', '/mcp', long)).toBe(false);
     expect(a.known('r', '/mcp', 'a\u0007b')).toBe(false);
     expect(a.readOnly('r', '/mcp', 'ok')).toBe(true);
@@ -153,11 +168,17 @@ describe('bounds', () => {
   });
 
   it('an mcp route with a method other than POST, GET and DELETE stops start-up', () => {
-    const cfg = (methods: string[]) => () => parseConfig({ store: { sqlite: ':memory:' }, routes: [{ name: 'm', protocol: 'mcp', match: { path: '/mcp', methods }, upstream: 'http://127.0.0.1:1' }] });
+    const cfg = (methods: string[]) => () =>
+      parseConfig({
+        store: { sqlite: ':memory:' },
+        routes: [{ name: 'm', protocol: 'mcp', match: { path: '/mcp', methods }, upstream: 'http://127.0.0.1:1' }],
+      });
     expect(cfg(['POST', 'PUT'])).toThrow(/only POST, GET and DELETE \(not PUT\)/);
     expect(cfg(['POST', 'PATCH', 'HEAD'])).toThrow(/not PATCH, HEAD/);
     expect(cfg(['POST', 'GET', 'DELETE'])).not.toThrow();
     // A plain route keeps any method.
-    expect(() => parseConfig({ store: { sqlite: ':memory:' }, routes: [{ name: 'p', match: { path: '/p', methods: ['PUT'] }, upstream: 'http://127.0.0.1:1' }] })).not.toThrow();
+    expect(() =>
+      parseConfig({ store: { sqlite: ':memory:' }, routes: [{ name: 'p', match: { path: '/p', methods: ['PUT'] }, upstream: 'http://127.0.0.1:1' }] }),
+    ).not.toThrow();
   });
 });

@@ -26,7 +26,10 @@ const ACCESS = { allow: ['create_ticket', 'search_*', 'slow_report', 'failing_*'
 const ALL = ['create_ticket', 'failing_tool', 'search_tickets', 'slow_report'];
 const ALLOWED = ['create_ticket', 'search_tickets', 'slow_report'];
 
-async function setup(mode: { stateful: boolean; json: boolean }, options: Parameters<typeof startMcpGateway>[1] = {}): Promise<{ up: McpUpstream; gw: McpGateway }> {
+async function setup(
+  mode: { stateful: boolean; json: boolean },
+  options: Parameters<typeof startMcpGateway>[1] = {},
+): Promise<{ up: McpUpstream; gw: McpGateway }> {
   const up = await startMcpUpstream(mode);
   cleanups.push(() => up.close());
   const gw = await startMcpGateway([mcpRoute(up.url, { toolAccess: ACCESS }), mcpRoute(up.url, { name: 'open', match: { path: '/open' } })], options);
@@ -55,7 +58,10 @@ describe.each(MODES)('stateful=$stateful json=$json', (mode) => {
     const guarded = await agent(`${gw.url}/mcp`);
     expect(names(await guarded.listTools())).toEqual(ALLOWED);
     // With a fence and a key: without the check the call would be admitted and run.
-    await expect(guarded.callTool({ name: 'failing_tool', arguments: { n: 1 }, _meta: fenced(1, 'job-d', 'k-d') })).rejects.toMatchObject({ code: -32013, data: { type: 'tool-denied', status: 403 } });
+    await expect(guarded.callTool({ name: 'failing_tool', arguments: { n: 1 }, _meta: fenced(1, 'job-d', 'k-d') })).rejects.toMatchObject({
+      code: -32013,
+      data: { type: 'tool-denied', status: 403 },
+    });
     expect(up.callsOf('failing_tool')).toHaveLength(0);
     expect(up.failures).toBe(0);
     const made = await guarded.callTool({ name: 'create_ticket', arguments: { title: 'allowed' }, _meta: fenced(1, 'job', 'k-1') });
@@ -92,7 +98,13 @@ it('through the Hono app (app.fetch, the fetch forwarder, as on Workers): the sa
   const up = await startMcpUpstream({ stateful: true, json: false });
   cleanups.push(() => up.close());
   const config = parseConfig({ store: { sqlite: ':memory:' }, routes: [mcpRoute(up.url, { toolAccess: ACCESS })] });
-  const gateway = createGateway({ config, store: new SqliteGatewayStore({ path: ':memory:' }), forwarder: createFetchForwarder(), env: {}, logger: silentLogger });
+  const gateway = createGateway({
+    config,
+    store: new SqliteGatewayStore({ path: ':memory:' }),
+    forwarder: createFetchForwarder(),
+    env: {},
+    logger: silentLogger,
+  });
   cleanups.push(() => gateway.close());
   const viaApp = ((input: string | URL | Request, init?: RequestInit) => Promise.resolve(gateway.app.fetch(new Request(input, init)))) as typeof fetch;
   const c = await connectClient('http://gateway.test/mcp', { fetch: viaApp });
@@ -106,7 +118,8 @@ describe('an event stream, event by event', () => {
   const LIST = '{"jsonrpc":"2.0","id":7,"method":"tools/list"}';
   const progress = 'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}\n\n';
   // The response over two data lines, with an event id (for resumption) and a comment.
-  const listEvent = 'id: ev-1\r\n: a comment\r\nevent: message\r\ndata: {"jsonrpc":"2.0","id":7,\r\ndata: "result":{"tools":[{"name":"a"},{"name":"failing_x"},{"name":"b"}]}}\r\n\r\n';
+  const listEvent =
+    'id: ev-1\r\n: a comment\r\nevent: message\r\ndata: {"jsonrpc":"2.0","id":7,\r\ndata: "result":{"tools":[{"name":"a"},{"name":"failing_x"},{"name":"b"}]}}\r\n\r\n';
 
   async function streaming(events: string, maxResponseBytes?: number) {
     const up = await rawUpstream(async (_req, res) => {
@@ -119,7 +132,10 @@ describe('an event stream, event by event', () => {
       res.end();
     });
     cleanups.push(() => up.close());
-    const gw = await startMcpGateway([mcpRoute(up.url, { toolAccess: { deny: ['failing_*'] }, ...(maxResponseBytes ? { maxResponseBytes } : {}) }), mcpRoute(up.url, { name: 'open', match: { path: '/open' } })]);
+    const gw = await startMcpGateway([
+      mcpRoute(up.url, { toolAccess: { deny: ['failing_*'] }, ...(maxResponseBytes ? { maxResponseBytes } : {}) }),
+      mcpRoute(up.url, { name: 'open', match: { path: '/open' } }),
+    ]);
     cleanups.push(() => gw.close());
     return gw;
   }
@@ -127,11 +143,13 @@ describe('an event stream, event by event', () => {
   it('other events pass byte for byte; the list event loses the denied tool and keeps its id; without the lists it passes as it came', async () => {
     const gw = await streaming(progress + listEvent);
     const text = await (await rawPost(`${gw.url}/mcp`, LIST)).text();
-    expect(text).toBe(`${progress}id: ev-1\n: a comment\nevent: message\ndata: {"jsonrpc":"2.0","id":7,\ndata: "result":{"tools":[{"name":"a"},{"name":"b"}]}}\n\n`);
+    expect(text).toBe(
+      `${progress}id: ev-1\n: a comment\nevent: message\ndata: {"jsonrpc":"2.0","id":7,\ndata: "result":{"tools":[{"name":"a"},{"name":"b"}]}}\n\n`,
+    );
     expect(await (await rawPost(`${gw.url}/open`, LIST)).text()).toBe(progress + listEvent);
   });
 
-  it('a list response under another id, or replayed on the server\'s GET stream (resumption), is narrowed too; other messages pass as they came', async () => {
+  it("a list response under another id, or replayed on the server's GET stream (resumption), is narrowed too; other messages pass as they came", async () => {
     const replayed = 'id: ev-9\nevent: message\ndata: {"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"a"},{"name":"failing_x"}]}}\n\n';
     const other = 'event: message\ndata: {"jsonrpc":"2.0","id":4,"result":{"content":[{"type":"text","text":"failing_x"}]}}\n\n';
     const gw = await streaming(progress + replayed + other);
@@ -153,29 +171,33 @@ describe('an event stream, event by event', () => {
   });
 });
 
-describe('the answer stays the upstream\'s, but for the denied tools', () => {
+describe("the answer stays the upstream's, but for the denied tools", () => {
   const LIST = '{"jsonrpc":"2.0","id":7,"method":"tools/list"}';
-  it.each([false, true])('json=%s: the filtered text is the upstream text with the denied element cut; with nothing denied it is byte for byte', async (json) => {
-    const { up, gw } = await setup({ stateful: false, json });
-    const guarded = await (await rawPost(`${gw.url}/mcp`, LIST)).text();
-    const original = up.requests.at(-1)!.response();
-    const open = await (await rawPost(`${gw.url}/open`, LIST)).text();
-    expect(open).toBe(up.requests.at(-1)!.response());
-    expect(guarded).not.toBe(original);
-    const dataOf = (t: string) => (json ? t : /^data: (.*)$/m.exec(t)![1]!);
-    const upstreamMsg = JSON.parse(dataOf(original)) as { result: { tools: { name: string }[] } };
-    const msg = JSON.parse(dataOf(guarded)) as { result: { tools: { name: string }[] } };
-    expect(msg).toEqual({ ...upstreamMsg, result: { ...upstreamMsg.result, tools: upstreamMsg.result.tools.filter((t) => t.name !== 'failing_tool') } });
-    // Every kept tool's text is in the answer exactly as the upstream wrote it.
-    for (const t of upstreamMsg.result.tools.filter((x) => x.name !== 'failing_tool')) expect(guarded).toContain(JSON.stringify(t));
-    if (!json) expect(guarded.startsWith('event: message\n')).toBe(true);
-  });
+  it.each([false, true])(
+    'json=%s: the filtered text is the upstream text with the denied element cut; with nothing denied it is byte for byte',
+    async (json) => {
+      const { up, gw } = await setup({ stateful: false, json });
+      const guarded = await (await rawPost(`${gw.url}/mcp`, LIST)).text();
+      const original = up.requests.at(-1)!.response();
+      const open = await (await rawPost(`${gw.url}/open`, LIST)).text();
+      expect(open).toBe(up.requests.at(-1)!.response());
+      expect(guarded).not.toBe(original);
+      const dataOf = (t: string) => (json ? t : /^data: (.*)$/m.exec(t)![1]!);
+      const upstreamMsg = JSON.parse(dataOf(original)) as { result: { tools: { name: string }[] } };
+      const msg = JSON.parse(dataOf(guarded)) as { result: { tools: { name: string }[] } };
+      expect(msg).toEqual({ ...upstreamMsg, result: { ...upstreamMsg.result, tools: upstreamMsg.result.tools.filter((t) => t.name !== 'failing_tool') } });
+      // Every kept tool's text is in the answer exactly as the upstream wrote it.
+      for (const t of upstreamMsg.result.tools.filter((x) => x.name !== 'failing_tool')) expect(guarded).toContain(JSON.stringify(t));
+      if (!json) expect(guarded.startsWith('event: message\n')).toBe(true);
+    },
+  );
 });
 
 describe('another case or spelling of a denied tool', () => {
   it('is refused (deny compared folded; allow exact), never forwarded; on the open route the exact name runs', async () => {
     const { up, gw } = await setup({ stateful: false, json: true });
-    const call = (name: string, id = 1) => JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: { n: 1 }, _meta: fenced(1, 'job-r', `k-${id}`) } });
+    const call = (name: string, id = 1) =>
+      JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name, arguments: { n: 1 }, _meta: fenced(1, 'job-r', `k-${id}`) } });
     for (const name of ['Failing_Tool', 'FAILING_TOOL', 'failing_tool\u200b', ' failing_tool', 'ｆａｉｌｉｎｇ_tool', 'failinG_tooL']) {
       const res = await rawPost(`${gw.url}/mcp`, call(name));
       const body = (await res.json()) as { error?: { code: number; data: { type: string } } };
@@ -211,7 +233,9 @@ describe('another case or spelling of a denied tool', () => {
 
 describe('units', () => {
   const access = (a: { allow?: string[]; deny?: string[] }) =>
-    compileToolAccess(parseConfig({ routes: [{ name: 'm', protocol: 'mcp', match: { path: '/mcp' }, upstream: 'http://127.0.0.1:1', toolAccess: a }] }).routes[0]!)!;
+    compileToolAccess(
+      parseConfig({ routes: [{ name: 'm', protocol: 'mcp', match: { path: '/mcp' }, upstream: 'http://127.0.0.1:1', toolAccess: a }] }).routes[0]!,
+    )!;
 
   it('globs match the whole name; deny wins; no lists is no access check', () => {
     const a = access({ allow: ['get_*', 'list'], deny: ['*_secret', 'get_*_admin*'] });
@@ -224,7 +248,9 @@ describe('units', () => {
     expect(a.denial('GET_SECRET')).toContain('denied by "*_secret"');
     expect(access({ deny: ['*'] }).denial('anything')).not.toBeNull();
     expect(access({ deny: ['x'] }).denial('y')).toBeNull();
-    expect(compileToolAccess(parseConfig({ routes: [{ name: 'm', protocol: 'mcp', match: { path: '/mcp' }, upstream: 'http://127.0.0.1:1' }] }).routes[0]!)).toBeNull();
+    expect(
+      compileToolAccess(parseConfig({ routes: [{ name: 'm', protocol: 'mcp', match: { path: '/mcp' }, upstream: 'http://127.0.0.1:1' }] }).routes[0]!),
+    ).toBeNull();
     // A fullwidth asterisk in a pattern is literal after folding, not a wildcard.
     expect(access({ deny: ['a＊'] }).denial('abc')).toBeNull();
     expect(foldToolName('ｄｅｌｅｔｅ_\u200bUser ')).toBe('DELETE_USER');
@@ -233,7 +259,9 @@ describe('units', () => {
   it('filterToolsList keeps the text around the removed elements, and refuses what it cannot read', () => {
     const a = access({ deny: ['b'] });
     const text = '{"jsonrpc":"2.0","id":1,"result":{"tools":[ {"name":"a", "x":1.0} , {"name":"b"},{"name":"c","n":9007199254740993}],"nextCursor":"z"}}';
-    expect(filterToolsList(text, a)).toBe('{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"a", "x":1.0},{"name":"c","n":9007199254740993}],"nextCursor":"z"}}');
+    expect(filterToolsList(text, a)).toBe(
+      '{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"a", "x":1.0},{"name":"c","n":9007199254740993}],"nextCursor":"z"}}',
+    );
     const none = '{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"a"}]}}';
     expect(filterToolsList(none, a)).toBe(none);
     expect(filterToolsList('{"jsonrpc":"2.0","id":1,"error":{"code":-1,"message":"x"}}', a)).not.toBeNull();
@@ -244,7 +272,11 @@ describe('units', () => {
   });
 
   it('the config refuses lists on a plain route and an empty toolAccess', () => {
-    expect(() => parseConfig({ routes: [{ name: 'p', match: { path: '/p' }, upstream: 'http://127.0.0.1:1', toolAccess: { deny: ['x'] } }] })).toThrow(/toolAccess/);
-    expect(() => parseConfig({ routes: [{ name: 'm', protocol: 'mcp', match: { path: '/mcp' }, upstream: 'http://127.0.0.1:1', toolAccess: {} }] })).toThrow(/toolAccess/);
+    expect(() => parseConfig({ routes: [{ name: 'p', match: { path: '/p' }, upstream: 'http://127.0.0.1:1', toolAccess: { deny: ['x'] } }] })).toThrow(
+      /toolAccess/,
+    );
+    expect(() => parseConfig({ routes: [{ name: 'm', protocol: 'mcp', match: { path: '/mcp' }, upstream: 'http://127.0.0.1:1', toolAccess: {} }] })).toThrow(
+      /toolAccess/,
+    );
   });
 });

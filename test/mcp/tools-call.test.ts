@@ -14,7 +14,10 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-async function setup(mode: { stateful: boolean; json: boolean }, routeOverrides: Record<string, unknown> = {}): Promise<{ up: McpUpstream; gw: McpGateway; url: string; offUrl: string }> {
+async function setup(
+  mode: { stateful: boolean; json: boolean },
+  routeOverrides: Record<string, unknown> = {},
+): Promise<{ up: McpUpstream; gw: McpGateway; url: string; offUrl: string }> {
   const up = await startMcpUpstream(mode);
   cleanups.push(() => up.close());
   const gw = await startMcpGateway([
@@ -60,7 +63,12 @@ describe.each(MODES)('stateful=$stateful json=$json', (mode) => {
       expect(up.tickets).toHaveLength(tickets);
     }
     // The decision lines name the tool: forwarded once, then the replay.
-    expect(gw.decisions().filter((d) => d.tool === 'create_ticket').map((d) => d.decision)).toEqual(['forwarded', 'replayed']);
+    expect(
+      gw
+        .decisions()
+        .filter((d) => d.tool === 'create_ticket')
+        .map((d) => d.decision),
+    ).toEqual(['forwarded', 'replayed']);
   });
 
   it('the same key with other arguments is refused as idempotency-key-reused, and no ticket is made; unchecked, a second ticket is', async () => {
@@ -81,7 +89,10 @@ describe.each(MODES)('stateful=$stateful json=$json', (mode) => {
     await agent.callTool({ name: 'create_ticket', arguments: { title: 'new owner' }, _meta: fenced(5, 'job-9', 'new-1') });
     const stale = agent.callTool({ name: 'create_ticket', arguments: { title: 'old owner' }, _meta: fenced(3, 'job-9', 'old-1') });
     await expect(stale).rejects.toThrow(/stale-fence/);
-    await expect(stale).rejects.toMatchObject({ code: -32001, data: { type: 'stale-fence', status: 409, entity: 'job-9', presented_fence: '3', current_fence: '5' } });
+    await expect(stale).rejects.toMatchObject({
+      code: -32001,
+      data: { type: 'stale-fence', status: 409, entity: 'job-9', presented_fence: '3', current_fence: '5' },
+    });
     expect(up.callsOf('create_ticket')).toHaveLength(1);
     const unchecked = await client(offUrl);
     await unchecked.callTool({ name: 'create_ticket', arguments: { title: 'old owner' }, _meta: fenced(3, 'job-9', 'old-1') });
@@ -120,10 +131,11 @@ describe.each(MODES)('timeouts, stateful=$stateful json=$json', (mode) => {
 });
 
 describe('the wire', () => {
-  it('fence and key from HTTP headers, the entity from a pointer into the arguments; the replay is application/json under the retry\'s id', async () => {
+  it("fence and key from HTTP headers, the entity from a pointer into the arguments; the replay is application/json under the retry's id", async () => {
     const { up, url } = await setup({ stateful: false, json: false }, { tools: { create_ticket: { entity: { json: '/arguments/title' } } } });
     const headers = { 'x-execution-fence': '2', 'idempotency-key': 'hdr-1' };
-    const call = (id: number, title = 'inv-7') => rawPost(url, JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'create_ticket', arguments: { title } } }), headers);
+    const call = (id: number, title = 'inv-7') =>
+      rawPost(url, JSON.stringify({ jsonrpc: '2.0', id, method: 'tools/call', params: { name: 'create_ticket', arguments: { title } } }), headers);
     const first = await call(1);
     expect(first.headers.get('content-type')).toBe('text/event-stream');
     const firstBody = await first.text();
@@ -136,7 +148,11 @@ describe('the wire', () => {
     expect(up.tickets).toHaveLength(1);
     expect(up.requests[0]!.headers['x-fence-entity']).toBe('inv-7');
     // The entity is the pointer's: fence 1 for inv-7 is now stale, for inv-8 it is not.
-    const staleFor = (title: string) => rawPost(url, JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: 'create_ticket', arguments: { title } } }), { 'x-execution-fence': '1', 'idempotency-key': `hdr-${title}` });
+    const staleFor = (title: string) =>
+      rawPost(url, JSON.stringify({ jsonrpc: '2.0', id: 3, method: 'tools/call', params: { name: 'create_ticket', arguments: { title } } }), {
+        'x-execution-fence': '1',
+        'idempotency-key': `hdr-${title}`,
+      });
     expect(((await (await staleFor('inv-7')).json()) as any).error.data.type).toBe('stale-fence');
     expect(await (await staleFor('inv-8')).text()).toContain('"result"');
     expect(up.tickets).toHaveLength(2);
@@ -151,7 +167,10 @@ describe('concurrency', () => {
     const agent = await client(url);
     const first = agent.callTool({ name: 'slow_report', arguments: { steps: 2 }, _meta: fenced(1, 'job-s', 'serial-1') }, undefined, { onprogress: () => {} });
     await until(() => up.callsOf('slow_report').length === 1, 'the first call at the server');
-    await expect(agent.callTool({ name: 'slow_report', arguments: { steps: 1 }, _meta: fenced(1, 'job-s', 'serial-2') })).rejects.toMatchObject({ code: -32006, data: { type: 'entity-busy' } });
+    await expect(agent.callTool({ name: 'slow_report', arguments: { steps: 1 }, _meta: fenced(1, 'job-s', 'serial-2') })).rejects.toMatchObject({
+      code: -32006,
+      data: { type: 'entity-busy' },
+    });
     expect(up.callsOf('slow_report')).toHaveLength(1);
     const unchecked = await client(offUrl);
     const second = unchecked.callTool({ name: 'slow_report', arguments: { steps: 1 }, _meta: fenced(1, 'job-s', 'serial-3') });

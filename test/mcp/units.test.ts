@@ -76,7 +76,15 @@ describe('readMessage', () => {
 describe('tool policy and config', () => {
   const config = parseConfig({
     store: { sqlite: ':memory:' },
-    routes: [{ name: 'm', protocol: 'mcp', match: { path: '/mcp' }, upstream: 'http://127.0.0.1:1', tools: { pay: { timeoutMs: 500, entity: { json: '/arguments/invoice' } }, '*': { mode: 'concurrent' } } }],
+    routes: [
+      {
+        name: 'm',
+        protocol: 'mcp',
+        match: { path: '/mcp' },
+        upstream: 'http://127.0.0.1:1',
+        tools: { pay: { timeoutMs: 500, entity: { json: '/arguments/invoice' } }, '*': { mode: 'concurrent' } },
+      },
+    ],
   });
   const route = config.routes[0]!;
 
@@ -90,13 +98,21 @@ describe('tool policy and config', () => {
   it('readOnlyHint makes a listed tool read-only unless the config says otherwise; unlisted tools are side-effecting', () => {
     const a = new ToolAnnotations();
     expect(toolPolicy(route, 'search', a, '/mcp').readOnly).toBe(false);
-    a.learn('m', '/mcp', { tools: [{ name: 'search', annotations: { readOnlyHint: true } }, { name: 'pay', annotations: { readOnlyHint: true } }] });
+    a.learn('m', '/mcp', {
+      tools: [
+        { name: 'search', annotations: { readOnlyHint: true } },
+        { name: 'pay', annotations: { readOnlyHint: true } },
+      ],
+    });
     expect(toolPolicy(route, 'search', a, '/mcp')).toMatchObject({ readOnly: true, readOnlyFrom: 'annotations' });
-    const strict = parseConfig({ store: { sqlite: ':memory:' }, routes: [{ ...route, match: { path: '/mcp' }, tools: { '*': { readOnly: false } } }] }).routes[0]!;
+    const strict = parseConfig({ store: { sqlite: ':memory:' }, routes: [{ ...route, match: { path: '/mcp' }, tools: { '*': { readOnly: false } } }] })
+      .routes[0]!;
     expect(toolPolicy(strict, 'search', a, '/mcp')).toMatchObject({ readOnly: false, readOnlyFrom: 'config' });
   });
 
   it('tools on a plain route stop start-up naming the field', () => {
-    expect(() => parseConfig({ store: { sqlite: ':memory:' }, routes: [{ name: 'p', match: { path: '/p' }, upstream: 'http://127.0.0.1:1', tools: { x: {} } }] })).toThrow(/routes\.0\.tools|routes\[0\]\.tools/);
+    expect(() =>
+      parseConfig({ store: { sqlite: ':memory:' }, routes: [{ name: 'p', match: { path: '/p' }, upstream: 'http://127.0.0.1:1', tools: { x: {} } }] }),
+    ).toThrow(/routes\.0\.tools|routes\[0\]\.tools/);
   });
 });

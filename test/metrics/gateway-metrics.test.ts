@@ -25,7 +25,13 @@ function value(text: string, name: string, labels: Record<string, string> = {}):
   return undefined;
 }
 
-const names = (text: string) => new Set(text.split('\n').filter((l) => l.startsWith('# TYPE fencegate_')).map((l) => l.split(' ')[2]));
+const names = (text: string) =>
+  new Set(
+    text
+      .split('\n')
+      .filter((l) => l.startsWith('# TYPE fencegate_'))
+      .map((l) => l.split(' ')[2]),
+  );
 
 describe('/metrics on Node (prom-client)', () => {
   let upstream: FakeUpstream;
@@ -35,7 +41,9 @@ describe('/metrics on Node (prom-client)', () => {
   beforeAll(async () => {
     upstream = await startUpstream();
     const down = `http://127.0.0.1:${await freePort()}`;
-    gw = await startTestGateway({ routes: [paymentsRoute(upstream.url), paymentsRoute(down, { name: 'down', match: { path: '/down/*', methods: ['POST'] } })] });
+    gw = await startTestGateway({
+      routes: [paymentsRoute(upstream.url), paymentsRoute(down, { name: 'down', match: { path: '/down/*', methods: ['POST'] } })],
+    });
   });
   afterAll(async () => {
     await gw?.close();
@@ -45,11 +53,21 @@ describe('/metrics on Node (prom-client)', () => {
   test('before any request: every route × outcome at zero, build info, process metrics', async () => {
     const text = await scrape();
     for (const route of ['payments', 'down']) {
-      for (const [outcome, status] of [['stale', '409'], ['mismatch', '422'], ['in_progress', '409'], ['busy', '409'], ['unavailable_502', '502'], ['unknown_504', '504'], ['outcome_unknown', '409']]) {
+      for (const [outcome, status] of [
+        ['stale', '409'],
+        ['mismatch', '422'],
+        ['in_progress', '409'],
+        ['busy', '409'],
+        ['unavailable_502', '502'],
+        ['unknown_504', '504'],
+        ['outcome_unknown', '409'],
+      ]) {
         expect(value(text, 'fencegate_decisions_total', { route, outcome: outcome!, status: status! }), `${route} ${outcome}`).toBe(0);
       }
-      for (const outcome of ['accepted', 'replayed', 'stale', 'upstream_error']) expect(value(text, 'fencegate_requests_total', { route, outcome }), `${route} ${outcome}`).toBe(0);
-      for (const reason of ['stale-fence', 'idempotency-key-reused', 'entity-busy', 'unauthorized']) expect(value(text, 'fencegate_rejections_total', { route, reason })).toBe(0);
+      for (const outcome of ['accepted', 'replayed', 'stale', 'upstream_error'])
+        expect(value(text, 'fencegate_requests_total', { route, outcome }), `${route} ${outcome}`).toBe(0);
+      for (const reason of ['stale-fence', 'idempotency-key-reused', 'entity-busy', 'unauthorized'])
+        expect(value(text, 'fencegate_rejections_total', { route, reason })).toBe(0);
     }
     expect(value(text, 'fencegate_build_info', { version: FENCEGATE_VERSION, node: process.versions.node })).toBe(1);
     expect(value(text, 'process_cpu_user_seconds_total')).toBeGreaterThan(0);
@@ -102,7 +120,11 @@ describe('/metrics on Node (prom-client)', () => {
     // operator resolves it: the record is no longer this request's to finish.
     expireLocks(gw.sqlite, 'late-1', 'late');
     await gw.running.gateway.sweep();
-    const resolved = await fetch(`${gw.url}/_fencegate/v1/idempotency/late-1/resolve`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"outcome":"released"}' });
+    const resolved = await fetch(`${gw.url}/_fencegate/v1/idempotency/late-1/resolve`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{"outcome":"released"}',
+    });
     expect(resolved.status).toBe(200);
     gate.open();
     upstream.behave(null);
@@ -122,7 +144,19 @@ describe('the text backend (Workers) and prom-client (Node): one set of names', 
       m.observe({ route: 'mcp', decision: 'forwarded', status: 200, totalMs: 3, upstreamMs: 2, tool: 'charge' });
       m.storeCall('admit', 1.5, 'ok');
       m.storeCall('finish', 2, 'discarded');
-      m.swept({ expiredRecords: 1, unknownRecords: 0, oldRejections: 0, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0, backlog: { expiredRecords: 0, unknownRecords: 0, oldRejections: 0, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0 }, batches: 1 }, 20);
+      m.swept(
+        {
+          expiredRecords: 1,
+          unknownRecords: 0,
+          oldRejections: 0,
+          oldEntities: 0,
+          oldFenceHistory: 0,
+          oldOperatorActions: 0,
+          backlog: { expiredRecords: 0, unknownRecords: 0, oldRejections: 0, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0 },
+          batches: 1,
+        },
+        20,
+      );
       return m.render({ inflight: 2, stats: { rejections: 1, outcomeUnknown: 0 }, pool: { total: 4, idle: 3, waiting: 1 } });
     };
     const routes = ['payments', 'mcp'];
@@ -135,7 +169,16 @@ describe('the text backend (Workers) and prom-client (Node): one set of names', 
       t
         .split('\n')
         .filter((l) => l.startsWith('fencegate_'))
-        .map((l) => l.replace(/\{(.*)\}/, (_, inner: string) => `{${inner.split(/,(?=[a-z_]+=")/).sort().join(',')}}`))
+        .map((l) =>
+          l.replace(
+            /\{(.*)\}/,
+            (_, inner: string) =>
+              `{${inner
+                .split(/,(?=[a-z_]+=")/)
+                .sort()
+                .join(',')}}`,
+          ),
+        )
         .sort();
     expect(series(prom)).toEqual(series(text));
     expect(value(text, 'fencegate_store_pool_clients', { state: 'waiting' })).toBe(1);
@@ -145,7 +188,13 @@ describe('the text backend (Workers) and prom-client (Node): one set of names', 
   test('control: without routes the per-route series do not start at zero (what the zero-start check above relies on)', async () => {
     const text = await createMetrics().render({ inflight: 0 });
     expect(value(text, 'fencegate_decisions_total', { route: 'payments', outcome: 'stale', status: '409' })).toBeUndefined();
-    expect(value(await createMetrics({ routes: ['payments'] }).render({ inflight: 0 }), 'fencegate_decisions_total', { route: 'payments', outcome: 'stale', status: '409' })).toBe(0);
+    expect(
+      value(await createMetrics({ routes: ['payments'] }).render({ inflight: 0 }), 'fencegate_decisions_total', {
+        route: 'payments',
+        outcome: 'stale',
+        status: '409',
+      }),
+    ).toBe(0);
   });
 
   test('FENCEGATE_VERSION is the package version', () => {

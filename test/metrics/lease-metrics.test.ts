@@ -93,14 +93,32 @@ describe('leaseMetricsRegistry on a running worker', () => {
 
 describe('leaseMetricsRegistry: what each counter reads', () => {
   const counters = (over: Partial<KindCounters>): KindCounters => ({
-    claimed: 0, reclaimed: 0, heartbeatsOk: 0, extendsFailed: 0, leasesLost: 0, ownershipUnknown: 0, toolRequests: 0, committed: 0, rejected: 0, failed: 0, stageTimeouts: 0,
+    claimed: 0,
+    reclaimed: 0,
+    heartbeatsOk: 0,
+    extendsFailed: 0,
+    leasesLost: 0,
+    ownershipUnknown: 0,
+    toolRequests: 0,
+    committed: 0,
+    rejected: 0,
+    failed: 0,
+    stageTimeouts: 0,
     lostByCause: { zero_rows: 0, unconfirmed: 0, stalled: 0, stale_fence: 0, thread_exit: 0 },
     ...over,
   });
 
   test('re-claims, failed extends and lost leases by cause', async () => {
     const snapshot: LeaseMetrics = {
-      counters: { pay: counters({ claimed: 3, reclaimed: 2, extendsFailed: 4, leasesLost: 2, lostByCause: { zero_rows: 1, unconfirmed: 1, stalled: 0, stale_fence: 0, thread_exit: 0 } }) },
+      counters: {
+        pay: counters({
+          claimed: 3,
+          reclaimed: 2,
+          extendsFailed: 4,
+          leasesLost: 2,
+          lostByCause: { zero_rows: 1, unconfirmed: 1, stalled: 0, stale_fence: 0, thread_exit: 0 },
+        }),
+      },
       gauges: {},
     };
     const text = await leaseMetricsRegistry({ metrics: () => snapshot }).metrics();

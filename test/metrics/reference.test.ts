@@ -9,7 +9,9 @@ import { leaseMetricsRegistry } from '../../src/lease/prometheus.js';
 
 const read = (path: string) => readFileSync(new URL(`../../${path}`, import.meta.url), 'utf8');
 const gateway = Object.values(SPECS).map((s) => s.name);
-const lease = leaseMetricsRegistry({ metrics: () => ({ counters: {}, gauges: {} }) }).getMetricsAsArray().map((m) => m.name);
+const lease = leaseMetricsRegistry({ metrics: () => ({ counters: {}, gauges: {} }) })
+  .getMetricsAsArray()
+  .map((m) => m.name);
 const known = new Set([...gateway, ...lease]);
 /** `fencegate_x` as used in text, with a histogram's `_bucket`/`_sum`/`_count` taken off. */
 const mentioned = (text: string) => new Set([...text.matchAll(/\bfencegate_[a-z_]+/g)].map((m) => m[0].replace(/_(bucket|sum|count)$/, '')));

@@ -36,7 +36,12 @@ beforeAll(async () => {
   g = peerGateway('express-idempotency').g;
   g.upstream.behave((call) => {
     const failed = call.body.includes('"fail":true');
-    return { kind: 'respond', status: failed ? 500 : 201, headers: { 'content-type': 'application/json; charset=utf-8', 'x-extra': 'first-only' }, body: JSON.stringify({ effect: call.seq, ...(failed ? { failed: true } : {}) }) };
+    return {
+      kind: 'respond',
+      status: failed ? 500 : 201,
+      headers: { 'content-type': 'application/json; charset=utf-8', 'x-extra': 'first-only' },
+      body: JSON.stringify({ effect: call.seq, ...(failed ? { failed: true } : {}) }),
+    };
   });
 });
 afterAll(async () => {
@@ -51,7 +56,11 @@ interface Seen {
   extra: string | null;
 }
 const viaPeer = async (key: string | undefined, body: string): Promise<Seen> => {
-  const res = await fetch(`${peerUrl}/charges`, { method: 'POST', headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) }, body });
+  const res = await fetch(`${peerUrl}/charges`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) },
+    body,
+  });
   return { status: res.status, body: await res.text(), echoed: res.headers.get('idempotency-key'), extra: res.headers.get('x-extra') };
 };
 const viaGateway = async (key: string | undefined, body: string): Promise<Seen> => {

@@ -36,7 +36,14 @@ async function rawToken(extra: string, sub = 'billing'): Promise<string> {
 
 async function tenantToken(claims: Record<string, unknown>, sub = 'billing'): Promise<string> {
   const now = Math.floor(Date.now() / 1000);
-  return new SignJWT({ scope: 'fencegate:proxy', ...claims }).setProtectedHeader({ alg: 'HS256' }).setIssuer(ISSUER).setAudience(AUDIENCE).setSubject(sub).setIssuedAt(now - 5).setExpirationTime(now + 600).sign(new TextEncoder().encode(SECRET));
+  return new SignJWT({ scope: 'fencegate:proxy', ...claims })
+    .setProtectedHeader({ alg: 'HS256' })
+    .setIssuer(ISSUER)
+    .setAudience(AUDIENCE)
+    .setSubject(sub)
+    .setIssuedAt(now - 5)
+    .setExpirationTime(now + 600)
+    .sign(new TextEncoder().encode(SECRET));
 }
 
 describe('a numeric claim counts as written: no other number names the same tenant', () => {
@@ -46,7 +53,7 @@ describe('a numeric claim counts as written: no other number names the same tena
     ['-0 and 0', '"tid":-0', '"tid":0'],
     ['4.2e1 and 42', '"tid":4.2e1', '"tid":42'],
     ['42.0 and 42', '"tid":42.0', '"tid":42'],
-  ])('%s: the second is never the first one\'s replay (refused 403, as idempotencyKeyFrom refuses such numbers)', async (_what, first, second) => {
+  ])("%s: the second is never the first one's replay (refused 403, as idempotencyKeyFrom refuses such numbers)", async (_what, first, second) => {
     const { g, up } = await setup();
     const a = await command(g.url, P, { key: 'k1', headers: bearer(await rawToken(first)) });
     // What the key rules do for the same lexeme (docs/configuration.md, idempotencyKeyFrom: "1.0, 1e0, -0 … are refused, never read as another key").
@@ -66,14 +73,25 @@ describe('a numeric claim counts as written: no other number names the same tena
 });
 
 describe('a claim that changes with a new token or sign-in is refused as a key scope', () => {
-  it.each(['jti', 'iat', 'exp', 'nbf', 'auth_time', 'nonce', 'at_hash', 'c_hash', 'sid', 'uti'])('keyScope { claim: "%s" } is refused at start-up (a retry with a refreshed token would run twice)', (name) => {
-    const parse = () =>
-      parseConfig({ store: { sqlite: ':memory:' }, auth: hsAuth(), routes: [{ name: 'pay', match: { path: '/pay/*' }, upstream: 'http://127.0.0.1:9', fence: 'off', keyScope: { claim: name } }] });
-    expect(parse).toThrow(ConfigError);
-  });
+  it.each(['jti', 'iat', 'exp', 'nbf', 'auth_time', 'nonce', 'at_hash', 'c_hash', 'sid', 'uti'])(
+    'keyScope { claim: "%s" } is refused at start-up (a retry with a refreshed token would run twice)',
+    (name) => {
+      const parse = () =>
+        parseConfig({
+          store: { sqlite: ':memory:' },
+          auth: hsAuth(),
+          routes: [{ name: 'pay', match: { path: '/pay/*' }, upstream: 'http://127.0.0.1:9', fence: 'off', keyScope: { claim: name } }],
+        });
+      expect(parse).toThrow(ConfigError);
+    },
+  );
 
   it('control: a claim that names the tenant is accepted by the same config', () => {
-    const config = parseConfig({ store: { sqlite: ':memory:' }, auth: hsAuth(), routes: [{ name: 'pay', match: { path: '/pay/*' }, upstream: 'http://127.0.0.1:9', fence: 'off', keyScope: { claim: 'tid' } }] });
+    const config = parseConfig({
+      store: { sqlite: ':memory:' },
+      auth: hsAuth(),
+      routes: [{ name: 'pay', match: { path: '/pay/*' }, upstream: 'http://127.0.0.1:9', fence: 'off', keyScope: { claim: 'tid' } }],
+    });
     expect(config.routes[0]!.keyScope).toEqual({ claim: 'tid' });
   });
 });
@@ -92,7 +110,7 @@ describe('what holds through the Node server (startGateway, loopback)', () => {
     expect(up.calls.every((c) => c.headers.authorization === undefined)).toBe(true);
   });
 
-  it('a sub holding NUL and the mark cannot reach another tenant\'s scope (the claim is the last part and has no NUL)', async () => {
+  it("a sub holding NUL and the mark cannot reach another tenant's scope (the claim is the last part and has no NUL)", async () => {
     const { g, up } = await setup();
     await command(g.url, P, { key: 'k1', headers: bearer(await tenantToken({ tid: 'globex' }, 'x')) });
     // Same text as route\0x\0key-claim:globex would need tid "x\0key-claim:globex"-ish splicing; try both ways.
@@ -101,7 +119,11 @@ describe('what holds through the Node server (startGateway, loopback)', () => {
     const evil2 = await command(g.url, P, { key: 'k1', headers: bearer(await tenantToken({ tid: 'x\u0000key-claim:globex' }, 'x')) });
     expect(evil2.status).toBe(403);
     expect(up.effects).toBe(2);
-    expect(recordRows(g.sqlite, 'k1').map((r) => r.scope).sort()).toEqual(['pay\u0000x\u0000key-claim:globex', 'pay\u0000x\u0000key-claim:acme\u0000key-claim:globex'].sort());
+    expect(
+      recordRows(g.sqlite, 'k1')
+        .map((r) => r.scope)
+        .sort(),
+    ).toEqual(['pay\u0000x\u0000key-claim:globex', 'pay\u0000x\u0000key-claim:acme\u0000key-claim:globex'].sort());
   });
 
   it('the 403: nothing stored, upstream not reached, logged without the value or the token, WWW-Authenticate quoted safely for an odd claim name', async () => {

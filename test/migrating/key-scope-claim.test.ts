@@ -19,7 +19,11 @@ import { AUDIENCE, bearer, hsAuth, ISSUER, SECRET } from '../auth/tokens.js';
 const control = vi.hoisted(() => ({ ignoreClaim: false }));
 vi.mock('../../src/http/key-scope.js', async (importOriginal) => {
   const actual = await importOriginal<typeof import('../../src/http/key-scope.js')>();
-  return { ...actual, keyScopeOf: (route: Parameters<typeof actual.keyScopeOf>[0], caller: string | null, scope: string | null) => actual.keyScopeOf(route, caller, control.ignoreClaim ? null : scope) };
+  return {
+    ...actual,
+    keyScopeOf: (route: Parameters<typeof actual.keyScopeOf>[0], caller: string | null, scope: string | null) =>
+      actual.keyScopeOf(route, caller, control.ignoreClaim ? null : scope),
+  };
 });
 
 const P = '/pay/charges';
@@ -70,7 +74,11 @@ describe('keyScope: { claim }: keys per tenant of the verified token', () => {
     expect(await again.text()).toBe(aText);
     expect(g.upstream.effects).toBe(2);
     // Stored under the claim's own mark, never as a header scope's value.
-    expect(recordRows(g.sqlite, 'order-1').map((r) => r.scope).sort()).toEqual(['pay\u0000billing\u0000key-claim:acme', 'pay\u0000billing\u0000key-claim:globex']);
+    expect(
+      recordRows(g.sqlite, 'order-1')
+        .map((r) => r.scope)
+        .sort(),
+    ).toEqual(['pay\u0000billing\u0000key-claim:acme', 'pay\u0000billing\u0000key-claim:globex']);
   });
 
   it('an integer claim is its decimal text: tid 42 and tid "42" are one tenant', async () => {
@@ -120,7 +128,13 @@ describe('keyScope: { claim }: keys per tenant of the verified token', () => {
   it.each(['constructor', '__proto__'])('a claim named %s is read from the token only', async (name) => {
     const g = gateway({ keyScope: { claim: name } });
     await expectProblem(await g.command(P, { key: 'k', headers: bearer(await tenantToken({})) }), 403, 'forbidden');
-    const t = await new SignJWT(JSON.parse(`{"scope":"fencegate:proxy","${name}":"acme"}`)).setProtectedHeader({ alg: 'HS256' }).setIssuer(ISSUER).setAudience(AUDIENCE).setSubject('billing').setExpirationTime('10m').sign(new TextEncoder().encode(SECRET));
+    const t = await new SignJWT(JSON.parse(`{"scope":"fencegate:proxy","${name}":"acme"}`))
+      .setProtectedHeader({ alg: 'HS256' })
+      .setIssuer(ISSUER)
+      .setAudience(AUDIENCE)
+      .setSubject('billing')
+      .setExpirationTime('10m')
+      .sign(new TextEncoder().encode(SECRET));
     expect((await g.command(P, { key: 'k', headers: bearer(t) })).status).toBe(201);
     expect(g.upstream.effects).toBe(1);
   });
@@ -144,7 +158,7 @@ describe('keyScope: { claim }: keys per tenant of the verified token', () => {
     expect((await g.command(P, { headers: bearer(await tenantToken({})) })).status).toBe(201);
   });
 
-  it('negative control: with the claim left out of the scope, the second tenant is handed the first tenant\'s answer', async () => {
+  it("negative control: with the claim left out of the scope, the second tenant is handed the first tenant's answer", async () => {
     control.ignoreClaim = true;
     const g = gateway();
     const a = await g.command(P, { key: 'order-1', headers: bearer(await tenantToken({ tid: 'acme' })) });
@@ -157,7 +171,8 @@ describe('keyScope: { claim }: keys per tenant of the verified token', () => {
 
 describe('keyScope: { claim } in the config', () => {
   const route = { name: 'pay', match: { path: '/pay/*' }, upstream: 'http://127.0.0.1:9', fence: 'off' };
-  const parse = (r: Record<string, unknown>, config: Record<string, unknown> = { auth: hsAuth() }) => parseConfig({ store: { sqlite: ':memory:' }, ...config, routes: [{ ...route, ...r }] });
+  const parse = (r: Record<string, unknown>, config: Record<string, unknown> = { auth: hsAuth() }) =>
+    parseConfig({ store: { sqlite: ':memory:' }, ...config, routes: [{ ...route, ...r }] });
   const issues = (f: () => unknown): string => {
     try {
       f();

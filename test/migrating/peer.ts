@@ -17,7 +17,11 @@ export function peerGateway(name: string): { g: InProcessGateway; file: any } {
 }
 
 /** One request as the peer's clients send it: a key header (or none), a JSON body. */
-export function send(g: InProcessGateway, path: string, o: { method?: string; key?: string; body?: string; headers?: Record<string, string> } = {}): Promise<Response> {
+export function send(
+  g: InProcessGateway,
+  path: string,
+  o: { method?: string; key?: string; body?: string; headers?: Record<string, string> } = {},
+): Promise<Response> {
   const headers: Record<string, string> = { 'content-type': 'application/json', ...o.headers };
   if (o.key !== undefined) headers['idempotency-key'] = o.key;
   const method = o.method ?? 'POST';

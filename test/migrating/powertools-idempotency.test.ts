@@ -47,7 +47,13 @@ describe('Powertools idempotency defaults', () => {
 
   it('a handler that throws leaves no record (500/502 released); a returned 4xx is kept', async () => {
     const { g } = gw();
-    g.upstream.behave((c) => (c.seq === 1 ? { kind: 'respond', status: 502, body: 'Internal server error' } : c.seq === 3 ? { kind: 'respond', status: 400, body: '{"error":"bad"}' } : undefined));
+    g.upstream.behave((c) =>
+      c.seq === 1
+        ? { kind: 'respond', status: 502, body: 'Internal server error' }
+        : c.seq === 3
+          ? { kind: 'respond', status: 400, body: '{"error":"bad"}' }
+          : undefined,
+    );
     expect((await send(g, '/orders', { body: '{"request_id":"ord-3"}' })).status).toBe(502);
     expect((await send(g, '/orders', { body: '{"request_id":"ord-3"}' })).status).toBe(201);
     expect((await send(g, '/orders', { body: '{"request_id":"ord-4"}' })).status).toBe(400);

@@ -117,10 +117,13 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a take-over of a stalled
     const fences = await createFenceSource({ redis, namespace });
     await redis.set(`${qqn}:payments:7:lock`, 'token-of-W2');
     let ran = 0;
-    const processor = fencedProcessor(async (_job, { fence }) => {
-      ran++;
-      return fence;
-    }, { fences });
+    const processor = fencedProcessor(
+      async (_job, { fence }) => {
+        ran++;
+        return fence;
+      },
+      { fences },
+    );
     const job = { id: '7', queueQualifiedName: `${qqn}:payments` };
     await expect(processor(job, 'token-of-W1')).rejects.toBeInstanceOf(LeaseLostError);
     expect(ran).toBe(0);
@@ -153,7 +156,20 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: the signed fence expires
     });
     await queue.add('pay', { amount: 1200 }, { jobId: 'order-1' });
     const before = h.upstream.effects;
-    const config = { queue: 'payments', prefix, namespace, gateway: h.gateway.url, hold: false, unfenced: false, lockDuration, stalledInterval: 600_000, signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S }, waitForCall: true, watch, detached };
+    const config = {
+      queue: 'payments',
+      prefix,
+      namespace,
+      gateway: h.gateway.url,
+      hold: false,
+      unfenced: false,
+      lockDuration,
+      stalledInterval: 600_000,
+      signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S },
+      waitForCall: true,
+      watch,
+      detached,
+    };
     const w = spawnProc('W', [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
     const started = await w.next((m) => m.msg === 'started');
     const startedAt = Date.now();
@@ -255,18 +271,30 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
    * fence source, `between` runs after the removal (the same worker and
    * source carry on).
    */
-  async function twoLives(wrap: (real: FenceSource) => FenceSource = (real) => real, between?: (namespace: string) => Promise<unknown>, removeOnComplete = false) {
+  async function twoLives(
+    wrap: (real: FenceSource) => FenceSource = (real) => real,
+    between?: (namespace: string) => Promise<unknown>,
+    removeOnComplete = false,
+  ) {
     const prefix = uniquePrefix('bull');
     const namespace = uniquePrefix('fences');
     const connection = connectRedis({ maxRetriesPerRequest: null });
     const queue = new Queue('payments', { connection: connection as never, prefix });
     const fences = wrap(await createFenceSource({ redis: connection, namespace }));
     const runs: { fence: number; entity: string; keyPrefix: string; status: number; replayed: string | null }[] = [];
-    const processor = fencedProcessor<Job, unknown>(async (job, { fencedFetch, fence, entity, keyPrefix }) => {
-      const res = await fencedFetch(`${h.gateway.url}/payments/charges`, { step: 'charge', method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(job.data) });
-      runs.push({ fence, entity, keyPrefix, status: res.status, replayed: res.headers.get('idempotent-replayed') });
-      return res.status;
-    }, { fences });
+    const processor = fencedProcessor<Job, unknown>(
+      async (job, { fencedFetch, fence, entity, keyPrefix }) => {
+        const res = await fencedFetch(`${h.gateway.url}/payments/charges`, {
+          step: 'charge',
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify(job.data),
+        });
+        runs.push({ fence, entity, keyPrefix, status: res.status, replayed: res.headers.get('idempotent-replayed') });
+        return res.status;
+      },
+      { fences },
+    );
     const worker = new Worker('payments', processor as never, { connection: connection as never, prefix, lockDuration: 30_000 });
     h.cleanups.push(async () => {
       await worker.close();
@@ -292,7 +320,10 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
 
   test('the second job under the id gets keys of its own: both are charged, neither answer is a replay', async () => {
     const { runs, effects } = await twoLives();
-    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, null]]);
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([
+      [201, null],
+      [201, null],
+    ]);
     expect(runs[1]!.keyPrefix).toBe(`${runs[0]!.keyPrefix}@2`);
     // The fence kept rising across the lives: a stale worker of the first job is still refused.
     expect(runs.map((r) => r.fence)).toEqual([1, 2]);
@@ -301,7 +332,10 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
 
   test('the same with removeOnComplete and the id added again as soon as the first job completed: the marker is random, not a time, so the second job still gets keys of its own', async () => {
     const { runs, effects } = await twoLives(undefined, undefined, true);
-    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, null]]);
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([
+      [201, null],
+      [201, null],
+    ]);
     expect(runs[1]!.keyPrefix).toBe(`${runs[0]!.keyPrefix}@2`);
     expect(effects).toBe(2);
   });
@@ -312,7 +346,10 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
   test('after the Redis lost the fence keys (restart without persistence), the running worker takes the new identity: the second job gets keys of its own and the identity a process started after the loss reads', async () => {
     const { runs, effects, namespace } = await twoLives(undefined, (ns) => deleteKeys(redis, ns));
     // Counted from 1 again, and life 1 again, but under a new identity: nothing of the first job's is reused.
-    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, null]]);
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([
+      [201, null],
+      [201, null],
+    ]);
     expect(effects).toBe(2);
     expect(runs.map((r) => r.fence)).toEqual([1, 1]);
     expect(runs[1]!.entity).not.toBe(runs[0]!.entity);
@@ -329,7 +366,10 @@ describe.skipIf(REDIS_SKIP !== null)('fencegate/bullmq: a job id used again afte
       begin: (job, guard) => real.begin(job, guard?.kind === 'redis-key' ? { kind: 'redis-key', key: guard.key, equals: guard.equals } : guard),
     }));
     expect(runs[1]!.keyPrefix).toBe(runs[0]!.keyPrefix);
-    expect(runs.map((r) => [r.status, r.replayed])).toEqual([[201, null], [201, 'true']]);
+    expect(runs.map((r) => [r.status, r.replayed])).toEqual([
+      [201, null],
+      [201, 'true'],
+    ]);
     expect(effects).toBe(1);
   });
 });

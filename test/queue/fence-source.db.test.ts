@@ -32,13 +32,21 @@ const backends: Backend[] = [
       const tmp = tempDir();
       const path = join(tmp.dir, 'queue.db');
       const db = new Database(path);
-      disposers.push(() => tmp.cleanup(), () => db.close());
+      disposers.push(
+        () => tmp.cleanup(),
+        () => db.close(),
+      );
       const reopen = async () => {
         const other = new Database(path);
         disposers.push(() => other.close());
         return createFenceSource({ sqlite: other });
       };
-      return { source: await createFenceSource({ sqlite: db }), reopen, holds: { kind: 'sql', where: '? = 1', values: [1] }, notHeld: { kind: 'sql', where: '? = 1', values: [0] } };
+      return {
+        source: await createFenceSource({ sqlite: db }),
+        reopen,
+        holds: { kind: 'sql', where: '? = 1', values: [1] },
+        notHeld: { kind: 'sql', where: '? = 1', values: [0] },
+      };
     },
   },
   {
@@ -82,7 +90,7 @@ const fenceOf = async (source: FenceSource, queue: string, id: string, guard?: F
 };
 
 describe.each(backends)('fence source: $name', (backend) => {
-  test.skipIf(backend.skip)('every begin raises the job\'s fence by one; jobs and queues count apart', async () => {
+  test.skipIf(backend.skip)("every begin raises the job's fence by one; jobs and queues count apart", async () => {
     const { source } = await backend.open();
     expect([await fenceOf(source, 'q', '1'), await fenceOf(source, 'q', '1'), await fenceOf(source, 'q', '1')]).toEqual([1, 2, 3]);
     expect(await fenceOf(source, 'q', '2')).toBe(1);
@@ -119,8 +127,8 @@ describe.each(backends)('fence source: $name', (backend) => {
   });
 });
 
-describe.skipIf(REDIS_SKIP !== null)('fence source: redis, the lock\'s remaining life', () => {
-  test('begin with a guard reports the guard key\'s PTTL; guardTtl reads it again, and answers null once the key holds another token or is gone', async () => {
+describe.skipIf(REDIS_SKIP !== null)("fence source: redis, the lock's remaining life", () => {
+  test("begin with a guard reports the guard key's PTTL; guardTtl reads it again, and answers null once the key holds another token or is gone", async () => {
     const client = connectRedis() as ReturnType<typeof connectRedis> & { set(k: string, v: string, px: 'PX', ms: number): Promise<unknown> };
     const namespace = uniquePrefix('fences');
     disposers.push(async () => {
@@ -166,7 +174,7 @@ describe.skipIf(REDIS_SKIP !== null)('fence source: redis, the lock\'s remaining
 });
 
 describe.skipIf(REDIS_SKIP !== null)('fence source: redis, the lives of a job id', () => {
-  test('every attempt of one life reads the same life; once the job\'s hash is gone (the job removed), the id\'s next job is life 2', async () => {
+  test("every attempt of one life reads the same life; once the job's hash is gone (the job removed), the id's next job is life 2", async () => {
     const client = connectRedis() as ReturnType<typeof connectRedis> & { hset(k: string, f: string, v: string): Promise<unknown> };
     const namespace = uniquePrefix('fences');
     disposers.push(async () => {
@@ -182,15 +190,21 @@ describe.skipIf(REDIS_SKIP !== null)('fence source: redis, the lives of a job id
       const r = await source.begin({ queue: 'bull:q', id: '7' }, guard);
       return r.ok ? [r.fence, r.life] : r.reason;
     };
-    expect([await life(), await life()]).toEqual([[1, 1], [2, 1]]);
+    expect([await life(), await life()]).toEqual([
+      [1, 1],
+      [2, 1],
+    ]);
     await client.del(jobHash);
     await client.hset(jobHash, 'name', 'pay');
-    expect([await life(), await life()]).toEqual([[3, 2], [4, 2]]);
+    expect([await life(), await life()]).toEqual([
+      [3, 2],
+      [4, 2],
+    ]);
   });
 });
 
 describe('jobKeys', () => {
-  test('a later life of a job id gets its own key prefix; the entity stays the id\'s', () => {
+  test("a later life of a job id gets its own key prefix; the entity stays the id's", () => {
     const store = 'a'.repeat(32);
     const first = jobKeys(store, { queue: 'q', id: 'a@2' });
     expect(jobKeys(store, { queue: 'q', id: 'a@2', life: 1 })).toEqual(first);

@@ -58,7 +58,10 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: a take-over after the
     await w1.next((m) => m.msg === 'sending');
     w1.pause();
     // The simulated expiry: W1's lock is now 5 h old, past graphile-worker's 4 h.
-    const backdated = await db.pool.query(`UPDATE "${workerSchema}"._private_jobs SET locked_at = now() - interval '5 hours' WHERE id = $1 AND locked_at IS NOT NULL`, [job.id]);
+    const backdated = await db.pool.query(
+      `UPDATE "${workerSchema}"._private_jobs SET locked_at = now() - interval '5 hours' WHERE id = $1 AND locked_at IS NOT NULL`,
+      [job.id],
+    );
     expect(backdated.rowCount).toBe(1);
 
     const w2 = startWorker('W2', { ...common, hold: false });
@@ -100,9 +103,12 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: a take-over after the
     const fences = await createFenceSource({ postgres: db.pool, migrate: false });
     const job = await utils.addJob('pay', { amount: 1 });
     let ran = false;
-    const task = fencedTask(async () => {
-      ran = true;
-    }, { fences, workerSchema });
+    const task = fencedTask(
+      async () => {
+        ran = true;
+      },
+      { fences, workerSchema },
+    );
     // The job is not locked at all, so no worker id matches the share-locked check.
     await expect(task({}, { job: { id: job.id, locked_by: 'worker-not-holding-it' } })).rejects.toBeInstanceOf(LeaseLostError);
     expect(ran).toBe(false);
@@ -131,7 +137,16 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: the signed fence expi
     const { db, workerSchema, utils } = await setUpSchemas(h);
     await utils.addJob('pay', { amount: 1200 });
     const before = h.upstream.effects;
-    const config = { url: db.url, workerSchema, gateway: h.gateway.url, hold: false, unfenced: false, signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S }, waitForCall: true, lockMs };
+    const config = {
+      url: db.url,
+      workerSchema,
+      gateway: h.gateway.url,
+      hold: false,
+      unfenced: false,
+      signed: { secret: FENCE_SECRET, graceSeconds: GRACE_S },
+      waitForCall: true,
+      lockMs,
+    };
     const w = spawnProc('W', [...TS_ARGS, WORKER, JSON.stringify(config)], { stdin: true });
     const started = await w.next((m) => m.msg === 'started');
     const call = async () => {
@@ -153,7 +168,7 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: the signed fence expi
     expectRefusedExpired(h, await call(), started.entity);
   });
 
-  test('control: with graphile-worker\'s own 4 h lock the same frozen worker is accepted (201): its lock has not ended', async () => {
+  test("control: with graphile-worker's own 4 h lock the same frozen worker is accepted (201): its lock has not ended", async () => {
     const { w, started, call } = await start(undefined);
     w.pause();
     await until(() => Date.now() > new Date(started.lockedAt).getTime() + 2_000 + GRACE_S * 1000 + 2_000, 'as long a freeze as above');
@@ -163,15 +178,18 @@ describe.skipIf(!POSTGRES_URL)('fencegate/graphile-worker: the signed fence expi
     expect(effects).toBe(1);
   });
 
-  test('lockMs beyond graphile-worker\'s 4 h, and a signed task without locked_at, are refused before anything runs', async () => {
+  test("lockMs beyond graphile-worker's 4 h, and a signed task without locked_at, are refused before anything runs", async () => {
     const db = await createTestSchema('fgq');
     h.cleanups.push(() => db.drop());
     const fences = await createFenceSource({ postgres: db.pool });
     expect(() => fencedTask(async () => {}, { fences, lockMs: 5 * 3_600_000 })).toThrow(/lockMs must be/);
     let ran = false;
-    const task = fencedTask(async () => {
-      ran = true;
-    }, { fences, fenceSigner: () => 'x' });
+    const task = fencedTask(
+      async () => {
+        ran = true;
+      },
+      { fences, fenceSigner: () => 'x' },
+    );
     await expect(task({}, { job: { id: 1, locked_by: 'w' } })).rejects.toThrow(/locked_at/);
     expect(ran).toBe(false);
   });

@@ -21,9 +21,17 @@ const config = (name: string, reconcile: unknown, env: Record<string, unknown> =
 
 describe('fencegate serve with a bad reconcile', () => {
   it.each([
-    ['a template that does not identify the command', { path: '/charges/{entity}' }, /routes\[0\]\.reconcile\.path: names no variable that identifies the command/],
+    [
+      'a template that does not identify the command',
+      { path: '/charges/{entity}' },
+      /routes\[0\]\.reconcile\.path: names no variable that identifies the command/,
+    ],
     ['a method with a body', { method: 'POST', path: '/charges/{key}' }, /routes\[0\]\.reconcile\.method: must be GET or HEAD/],
-    ['a header secret that is not set', { path: '/charges/{key}', headers: { Authorization: { env: 'FG_TEST_UNSET_RECONCILE_KEY', prefix: 'Bearer ' } } }, /routes\[0\]\.reconcile\.headers\.Authorization: environment variable FG_TEST_UNSET_RECONCILE_KEY is not set/],
+    [
+      'a header secret that is not set',
+      { path: '/charges/{key}', headers: { Authorization: { env: 'FG_TEST_UNSET_RECONCILE_KEY', prefix: 'Bearer ' } } },
+      /routes\[0\]\.reconcile\.headers\.Authorization: environment variable FG_TEST_UNSET_RECONCILE_KEY is not set/,
+    ],
   ])('%s: one line naming the field, exit 1', async (name, reconcile, line) => {
     const r = await runNode([CLI, 'serve', '--config', config(name.replace(/\W+/g, '-'), reconcile)]);
     expect(r.code, r.stderr).toBe(1);

@@ -45,7 +45,8 @@ const postgres: Start = async (routes, wrapStore) => {
     reconcile: () => g.running.gateway.reconcile(),
     admin: async (path) => (await fetch(`${g.url}/_fencegate${path}`)).json(),
     metrics: async () => (await fetch(`${g.url}/_fencegate/metrics`)).text(),
-    backdate: async (key, ms) => void (await g.schema.pool.query(`UPDATE idempotency_records SET created_at = created_at - $1 * interval '1 millisecond' WHERE key = $2`, [ms, key])),
+    backdate: async (key, ms) =>
+      void (await g.schema.pool.query(`UPDATE idempotency_records SET created_at = created_at - $1 * interval '1 millisecond' WHERE key = $2`, [ms, key])),
     close: () => g.close(),
   };
 };
@@ -73,11 +74,20 @@ function chargesRoute(upstream: string, reconcile: Record<string, unknown> | nul
 }
 
 const charge = (g: G, key: string) =>
-  fetch(`${g.url}/charges`, { method: 'POST', headers: { 'idempotency-key': key, 'x-fence-entity': 'cust-1', 'content-type': 'application/json' }, body: '{"amount":500}' });
+  fetch(`${g.url}/charges`, {
+    method: 'POST',
+    headers: { 'idempotency-key': key, 'x-fence-entity': 'cust-1', 'content-type': 'application/json' },
+    body: '{"amount":500}',
+  });
 
 async function answer(res: Response): Promise<{ status: number; body: any; reconciled: string | null; replayed: string | null }> {
   const text = await res.text();
-  return { status: res.status, body: text === '' ? null : JSON.parse(text), reconciled: res.headers.get('fencegate-reconciled'), replayed: res.headers.get('idempotent-replayed') };
+  return {
+    status: res.status,
+    body: text === '' ? null : JSON.parse(text),
+    reconciled: res.headers.get('fencegate-reconciled'),
+    replayed: res.headers.get('idempotent-replayed'),
+  };
 }
 
 async function recordOf(g: G, key: string): Promise<RecordInfo | undefined> {
@@ -85,7 +95,9 @@ async function recordOf(g: G, key: string): Promise<RecordInfo | undefined> {
 }
 
 async function actionsFor(g: G, key: string): Promise<{ action: string; operator: string | null }[]> {
-  return ((await g.admin('/v1/operator-actions')).items as { key: string; action: string; operator: string | null }[]).filter((a) => a.key === key).map(({ action, operator }) => ({ action, operator }));
+  return ((await g.admin('/v1/operator-actions')).items as { key: string; action: string; operator: string | null }[])
+    .filter((a) => a.key === key)
+    .map(({ action, operator }) => ({ action, operator }));
 }
 
 const metric = (text: string, name: string, labels: string): number | undefined => {

@@ -14,7 +14,18 @@ describe('reconcile.path substitution (DESIGN §3.12)', () => {
   });
 
   it('a not-found is trusted the lock (timeoutMs + lockMarginMs) plus settleTime after the admission', () => {
-    const c = parseConfig({ routes: [{ name: 'c', match: { path: '/c' }, upstream: 'http://127.0.0.1:9', timeoutMs: 10_000, lockMarginMs: 2_000, reconcile: { path: '/c/{key}', settleTime: '30s' } }] });
+    const c = parseConfig({
+      routes: [
+        {
+          name: 'c',
+          match: { path: '/c' },
+          upstream: 'http://127.0.0.1:9',
+          timeoutMs: 10_000,
+          lockMarginMs: 2_000,
+          reconcile: { path: '/c/{key}', settleTime: '30s' },
+        },
+      ],
+    });
     expect(notBeforeMs(c.routes[0] as ReconcileTarget['route'])).toBe(42_000);
   });
 });

@@ -110,26 +110,35 @@ export function describeHttpContract(target: () => ContractTarget): void {
     const entity = uniq('tool-job');
     const key = uniq('pay');
     const payload = new Uint8Array([0x7b, 0x22, 0x69, 0x64, 0x22, 0x3a, 0x22, 0xc3, 0xa9, 0x22, 0x7d, 0x0a]); // {"id":"é"}\n
-    upstream.behave((c) => (c.key === key ? { kind: 'respond', status: 201, headers: { 'content-type': 'application/json; charset=utf-8', etag: '"v1"', 'set-cookie': 'session=secret' }, body: payload } : undefined));
+    upstream.behave((c) =>
+      c.key === key
+        ? {
+            kind: 'respond',
+            status: 201,
+            headers: { 'content-type': 'application/json; charset=utf-8', etag: '"v1"', 'set-cookie': 'session=secret' },
+            body: payload,
+          }
+        : undefined,
+    );
     try {
-        const first = await send('/payments/charges', { fence: '7', entity, key });
-        expect(first.status).toBe(201);
-        expect(first.headers.get('idempotent-replayed')).toBeNull();
-        expect(new Uint8Array(await first.arrayBuffer())).toEqual(payload);
-        const [call, ...more] = upstream.callsFor(key);
-        expect(more).toEqual([]);
-        expect(call!.headers).toMatchObject({ 'x-execution-fence': '7', 'x-fence-entity': entity, 'idempotency-key': key });
-        expect(call!.body.toString()).toBe('{"amount":1200}');
+      const first = await send('/payments/charges', { fence: '7', entity, key });
+      expect(first.status).toBe(201);
+      expect(first.headers.get('idempotent-replayed')).toBeNull();
+      expect(new Uint8Array(await first.arrayBuffer())).toEqual(payload);
+      const [call, ...more] = upstream.callsFor(key);
+      expect(more).toEqual([]);
+      expect(call!.headers).toMatchObject({ 'x-execution-fence': '7', 'x-fence-entity': entity, 'idempotency-key': key });
+      expect(call!.body.toString()).toBe('{"amount":1200}');
 
-        const replay = await send('/payments/charges', { fence: '7', entity, key });
-        expect(replay.status).toBe(201);
-        expect(replay.headers.get('idempotent-replayed')).toBe('true');
-        expect(replay.headers.get('content-type')).toBe('application/json; charset=utf-8');
-        expect(replay.headers.get('etag')).toBe('"v1"');
-        expect(replay.headers.get('set-cookie')).toBeNull();
-        expect(new Uint8Array(await replay.arrayBuffer())).toEqual(payload);
-        expect(upstream.callsFor(key)).toHaveLength(1);
-        expect((await records(key)).map((r) => r.state)).toEqual(['completed']);
+      const replay = await send('/payments/charges', { fence: '7', entity, key });
+      expect(replay.status).toBe(201);
+      expect(replay.headers.get('idempotent-replayed')).toBe('true');
+      expect(replay.headers.get('content-type')).toBe('application/json; charset=utf-8');
+      expect(replay.headers.get('etag')).toBe('"v1"');
+      expect(replay.headers.get('set-cookie')).toBeNull();
+      expect(new Uint8Array(await replay.arrayBuffer())).toEqual(payload);
+      expect(upstream.callsFor(key)).toHaveLength(1);
+      expect((await records(key)).map((r) => r.state)).toEqual(['completed']);
     } finally {
       upstream.behave(null);
     }
@@ -141,7 +150,11 @@ export function describeHttpContract(target: () => ContractTarget): void {
     const paidKey = uniq('pay');
     expect((await send('/payments/charges', { fence: '42', entity, key: paidKey })).status).toBe(201);
     const staleKey = uniq('pay');
-    const body = await problem(await send('/payments/charges', { fence: '41', entity, key: staleKey }), 409, 'stale-fence', { entity, presented_fence: '41', current_fence: '42' });
+    const body = await problem(await send('/payments/charges', { fence: '41', entity, key: staleKey }), 409, 'stale-fence', {
+      entity,
+      presented_fence: '41',
+      current_fence: '42',
+    });
     expect(body.request_id).toEqual(expect.any(String));
     // The fence check comes first: a lower fence gets no replay of a stored answer.
     await problem(await send('/payments/charges', { fence: '40', entity, key: paidKey }), 409, 'stale-fence', { current_fence: '42' });
@@ -151,8 +164,14 @@ export function describeHttpContract(target: () => ContractTarget): void {
     const log = await rejections(entity);
     expect(log).toHaveLength(2);
     expect(log.find((r) => r.idempotency_key === staleKey)).toMatchObject({
-      reason: 'stale-fence', entity, presented_fence: '41', current_fence: '42', method: 'POST', path: '/payments/charges',
-      payload_sha256: expect.stringMatching(/^[0-9a-f]{64}$/), request_id: body.request_id,
+      reason: 'stale-fence',
+      entity,
+      presented_fence: '41',
+      current_fence: '42',
+      method: 'POST',
+      path: '/payments/charges',
+      payload_sha256: expect.stringMatching(/^[0-9a-f]{64}$/),
+      request_id: body.request_id,
     });
     expect(await fenceOf(entity)).toBe('42');
   });
@@ -162,7 +181,9 @@ export function describeHttpContract(target: () => ContractTarget): void {
     const entity = uniq('tool-job');
     const key = uniq('pay');
     expect((await send('/payments/charges', { fence: '1', entity, key })).status).toBe(201);
-    await problem(await send('/payments/charges', { fence: '1', entity, key, body: '{"amount":9900}' }), 422, 'idempotency-key-reused', { idempotency_key: key });
+    await problem(await send('/payments/charges', { fence: '1', entity, key, body: '{"amount":9900}' }), 422, 'idempotency-key-reused', {
+      idempotency_key: key,
+    });
     expect(upstream.callsFor(key)).toHaveLength(1);
     expect(await rejections(entity)).toMatchObject([{ reason: 'idempotency-key-reused', idempotency_key: key, entity }]);
   });

@@ -97,7 +97,7 @@ describe.skipIf(!POSTGRES_URL)('SIGTERM drains the finishes still pending while 
     tmp.cleanup();
   });
 
-  it('the database back within the bound: the finishes land, and each key\'s retry is the replay', { timeout: 120_000 }, async () => {
+  it("the database back within the bound: the finishes land, and each key's retry is the replay", { timeout: 120_000 }, async () => {
     const { keys, paid, exited, termAt } = await answersDuringOutage('back');
     // The callers were given the upstream's answers (the lock has run out by now).
     for (const p of paid) expect(p.status).toBe(201);
@@ -115,7 +115,9 @@ describe.skipIf(!POSTGRES_URL)('SIGTERM drains the finishes still pending while 
     }
   });
 
-  it('the database not back: the process exits within its bound and logs each unwritten finish (route, key, request id, no body)', { timeout: 120_000 }, async () => {
+  it('the database not back: the process exits within its bound and logs each unwritten finish (route, key, request id, no body)', {
+    timeout: 120_000,
+  }, async () => {
     const { keys, paid, exited, termAt } = await answersDuringOutage('gone');
     for (const p of paid) expect(p.status).toBe(201);
     const proc = gw!.proc;

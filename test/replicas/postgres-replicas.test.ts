@@ -27,7 +27,8 @@ describe.skipIf(!POSTGRES_URL)('three gateway processes on one PostgreSQL schema
   /** Round-robin: request i goes to replica i mod 3 (of those still alive). */
   const at = (i: number) => replicas[i % replicas.length]!.url;
   const sql = async <R = any>(text: string, values: unknown[] = []) => (await schema.pool.query(text, values)).rows as R[];
-  const fenceOf = async (entity: string) => (await sql<{ fence: string | null }>('SELECT fence::text AS fence FROM fence_entities WHERE entity = $1', [entity]))[0]?.fence ?? null;
+  const fenceOf = async (entity: string) =>
+    (await sql<{ fence: string | null }>('SELECT fence::text AS fence FROM fence_entities WHERE entity = $1', [entity]))[0]?.fence ?? null;
 
   beforeAll(async () => {
     schema = await createTestSchema('fg_replicas', 4);
@@ -89,9 +90,12 @@ describe.skipIf(!POSTGRES_URL)('three gateway processes on one PostgreSQL schema
         }
       }
       expect(counts.inProgress + counts.replayed).toBe(99);
-      console.info(`[fencegate] 100 identical requests over 3 replicas: 1 forwarded, ${counts.inProgress} idempotency-in-progress, ${counts.replayed} replayed`);
+      console.info(
+        `[fencegate] 100 identical requests over 3 replicas: 1 forwarded, ${counts.inProgress} idempotency-in-progress, ${counts.replayed} replayed`,
+      );
       // Afterwards every replica replays the stored answer, byte for byte.
-      for (const r of replicas) expect(await command(r.url, '/payments/charges', { fence: 1, entity, key }).then(answerOf)).toEqual({ ...original[0], replayed: true });
+      for (const r of replicas)
+        expect(await command(r.url, '/payments/charges', { fence: 1, entity, key }).then(answerOf)).toEqual({ ...original[0], replayed: true });
       expect(up.callsFor(key)).toHaveLength(1);
       const rows = await sql('SELECT state, status FROM idempotency_records WHERE key = $1', [key]);
       expect(rows).toEqual([{ state: 'completed', status: 201 }]);
@@ -107,7 +111,9 @@ describe.skipIf(!POSTGRES_URL)('three gateway processes on one PostgreSQL schema
     up.behave((c) => (c.entity?.startsWith(`race-${run}-`) ? { kind: 'delay', ms: 3 } : undefined));
     let answers: Answer[];
     try {
-      answers = await Promise.all(fences.map((f, i) => command(at(i), '/payments/charges', { fence: f, entity: entityAt(i), key: `race-${run}-${f}` }).then(answerOf)));
+      answers = await Promise.all(
+        fences.map((f, i) => command(at(i), '/payments/charges', { fence: f, entity: entityAt(i), key: `race-${run}-${f}` }).then(answerOf)),
+      );
     } finally {
       up.behave(null);
     }
@@ -189,7 +195,9 @@ describe.skipIf(!POSTGRES_URL)('three gateway processes on one PostgreSQL schema
     // queues for its entity, and a shuffled ten per entity are out of order all the same.
     const fences = shuffled(Array.from({ length: 60 }, (_, i) => i + 1));
     const entityAt = (i: number) => `unfenced-${run}-${i % 6}`;
-    const answers = await Promise.all(fences.map((f, i) => command(control.url, '/payments/charges', { fence: f, entity: entityAt(i), key: `unfenced-${run}-${f}` }).then(answerOf)));
+    const answers = await Promise.all(
+      fences.map((f, i) => command(control.url, '/payments/charges', { fence: f, entity: entityAt(i), key: `unfenced-${run}-${f}` }).then(answerOf)),
+    );
     expect(answers.filter((a) => a.status !== 201)).toEqual([]);
     const pairs = [0, 1, 2, 3, 4, 5].flatMap((e) => decreasingPairs(up.calls.filter((c) => c.entity === `unfenced-${run}-${e}`).map((c) => Number(c.fence))));
     expect(pairs.length).toBeGreaterThan(0);
@@ -210,7 +218,10 @@ describe.skipIf(!POSTGRES_URL)('three gateway processes on one PostgreSQL schema
     // The callers of the dead replica lost their connection: no answer at all.
     for (const a of await Promise.all(lost)) expect(a.status).toBe(0);
     // Killed before its 3 s upstream timeout: the dead replica recorded nothing.
-    const states = async () => (await sql<{ key: string; state: string }>('SELECT key, state FROM idempotency_records WHERE key = ANY($1) ORDER BY key', [[...keys]])).map((r) => r.state);
+    const states = async () =>
+      (await sql<{ key: string; state: string }>('SELECT key, state FROM idempotency_records WHERE key = ANY($1) ORDER BY key', [[...keys]])).map(
+        (r) => r.state,
+      );
     expect(await states()).toEqual(['in_progress', 'in_progress']);
 
     // The retry, on a survivor: 409 in-progress while the dead lock lives, then outcome-unknown (never forwarded again).
@@ -224,7 +235,10 @@ describe.skipIf(!POSTGRES_URL)('three gateway processes on one PostgreSQL schema
       'the retry to be told outcome-unknown',
       { everyMs: 200, timeoutMs: 30_000 },
     );
-    expect(retries.slice(0, -1).every((c) => c === 'idempotency-in-progress'), retries.join(',')).toBe(true);
+    expect(
+      retries.slice(0, -1).every((c) => c === 'idempotency-in-progress'),
+      retries.join(','),
+    ).toBe(true);
     console.info(`[fencegate] kill -9: the retry on a survivor was answered idempotency-in-progress ${retries.length - 1} time(s), then outcome-unknown`);
     // The other record nobody retries: a survivor's sweeper settles it.
     await until(async () => (await states())[1] === 'outcome_unknown', 'the sweeper to mark the dead record', { everyMs: 200, timeoutMs: 30_000 });

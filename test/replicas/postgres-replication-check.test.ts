@@ -27,7 +27,9 @@ import { startUpstream, type FakeUpstream } from '../helpers/upstream.js';
 
 const BIN = findPostgresBin();
 if (BIN === null) {
-  console.warn('[fencegate] initdb/pg_ctl/pg_basebackup not found (Debian: apt-get install postgresql; or set FENCEGATE_PG_BIN): the replication check test is SKIPPED.');
+  console.warn(
+    '[fencegate] initdb/pg_ctl/pg_basebackup not found (Debian: apt-get install postgresql; or set FENCEGATE_PG_BIN): the replication check test is SKIPPED.',
+  );
 }
 
 type Gw = LoggedPgGateway;
@@ -75,7 +77,14 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
   const warned = (gw: Gw, msg: string) => gw.lines.filter((l) => l.msg === msg);
   /** Waits until the primary reports a standby in that sync_state. */
   const standbyIs = (state: string) =>
-    until(async () => (await sql<{ sync_state: string }>(primary.url, "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'")).some((r) => r.sync_state === state) || null, `a ${state} standby`, { timeoutMs: 60_000 });
+    until(
+      async () =>
+        (await sql<{ sync_state: string }>(primary.url, "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'")).some(
+          (r) => r.sync_state === state,
+        ) || null,
+      `a ${state} standby`,
+      { timeoutMs: 60_000 },
+    );
 
   beforeAll(async () => {
     primary = await startPrivatePostgres(BIN!, { name: 'primary' });
@@ -109,7 +118,10 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     // A gateway already running learns it at its next check…
     await running.store.replication!.check();
     expect(warned(running, 'async-replication')).toHaveLength(1);
-    expect(warned(running, 'async-replication')[0]!.fields).toMatchObject({ synchronous_standby_names: '', standbys: [{ name: 'standby1', sync_state: 'async' }] });
+    expect(warned(running, 'async-replication')[0]!.fields).toMatchObject({
+      synchronous_standby_names: '',
+      standbys: [{ name: 'standby1', sync_state: 'async' }],
+    });
     expect(await scrape(running)).toBe(1);
     // …and says it once: the same state at the next check adds no line.
     await running.store.replication!.check();
@@ -188,7 +200,11 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     await expectProblem(stale, 409, 'stale-fence');
     // Every acknowledged key's record survived, completed (a lower fence is refused
     // before its replay, DESIGN §3 decision order, so the records are read) …
-    for (const { key } of acked) expect((await after.store.getRecords(key)).map((r) => r.state), key).toEqual(['completed']);
+    for (const { key } of acked)
+      expect(
+        (await after.store.getRecords(key)).map((r) => r.state),
+        key,
+      ).toEqual(['completed']);
     // … and the last one is replayed, not executed again.
     const replay = await command(after.url, '/payments/charges', { fence: 40, entity: 'failover', key: 'failover-40' });
     expect(replay.status).toBe(201);
@@ -199,7 +215,10 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     // The promotion pitfall: a new primary that names synchronous standbys none of which is connected.
     await sql(standby!.url, "ALTER SYSTEM SET synchronous_standby_names = 'nobody'");
     await sql(standby!.url, 'SELECT pg_reload_conf()');
-    await until(async () => (await sql<{ s: string }>(standby!.url, "SELECT current_setting('synchronous_standby_names') AS s"))[0]!.s === 'nobody' || null, 'the reload');
+    await until(
+      async () => (await sql<{ s: string }>(standby!.url, "SELECT current_setting('synchronous_standby_names') AS s"))[0]!.s === 'nobody' || null,
+      'the reload',
+    );
     await after.store.replication!.check();
     expect(warned(after, 'sync-standby-missing')).toHaveLength(1);
     expect(warned(after, 'sync-standby-missing')[0]!.fields.reason).toMatch(/every commit waits/);
@@ -215,7 +234,14 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     await until(async () => (await sql<{ s: string }>(p2.url, "SELECT current_setting('synchronous_standby_names') AS s"))[0]!.s === '' || null, 'the reload');
     link = await FaultProxy.start({ target: { host: '127.0.0.1', port: p2.port }, name: 'replication' });
     standby2 = await startPrivatePostgres(BIN!, { standbyOf: { port: link.port }, name: 'standby2' });
-    await until(async () => (await sql<{ sync_state: string }>(p2.url, "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'")).some((r) => r.sync_state === 'async') || null, 'an async standby', { timeoutMs: 60_000 });
+    await until(
+      async () =>
+        (await sql<{ sync_state: string }>(p2.url, "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'")).some(
+          (r) => r.sync_state === 'async',
+        ) || null,
+      'an async standby',
+      { timeoutMs: 60_000 },
+    );
 
     const gw = await gateway(p2.url, { migrate: false });
     expect(warned(gw, 'async-replication')).toHaveLength(1);
@@ -227,7 +253,10 @@ describe.skipIf(BIN === null)('the replication check, on real streaming replicat
     for (let fence = 41; fence <= 45; fence++) await send(fence, `failover-${fence}`);
     // 41…45 are on the standby (its replay reached the primary's WAL position); then the link stalls.
     const { lsn } = (await sql<{ lsn: string }>(p2.url, 'SELECT pg_current_wal_lsn()::text AS lsn'))[0]!;
-    await until(async () => (await sql<{ ok: boolean }>(standby2!.url, `SELECT pg_last_wal_replay_lsn() >= '${lsn}'::pg_lsn AS ok`))[0]!.ok || null, 'the standby caught up');
+    await until(
+      async () => (await sql<{ ok: boolean }>(standby2!.url, `SELECT pg_last_wal_replay_lsn() >= '${lsn}'::pg_lsn AS ok`))[0]!.ok || null,
+      'the standby caught up',
+    );
     link.blackhole(true);
     // Acknowledged all the same: an asynchronous commit waits for no standby.
     for (let fence = 46; fence <= 55; fence++) await send(fence, `failover-${fence}`);

@@ -64,7 +64,13 @@ describe.skipIf(BIN === null)('a real PostgreSQL restart under load, two gateway
 
   it('requests in the window get 503 store-unavailable or succeed; both gateways recover by themselves; every admitted request ends recorded; no duplicate effect', async () => {
     const pids = gateways.map((g) => g.pid);
-    interface Attempt { gw: number; sent: number; at: number; status: number; code: string | null }
+    interface Attempt {
+      gw: number;
+      sent: number;
+      at: number;
+      status: number;
+      code: string | null;
+    }
     const attempts: Attempt[] = [];
     const finals = new Map<string, Answer>();
     let stopping = false;
@@ -115,7 +121,9 @@ describe.skipIf(BIN === null)('a real PostgreSQL restart under load, two gateway
       await db!.start();
       const tUp = Date.now();
       // Recovery without a gateway restart: a request SENT after the server is back succeeds on each.
-      await until(() => [0, 1].every((g) => attempts.some((a) => a.gw === g && a.sent >= tUp && a.status === 201)), 'both gateways to serve again', { timeoutMs: 30_000 });
+      await until(() => [0, 1].every((g) => attempts.some((a) => a.gw === g && a.sent >= tUp && a.status === 201)), 'both gateways to serve again', {
+        timeoutMs: 30_000,
+      });
       const base = successes();
       await until(() => successes() >= base + 40, 'steady load after the restart');
       stopping = true;
@@ -123,18 +131,25 @@ describe.skipIf(BIN === null)('a real PostgreSQL restart under load, two gateway
 
       const firstOk = [0, 1].map((g) => Math.min(...attempts.filter((a) => a.gw === g && a.sent >= tUp && a.status === 201).map((a) => a.at)) - tUp);
       const window = attempts.filter((a) => a.sent >= tStop && a.sent < tUp);
-      const counts = (xs: Attempt[]) => xs.reduce<Record<string, number>>((m, a) => ((m[`${a.status} ${a.code ?? ''}`.trim()] = (m[`${a.status} ${a.code ?? ''}`.trim()] ?? 0) + 1), m), {});
+      const counts = (xs: Attempt[]) =>
+        xs.reduce<Record<string, number>>((m, a) => ((m[`${a.status} ${a.code ?? ''}`.trim()] = (m[`${a.status} ${a.code ?? ''}`.trim()] ?? 0) + 1), m), {});
 
       // The gateways were never restarted, and answered only what the contract allows.
       expect(gateways.map((g) => [g.pid, g.proc.exitCode, g.proc.signalCode])).toEqual(pids.map((p) => [p, null, null]));
       for (const a of attempts) {
-        const ok = a.status === 201 || (a.status === 503 && a.code === 'store-unavailable') || (a.status === 409 && ['idempotency-in-progress', 'outcome-unknown', 'entity-busy'].includes(a.code!));
+        const ok =
+          a.status === 201 ||
+          (a.status === 503 && a.code === 'store-unavailable') ||
+          (a.status === 409 && ['idempotency-in-progress', 'outcome-unknown', 'entity-busy'].includes(a.code!));
         expect(ok, `unexpected answer ${a.status} ${a.code}`).toBe(true);
       }
       expect(window.filter((a) => a.status === 503).length).toBeGreaterThan(0);
 
       // G4: nothing stays in_progress (the sweepers settle locks of finishes lost in the window).
-      await until(async () => (await sql(`SELECT 1 FROM idempotency_records WHERE state = 'in_progress' LIMIT 1`)).length === 0, 'no in_progress record', { everyMs: 200, timeoutMs: 30_000 });
+      await until(async () => (await sql(`SELECT 1 FROM idempotency_records WHERE state = 'in_progress' LIMIT 1`)).length === 0, 'no in_progress record', {
+        everyMs: 200,
+        timeoutMs: 30_000,
+      });
       const records = new Map((await sql<{ key: string; state: string }>('SELECT key, state FROM idempotency_records')).map((r) => [r.key, r.state]));
       let finishLost = 0;
       for (const [key, final] of finals) {
@@ -157,7 +172,10 @@ describe.skipIf(BIN === null)('a real PostgreSQL restart under load, two gateway
       for (const c of up.calls) expect(['completed', 'outcome_unknown'], String(c.key)).toContain(records.get(c.key!));
 
       // Cross-replica wake-ups are back too: each gateway LISTENs again.
-      await until(async () => (await sql<{ n: number }>(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE query LIKE 'LISTEN fencegate_%'`))[0]!.n === 2, 'both listeners to reconnect');
+      await until(
+        async () => (await sql<{ n: number }>(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE query LIKE 'LISTEN fencegate_%'`))[0]!.n === 2,
+        'both listeners to reconnect',
+      );
 
       const finishErrors = gateways.flatMap((g) => g.lines.filter((l) => l.msg === 'store-error' && l.phase === 'finish')).length;
       console.info(

@@ -69,7 +69,9 @@ describe.skipIf(!POSTGRES_URL)('a PostgreSQL that stops answering, through a rea
     tmp.cleanup();
   });
 
-  it('503 within the bound, health says so, a log line, recovery, SIGTERM exits within its drain bound, no duplicate effect', { timeout: 120_000 }, async () => {
+  it('503 within the bound, health says so, a log line, recovery, SIGTERM exits within its drain bound, no duplicate effect', {
+    timeout: 120_000,
+  }, async () => {
     const warm = await pay(`warm-${randomUUID()}`, `e-${randomUUID()}`);
     expect(warm.status).toBe(201);
     expect((await health()).body).toEqual({ status: 'ok', store: 'up' });
@@ -82,7 +84,9 @@ describe.skipIf(!POSTGRES_URL)('a PostgreSQL that stops answering, through a rea
     const answers = await Promise.all(keys.map((k) => pay(k.key, k.entity)));
     const stalledHealth = await health();
     const answered = answers.filter((a) => a.status !== 0).length;
-    console.log(`stall: ${answered}/8 answered within ${CALLER_WAIT_MS} ms (${answers.map((a) => a.status).join(',')}); health ${stalledHealth.status} ${JSON.stringify(stalledHealth.body)}`);
+    console.log(
+      `stall: ${answered}/8 answered within ${CALLER_WAIT_MS} ms (${answers.map((a) => a.status).join(',')}); health ${stalledHealth.status} ${JSON.stringify(stalledHealth.body)}`,
+    );
     for (const a of answers) {
       expect(a.status).toBe(503);
       expect(a.code).toBe('store-unavailable');

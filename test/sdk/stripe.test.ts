@@ -132,10 +132,7 @@ describe('stripe-node through fencegate (errors: "stripe")', () => {
   it('a client timeout with automatic retries yields exactly one upstream charge, and the client gets it', async () => {
     const { stripe } = await gatewayWith('stripe');
     upstream.delayNext(900); // longer than the SDK's timeout below
-    const charge = await stripe.charges.create(
-      { amount: 5000, currency: 'usd' },
-      { timeout: 300, maxNetworkRetries: 8 },
-    );
+    const charge = await stripe.charges.create({ amount: 5000, currency: 'usd' }, { timeout: 300, maxNetworkRetries: 8 });
     expect(charge.id).toBe('ch_1');
     expect(charge.amount).toBe(5000);
     expect(upstream.charges).toHaveLength(1);
@@ -189,7 +186,9 @@ describe('stripe-node through fencegate (errors: "stripe")', () => {
     expect(e.headers?.['idempotent-replayed']).toBe('true'); // the retries got the stored 500
     expect(upstream.charges).toHaveLength(0);
     // And the stored 500 is what a later retry sees too: still nothing charged.
-    await expect(stripe.charges.create({ amount: 300, currency: 'usd' }, { idempotencyKey: 'boom-1', maxNetworkRetries: 0 })).rejects.toThrow('upstream exploded');
+    await expect(stripe.charges.create({ amount: 300, currency: 'usd' }, { idempotencyKey: 'boom-1', maxNetworkRetries: 0 })).rejects.toThrow(
+      'upstream exploded',
+    );
     expect(upstream.charges).toHaveLength(0);
   });
 });
@@ -199,7 +198,10 @@ describe('negative control: the same route with errors: "problem"', () => {
     const { stripe } = await gatewayWith('problem');
     await stripe.charges.create({ amount: 100, currency: 'usd' }, { idempotencyKey: 'order-8' });
     // This is why `errors: "stripe"` exists: the refusal does not throw.
-    const looksLikeCharge = (await stripe.charges.create({ amount: 999, currency: 'usd' }, { idempotencyKey: 'order-8' })) as unknown as Record<string, unknown>;
+    const looksLikeCharge = (await stripe.charges.create({ amount: 999, currency: 'usd' }, { idempotencyKey: 'order-8' })) as unknown as Record<
+      string,
+      unknown
+    >;
     expect(String(looksLikeCharge.type)).toMatch(/\/idempotency-key-reused$/);
     expect(upstream.charges).toHaveLength(1);
   });

@@ -6,7 +6,15 @@ import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/
 import { SqliteGatewayStore, type SqliteStoreOptions } from '../../src/store/sqlite/index.js';
 import { createTestSchema, POSTGRES_URL, type TestSchema } from '../helpers/postgres.js';
 import { releaseForgettingTakeovers, releaseKeepingSlot } from '../helpers/store-wrappers.js';
-import { ALL_OUTCOMES, admissionProperty, dropFingerprint, hideFence, RELEASE_BRANCHES, type AdmissionBackend, type TableSnapshot } from './admission-conformance.js';
+import {
+  ALL_OUTCOMES,
+  admissionProperty,
+  dropFingerprint,
+  hideFence,
+  RELEASE_BRANCHES,
+  type AdmissionBackend,
+  type TableSnapshot,
+} from './admission-conformance.js';
 
 // The admission conformance property (./admission-conformance.ts) against
 // the SQLite store (FULL and NORMAL, with group commit and with one
@@ -32,12 +40,18 @@ function sqlite(options: Partial<SqliteStoreOptions>): AdmissionBackend {
       store,
       async snapshot(): Promise<TableSnapshot> {
         return {
-          entities: db.prepare(`SELECT entity, CAST(fence AS TEXT) AS fence, inflight_owner AS owner, inflight_until > ${now} AS slotLive FROM fence_entities`).all() as any,
+          entities: db
+            .prepare(`SELECT entity, CAST(fence AS TEXT) AS fence, inflight_owner AS owner, inflight_until > ${now} AS slotLive FROM fence_entities`)
+            .all() as any,
           records: db
             .prepare(`SELECT key, fingerprint, state, owner_token AS owner, locked_until > ${now} AS lockLive, expires_at > ${now} AS fresh,
               entity, CAST(fence AS TEXT) AS fence, status, CAST(body AS TEXT) AS body FROM idempotency_records`)
             .all() as any,
-          rejections: db.prepare('SELECT reason, entity, idempotency_key AS key, CAST(presented_fence AS TEXT) AS presented, CAST(current_fence AS TEXT) AS current FROM rejections').all() as any,
+          rejections: db
+            .prepare(
+              'SELECT reason, entity, idempotency_key AS key, CAST(presented_fence AS TEXT) AS presented, CAST(current_fence AS TEXT) AS current FROM rejections',
+            )
+            .all() as any,
         };
       },
       async expire(key, entity) {
@@ -59,32 +73,48 @@ const SQLITE: [string, Partial<SqliteStoreOptions>][] = [
 ];
 
 describe('admission conformance: the SQLite store against the pure rules (src/core/admission.ts)', () => {
-  it.each(SQLITE)('%s: every answer and the whole state equal decide/finish, under scheduler-chosen interleavings', { timeout: 180_000 }, async (_name, options) => {
-    const seen = await admissionProperty(sqlite(options), { numRuns: RUNS });
-    // The runs reached every branch of DESIGN §3.5 (a test that never refuses proves nothing about refusals).
-    expect(seen).toEqual([...ALL_OUTCOMES].sort());
-  });
+  it.each(SQLITE)(
+    '%s: every answer and the whole state equal decide/finish, under scheduler-chosen interleavings',
+    { timeout: 180_000 },
+    async (_name, options) => {
+      const seen = await admissionProperty(sqlite(options), { numRuns: RUNS });
+      // The runs reached every branch of DESIGN §3.5 (a test that never refuses proves nothing about refusals).
+      expect(seen).toEqual([...ALL_OUTCOMES].sort());
+    },
+  );
 
-  it.each(SQLITE)('%s, with releases of lost admissions: every release and the state after equal releaseUnsent', { timeout: 180_000 }, async (_name, options) => {
-    const seen = await admissionProperty(sqlite(options), { numRuns: RUNS, release: true });
-    // Every branch of the release rule (DESIGN §8.2) was reached.
-    expect(seen).toEqual(expect.arrayContaining(RELEASE_BRANCHES));
-  });
+  it.each(SQLITE)(
+    '%s, with releases of lost admissions: every release and the state after equal releaseUnsent',
+    { timeout: 180_000 },
+    async (_name, options) => {
+      const seen = await admissionProperty(sqlite(options), { numRuns: RUNS, release: true });
+      // Every branch of the release rule (DESIGN §8.2) was reached.
+      expect(seen).toEqual(expect.arrayContaining(RELEASE_BRANCHES));
+    },
+  );
 
   it('negative control: a store that never sees the fence fails the property', { timeout: 180_000 }, async () => {
-    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: hideFence, endOnFailure: true })).rejects.toThrow(/Property failed/);
+    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: hideFence, endOnFailure: true })).rejects.toThrow(
+      /Property failed/,
+    );
   });
 
   it('negative control: a store that never compares fingerprints fails the property', { timeout: 180_000 }, async () => {
-    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: dropFingerprint, endOnFailure: true })).rejects.toThrow(/Property failed/);
+    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: dropFingerprint, endOnFailure: true })).rejects.toThrow(
+      /Property failed/,
+    );
   });
 
   it('negative control: a release that deletes a taken-over record (forgetting the unknown outcome) fails the property', { timeout: 180_000 }, async () => {
-    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: releaseForgettingTakeovers, endOnFailure: true, release: true })).rejects.toThrow(/Property failed[\s\S]*release/);
+    await expect(
+      admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: releaseForgettingTakeovers, endOnFailure: true, release: true }),
+    ).rejects.toThrow(/Property failed[\s\S]*release/);
   });
 
   it('negative control: a release that keeps the serial slot fails the property', { timeout: 180_000 }, async () => {
-    await expect(admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: releaseKeepingSlot, endOnFailure: true, release: true })).rejects.toThrow(/Property failed[\s\S]*release/);
+    await expect(
+      admissionProperty(sqlite({ synchronous: 'NORMAL' }), { numRuns: RUNS, wrap: releaseKeepingSlot, endOnFailure: true, release: true }),
+    ).rejects.toThrow(/Property failed[\s\S]*release/);
   });
 });
 
@@ -106,10 +136,14 @@ describe.skipIf(!POSTGRES_URL)('admission conformance: the PostgreSQL store agai
       store,
       async snapshot(): Promise<TableSnapshot> {
         return {
-          entities: (await q('SELECT entity, fence::text AS fence, inflight_owner AS owner, inflight_until > clock_timestamp() AS "slotLive" FROM fence_entities')) as any,
+          entities: (await q(
+            'SELECT entity, fence::text AS fence, inflight_owner AS owner, inflight_until > clock_timestamp() AS "slotLive" FROM fence_entities',
+          )) as any,
           records: (await q(`SELECT key, fingerprint, state, owner_token AS owner, locked_until > clock_timestamp() AS "lockLive",
               expires_at > clock_timestamp() AS fresh, entity, fence::text AS fence, status, convert_from(body, 'UTF8') AS body FROM idempotency_records`)) as any,
-          rejections: (await q('SELECT reason, entity, idempotency_key AS key, presented_fence::text AS presented, current_fence::text AS current FROM rejections')) as any,
+          rejections: (await q(
+            'SELECT reason, entity, idempotency_key AS key, presented_fence::text AS presented, current_fence::text AS current FROM rejections',
+          )) as any,
         };
       },
       async expire(key, entity) {
@@ -138,6 +172,8 @@ describe.skipIf(!POSTGRES_URL)('admission conformance: the PostgreSQL store agai
   });
 
   it('negative control: a release that deletes a taken-over record fails the property', { timeout: 300_000 }, async () => {
-    await expect(admissionProperty(postgres, { numRuns: PG_RUNS, wrap: releaseForgettingTakeovers, endOnFailure: true, release: true })).rejects.toThrow(/Property failed[\s\S]*release/);
+    await expect(admissionProperty(postgres, { numRuns: PG_RUNS, wrap: releaseForgettingTakeovers, endOnFailure: true, release: true })).rejects.toThrow(
+      /Property failed[\s\S]*release/,
+    );
   });
 });

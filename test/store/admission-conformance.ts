@@ -30,7 +30,16 @@
  */
 import fc from 'fast-check';
 import { expect } from 'vitest';
-import { decide, finish, releaseUnsent, sweepRecord, type AdmissionState, type EntityRow, type IdempotencyRecord, type LoggedRejection } from '../../src/core/admission.js';
+import {
+  decide,
+  finish,
+  releaseUnsent,
+  sweepRecord,
+  type AdmissionState,
+  type EntityRow,
+  type IdempotencyRecord,
+  type LoggedRejection,
+} from '../../src/core/admission.js';
 import type { Admission, AdmitInput, FinishInput, GatewayStore, Mode, UnknownPolicy, UnsentRelease } from '../../src/store/types.js';
 import { delegate } from '../helpers/delegate.js';
 
@@ -182,7 +191,12 @@ class World {
     const str = (v: bigint | null) => (v === null ? null : v.toString());
     const live = (until: number | null) => (until === null ? null : until > now);
     return normalise({
-      entities: [...this.entities].map(([entity, e]) => ({ entity, fence: str(e.fence), owner: e.slot?.owner ?? null, slotLive: e.slot ? live(e.slot.until) : null })),
+      entities: [...this.entities].map(([entity, e]) => ({
+        entity,
+        fence: str(e.fence),
+        owner: e.slot?.owner ?? null,
+        slotLive: e.slot ? live(e.slot.until) : null,
+      })),
       records: [...this.records].map(([key, r]) => ({
         key,
         fingerprint: r.fingerprint,
@@ -204,7 +218,10 @@ class World {
 export function normalise(s: TableSnapshot): TableSnapshot {
   const bool = (v: unknown) => (v === null || v === undefined ? null : Boolean(Number(v)));
   const text = (v: unknown) => (v === null || v === undefined ? null : String(v));
-  const by = <T>(f: (x: T) => string) => (a: T, b: T) => (f(a) < f(b) ? -1 : f(a) > f(b) ? 1 : 0);
+  const by =
+    <T>(f: (x: T) => string) =>
+    (a: T, b: T) =>
+      f(a) < f(b) ? -1 : f(a) > f(b) ? 1 : 0;
   return {
     entities: s.entities.map((e) => ({ entity: e.entity, fence: text(e.fence), owner: text(e.owner), slotLive: bool(e.slotLive) })).sort(by((e) => e.entity)),
     records: s.records
@@ -249,19 +266,23 @@ function admitInput(r: Req, owner: string): AdmitInput {
 
 function finishInput(f: Inflight, outcome: Outcome): FinishInput {
   const base = { scope: SCOPE, key: f.key, entity: f.entity, ownerToken: f.owner, audit: audit(f.owner) };
-  if (outcome === 'completed') return { ...base, outcome, response: { status: 201, headers: [], body: new TextEncoder().encode(f.owner) }, retentionMs: RETENTION_MS };
+  if (outcome === 'completed')
+    return { ...base, outcome, response: { status: 201, headers: [], body: new TextEncoder().encode(f.owner) }, retentionMs: RETENTION_MS };
   return { ...base, outcome };
 }
 
 /** Why two answers differ, or null when they are the same decision. */
 function differs(real: Admission, model: Admission): string | null {
   if (real.outcome !== model.outcome) return `outcome ${real.outcome}, rules say ${model.outcome}`;
-  if (real.outcome === 'stale-fence' && model.outcome === 'stale-fence' && real.currentFence !== model.currentFence) return `current fence ${real.currentFence}, rules say ${model.currentFence}`;
+  if (real.outcome === 'stale-fence' && model.outcome === 'stale-fence' && real.currentFence !== model.currentFence)
+    return `current fence ${real.currentFence}, rules say ${model.currentFence}`;
   if (real.outcome === 'replay' && model.outcome === 'replay') {
     const body = (a: typeof real) => new TextDecoder().decode(a.response.body);
-    if (real.response.status !== model.response.status || body(real) !== body(model)) return `replayed ${real.response.status} ${body(real)}, rules say ${model.response.status} ${body(model)}`;
+    if (real.response.status !== model.response.status || body(real) !== body(model))
+      return `replayed ${real.response.status} ${body(real)}, rules say ${model.response.status} ${body(model)}`;
   }
-  if (real.outcome === 'forward' && model.outcome === 'forward' && real.takeover !== model.takeover) return `takeover ${real.takeover}, rules say ${model.takeover}`;
+  if (real.outcome === 'forward' && model.outcome === 'forward' && real.takeover !== model.takeover)
+    return `takeover ${real.takeover}, rules say ${model.takeover}`;
   if ((real.outcome === 'idempotency-in-progress' || real.outcome === 'entity-busy') && 'retryAfterMs' in model) {
     // Both clocks read "the lock is live": Retry-After lies within the lock.
     if (!(real.retryAfterMs > 0 && real.retryAfterMs <= LOCK_MS)) return `retryAfterMs ${real.retryAfterMs} outside (0, ${LOCK_MS}]`;
@@ -309,7 +330,10 @@ class AdmitCommand implements fc.AsyncCommand<World, Real> {
 }
 
 class FinishCommand implements fc.AsyncCommand<World, Real> {
-  constructor(readonly pick: number, readonly outcome: Outcome) {}
+  constructor(
+    readonly pick: number,
+    readonly outcome: Outcome,
+  ) {}
   check = (w: Readonly<World>) => w.inflight.length > 0;
   async run(w: World, r: Real) {
     const input = finishInput(w.inflight[this.pick % w.inflight.length]!, this.outcome);
@@ -400,7 +424,10 @@ function* permutations<T>(xs: T[]): Generator<T[]> {
  * any other (a store with a pool may run them in another order).
  */
 class BatchCommand implements fc.AsyncCommand<World, Real> {
-  constructor(readonly items: BatchItem[], readonly s: fc.Scheduler) {}
+  constructor(
+    readonly items: BatchItem[],
+    readonly s: fc.Scheduler,
+  ) {}
   check = () => true;
   async run(w: World, r: Real) {
     await nextMillisecond(r);
@@ -424,7 +451,8 @@ class BatchCommand implements fc.AsyncCommand<World, Real> {
     ]);
     r.lastAdmission = Date.now();
     const real = normalise(await r.h.snapshot());
-    const order = (xs: number[]) => xs.map((i) => (bound[i]!.kind === 'admit' ? `admit ${bound[i]!.input.ownerToken}` : `finish ${bound[i]!.input.ownerToken}`)).join(', ');
+    const order = (xs: number[]) =>
+      xs.map((i) => (bound[i]!.kind === 'admit' ? `admit ${bound[i]!.input.ownerToken}` : `finish ${bound[i]!.input.ownerToken}`)).join(', ');
     let first: string | null = null;
     const candidates = [sent, ...permutations(bound.map((_b, i) => i))];
     for (const perm of candidates) {
@@ -538,10 +566,25 @@ const releaseArb = fc.nat(31).map((pick) => new ReleaseCommand(pick));
 const releaseCommands = [releaseArb, releaseArb];
 
 /** Every answer the rules can give: a run that never reached one proves nothing about it. */
-export const ALL_OUTCOMES = ['entity-busy', 'forward', 'forward (takeover)', 'idempotency-in-progress', 'idempotency-key-reused', 'outcome-unknown', 'replay', 'stale-fence'];
+export const ALL_OUTCOMES = [
+  'entity-busy',
+  'forward',
+  'forward (takeover)',
+  'idempotency-in-progress',
+  'idempotency-key-reused',
+  'outcome-unknown',
+  'replay',
+  'stale-fence',
+];
 
 /** Every branch of `releaseUnsent` (DESIGN §8.2), reached when the property runs releases. */
-export const RELEASE_BRANCHES = ['release: nothing held', 'release: outcome_unknown kept', 'release: record back to outcome_unknown', 'release: record deleted', 'release: slot freed'];
+export const RELEASE_BRANCHES = [
+  'release: nothing held',
+  'release: outcome_unknown kept',
+  'release: record back to outcome_unknown',
+  'release: record deleted',
+  'release: slot freed',
+];
 
 export interface PropertyOptions {
   numRuns: number;
@@ -584,6 +627,8 @@ export async function admissionProperty(backend: AdmissionBackend, options: Prop
 /** The store never sees the fence (DESIGN §3.5 a switched off). */
 export const hideFence = (inner: GatewayStore): GatewayStore => delegate(inner, { admit: (i) => inner.admit({ ...i, fence: null }), ...releaseOf(inner) });
 /** The store never sees a fingerprint other than the first one (DESIGN §3.5 d switched off). */
-export const dropFingerprint = (inner: GatewayStore): GatewayStore => delegate(inner, { admit: (i) => inner.admit({ ...i, fingerprint: 'fpA' }), ...releaseOf(inner) });
+export const dropFingerprint = (inner: GatewayStore): GatewayStore =>
+  delegate(inner, { admit: (i) => inner.admit({ ...i, fingerprint: 'fpA' }), ...releaseOf(inner) });
 /** `releaseUnsent` passed through as it is, when the store has it (delegate() passes only the required methods). */
-export const releaseOf = (inner: GatewayStore): Partial<GatewayStore> => (inner.releaseUnsent === undefined ? {} : { releaseUnsent: (i) => inner.releaseUnsent!(i) });
+export const releaseOf = (inner: GatewayStore): Partial<GatewayStore> =>
+  inner.releaseUnsent === undefined ? {} : { releaseUnsent: (i) => inner.releaseUnsent!(i) };

@@ -3,7 +3,7 @@ import { parseConfig } from '../../src/config/load.js';
 import { CUT_MARKER, REJECTION_TEXT_LIMITS, boundRejectionText, cutText } from '../../src/store/bounds.js';
 import { audit } from './conformance.js';
 
-describe('cutText / boundRejectionText (the rejection log\'s bounds)', () => {
+describe("cutText / boundRejectionText (the rejection log's bounds)", () => {
   it('keeps a value that fits, cuts a longer one to the limit with the marker at the end', () => {
     expect(cutText('abc', 3)).toBe('abc');
     expect(cutText('abcd', 3 + CUT_MARKER.length)).toBe('abcd');
@@ -47,7 +47,10 @@ describe('config: entityRetention and operatorActionRetention', () => {
     expect(c.operatorActionRetention).toBe(400 * 86_400_000);
   });
   it('take durations; entityRetention below an hour is refused, naming the field', () => {
-    expect(parseConfig({ routes, entityRetention: '2h', operatorActionRetention: '30d' })).toMatchObject({ entityRetention: 7_200_000, operatorActionRetention: 30 * 86_400_000 });
+    expect(parseConfig({ routes, entityRetention: '2h', operatorActionRetention: '30d' })).toMatchObject({
+      entityRetention: 7_200_000,
+      operatorActionRetention: 30 * 86_400_000,
+    });
     expect(() => parseConfig({ routes, entityRetention: '10m' })).toThrow(/entityRetention: must be at least 1h/);
   });
 });

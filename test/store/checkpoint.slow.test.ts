@@ -43,7 +43,12 @@ const walBytes = (path: string) => (existsSync(`${path}-wal`) ? statSync(`${path
  * for `ms`: the largest WAL file seen, and how often the WAL went back to its
  * beginning (a PASSIVE checkpoint that found fewer frames than the one before).
  */
-async function sustained(store: SqliteGatewayStore, path: string, ms: number, ran: CheckpointMessage[]): Promise<{ maxWal: number; admitted: number; resets: number }> {
+async function sustained(
+  store: SqliteGatewayStore,
+  path: string,
+  ms: number,
+  ran: CheckpointMessage[],
+): Promise<{ maxWal: number; admitted: number; resets: number }> {
   const until = performance.now() + ms;
   let maxWal = 0;
   let admitted = 0;
@@ -96,7 +101,10 @@ describe('sqlite background checkpoints', () => {
         t.restarts += store.checkpointer!.stats.restarts;
       }
     }
-    const report = JSON.stringify({ restart: { ...total.restart, maxWalMiB: total.restart.maxWal / 2 ** 20 }, passive: { ...total.passive, maxWalMiB: total.passive.maxWal / 2 ** 20 } });
+    const report = JSON.stringify({
+      restart: { ...total.restart, maxWalMiB: total.restart.maxWal / 2 ** 20 },
+      passive: { ...total.passive, maxWalMiB: total.passive.maxWal / 2 ** 20 },
+    });
     expect(total.restart.admitted, report).toBeGreaterThan(2_000);
     expect(total.restart.restarts, report).toBeGreaterThan(0);
     expect(total.passive.restarts, report).toBe(0);
@@ -114,18 +122,21 @@ describe('sqlite background checkpoints', () => {
       }
     }).length;
 
-  it.skipIf(!existsSync('/proc/thread-self'))('the worker thread runs at nice 10, the event loop unchanged; control: nice 0 leaves no thread at 10', async () => {
-    const before = niceThreads(10);
-    open(dbPath(), { backgroundCheckpoint: { intervalMs: 10 } });
-    await expect.poll(() => niceThreads(10), { timeout: 5_000 }).toBe(before + 1);
-    expect(os.getPriority()).toBe(0);
-    const seen: CheckpointMessage[] = [];
-    const second = open(dbPath(), { backgroundCheckpoint: { intervalMs: 10, nice: 0, onMessage: (m) => seen.push(m) } });
-    await second.admit(admitInput());
-    // The second worker has set its priority once it ran a checkpoint; still only the first thread is at 10.
-    await expect.poll(() => seen.some((m) => m.type === 'ran'), { timeout: 5_000 }).toBe(true);
-    expect(niceThreads(10)).toBe(before + 1);
-  });
+  it.skipIf(!existsSync('/proc/thread-self'))(
+    'the worker thread runs at nice 10, the event loop unchanged; control: nice 0 leaves no thread at 10',
+    async () => {
+      const before = niceThreads(10);
+      open(dbPath(), { backgroundCheckpoint: { intervalMs: 10 } });
+      await expect.poll(() => niceThreads(10), { timeout: 5_000 }).toBe(before + 1);
+      expect(os.getPriority()).toBe(0);
+      const seen: CheckpointMessage[] = [];
+      const second = open(dbPath(), { backgroundCheckpoint: { intervalMs: 10, nice: 0, onMessage: (m) => seen.push(m) } });
+      await second.admit(admitInput());
+      // The second worker has set its priority once it ran a checkpoint; still only the first thread is at 10.
+      await expect.poll(() => seen.some((m) => m.type === 'ran'), { timeout: 5_000 }).toBe(true);
+      expect(niceThreads(10)).toBe(before + 1);
+    },
+  );
 
   it('falls back to SQLite’s own checkpoints when the worker dies', async () => {
     const store = open(dbPath());

@@ -59,7 +59,15 @@ const PAST_EXPIRY_MS = 40;
 const SHORT = 3;
 
 export function audit(over: Partial<AuditInfo> = {}): AuditInfo {
-  return { requestId: `req-${uid()}`, clientRequestId: null, caller: null, method: 'POST', path: '/payments/charges?currency=eur', payloadSha256: 'ab'.repeat(32), ...over };
+  return {
+    requestId: `req-${uid()}`,
+    clientRequestId: null,
+    caller: null,
+    method: 'POST',
+    path: '/payments/charges?currency=eur',
+    payloadSha256: 'ab'.repeat(32),
+    ...over,
+  };
 }
 
 /** An admission input with sane defaults: serial, fenced, keyed, long lock and retention. */
@@ -81,7 +89,15 @@ export function command(over: Partial<AdmitInput> = {}): AdmitInput {
 }
 
 export function response(over: Partial<StoredResponse> = {}): StoredResponse {
-  return { status: 201, headers: [['content-type', 'application/json'], ['location', '/charges/1']], body: new TextEncoder().encode('{"id":"ch_1"}'), ...over };
+  return {
+    status: 201,
+    headers: [
+      ['content-type', 'application/json'],
+      ['location', '/charges/1'],
+    ],
+    body: new TextEncoder().encode('{"id":"ch_1"}'),
+    ...over,
+  };
 }
 
 type Outcome = FinishInput['outcome'];
@@ -114,7 +130,9 @@ export const broken = {
   withoutNotBefore: (store: GatewayStore): GatewayStore =>
     new Proxy(store, {
       get(target, prop) {
-        if (prop === 'resolveRecord') return (input: ResolveInput) => target.resolveRecord({ ...input, resolution: input.resolution.outcome === 'released' ? { outcome: 'released' } : input.resolution });
+        if (prop === 'resolveRecord')
+          return (input: ResolveInput) =>
+            target.resolveRecord({ ...input, resolution: input.resolution.outcome === 'released' ? { outcome: 'released' } : input.resolution });
         const v = Reflect.get(target, prop, target);
         return typeof v === 'function' ? v.bind(target) : v;
       },
@@ -227,7 +245,8 @@ export async function checkFenceRace(store: GatewayStore, fences: bigint[], work
   const logged = await rejectionsOf(store, { entity, reason: 'stale-fence' });
   if (logged.length !== refused.length) v.push(`${refused.length} refusals but ${logged.length} stale-fence rows in the log`);
   for (const row of logged) {
-    if (!(BigInt(row.currentFence ?? '-1') > BigInt(row.presentedFence ?? '-1'))) v.push(`rejection ${row.id}: presented ${row.presentedFence} not below current ${row.currentFence}`);
+    if (!(BigInt(row.currentFence ?? '-1') > BigInt(row.presentedFence ?? '-1')))
+      v.push(`rejection ${row.id}: presented ${row.presentedFence} not below current ${row.currentFence}`);
   }
   return { violations: [...new Set(v)], admitted: admitted.length, refused: refused.length };
 }
@@ -261,7 +280,12 @@ export async function checkSingleForward(
  * busy. A caller counts itself in flight from its `forward` until just
  * before its finish, so a correct store never shows two at once.
  */
-export async function checkSerialExclusive(store: GatewayStore, workers = 4, rounds = 5, entity = `serial-${uid()}`): Promise<{ violations: string[]; maxInFlight: number; forwarded: number }> {
+export async function checkSerialExclusive(
+  store: GatewayStore,
+  workers = 4,
+  rounds = 5,
+  entity = `serial-${uid()}`,
+): Promise<{ violations: string[]; maxInFlight: number; forwarded: number }> {
   const v: string[] = [];
   let inFlight = 0;
   let maxInFlight = 0;
@@ -316,7 +340,15 @@ export async function checkResolveAttempt(store: GatewayStore, withCreatedAt = t
     return rec!;
   };
   const seen = await unknown(first);
-  const released = await store.resolveRecord({ scope: first.scope, key: first.key!, createdAt: seen.createdAt, resolution: { outcome: 'released' }, operator: 'ops', note: null, requestId: `req-${uid()}` });
+  const released = await store.resolveRecord({
+    scope: first.scope,
+    key: first.key!,
+    createdAt: seen.createdAt,
+    resolution: { outcome: 'released' },
+    operator: 'ops',
+    note: null,
+    requestId: `req-${uid()}`,
+  });
   if (!released.ok) violations.push(`resolving the attempt seen was refused: ${released.reason}`);
   await sleep(5); // another millisecond: the retry's created_at differs
   const retry = await unknown({ ...first, ownerToken: `owner-${uid()}`, audit: audit() });
@@ -324,7 +356,15 @@ export async function checkResolveAttempt(store: GatewayStore, withCreatedAt = t
   const listed = (await store.listRecords({ state: 'outcome_unknown', limit: 1000 })).items.find((r) => r.key === first.key);
   if (listed?.createdAt.getTime() !== retry.createdAt.getTime()) violations.push('listRecords and getRecords disagree on createdAt');
   for (const resolution of [{ outcome: 'released' } as const, { outcome: 'completed', response: response(), retentionMs: 60_000 } as const]) {
-    const stale = await store.resolveRecord({ scope: first.scope, key: first.key!, ...(withCreatedAt ? { createdAt: seen.createdAt } : {}), resolution, operator: 'ops', note: null, requestId: `req-${uid()}` });
+    const stale = await store.resolveRecord({
+      scope: first.scope,
+      key: first.key!,
+      ...(withCreatedAt ? { createdAt: seen.createdAt } : {}),
+      resolution,
+      operator: 'ops',
+      note: null,
+      requestId: `req-${uid()}`,
+    });
     if (stale.ok) violations.push(`a ${resolution.outcome} resolution of the stale attempt settled the retry's record`);
     else if (stale.reason !== 'changed' || stale.createdAt.getTime() !== retry.createdAt.getTime()) violations.push(`stale attempt: ${JSON.stringify(stale)}`);
     const now = await store.getRecords(first.key!);
@@ -333,7 +373,15 @@ export async function checkResolveAttempt(store: GatewayStore, withCreatedAt = t
       return violations;
     }
   }
-  const right = await store.resolveRecord({ scope: first.scope, key: first.key!, createdAt: listed!.createdAt, resolution: { outcome: 'completed', response: response(), retentionMs: 60_000 }, operator: 'ops', note: null, requestId: `req-${uid()}` });
+  const right = await store.resolveRecord({
+    scope: first.scope,
+    key: first.key!,
+    createdAt: listed!.createdAt,
+    resolution: { outcome: 'completed', response: response(), retentionMs: 60_000 },
+    operator: 'ops',
+    note: null,
+    requestId: `req-${uid()}`,
+  });
   if (!right.ok) violations.push(`resolving the retry by its own createdAt was refused: ${JSON.stringify(right)}`);
   if ((await store.getRecords(first.key!))[0]?.state !== 'completed') violations.push('the retry was not completed');
   const logged = (await store.listOperatorActions({ limit: 1000 })).items.filter((a) => a.key === first.key).map((a) => a.action);
@@ -355,11 +403,21 @@ export async function checkNotBeforeRelease(store: GatewayStore, h: ConformanceH
   await store.finish(finishOf(input, 'unknown'));
   const seen = (await store.getRecords(input.key!))[0]!;
   const release = (createdAt: Date) =>
-    store.resolveRecord({ scope: input.scope, key: input.key!, createdAt, resolution: { outcome: 'released', notBeforeMs: 60_000 }, operator: 'reconciler', note: null, requestId: `req-${uid()}` });
+    store.resolveRecord({
+      scope: input.scope,
+      key: input.key!,
+      createdAt,
+      resolution: { outcome: 'released', notBeforeMs: 60_000 },
+      operator: 'reconciler',
+      note: null,
+      requestId: `req-${uid()}`,
+    });
   const early = await release(seen.createdAt);
-  if (early.ok || early.reason !== 'too-early') violations.push(`a release before notBeforeMs was not refused too-early: ${JSON.stringify(early.ok ? early.action.action : early)}`);
+  if (early.ok || early.reason !== 'too-early')
+    violations.push(`a release before notBeforeMs was not refused too-early: ${JSON.stringify(early.ok ? early.action.action : early)}`);
   const kept = await store.getRecords(input.key!);
-  if (kept.length !== 1 || kept[0]!.state !== 'outcome_unknown') violations.push(`a release before notBeforeMs changed the record: ${JSON.stringify(kept.map((r) => r.state))}`);
+  if (kept.length !== 1 || kept[0]!.state !== 'outcome_unknown')
+    violations.push(`a release before notBeforeMs changed the record: ${JSON.stringify(kept.map((r) => r.state))}`);
   const loggedEarly = (await store.listOperatorActions({ limit: 1000 })).items.filter((a) => a.key === input.key);
   if (loggedEarly.length !== 0) violations.push(`a release before notBeforeMs was logged: ${loggedEarly.map((a) => a.action).join()}`);
   if (kept.length !== 1) return violations;
@@ -367,7 +425,8 @@ export async function checkNotBeforeRelease(store: GatewayStore, h: ConformanceH
   const old = (await store.getRecords(input.key!))[0]!;
   const late = await release(old.createdAt);
   if (!late.ok) violations.push(`a release past notBeforeMs was refused: ${JSON.stringify(late)}`);
-  else if (late.action.action !== 'resolve-released' || late.action.operator !== 'reconciler') violations.push(`logged as ${late.action.action} by ${late.action.operator}`);
+  else if (late.action.action !== 'resolve-released' || late.action.operator !== 'reconciler')
+    violations.push(`logged as ${late.action.action} by ${late.action.operator}`);
   if ((await store.getRecords(input.key!)).length !== 0) violations.push('the record is still there after a release past notBeforeMs');
   return violations;
 }
@@ -392,7 +451,15 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect(await store.admit(input)).toEqual({ outcome: 'forward', takeover: false });
         const [rec, ...more] = await store.getRecords(input.key!);
         expect(more).toEqual([]);
-        expect(rec).toMatchObject({ scope: 'payments', key: input.key, state: 'in_progress', fingerprint: 'fp-1', entity: input.entity, fence: '7', status: null });
+        expect(rec).toMatchObject({
+          scope: 'payments',
+          key: input.key,
+          state: 'in_progress',
+          fingerprint: 'fp-1',
+          entity: input.entity,
+          fence: '7',
+          status: null,
+        });
         expect(rec!.lockedUntil!.getTime() - rec!.createdAt.getTime()).toBe(30_000);
         expect(rec!.expiresAt.getTime() - rec!.createdAt.getTime()).toBe(3_600_000);
         expect(rec).not.toHaveProperty('body');
@@ -424,7 +491,9 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         let then = await backdate();
         // Refused at the current fence (the key's other request, its stored answer, a stale fence):
         // the fence was not accepted again, the time stays.
-        expect((await store.admit(command({ entity, fence: 5n, key: first.key, fingerprint: 'fp-other', mode: 'concurrent' }))).outcome).toBe('idempotency-key-reused');
+        expect((await store.admit(command({ entity, fence: 5n, key: first.key, fingerprint: 'fp-other', mode: 'concurrent' }))).outcome).toBe(
+          'idempotency-key-reused',
+        );
         expect((await store.admit(command({ entity, fence: 5n, key: first.key, mode: 'concurrent' }))).outcome).toBe('replay');
         expect((await store.admit(command({ entity, fence: 4n, mode: 'concurrent' }))).outcome).toBe('stale-fence');
         expect(await at()).toBe(then);
@@ -440,7 +509,11 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       it('a. a stale fence is refused with the current fence and logged with every audit field', async () => {
         const entity = `e-${uid()}`;
         await store.admit(command({ entity, fence: 10n, mode: 'concurrent' }));
-        const stale = command({ entity, fence: 9n, audit: audit({ caller: 'worker-a', method: 'PUT', path: '/payments/x?y=1', payloadSha256: 'cd'.repeat(32), clientRequestId: 'client-9' }) });
+        const stale = command({
+          entity,
+          fence: 9n,
+          audit: audit({ caller: 'worker-a', method: 'PUT', path: '/payments/x?y=1', payloadSha256: 'cd'.repeat(32), clientRequestId: 'client-9' }),
+        });
         expect(await store.admit(stale)).toEqual({ outcome: 'stale-fence', currentFence: 10n });
         const [row, ...more] = await rejectionsOf(store, { entity });
         expect(more).toEqual([]);
@@ -505,7 +578,12 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         for (let i = 0; i < every.length; i++) every[i] = (i * 7 + 3) % 256;
         const stored = response({
           status: 202,
-          headers: [['content-type', 'application/octet-stream'], ['etag', '"v1"'], ['x-multi', 'a, b'], ['location', '/ä/ü']],
+          headers: [
+            ['content-type', 'application/octet-stream'],
+            ['etag', '"v1"'],
+            ['x-multi', 'a, b'],
+            ['location', '/ä/ü'],
+          ],
           body: every,
         });
         const input = command();
@@ -538,7 +616,13 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         const other = command({ entity: input.entity, key: input.key, fence: 4n, fingerprint: 'fp-other' });
         expect(await store.admit(other)).toEqual({ outcome: 'idempotency-key-reused' });
         const [row] = await rejectionsOf(store, { entity: input.entity! });
-        expect(row).toMatchObject({ reason: 'idempotency-key-reused', presentedFence: '4', currentFence: null, idempotencyKey: input.key, requestId: other.audit.requestId });
+        expect(row).toMatchObject({
+          reason: 'idempotency-key-reused',
+          presentedFence: '4',
+          currentFence: null,
+          idempotencyKey: input.key,
+          requestId: other.audit.requestId,
+        });
         const [rec] = await store.getRecords(input.key!);
         expect(rec).toMatchObject({ state: 'in_progress', fingerprint: 'fp-1' });
         // Also against a completed record.
@@ -572,7 +656,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect(await store.admit({ ...retry, ownerToken: `owner-${uid()}` })).toEqual({ outcome: 'outcome-unknown' });
       });
 
-      it('f+g. with onUnknown: retry an expired lock is taken over by the new owner; the old owner\'s finish is late', async () => {
+      it("f+g. with onUnknown: retry an expired lock is taken over by the new owner; the old owner's finish is late", async () => {
         const first = command({ lockMs: SHORT, fence: 1n });
         await store.admit(first);
         await sleep(PAST_EXPIRY_MS);
@@ -586,7 +670,14 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         // The old owner wakes up: discarded and logged.
         expect(await store.finish(finishOf(first, 'completed', response({ body: new TextEncoder().encode('old') })))).toEqual({ recorded: false });
         const [late] = await rejectionsOf(store, { entity: first.entity!, reason: 'late-finish' });
-        expect(late).toMatchObject({ idempotencyKey: first.key, requestId: first.audit.requestId, clientRequestId: null, presentedFence: null, currentFence: null, method: 'POST' });
+        expect(late).toMatchObject({
+          idempotencyKey: first.key,
+          requestId: first.audit.requestId,
+          clientRequestId: null,
+          presentedFence: null,
+          currentFence: null,
+          method: 'POST',
+        });
         expect((await store.getRecords(first.key!))[0]!.state).toBe('in_progress');
         // The new owner's finish lands.
         expect(await store.finish(finishOf(second, 'completed', response({ body: new TextEncoder().encode('new') })))).toEqual({ recorded: true });
@@ -664,7 +755,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect((await store.admit(busy)).outcome).toBe('forward');
       });
 
-      it('h. only the holder frees the slot; a dead holder\'s expired slot is taken by the next request', async () => {
+      it("h. only the holder frees the slot; a dead holder's expired slot is taken by the next request", async () => {
         const entity = `e-${uid()}`;
         const holder = command({ entity, lockMs: SHORT });
         await store.admit(holder);
@@ -741,7 +832,9 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
           ['payments\u0000caller-2', key, null, 'fp-b'],
         ]);
         expect((await store.getEntity(entity))!.entity).toBe(entity);
-        expect(await store.admit(command({ key, entity, scope: 'payments\u0000caller-1', fence: 0n, audit: audit({ caller: 'caller\u00001' }) }))).toMatchObject({ outcome: 'stale-fence' });
+        expect(
+          await store.admit(command({ key, entity, scope: 'payments\u0000caller-1', fence: 0n, audit: audit({ caller: 'caller\u00001' }) })),
+        ).toMatchObject({ outcome: 'stale-fence' });
         const [row] = await rejectionsOf(store, { entity, caller: 'caller\u00001' });
         expect(row).toMatchObject({ entity, idempotencyKey: key, caller: 'caller\u00001' });
         await store.finish(finishOf(a, 'completed', response({ headers: [['x-odd', 'v\uE000é']] })));
@@ -806,8 +899,22 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       it('recordRejection keeps every field (refusals decided before admission)', async () => {
         const entity = `e-${uid()}`;
         const a = audit({ caller: 'svc', method: 'DELETE', path: '/x/y?z', payloadSha256: 'ef'.repeat(32), clientRequestId: 'their-id-1' });
-        await store.recordRejection({ reason: 'invalid-fence-signature', entity, presentedFence: 2n ** 63n - 1n, currentFence: null, idempotencyKey: 'k-1', audit: a });
-        await store.recordRejection({ reason: 'unauthorized', entity, presentedFence: null, currentFence: 3n, idempotencyKey: null, audit: { ...a, caller: null } });
+        await store.recordRejection({
+          reason: 'invalid-fence-signature',
+          entity,
+          presentedFence: 2n ** 63n - 1n,
+          currentFence: null,
+          idempotencyKey: 'k-1',
+          audit: a,
+        });
+        await store.recordRejection({
+          reason: 'unauthorized',
+          entity,
+          presentedFence: null,
+          currentFence: 3n,
+          idempotencyKey: null,
+          audit: { ...a, caller: null },
+        });
         const [second, first] = await rejectionsOf(store, { entity });
         expect(first).toMatchObject({
           reason: 'invalid-fence-signature',
@@ -848,7 +955,14 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         const caller = `c-${uid()}`;
         const reasons = ['stale-fence', 'fence-expired', 'stale-fence', 'forbidden', 'stale-fence', 'fence-expired', 'unauthorized'] as const;
         for (const [i, reason] of reasons.entries()) {
-          await store.recordRejection({ reason, entity, presentedFence: BigInt(i), currentFence: null, idempotencyKey: null, audit: audit({ caller: i % 2 === 0 ? caller : null }) });
+          await store.recordRejection({
+            reason,
+            entity,
+            presentedFence: BigInt(i),
+            currentFence: null,
+            idempotencyKey: null,
+            audit: audit({ caller: i % 2 === 0 ? caller : null }),
+          });
           if (i === 3) await sleep(5);
         }
         const all = await rejectionsOf(store, { entity });
@@ -896,8 +1010,22 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         // stale-fence inside the admission, once from a tools/call and once from a plain route
         expect((await store.admit(command({ entity, fence: 4n, audit: audit({ tool }) }))).outcome).toBe('stale-fence');
         expect((await store.admit(command({ entity, fence: 3n, audit: audit() }))).outcome).toBe('stale-fence');
-        await store.recordRejection({ reason: 'invalid-fence-signature', entity, presentedFence: null, currentFence: null, idempotencyKey: null, audit: audit({ tool, payloadSha256: '' }) });
-        await store.recordRejection({ reason: 'missing-fence', entity, presentedFence: null, currentFence: null, idempotencyKey: null, audit: audit({ tool: null }) });
+        await store.recordRejection({
+          reason: 'invalid-fence-signature',
+          entity,
+          presentedFence: null,
+          currentFence: null,
+          idempotencyKey: null,
+          audit: audit({ tool, payloadSha256: '' }),
+        });
+        await store.recordRejection({
+          reason: 'missing-fence',
+          entity,
+          presentedFence: null,
+          currentFence: null,
+          idempotencyKey: null,
+          audit: audit({ tool: null }),
+        });
         const all = await rejectionsOf(store, { entity });
         expect(all.map((r) => [r.reason, r.tool])).toEqual([
           ['missing-fence', null],
@@ -906,7 +1034,10 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
           ['stale-fence', tool],
         ]);
         const byTool = await rejectionsOf(store, { tool });
-        expect(byTool.map((r) => [r.reason, r.presentedFence])).toEqual([['invalid-fence-signature', null], ['stale-fence', '4']]);
+        expect(byTool.map((r) => [r.reason, r.presentedFence])).toEqual([
+          ['invalid-fence-signature', null],
+          ['stale-fence', '4'],
+        ]);
         expect(byTool.every((r) => r.entity === entity)).toBe(true);
         expect(await rejectionsOf(store, { entity, tool: `other-${uid()}` })).toEqual([]);
         expect((await rejectionsOf(store, { entity, reason: 'stale-fence', tool })).map((r) => r.presentedFence)).toEqual(['4']);
@@ -932,7 +1063,8 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
           ['mid', 'completed', 200, 'fp-mid'],
           ['zeta', 'in_progress', null, 'fp-zeta'],
         ]);
-        for (const r of recs) expect(Object.keys(r).sort()).toEqual(['createdAt', 'entity', 'expiresAt', 'fence', 'fingerprint', 'key', 'lockedUntil', 'scope', 'state', 'status']);
+        for (const r of recs)
+          expect(Object.keys(r).sort()).toEqual(['createdAt', 'entity', 'expiresAt', 'fence', 'fingerprint', 'key', 'lockedUntil', 'scope', 'state', 'status']);
       });
     });
 
@@ -1017,7 +1149,10 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         for (let i = 0; i < n; i++) {
           await store.recordRejection({ reason: 'fence-expired', entity, presentedFence: BigInt(i), currentFence: null, idempotencyKey: null, audit: audit() });
         }
-        await h.backdateRejections((await rejectionsOf(store, { entity })).map((r) => r.id), 2 * 3_600_000);
+        await h.backdateRejections(
+          (await rejectionsOf(store, { entity })).map((r) => r.id),
+          2 * 3_600_000,
+        );
         await sleep(PAST_EXPIRY_MS);
         return { entity, expired, dead };
       }
@@ -1105,7 +1240,14 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         const input = command({ entity: null, fence: null });
         await store.admit(input);
         await store.finish(finishOf(input, 'unknown'));
-        const resolved = await store.resolveRecord({ scope: input.scope, key: input.key!, resolution: { outcome: 'released' }, operator: 'ops', note: null, requestId: `req-${uid()}` });
+        const resolved = await store.resolveRecord({
+          scope: input.scope,
+          key: input.key!,
+          resolution: { outcome: 'released' },
+          operator: 'ops',
+          note: null,
+          requestId: `req-${uid()}`,
+        });
         expect(resolved.ok).toBe(true);
         const mine = async () => (await store.listOperatorActions!({ limit: 1000 })).items.filter((a) => a.key === input.key);
         expect(await mine()).toHaveLength(1);
@@ -1129,8 +1271,23 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
 
       it('recordRejection cuts every text field at its limit, with a visible marker', async () => {
         const entity = long('e', 600);
-        const a = audit({ path: `/payments/${long('p', 20_000)}`, caller: long('c', 1000), method: long('M', 100), requestId: long('r', 300), clientRequestId: long('x', 300), tool: long('t', 300) });
-        await store.recordRejection({ reason: 'unauthorized', entity, presentedFence: null, currentFence: null, idempotencyKey: long('k', 400), audit: a, detail: long('d', 5000) });
+        const a = audit({
+          path: `/payments/${long('p', 20_000)}`,
+          caller: long('c', 1000),
+          method: long('M', 100),
+          requestId: long('r', 300),
+          clientRequestId: long('x', 300),
+          tool: long('t', 300),
+        });
+        await store.recordRejection({
+          reason: 'unauthorized',
+          entity,
+          presentedFence: null,
+          currentFence: null,
+          idempotencyKey: long('k', 400),
+          audit: a,
+          detail: long('d', 5000),
+        });
         const [row] = await rejectionsOf(store, { entity: cutText(entity, LIMITS.entity) });
         expectCut(row!.tool, a.tool!, LIMITS.tool);
         expectCut(row!.path, a.path, LIMITS.path);
@@ -1146,9 +1303,24 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       it('values within the limits are kept whole', async () => {
         const entity = `e-${uid()}`.padEnd(LIMITS.entity, 'e');
         const a = audit({ path: '/p'.padEnd(LIMITS.path, 'p'), caller: 'c'.repeat(LIMITS.caller), clientRequestId: 'x'.repeat(LIMITS.clientRequestId) });
-        await store.recordRejection({ reason: 'forbidden', entity, presentedFence: null, currentFence: null, idempotencyKey: 'k'.repeat(LIMITS.idempotencyKey), audit: a, detail: 'd'.repeat(LIMITS.detail) });
+        await store.recordRejection({
+          reason: 'forbidden',
+          entity,
+          presentedFence: null,
+          currentFence: null,
+          idempotencyKey: 'k'.repeat(LIMITS.idempotencyKey),
+          audit: a,
+          detail: 'd'.repeat(LIMITS.detail),
+        });
         const [row] = await rejectionsOf(store, { entity });
-        expect(row).toMatchObject({ entity, path: a.path, caller: a.caller, clientRequestId: a.clientRequestId, idempotencyKey: 'k'.repeat(LIMITS.idempotencyKey), detail: 'd'.repeat(LIMITS.detail) });
+        expect(row).toMatchObject({
+          entity,
+          path: a.path,
+          caller: a.caller,
+          clientRequestId: a.clientRequestId,
+          idempotencyKey: 'k'.repeat(LIMITS.idempotencyKey),
+          detail: 'd'.repeat(LIMITS.detail),
+        });
       });
 
       it('admission and finish rows are cut the same way; the decision uses the whole entity and key', async () => {
@@ -1160,7 +1332,9 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         // stale-fence, written inside the admission
         expect(await store.admit(command({ entity, fence: 4n, audit: a }))).toEqual({ outcome: 'stale-fence', currentFence: 5n });
         // idempotency-key-reused, also inside the admission
-        expect((await store.admit(command({ entity, key, fence: 5n, fingerprint: 'other', mode: 'concurrent', audit: a }))).outcome).toBe('idempotency-key-reused');
+        expect((await store.admit(command({ entity, key, fence: 5n, fingerprint: 'other', mode: 'concurrent', audit: a }))).outcome).toBe(
+          'idempotency-key-reused',
+        );
         const rows = await rejectionsOf(store, { entity: logged });
         expect(rows.map((r) => r.reason).sort()).toEqual(['idempotency-key-reused', 'stale-fence']);
         for (const row of rows) {
@@ -1289,7 +1463,10 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       });
 
       it('G1: 200 shuffled fences raced by 8 callers on one entity → no lower fence admitted after a higher one', async () => {
-        const fences = shuffled(Array.from({ length: 200 }, (_, i) => BigInt(i + 1)), 7);
+        const fences = shuffled(
+          Array.from({ length: 200 }, (_, i) => BigInt(i + 1)),
+          7,
+        );
         const result = await checkFenceRace(store, fences, 8);
         expect(result.violations).toEqual([]);
         expect(result.admitted).toBeGreaterThan(0);
@@ -1309,7 +1486,15 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
               return typeof v === 'function' ? v.bind(target) : v;
             },
           });
-          const result = await checkFenceRace(sprayed, shuffled(Array.from({ length: 120 }, (_, k) => BigInt(k + 1)), 11), 8, entity);
+          const result = await checkFenceRace(
+            sprayed,
+            shuffled(
+              Array.from({ length: 120 }, (_, k) => BigInt(k + 1)),
+              11,
+            ),
+            8,
+            entity,
+          );
           expect(result.violations).toEqual([]);
         } finally {
           await replica.close();
@@ -1358,7 +1543,14 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       it('dropping the fence (fence: null) makes the stale-fence checks report violations', async () => {
         const bad = broken.withoutFence(store);
         expect((await checkStaleFence(bad)).length).toBeGreaterThan(0);
-        const race = await checkFenceRace(bad, shuffled(Array.from({ length: 60 }, (_, i) => BigInt(i + 1)), 7), 8);
+        const race = await checkFenceRace(
+          bad,
+          shuffled(
+            Array.from({ length: 60 }, (_, i) => BigInt(i + 1)),
+            7,
+          ),
+          8,
+        );
         expect(race.violations.some((v) => v.includes('was forwarded although'))).toBe(true);
       });
 

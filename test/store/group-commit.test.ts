@@ -27,7 +27,6 @@ function open(options: { busyTimeoutMs?: number } = {}) {
   return { store, path };
 }
 
-
 describe('sqlite group commit', () => {
   it('decisions that arrive together share one transaction, each still decided in arrival order', async () => {
     const { store } = open();

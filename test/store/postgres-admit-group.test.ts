@@ -21,7 +21,8 @@ let schema: TestSchema;
 let store: PostgresGatewayStore;
 
 const groupOf = (s: PostgresGatewayStore) => (s as unknown as { admission: { group: RoundTripGroup<AdmitInput, Admission> } }).admission.group;
-const fresh = (over: Partial<AdmitInput> = {}) => admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, ...over });
+const fresh = (over: Partial<AdmitInput> = {}) =>
+  admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, ...over });
 /** Another request for the same key and payload (a retry), from another owner. */
 const retryOf = (c: AdmitInput): AdmitInput => ({ ...c, ownerToken: `o-${randomUUID()}`, fence: null, entity: null, mode: 'concurrent' });
 /** An admission fencegate_admit raises on after it raised the fence and took the slot: its record's expiry is past timestamptz's range. */
@@ -41,8 +42,14 @@ function context(rewrite: (text: string) => string = (t) => t, seen?: string[]):
 const admitVia = (o: AdmitGroupOptions = {}, rewrite?: (text: string) => string, seen?: string[]) => createAdmit(context(rewrite, seen), o);
 
 async function stateOf(c: AdmitInput) {
-  const rec = await schema.pool.query<{ state: string; owner_token: string }>('SELECT state, owner_token FROM idempotency_records WHERE scope = $1 AND key = $2', [c.scope, c.key]);
-  const ent = await schema.pool.query<{ fence: string | null; inflight_owner: string | null }>('SELECT fence, inflight_owner FROM fence_entities WHERE entity = $1', [c.entity]);
+  const rec = await schema.pool.query<{ state: string; owner_token: string }>(
+    'SELECT state, owner_token FROM idempotency_records WHERE scope = $1 AND key = $2',
+    [c.scope, c.key],
+  );
+  const ent = await schema.pool.query<{ fence: string | null; inflight_owner: string | null }>(
+    'SELECT fence, inflight_owner FROM fence_entities WHERE entity = $1',
+    [c.entity],
+  );
   return { record: rec.rows[0]?.state ?? null, fence: ent.rows[0]?.fence ?? null, slot: ent.rows[0]?.inflight_owner ?? null };
 }
 const rejectionsOf = (requestId: string) => rejectionReasons(schema, requestId);
@@ -84,7 +91,20 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
     const cmds = Array.from({ length: 20 }, () => fresh());
     const finishes = (own as unknown as { finishing: { group: RoundTripGroup<unknown, unknown> } }).finishing.group;
     await Promise.all(cmds.map((c) => own.admit(c)));
-    await Promise.all(cmds.map((c) => own.finish({ scope: c.scope, key: c.key, entity: c.entity, ownerToken: c.ownerToken, outcome: 'completed', response: { status: 201, headers: [], body: new Uint8Array(0) }, retentionMs: 60_000, audit: c.audit })));
+    await Promise.all(
+      cmds.map((c) =>
+        own.finish({
+          scope: c.scope,
+          key: c.key,
+          entity: c.entity,
+          ownerToken: c.ownerToken,
+          outcome: 'completed',
+          response: { status: 201, headers: [], body: new Uint8Array(0) },
+          retentionMs: 60_000,
+          audit: c.audit,
+        }),
+      ),
+    );
     const a = groupOf(own).stats;
     const f = finishes.stats;
     await own.close();
@@ -240,7 +260,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
     expect(await rejectionsOf(boom.audit.requestId)).toEqual([]);
   });
 
-  it('clock: an element that meets another session\'s row lock is left to run alone; the others commit at once, their locks whole', async () => {
+  it("clock: an element that meets another session's row lock is left to run alone; the others commit at once, their locks whole", async () => {
     // A lock far longer than the test: the retry below must meet it still
     // held however long a loaded box takes to get there (the control shows
     // what a spent one looks like).
@@ -279,7 +299,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
     } finally {
       await held.release();
     }
-    expect(await answers).toEqual([{ outcome: 'forward', takeover: false }, { outcome: 'forward', takeover: false }]);
+    expect(await answers).toEqual([
+      { outcome: 'forward', takeover: false },
+      { outcome: 'forward', takeover: false },
+    ]);
     expect(admit.group.stats).toMatchObject({ grouped: 2, deferred: 0 });
     // A's lock had expired when it committed: its retry finds the request's outcome unknown.
     await expect(store.admit(retryOf(a))).resolves.toEqual({ outcome: 'outcome-unknown' });
@@ -314,7 +337,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group commit', () => {
       const answers = Promise.all([admit(b).finally(() => (bDone = true)), admit(b2)]);
       // The group has left B alone, and B's statement alone waits for the
       // insert (or, without the order rule, was already told entity-busy).
-      await until(async () => admit.group.stats.deferred >= 1 && (bDone || (await other.waiters()) >= 1), "B's re-run waiting for the other insert, or answered");
+      await until(
+        async () => admit.group.stats.deferred >= 1 && (bDone || (await other.waiters()) >= 1),
+        "B's re-run waiting for the other insert, or answered",
+      );
       await other.client.query('ROLLBACK'); // the other insert was a fault: B's key is free again
       return await answers;
     } finally {
@@ -362,7 +388,12 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL admission group: close', () => {
     const [a, b] = [fresh(), fresh()];
     const held = await holdEntity(b.entity!);
     const events: string[] = [];
-    const answers = [s.admit(a), s.admit(b)].map((p, i) => p.then((x) => (events.push(`answer ${i}`), x), (e: Error) => (events.push(`fail ${i}`), e)));
+    const answers = [s.admit(a), s.admit(b)].map((p, i) =>
+      p.then(
+        (x) => (events.push(`answer ${i}`), x),
+        (e: Error) => (events.push(`fail ${i}`), e),
+      ),
+    );
     await answers[0];
     await until(async () => groupOf(s).stats.deferred >= 1 && (await held.waiters()) >= 1, "B's statement alone out, waiting for the row");
     const closed = s.close().then(() => events.push('closed'));

@@ -21,7 +21,13 @@ let one: TestSchema; // a pool of ONE connection: every statement runs on the sa
 let store: PostgresGatewayStore;
 
 const fresh = (over: Partial<AdmitInput> = {}) =>
-  admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, audit: { ...admitInput().audit, requestId: `r-${randomUUID()}` }, ...over });
+  admitInput({
+    key: `k-${randomUUID()}`,
+    entity: `e-${randomUUID()}`,
+    ownerToken: `o-${randomUUID()}`,
+    audit: { ...admitInput().audit, requestId: `r-${randomUUID()}` },
+    ...over,
+  });
 
 function ctxOf(pool: pg.Pool, rewrite: (t: string) => string = (t) => t): PgContext {
   const base = poolQuery(pool as never, () => false);
@@ -79,7 +85,10 @@ describe.skipIf(!POSTGRES_URL)('grouped admission guards', () => {
   it('negative control: a session-wide set_config leaks 5ms to the next statement, and the check sees it', async () => {
     const shipped = readFileSync(join(FUNCTIONS_DIR, 'group_admit.sql'), 'utf8');
     const leaky = shipped
-      .replace("PERFORM set_config('lock_timeout', coalesce(p_lock_timeout_ms, 0) || 'ms', true);", "PERFORM set_config('lock_timeout', coalesce(p_lock_timeout_ms, 0) || 'ms', false);")
+      .replace(
+        "PERFORM set_config('lock_timeout', coalesce(p_lock_timeout_ms, 0) || 'ms', true);",
+        "PERFORM set_config('lock_timeout', coalesce(p_lock_timeout_ms, 0) || 'ms', false);",
+      )
       .replace("PERFORM set_config('lock_timeout', v_prior, true);", '')
       .replace('FUNCTION fencegate_admit_many(', 'FUNCTION admit_many_leaky(');
     expect(leaky).toContain("'ms', false)");
@@ -116,7 +125,10 @@ describe.skipIf(!POSTGRES_URL)('grouped admission guards', () => {
         const c = await schema.pool.connect();
         await c.query('BEGIN');
         const res = await c.query(text, values);
-        void c.query('COMMIT').catch(() => {}).finally(() => c.release());
+        void c
+          .query('COMMIT')
+          .catch(() => {})
+          .finally(() => c.release());
         return { rows: res.rows as R[] };
       },
     };

@@ -17,7 +17,8 @@ import { admitInput } from '../store/helpers/inputs.js';
 let schema: TestSchema;
 let store: PostgresGatewayStore;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const fresh = (over: Partial<AdmitInput> = {}) => admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, ...over });
+const fresh = (over: Partial<AdmitInput> = {}) =>
+  admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, ...over });
 
 const holdEntity = (entity: string) => holdRow(schema, entity);
 

@@ -43,7 +43,13 @@ function violations(traces: Trace[]): string[] {
   for (const r of forwards) {
     if (r.input.fence === null) continue;
     const newer = traces.find(
-      (s) => s.input.entity === r.input.entity && s.input.fence !== null && s.input.fence > r.input.fence! && s.answer !== null && s.answer.outcome !== 'stale-fence' && s.answeredAt < r.sentAt,
+      (s) =>
+        s.input.entity === r.input.entity &&
+        s.input.fence !== null &&
+        s.input.fence > r.input.fence! &&
+        s.answer !== null &&
+        s.answer.outcome !== 'stale-fence' &&
+        s.answeredAt < r.sentAt,
     );
     if (newer) out.push(`G1: fence ${r.input.fence} forwarded for ${r.input.entity} after fence ${newer.input.fence} was committed`);
   }

@@ -103,8 +103,21 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: expiries are measured from when the 
 
   const oldAdmit = async (i: AdmitInput) => {
     const { rows } = await old.query('SELECT * FROM fencegate_admit_old($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)', [
-      i.scope, i.key, i.entity, i.fence?.toString() ?? null, i.fingerprint, i.mode === 'serial', i.ownerToken, i.lockMs, i.retentionMs,
-      i.onUnknown === 'retry', i.audit.caller, i.audit.method, i.audit.path, i.audit.payloadSha256, i.audit.requestId,
+      i.scope,
+      i.key,
+      i.entity,
+      i.fence?.toString() ?? null,
+      i.fingerprint,
+      i.mode === 'serial',
+      i.ownerToken,
+      i.lockMs,
+      i.retentionMs,
+      i.onUnknown === 'retry',
+      i.audit.caller,
+      i.audit.method,
+      i.audit.path,
+      i.audit.payloadSha256,
+      i.audit.requestId,
     ]);
     return rows[0] as { outcome: string };
   };
@@ -127,7 +140,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: expiries are measured from when the 
     for (const impl of impls()) {
       const entity = await entityAtFence1();
       const input = command({ entity, fence: 2n, lockMs: LOCK_MS });
-      const { released, result } = await whileLocked('SELECT 1 FROM fence_entities WHERE entity = $1 FOR UPDATE', [entity], impl.waiter, () => impl.admit(input));
+      const { released, result } = await whileLocked('SELECT 1 FROM fence_entities WHERE entity = $1 FOR UPDATE', [entity], impl.waiter, () =>
+        impl.admit(input),
+      );
       expect(result.outcome).toBe('forward');
       const [lock] = await marginsMs('idempotency_records', ['locked_until'], 'scope = $1 AND key = $2', [input.scope, input.key], released);
       const [slot, accepted] = await marginsMs('fence_entities', ['inflight_until', 'accepted_at'], 'entity = $1', [entity], released);
@@ -169,7 +184,7 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: expiries are measured from when the 
     expect(seen['previous release (negative control)']![1]).toBeLessThan(LOCK_MS);
   });
 
-  it('a record lock that ran out while the admission waited reads as expired (the dead owner\'s record becomes outcome_unknown)', async () => {
+  it("a record lock that ran out while the admission waited reads as expired (the dead owner's record becomes outcome_unknown)", async () => {
     const outcomes: Record<string, string> = {};
     for (const impl of impls()) {
       // A lock still alive when the retry starts and gone when it gets the
@@ -215,13 +230,36 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: expiries are measured from when the 
           ? () => store.finish(done)
           : () =>
               old.query('SELECT recorded FROM fencegate_finish_old($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)', [
-                done.scope, done.key, null, done.ownerToken, 'completed', 201, '[]', Buffer.from('x'), retentionMs,
-                null, 'POST', '/p', 'ab', 'r', null, null, null,
+                done.scope,
+                done.key,
+                null,
+                done.ownerToken,
+                'completed',
+                201,
+                '[]',
+                Buffer.from('x'),
+                retentionMs,
+                null,
+                'POST',
+                '/p',
+                'ab',
+                'r',
+                null,
+                null,
+                null,
               ]);
-      await whileLocked('SELECT 1 FROM idempotency_records WHERE scope = $1 AND key = $2 FOR UPDATE', [input.scope, input.key], impl.waiter, run).then(async ({ released }) => {
-        const [expires] = await marginsMs('idempotency_records', ['expires_at'], "scope = $1 AND key = $2 AND state = 'completed'", [input.scope, input.key], released);
-        seen[impl.name] = expires!;
-      });
+      await whileLocked('SELECT 1 FROM idempotency_records WHERE scope = $1 AND key = $2 FOR UPDATE', [input.scope, input.key], impl.waiter, run).then(
+        async ({ released }) => {
+          const [expires] = await marginsMs(
+            'idempotency_records',
+            ['expires_at'],
+            "scope = $1 AND key = $2 AND state = 'completed'",
+            [input.scope, input.key],
+            released,
+          );
+          seen[impl.name] = expires!;
+        },
+      );
     }
     expect(seen['0006']).toBeGreaterThanOrEqual(retentionMs);
     expect(seen['previous release (negative control)']).toBeLessThan(retentionMs);

@@ -21,7 +21,8 @@ let store: PostgresGatewayStore;
 let replica: PostgresGatewayStore;
 
 const groupOf = (s: PostgresGatewayStore) => (s as unknown as { finishing: { group: RoundTripGroup<FinishInput, boolean> } }).finishing.group;
-const fresh = (over: Partial<AdmitInput> = {}) => admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, ...over });
+const fresh = (over: Partial<AdmitInput> = {}) =>
+  admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, ...over });
 const completed = (c: AdmitInput, over: Partial<FinishInput> = {}): FinishInput =>
   ({
     scope: c.scope,
@@ -76,7 +77,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL finish group commit', () => {
     for (const c of cmds) expect(await stateOf(c)).toEqual({ record: 'completed', slot: null });
     // The stored answer went through the arrays intact (bytea with a 0 byte, headers).
     const replay = await store.admit({ ...cmds[0]!, ownerToken: `o-${randomUUID()}` });
-    expect(replay).toMatchObject({ outcome: 'replay', response: { status: 201, headers: [['content-type', 'application/json']], body: new Uint8Array([7, 0, 9]) } });
+    expect(replay).toMatchObject({
+      outcome: 'replay',
+      response: { status: 201, headers: [['content-type', 'application/json']], body: new Uint8Array([7, 0, 9]) },
+    });
   });
 
   it('a lone finish takes the one-element statement', async () => {
@@ -108,7 +112,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL finish group commit', () => {
   it('negative control: without the subtransaction per element, one fault fails its whole group and the check sees it', async () => {
     // The shipped function with its EXCEPTION clause cut out, under another name.
     const shipped = readFileSync(join(FUNCTIONS_DIR, 'group_finish.sql'), 'utf8');
-    const unguarded = shipped.replace(/EXCEPTION WHEN OTHERS THEN[\s\S]*?END;/, 'END;').replace('FUNCTION fencegate_finish_many(', 'FUNCTION finish_many_unguarded(');
+    const unguarded = shipped
+      .replace(/EXCEPTION WHEN OTHERS THEN[\s\S]*?END;/, 'END;')
+      .replace('FUNCTION fencegate_finish_many(', 'FUNCTION finish_many_unguarded(');
     expect(unguarded).not.toContain('WHEN OTHERS');
     await schema.pool.query(unguarded);
     const base = poolQuery(schema.pool as never, () => false);

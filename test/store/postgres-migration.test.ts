@@ -20,16 +20,19 @@ afterEach(async () => {
 const OLD_ADMIT = 'SELECT outcome, current_fence::text FROM fencegate_admit($1, $2, $3, $4, $5, true, $6, 30000, 3600000, false, NULL, $7, $8, NULL, $9)';
 
 describe.skipIf(!POSTGRES_URL)('PostgreSQL migration 0006_gateway_clock_retention', () => {
-  it('upgrades in place; the previous release\'s calls still work against the upgraded schema', async () => {
+  it("upgrades in place; the previous release's calls still work against the upgraded schema", async () => {
     const schema: TestSchema = await createTestSchema('fg_mig6');
     cleanups.push(() => schema.drop());
-    await migratePostgres(schema.pool, loadMigrations('postgres').filter((m) => m.name < '0006'));
+    await migratePostgres(
+      schema.pool,
+      loadMigrations('postgres').filter((m) => m.name < '0006'),
+    );
     const entity = `acct-${randomUUID()}`;
     const oldAdmit = async (fence: number, owner: string, key = `k-${randomUUID()}`) =>
       (await schema.pool.query(OLD_ADMIT, ['payments', key, entity, fence, 'fp', owner, 'POST', '/payments/x', `req-${owner}`])).rows[0];
     // Before: fence 9 admitted and in flight (it holds the slot), fence 3 refused.
     expect(await oldAdmit(5, 'o-5')).toMatchObject({ outcome: 'forward' });
-    await schema.pool.query("UPDATE fence_entities SET inflight_owner = NULL, inflight_until = NULL WHERE entity = $1", [entity]);
+    await schema.pool.query('UPDATE fence_entities SET inflight_owner = NULL, inflight_until = NULL WHERE entity = $1', [entity]);
     expect(await oldAdmit(9, 'o-9', 'k-rise')).toMatchObject({ outcome: 'forward' });
     expect(await oldAdmit(3, 'o-3')).toMatchObject({ outcome: 'stale-fence', current_fence: '9' });
 
@@ -55,7 +58,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL migration 0006_gateway_clock_retentio
     const next = command({ entity, fence: 11n, audit: { ...command().audit, clientRequestId: 'theirs' } });
     expect((await store.admit(next)).outcome).toBe('forward');
     await store.finish(finishOf(next, 'completed'));
-    expect(await store.admit(command({ entity, fence: 4n, audit: { ...command().audit, clientRequestId: 'theirs' } }))).toEqual({ outcome: 'stale-fence', currentFence: 11n });
+    expect(await store.admit(command({ entity, fence: 4n, audit: { ...command().audit, clientRequestId: 'theirs' } }))).toEqual({
+      outcome: 'stale-fence',
+      currentFence: 11n,
+    });
     expect((await store.listRejections({ entity, limit: 1 })).items[0]).toMatchObject({ clientRequestId: 'theirs' });
     // The functions of 0006 are the only bodies left: one logger signature.
     const { rows: loggers } = await schema.pool.query(

@@ -90,7 +90,9 @@ for (const mode of ['session', 'transaction'] as const) {
       // (ALTER ROLE … SET survives the pooler's DISCARD ALL, a connect_query would not).
       leaseSchema = await createTestSchema(`fg_pgb_lease_${mode[0]}`, 1);
       leaseRole = leaseSchema.schema;
-      await leaseSchema.pool.query(`CREATE ROLE ${leaseRole} LOGIN; ALTER SCHEMA ${leaseRole} OWNER TO ${leaseRole}; ALTER ROLE ${leaseRole} SET search_path = ${leaseRole}`);
+      await leaseSchema.pool.query(
+        `CREATE ROLE ${leaseRole} LOGIN; ALTER SCHEMA ${leaseRole} OWNER TO ${leaseRole}; ALTER ROLE ${leaseRole} SET search_path = ${leaseRole}`,
+      );
       bouncer = await startPgbouncer({ server: POSTGRES_URL!, mode, poolSize: mode === 'transaction' ? 2 : 30, users: ['postgres', leaseRole] });
       up = await startUpstream();
     }, 60_000);
@@ -105,7 +107,7 @@ for (const mode of ['session', 'transaction'] as const) {
       if (leaseRole !== null) await dropRole(leaseRole);
     }, 60_000);
 
-    it('the statement timeout is in force on the store\'s connections, and ends a statement that runs past it', async () => {
+    it("the statement timeout is in force on the store's connections, and ends a statement that runs past it", async () => {
       const store = await open(storeOptions());
       const shown = await Promise.all(Array.from({ length: 12 }, () => store.pool.query<{ statement_timeout: string }>('SHOW statement_timeout')));
       expect(shown.map((r) => r.rows[0]!.statement_timeout)).toEqual(Array(12).fill('7s'));
@@ -117,13 +119,19 @@ for (const mode of ['session', 'transaction'] as const) {
       const gw = await gateway({ ...storeOptions(), ...(mode === 'transaction' ? { listenConnectionString: POSTGRES_URL! } : {}) });
       const before = up.effects;
       const N = 40;
-      const first = await Promise.all(Array.from({ length: N }, (_, i) => command(gw.url, '/payments/charges', { fence: 5, entity: `pgb-${i % 10}-${i}`, key: `pgb-${mode}-${i}` })));
+      const first = await Promise.all(
+        Array.from({ length: N }, (_, i) => command(gw.url, '/payments/charges', { fence: 5, entity: `pgb-${i % 10}-${i}`, key: `pgb-${mode}-${i}` })),
+      );
       expect(first.map((r) => r.status)).toEqual(Array(N).fill(201));
       await Promise.all(first.map((r) => r.arrayBuffer()));
-      const replays = await Promise.all(Array.from({ length: N }, (_, i) => command(gw.url, '/payments/charges', { fence: 5, entity: `pgb-${i % 10}-${i}`, key: `pgb-${mode}-${i}` })));
+      const replays = await Promise.all(
+        Array.from({ length: N }, (_, i) => command(gw.url, '/payments/charges', { fence: 5, entity: `pgb-${i % 10}-${i}`, key: `pgb-${mode}-${i}` })),
+      );
       expect(replays.map((r) => `${r.status} ${r.headers.get('idempotent-replayed')}`)).toEqual(Array(N).fill('201 true'));
       await Promise.all(replays.map((r) => r.arrayBuffer()));
-      const stale = await Promise.all(Array.from({ length: N }, (_, i) => command(gw.url, '/payments/charges', { fence: 4, entity: `pgb-${i % 10}-${i}`, key: `pgb-${mode}-stale-${i}` })));
+      const stale = await Promise.all(
+        Array.from({ length: N }, (_, i) => command(gw.url, '/payments/charges', { fence: 4, entity: `pgb-${i % 10}-${i}`, key: `pgb-${mode}-stale-${i}` })),
+      );
       for (const r of stale) await expectProblem(r, 409, 'stale-fence');
       expect(up.effects - before).toBe(N);
       const text = await metrics(gw);
@@ -134,8 +142,11 @@ for (const mode of ['session', 'transaction'] as const) {
     });
 
     for (const statementTimeoutMs of [5_000, undefined]) {
-      it(`the lease store, opened as the heartbeat thread opens it (openJobStore, statement timeout ${statementTimeoutMs ?? 'the server\'s'}), migrates, claims, extends and completes through it`, async () => {
-        const jobs = await openJobStore({ postgres: bouncer.url.replace('postgres@', `${leaseRole}@`), ...(mode === 'transaction' ? { pooler: 'transaction' as const } : {}) }, statementTimeoutMs === undefined ? {} : { statementTimeoutMs });
+      it(`the lease store, opened as the heartbeat thread opens it (openJobStore, statement timeout ${statementTimeoutMs ?? "the server's"}), migrates, claims, extends and completes through it`, async () => {
+        const jobs = await openJobStore(
+          { postgres: bouncer.url.replace('postgres@', `${leaseRole}@`), ...(mode === 'transaction' ? { pooler: 'transaction' as const } : {}) },
+          statementTimeoutMs === undefined ? {} : { statementTimeoutMs },
+        );
         const kind = `pgb-${statementTimeoutMs ?? 'none'}`;
         try {
           const N = 20;

@@ -23,14 +23,32 @@ let proxy: FaultProxy;
 let store: PostgresGatewayStore;
 
 const fresh = (over: Partial<AdmitInput> = {}) =>
-  admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, fence: 7n, audit: { requestId: `r-${randomUUID()}`, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: '0' }, ...over });
+  admitInput({
+    key: `k-${randomUUID()}`,
+    entity: `e-${randomUUID()}`,
+    ownerToken: `o-${randomUUID()}`,
+    fence: 7n,
+    audit: { requestId: `r-${randomUUID()}`, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: '0' },
+    ...over,
+  });
 /** The same request again (the client's retry after its 503): same key and payload, a new owner. */
 const retryOf = (c: AdmitInput): AdmitInput => ({ ...c, ownerToken: `o-${randomUUID()}`, audit: { ...c.audit, requestId: `r-${randomUUID()}` } });
 
 async function stateOf(c: AdmitInput) {
-  const rec = await schema.pool.query<{ state: string; owner_token: string }>('SELECT state, owner_token FROM idempotency_records WHERE scope = $1 AND key = $2', [c.scope, c.key]);
-  const ent = await schema.pool.query<{ fence: string | null; inflight_owner: string | null }>('SELECT fence, inflight_owner FROM fence_entities WHERE entity = $1', [c.entity]);
-  return { record: rec.rows[0]?.state ?? null, owner: rec.rows[0]?.owner_token ?? null, fence: ent.rows[0]?.fence ?? null, slot: ent.rows[0]?.inflight_owner ?? null };
+  const rec = await schema.pool.query<{ state: string; owner_token: string }>(
+    'SELECT state, owner_token FROM idempotency_records WHERE scope = $1 AND key = $2',
+    [c.scope, c.key],
+  );
+  const ent = await schema.pool.query<{ fence: string | null; inflight_owner: string | null }>(
+    'SELECT fence, inflight_owner FROM fence_entities WHERE entity = $1',
+    [c.entity],
+  );
+  return {
+    record: rec.rows[0]?.state ?? null,
+    owner: rec.rows[0]?.owner_token ?? null,
+    fence: ent.rows[0]?.fence ?? null,
+    slot: ent.rows[0]?.inflight_owner ?? null,
+  };
 }
 
 const NONE = { released: 0, nothing: 0, gaveUp: 0, notNeeded: 0, overCap: 0, failedAttempts: 0 };

@@ -8,17 +8,39 @@
 import { describe, expect, it } from 'vitest';
 import { assessReplication, type ReplicationRow } from '../../src/store/postgres/replication-check.js';
 
-const row = (over: Partial<ReplicationRow>): ReplicationRow => ({ synchronous_commit: 'on', synchronous_standby_names: '', in_recovery: false, standbys: [], ...over });
+const row = (over: Partial<ReplicationRow>): ReplicationRow => ({
+  synchronous_commit: 'on',
+  synchronous_standby_names: '',
+  in_recovery: false,
+  standbys: [],
+  ...over,
+});
 
 describe('the replication rules', () => {
   it('FIRST 1 (a, b): b is potential, and promoting it can lose acknowledged decisions', () => {
-    const r = assessReplication(row({ synchronous_standby_names: 'FIRST 1 (a, b)', standbys: [{ name: 'a', syncState: 'sync' }, { name: 'b', syncState: 'potential' }] }));
+    const r = assessReplication(
+      row({
+        synchronous_standby_names: 'FIRST 1 (a, b)',
+        standbys: [
+          { name: 'a', syncState: 'sync' },
+          { name: 'b', syncState: 'potential' },
+        ],
+      }),
+    );
     expect(r.state).toBe('at-risk');
     expect(r.reason).toMatch(/not every standby is synchronous: b \(potential\)/);
   });
 
   it('ANY 1 (a, b): quorum standbys count as synchronous (the control)', () => {
-    const r = assessReplication(row({ synchronous_standby_names: 'ANY 1 (a, b)', standbys: [{ name: 'a', syncState: 'quorum' }, { name: 'b', syncState: 'quorum' }] }));
+    const r = assessReplication(
+      row({
+        synchronous_standby_names: 'ANY 1 (a, b)',
+        standbys: [
+          { name: 'a', syncState: 'quorum' },
+          { name: 'b', syncState: 'quorum' },
+        ],
+      }),
+    );
     expect(r.state).toBe('safe');
   });
 

@@ -23,7 +23,13 @@ let store: PostgresGatewayStore;
 const changes: boolean[] = [];
 
 const fresh = (): AdmitInput =>
-  admitInput({ key: `k-${randomUUID()}`, entity: `e-${randomUUID()}`, ownerToken: `o-${randomUUID()}`, fence: 3n, audit: { requestId: `r-${randomUUID()}`, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: '0' } });
+  admitInput({
+    key: `k-${randomUUID()}`,
+    entity: `e-${randomUUID()}`,
+    ownerToken: `o-${randomUUID()}`,
+    fence: 3n,
+    audit: { requestId: `r-${randomUUID()}`, clientRequestId: null, caller: null, method: 'POST', path: '/x', payloadSha256: '0' },
+  });
 
 describe.skipIf(!POSTGRES_URL)('PostgreSQL: a round trip that is never answered', () => {
   beforeAll(async () => {
@@ -45,7 +51,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: a round trip that is never answered'
     await schema?.drop();
   });
 
-  it('fails past the bound, destroys the connection, frees the group, reports unhealthy, then recovers and releases what committed', { timeout: 60_000 }, async () => {
+  it('fails past the bound, destroys the connection, frees the group, reports unhealthy, then recovers and releases what committed', {
+    timeout: 60_000,
+  }, async () => {
     // A connection in the pool first (the warm-up is answered).
     const warm = fresh();
     expect((await store.admit(warm)).outcome).toBe('forward');
@@ -73,7 +81,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: a round trip that is never answered'
     // The first statement reached the server and committed; only its answer
     // was lost. (The two behind it went on a new connection, whose start-up
     // answer was swallowed too: nothing of them was sent.)
-    const held = await schema.pool.query<{ key: string }>('SELECT key FROM idempotency_records WHERE key = ANY($1) AND state = $2', [lost.map((c) => c.key), 'in_progress']);
+    const held = await schema.pool.query<{ key: string }>('SELECT key FROM idempotency_records WHERE key = ANY($1) AND state = $2', [
+      lost.map((c) => c.key),
+      'in_progress',
+    ]);
     expect(held.rows.map((r) => r.key)).toContain(lost[0]!.key);
 
     proxy.blackhole(false, 'down');
@@ -81,7 +92,10 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: a round trip that is never answered'
     await store.unsent.idle();
     expect(store.unsent.stats.released).toBe(held.rows.length);
     expect(store.unsent.stats.released + store.unsent.stats.nothing).toBe(3);
-    await until(async () => (await schema.pool.query('SELECT 1 FROM idempotency_records WHERE key = ANY($1)', [lost.map((c) => c.key)])).rowCount === 0, 'the lost admissions released');
+    await until(
+      async () => (await schema.pool.query('SELECT 1 FROM idempotency_records WHERE key = ANY($1)', [lost.map((c) => c.key)])).rowCount === 0,
+      'the lost admissions released',
+    );
     expect(store.healthy).toBe(true);
     // Down once, up at the end; a connection the pool opened while the
     // answers were swallowed can still time out after the link is back, so
@@ -93,12 +107,23 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL: a round trip that is never answered'
     expect((await store.admit({ ...lost[0]!, ownerToken: `o-${randomUUID()}` })).outcome).toBe('forward');
   });
 
-  it('a finish whose answer never comes fails past the bound (the one queued behind it too), is retried, and the record holds the answer', { timeout: 60_000 }, async () => {
+  it('a finish whose answer never comes fails past the bound (the one queued behind it too), is retried, and the record holds the answer', {
+    timeout: 60_000,
+  }, async () => {
     const a = fresh();
     const b = fresh();
     expect((await store.admit(a)).outcome).toBe('forward');
     expect((await store.admit(b)).outcome).toBe('forward');
-    const finishOf = (c: AdmitInput) => ({ scope: c.scope, key: c.key, entity: c.entity, ownerToken: c.ownerToken, audit: c.audit, outcome: 'completed' as const, response: { status: 201, headers: [] as [string, string][], body: new TextEncoder().encode(c.key!) }, retentionMs: 60_000 });
+    const finishOf = (c: AdmitInput) => ({
+      scope: c.scope,
+      key: c.key,
+      entity: c.entity,
+      ownerToken: c.ownerToken,
+      audit: c.audit,
+      outcome: 'completed' as const,
+      response: { status: 201, headers: [] as [string, string][], body: new TextEncoder().encode(c.key!) },
+      retentionMs: 60_000,
+    });
 
     proxy.blackhole(true, 'down');
     const first = store.finish(finishOf(a));

@@ -166,7 +166,8 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL gateway store: connections, replicas,
 
     for (const [i, c] of inputs.entries()) {
       const { entity, record } = await stateOf(c);
-      const whole = entity?.fence === String(i + 1) && entity?.inflight_owner === c.ownerToken && record?.state === 'in_progress' && record?.owner_token === c.ownerToken;
+      const whole =
+        entity?.fence === String(i + 1) && entity?.inflight_owner === c.ownerToken && record?.state === 'in_progress' && record?.owner_token === c.ownerToken;
       const none = entity === null && record === null;
       // Never half-written: fence raised without the record, a slot without its record, …
       expect({ i, ok: whole || none }).toEqual({ i, ok: true });

@@ -61,7 +61,11 @@ describe('releaseUnsent (DESIGN §8.2)', () => {
     const taken = decide(unknown, retry, 3000);
     expect(taken.admission).toEqual({ outcome: 'forward', takeover: true });
     const back = releaseUnsent(taken.next, retry);
-    expect(back).toMatchObject({ slot: true, record: true, next: { record: { state: 'outcome_unknown', owner: 'o2', lockedUntil: null, createdAt: 1000, fingerprint: 'fp' } } });
+    expect(back).toMatchObject({
+      slot: true,
+      record: true,
+      next: { record: { state: 'outcome_unknown', owner: 'o2', lockedUntil: null, createdAt: 1000, fingerprint: 'fp' } },
+    });
     // Its fingerprint keeps refusing another payload under the key.
     expect(decide(back.next, cmd('o3', { onUnknown: 'retry', fingerprint: 'other' }), 4000).admission).toEqual({ outcome: 'idempotency-key-reused' });
     // Already outcome_unknown: created or taken over, no one can tell; it stays.

@@ -34,9 +34,11 @@ function freshDir(): string {
   return dir;
 }
 
-
 /** Another process holding the write lock of `dbPath` (test/store/helpers/sqlite-locker.mjs). */
-async function lockFromOtherProcess(dbPath: string, mode: 'write' | 'read' = 'write'): Promise<{ proc: Proc; marker: string; released: () => boolean; commit(afterMs?: number): Promise<void> }> {
+async function lockFromOtherProcess(
+  dbPath: string,
+  mode: 'write' | 'read' = 'write',
+): Promise<{ proc: Proc; marker: string; released: () => boolean; commit(afterMs?: number): Promise<void> }> {
   const marker = `${dbPath}.released`;
   const proc = spawnProc('sqlite-locker', [LOCKER, dbPath, marker, mode], { stdin: true });
   await proc.waitFor((m) => m.msg === 'locked', 'the locker holding the write lock');
@@ -81,11 +83,12 @@ describe('a gateway next to a process that holds the SQLite write lock', () => {
     let locker: Awaited<ReturnType<typeof lockFromOtherProcess>> | null = null;
     // Without SIGSTOP the locker lets go by itself a while after the
     // admission started: a blocked event loop could not tell it to.
-    const hook = (s: GatewayStore) => onAdmit(s, () => {
-      admitted = true;
-      busyAtAdmit = gw!.sqlite.lock.stats.busy;
-      if (!options.stop) locker!.proc.send('commit-after 1000');
-    });
+    const hook = (s: GatewayStore) =>
+      onAdmit(s, () => {
+        admitted = true;
+        busyAtAdmit = gw!.sqlite.lock.stats.busy;
+        if (!options.stop) locker!.proc.send('commit-after 1000');
+      });
     gw = await gatewayOn(options.sqliteOptions, hook);
     locker = await lockFromOtherProcess(gw.dbPath);
     if (options.stop) locker.proc.pause();
@@ -130,7 +133,7 @@ describe('a gateway next to a process that holds the SQLite write lock', () => {
     expect(r.record).toMatchObject([{ state: 'completed', status: 201 }]);
   });
 
-  it('negative control: with SQLite\'s own busy wait (the old behaviour) health answers only after the lock is let go', async () => {
+  it("negative control: with SQLite's own busy wait (the old behaviour) health answers only after the lock is let go", async () => {
     const r = await healthWhileLocked({ sqliteOptions: { busyTimeoutMs: 60_000, blockingWaitMs: 60_000 }, stop: false, key: 'blocking-wait' });
     expect(r.health.status).toBe(200);
     expect(r.healthWhileHeld).toBe(false);
@@ -191,10 +194,14 @@ describe('a gateway next to a process that holds the SQLite write lock', () => {
    * with -1 for both counts, and it is asked again.
    */
   function passiveCheckpoint(gw: TestGateway): Promise<{ busy: number; log: number; checkpointed: number }> {
-    return until(() => {
-      const [r] = gw.sqlite.db.pragma('wal_checkpoint(PASSIVE)') as { busy: number; log: number; checkpointed: number }[];
-      return r!.log >= 0 ? r! : null;
-    }, 'a PASSIVE checkpoint that was not refused as busy', { everyMs: 5 });
+    return until(
+      () => {
+        const [r] = gw.sqlite.db.pragma('wal_checkpoint(PASSIVE)') as { busy: number; log: number; checkpointed: number }[];
+        return r!.log >= 0 ? r! : null;
+      },
+      'a PASSIVE checkpoint that was not refused as busy',
+      { everyMs: 5 },
+    );
   }
 });
 
@@ -254,17 +261,32 @@ describe('every write of the SQLite store waits for the lock with the event loop
 
   const cases: [string, Partial<SqliteStoreOptions>, (store: SqliteGatewayStore) => Promise<() => Promise<unknown>>][] = [
     ['admit (group commit)', wait, async (s) => () => s.admit(admitInput())],
-    ['finish (group commit)', wait, async (s) => {
-      const input = admitInput();
-      await s.admit(input);
-      return () => s.finish({ scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, outcome: 'released', audit: input.audit });
-    }],
-    ['recordRejection (group commit)', wait, async (s) => () => s.recordRejection({ reason: 'stale-fence', entity: 'e', presentedFence: 1n, currentFence: 2n, idempotencyKey: null, audit: admitInput().audit })],
+    [
+      'finish (group commit)',
+      wait,
+      async (s) => {
+        const input = admitInput();
+        await s.admit(input);
+        return () =>
+          s.finish({ scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, outcome: 'released', audit: input.audit });
+      },
+    ],
+    [
+      'recordRejection (group commit)',
+      wait,
+      async (s) => () =>
+        s.recordRejection({ reason: 'stale-fence', entity: 'e', presentedFence: 1n, currentFence: 2n, idempotencyKey: null, audit: admitInput().audit }),
+    ],
     ['sweep (group commit)', wait, async (s) => () => s.sweep({ rejectionRetentionMs: 1000 })],
-    ['resolveRecord', wait, async (s) => {
-      const input = await unknownRecord(s, 'to-resolve');
-      return () => s.resolveRecord({ scope: input.scope, key: 'to-resolve', resolution: { outcome: 'released' }, operator: 'op', note: null, requestId: 'rq' });
-    }],
+    [
+      'resolveRecord',
+      wait,
+      async (s) => {
+        const input = await unknownRecord(s, 'to-resolve');
+        return () =>
+          s.resolveRecord({ scope: input.scope, key: 'to-resolve', resolution: { outcome: 'released' }, operator: 'op', note: null, requestId: 'rq' });
+      },
+    ],
     ['admit (one transaction each)', { ...wait, groupCommit: false }, async (s) => () => s.admit(admitInput())],
     ['sweep (one transaction each)', { ...wait, groupCommit: false }, async (s) => () => s.sweep({ rejectionRetentionMs: 1000 })],
   ];
@@ -344,7 +366,7 @@ describe('group commit while waiting for the lock', () => {
     other.exec('COMMIT');
     other.close();
     await expect(later).resolves.toMatchObject({ outcome: 'forward' });
-    expect((await store.getRecords('timed-out'))).toEqual([]);
-    expect((await store.getRecords('later'))).toHaveLength(1);
+    expect(await store.getRecords('timed-out')).toEqual([]);
+    expect(await store.getRecords('later')).toHaveLength(1);
   });
 });

@@ -36,7 +36,10 @@ async function databaseBefore(next: string, write: (store: SqliteGatewayStore) =
   dirs.push(dir);
   const path = join(dir, 'gateway.db');
   const db = openSqlite(path);
-  migrateSqlite(db, loadMigrations('sqlite').filter((m) => m.name < next));
+  migrateSqlite(
+    db,
+    loadMigrations('sqlite').filter((m) => m.name < next),
+  );
   const shim = LATER_COLUMNS.filter(([m]) => next <= m).map(([, c]) => c);
   for (const c of shim) db.exec(`ALTER TABLE rejections ADD COLUMN ${c} TEXT`);
   db.close();
@@ -71,7 +74,10 @@ describe('sqlite migration 0005_lean_pages', () => {
 
     const after = new SqliteGatewayStore({ path }); // applies 0005 and what follows
     try {
-      const tables = after.db.prepare("SELECT name, sql FROM sqlite_master WHERE type IN ('table', 'index') AND name NOT LIKE 'sqlite_%'").all() as { name: string; sql: string | null }[];
+      const tables = after.db.prepare("SELECT name, sql FROM sqlite_master WHERE type IN ('table', 'index') AND name NOT LIKE 'sqlite_%'").all() as {
+        name: string;
+        sql: string | null;
+      }[];
       const sql = new Map(tables.map((t) => [t.name, t.sql ?? '']));
       expect(sql.get('fence_entities')).toMatch(/WITHOUT ROWID/);
       expect(sql.get('fence_history')).toMatch(/WITHOUT ROWID/);
@@ -136,7 +142,14 @@ describe('sqlite migration 0006_client_request_id_retention', () => {
       expect((await after.admit(command({ entity: 'acct:1', fence: 10n }))).outcome).toBe('entity-busy');
       expect(await after.finish(finishOf(rise, 'completed'))).toEqual({ recorded: true });
       // A new row keeps the client's id.
-      await after.recordRejection({ reason: 'unauthorized', entity: 'acct:1', presentedFence: null, currentFence: null, idempotencyKey: null, audit: { ...rise.audit, clientRequestId: 'theirs' } });
+      await after.recordRejection({
+        reason: 'unauthorized',
+        entity: 'acct:1',
+        presentedFence: null,
+        currentFence: null,
+        idempotencyKey: null,
+        audit: { ...rise.audit, clientRequestId: 'theirs' },
+      });
       expect((await after.listRejections({ entity: 'acct:1', limit: 1 })).items[0]).toMatchObject({ reason: 'unauthorized', clientRequestId: 'theirs' });
       const plan = (sql: string) => (after.db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all() as { detail: string }[]).map((p) => p.detail).join(' ');
       expect(plan('SELECT entity FROM fence_entities WHERE accepted_at < 1 LIMIT 10')).toMatch(/fence_entities_accepted/);

@@ -124,7 +124,7 @@ describe.each([
   });
 });
 
-describe('/metrics: the sweeper\'s rows and backlog', () => {
+describe("/metrics: the sweeper's rows and backlog", () => {
   let gw: TestGateway;
   afterEach(async () => gw?.close());
 
@@ -145,7 +145,11 @@ describe('/metrics: the sweeper\'s rows and backlog', () => {
           return typeof v === 'function' ? v.bind(target) : v;
         },
       });
-    gw = await startTestGateway({ routes: [paymentsRoute('http://127.0.0.1:9')], config: { rejectionRetention: '1h', entityRetention: '1h', operatorActionRetention: '1h' }, wrapStore: wrap });
+    gw = await startTestGateway({
+      routes: [paymentsRoute('http://127.0.0.1:9')],
+      config: { rejectionRetention: '1h', entityRetention: '1h', operatorActionRetention: '1h' },
+      wrapStore: wrap,
+    });
     const scrape = async () => (await fetch(`${gw.url}${gw.config.adminPrefix}/metrics`)).text();
     // No sweep yet: counters at 0, no backlog gauge.
     const before = await scrape();
@@ -174,7 +178,10 @@ describe('/metrics: the sweeper\'s rows and backlog', () => {
   it('renders the backlog of the last sweep and the counters of every sweep (unit)', () => {
     const m = createMetrics();
     const backlog = { ...zeros, oldRejections: 7 } as Record<(typeof ALL_KINDS)[number], number>;
-    m.swept({ expiredRecords: 3, unknownRecords: 0, oldRejections: 1000, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0, backlog, batches: 2 }, 1500);
+    m.swept(
+      { expiredRecords: 3, unknownRecords: 0, oldRejections: 1000, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0, backlog, batches: 2 },
+      1500,
+    );
     m.sweepFailed();
     const text = m.render({ inflight: 0, stats: null });
     expect(text).toMatch(/^fencegate_sweep_backlog_rows\{kind="rejections"\} 7$/m);

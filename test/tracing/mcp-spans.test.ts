@@ -38,17 +38,26 @@ describe('an mcp tools/call is traced as a plain request is', () => {
     context.disable();
   });
 
-  it('request, admit, forward and finish spans in one trace; the upstream\'s traceparent is the forward span', async () => {
+  it("request, admit, forward and finish spans in one trace; the upstream's traceparent is the forward span", async () => {
     exporter.reset();
     const callerTrace = '0af7651916cd43dd8448eb211c80319c';
-    const res = await rawPost(`${gw.url}/mcp`, toolCall(1, 'create_ticket', { title: 'a' }, fenced(3, 'ticket:1', 'k-trace')), { traceparent: `00-${callerTrace}-b7ad6b7169203331-01` });
+    const res = await rawPost(`${gw.url}/mcp`, toolCall(1, 'create_ticket', { title: 'a' }, fenced(3, 'ticket:1', 'k-trace')), {
+      traceparent: `00-${callerTrace}-b7ad6b7169203331-01`,
+    });
     expect(res.status).toBe(200);
     expect(((await res.json()) as { result?: unknown }).result).toBeDefined();
     const spans = exporter.getFinishedSpans();
     const [request] = named(spans, 'fencegate.request');
     expect(request, 'fencegate.request').toBeDefined();
     expect(request!.spanContext().traceId).toBe(callerTrace);
-    expect(request!.attributes).toMatchObject({ 'fencegate.route': 'tickets', 'fencegate.tool': 'create_ticket', 'fencegate.entity': 'ticket:1', 'fencegate.fence': '3', 'fencegate.idempotency_key': 'k-trace', 'fencegate.decision': 'forwarded' });
+    expect(request!.attributes).toMatchObject({
+      'fencegate.route': 'tickets',
+      'fencegate.tool': 'create_ticket',
+      'fencegate.entity': 'ticket:1',
+      'fencegate.fence': '3',
+      'fencegate.idempotency_key': 'k-trace',
+      'fencegate.decision': 'forwarded',
+    });
     for (const name of ['fencegate.admit', 'fencegate.forward', 'fencegate.finish']) {
       const s = named(spans, name);
       expect(s, name).toHaveLength(1);

@@ -41,7 +41,8 @@ describe('traceparent / tracestate without an SDK', () => {
     context.disable();
   });
 
-  const send = (key: string) => command(gateway.url, '/payments/x', { fence: 1, entity: 'e', key, headers: { traceparent: CALLER, tracestate: 'vendor=1,other=2' } });
+  const send = (key: string) =>
+    command(gateway.url, '/payments/x', { fence: 1, entity: 'e', key, headers: { traceparent: CALLER, tracestate: 'vendor=1,other=2' } });
 
   test('@opentelemetry/api without an SDK: both reach the upstream as they came', async () => {
     expect((await send('a')).status).toBe(201);
@@ -50,7 +51,7 @@ describe('traceparent / tracestate without an SDK', () => {
     expect(call.headers.tracestate).toBe('vendor=1,other=2');
   });
 
-  test('control: with an SDK the upstream gets the forward span as parent, in the caller\'s trace', async () => {
+  test("control: with an SDK the upstream gets the forward span as parent, in the caller's trace", async () => {
     const exporter = new InMemorySpanExporter();
     const provider = new NodeTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
     provider.register();
@@ -77,7 +78,7 @@ describe('no @opentelemetry package at all', () => {
     return JSON.parse(stdout.trim().split('\n').at(-1)!);
   };
 
-  test('the Node gateway runs, serves prom-client metrics, and passes the caller\'s trace headers on', async () => {
+  test("the Node gateway runs, serves prom-client metrics, and passes the caller's trace headers on", async () => {
     const out = await run(true);
     expect(out).toEqual({ loaded: false, status: 201, traceparent: CALLER, tracestate: 'vendor=1', buildInfo: true, processMetrics: true });
   });

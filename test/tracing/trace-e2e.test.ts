@@ -103,7 +103,7 @@ describe('one trace: worker attempt → gateway → upstream', () => {
     return { job, call: upstream.calls.at(-1)!, spans: exporter.getFinishedSpans() };
   }
 
-  test('the upstream sees a traceparent whose trace id is the attempt\'s; every span is in that trace, nested as it happened', async () => {
+  test("the upstream sees a traceparent whose trace id is the attempt's; every span is in that trace, nested as it happened", async () => {
     const { job, call, spans } = await runOne('trace-1', false);
     const attempt = byName(spans, 'fencegate.lease.attempt');
     const claim = byName(spans, 'fencegate.lease.claim');
@@ -155,7 +155,7 @@ describe('one trace: worker attempt → gateway → upstream', () => {
     expect(everything).not.toMatch(/SECRET|token=/);
   });
 
-  test('negative control: without the worker\'s traceparent the gateway starts another trace, and the check above fails', async () => {
+  test("negative control: without the worker's traceparent the gateway starts another trace, and the check above fails", async () => {
     const { call, spans } = await runOne('trace-2', true);
     const attempt = byName(spans, 'fencegate.lease.attempt');
     const seen = parseTraceparent(call.headers.traceparent);

@@ -78,10 +78,16 @@ describe('the Workers admin API is decided by configuration, never by Host', () 
     }
     const proxyOnly = await asHost('127.0.0.1', '/_fencegate/v1/rejections', withAuth, { authorization: `Bearer ${await auditToken('fencegate:proxy')}` });
     expect(proxyOnly.status).toBe(403);
-    const auditor = await call('https://gateway.example/_fencegate/v1/rejections', withAuth, { authorization: `Bearer ${await auditToken('fencegate:audit')}` });
+    const auditor = await call('https://gateway.example/_fencegate/v1/rejections', withAuth, {
+      authorization: `Bearer ${await auditToken('fencegate:audit')}`,
+    });
     expect(auditor.status).toBe(200);
     // "off" wins over auth.
-    const off = await call('https://gateway.example/_fencegate/v1/rejections', { ...withAuth, FENCEGATE_ADMIN: 'off' }, { authorization: `Bearer ${await auditToken('fencegate:audit')}` });
+    const off = await call(
+      'https://gateway.example/_fencegate/v1/rejections',
+      { ...withAuth, FENCEGATE_ADMIN: 'off' },
+      { authorization: `Bearer ${await auditToken('fencegate:audit')}` },
+    );
     expect(off.status).toBe(404);
   });
 
@@ -93,7 +99,11 @@ describe('the Workers admin API is decided by configuration, never by Host', () 
     const key = `admin-typo-${Date.now().toString(36)}`;
     const ctx = createExecutionContext();
     const res = await worker.fetch(
-      new Request('http://127.0.0.1/payments/x', { method: 'POST', headers: { 'x-execution-fence': '1', 'x-fence-entity': key, 'idempotency-key': key }, body: '{}' }),
+      new Request('http://127.0.0.1/payments/x', {
+        method: 'POST',
+        headers: { 'x-execution-fence': '1', 'x-fence-entity': key, 'idempotency-key': key },
+        body: '{}',
+      }),
       typo,
       ctx,
     );

@@ -15,7 +15,10 @@ const upstreamUrl = inject('upstreamUrl');
 
 describe('the console on Workers', () => {
   it('GET /_fencegate/console serves the bundled page, script and style included, with their hashes in the CSP', async () => {
-    const config = JSON.stringify({ store: { d1: 'DB' }, routes: [{ name: 'payments', match: { path: '/payments/*', methods: ['POST'] }, upstream: upstreamUrl }] });
+    const config = JSON.stringify({
+      store: { d1: 'DB' },
+      routes: [{ name: 'payments', match: { path: '/payments/*', methods: ['POST'] }, upstream: upstreamUrl }],
+    });
     const e: WorkerEnv = { ...(env as unknown as WorkerEnv), FENCEGATE_CONFIG: config, FENCEGATE_LOG_LEVEL: 'error', FENCEGATE_ADMIN: 'on' };
     const ctx = createExecutionContext();
     const res = await worker.fetch(new Request('https://gateway.example/_fencegate/console'), e, ctx);

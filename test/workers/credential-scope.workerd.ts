@@ -50,7 +50,11 @@ interface Answer {
 async function send(path: string, key: string, headers: Record<string, string>): Promise<Answer> {
   const ctx = createExecutionContext();
   const res = await worker.fetch(
-    new Request(`http://localhost${path}`, { method: 'POST', headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-fence-entity': `e-${key}`, ...headers }, body: BODY }),
+    new Request(`http://localhost${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'idempotency-key': key, 'x-fence-entity': `e-${key}`, ...headers },
+      body: BODY,
+    }),
     gatewayEnv,
     ctx,
   );
@@ -99,7 +103,7 @@ describe('credentials bind records on Workers (default: in the fingerprint)', ()
     expect(await callsFor(key)).toBe(1);
   });
 
-  it('a listed x-api-key binds the record; control: an unlisted header does not, so the second caller is handed the first one\'s answer', async () => {
+  it("a listed x-api-key binds the record; control: an unlisted header does not, so the second caller is handed the first one's answer", async () => {
     const key = uniq();
     const one = await charge(key, { 'x-api-key': 'key-one' });
     await reused(key, { 'x-api-key': 'key-two' });
@@ -114,8 +118,15 @@ describe('credentials bind records on Workers (default: in the fingerprint)', ()
   it('the D1 row holds a digest over the HMAC under the Worker secret, in the route scope, not the credential', async () => {
     const key = uniq();
     await charge(key, { authorization: 'Bearer carol-token' });
-    const rows = (await env.DB.prepare('SELECT scope, fingerprint FROM idempotency_records WHERE key = ?').bind(key).all<{ scope: string; fingerprint: string }>()).results ?? [];
-    const material = 'fencegate/key-scope/credentials/v1\u0000' + JSON.stringify([['authorization', 'Bearer carol-token'], ['x-api-key', null]]);
+    const rows =
+      (await env.DB.prepare('SELECT scope, fingerprint FROM idempotency_records WHERE key = ?').bind(key).all<{ scope: string; fingerprint: string }>())
+        .results ?? [];
+    const material =
+      'fencegate/key-scope/credentials/v1\u0000' +
+      JSON.stringify([
+        ['authorization', 'Bearer carol-token'],
+        ['x-api-key', null],
+      ]);
     const fields = `POST\u0000/payments/charges\u0000application/json\u0000${await sha256Hex(BODY)}\u0000e-${key}`;
     expect(rows).toEqual([{ scope: 'payments', fingerprint: await sha256Hex(`${fields}\u0000cred:${await hmacHex(HASH_KEY, material)}`) }]);
     expect(JSON.stringify(rows)).not.toContain('carol');
@@ -132,7 +143,12 @@ describe('credentialBinding "scope" on Workers', () => {
     expect(await charge(key, b, '/scoped/charges')).toEqual({ effect: b1.effect, replayed: true });
     expect(await callsFor(key)).toBe(2);
     const rows = (await env.DB.prepare('SELECT scope FROM idempotency_records WHERE key = ?').bind(key).all<{ scope: string }>()).results ?? [];
-    const material = 'fencegate/key-scope/credentials/v1\u0000' + JSON.stringify([['authorization', a.authorization], ['x-api-key', null]]);
+    const material =
+      'fencegate/key-scope/credentials/v1\u0000' +
+      JSON.stringify([
+        ['authorization', a.authorization],
+        ['x-api-key', null],
+      ]);
     expect(rows.map((r) => r.scope)).toContain(`scoped\u0000cred:${await hmacHex(HASH_KEY, material)}`);
     expect(JSON.stringify(rows)).not.toContain('alice');
   });

@@ -46,14 +46,31 @@ function finishOf(i: AdmitInput, over: Partial<FinishInput> = {}): FinishInput {
     ownerToken: i.ownerToken,
     audit: i.audit,
     outcome: 'completed',
-    response: { status: 201, headers: [['content-type', 'application/octet-stream'], ['etag', '"x"']], body },
+    response: {
+      status: 201,
+      headers: [
+        ['content-type', 'application/octet-stream'],
+        ['etag', '"x"'],
+      ],
+      body,
+    },
     retentionMs: i.retentionMs,
     ...over,
   } as FinishInput;
 }
 
-const sql = (q: string, ...values: unknown[]) => db.prepare(q).bind(...values).run();
-const rows = async (q: string, ...values: unknown[]) => (await db.prepare(q).bind(...values).all()).results ?? [];
+const sql = (q: string, ...values: unknown[]) =>
+  db
+    .prepare(q)
+    .bind(...values)
+    .run();
+const rows = async (q: string, ...values: unknown[]) =>
+  (
+    await db
+      .prepare(q)
+      .bind(...values)
+      .all()
+  ).results ?? [];
 const rejectionsFor = async (entity: string) => (await store.listRejections({ entity, limit: 100 })).items;
 
 describe('fence (DESIGN §3.5 a)', () => {
@@ -99,7 +116,10 @@ describe('idempotency records (DESIGN §3.5 b–g)', () => {
     expect(again.outcome).toBe('replay');
     if (again.outcome !== 'replay') return;
     expect(again.response.status).toBe(201);
-    expect(again.response.headers).toEqual([['content-type', 'application/octet-stream'], ['etag', '"x"']]);
+    expect(again.response.headers).toEqual([
+      ['content-type', 'application/octet-stream'],
+      ['etag', '"x"'],
+    ]);
     expect([...again.response.body]).toEqual([0, 1, 2, 254, 255, 10, 13]);
   });
 
@@ -142,7 +162,7 @@ describe('idempotency records (DESIGN §3.5 b–g)', () => {
     expect(await store.admit({ ...i, ownerToken: crypto.randomUUID() })).toEqual({ outcome: 'outcome-unknown' });
   });
 
-  it('onUnknown retry: takes the record over; the old owner\'s late finish is logged and discarded', async () => {
+  it("onUnknown retry: takes the record over; the old owner's late finish is logged and discarded", async () => {
     const old = input({ mode: 'concurrent', onUnknown: 'retry' });
     await store.admit(old);
     await store.finish(finishOf(old, { outcome: 'unknown' }));
@@ -384,7 +404,14 @@ describe('waiting, audit and sweeping', () => {
     const dead = input({ mode: 'concurrent' });
     await store.admit(dead);
     await sql('UPDATE idempotency_records SET locked_until = locked_until - 60000 WHERE key = ?', dead.key);
-    await store.recordRejection({ reason: 'unauthorized', entity: dead.entity, presentedFence: null, currentFence: null, idempotencyKey: null, audit: dead.audit });
+    await store.recordRejection({
+      reason: 'unauthorized',
+      entity: dead.entity,
+      presentedFence: null,
+      currentFence: null,
+      idempotencyKey: null,
+      audit: dead.audit,
+    });
     await sql('UPDATE rejections SET at = at - 90000000 WHERE entity = ?', dead.entity);
 
     const swept = await store.sweep({ rejectionRetentionMs: 3_600_000 });
@@ -416,7 +443,15 @@ describe('audit: fence history, detail, outcome_unknown resolution', () => {
 
   it('keeps the rejection detail and turns an empty payload hash into null', async () => {
     const entity = uniq('ent');
-    await store.recordRejection({ reason: 'unauthorized', entity, presentedFence: null, currentFence: null, idempotencyKey: null, audit: { ...input().audit, payloadSha256: '' }, detail: 'expired' });
+    await store.recordRejection({
+      reason: 'unauthorized',
+      entity,
+      presentedFence: null,
+      currentFence: null,
+      idempotencyKey: null,
+      audit: { ...input().audit, payloadSha256: '' },
+      detail: 'expired',
+    });
     const [r] = await rejectionsFor(entity);
     expect(r).toMatchObject({ detail: 'expired', payloadSha256: null });
   });
@@ -439,18 +474,32 @@ describe('audit: fence history, detail, outcome_unknown resolution', () => {
       note: 'checked upstream',
       requestId: 'r-1',
     });
-    expect(resolved).toMatchObject({ ok: true, action: { action: 'resolve-completed', key: done.key, fence: '9', status: 201, operator: 'ops', note: 'checked upstream' } });
+    expect(resolved).toMatchObject({
+      ok: true,
+      action: { action: 'resolve-completed', key: done.key, fence: '9', status: 201, operator: 'ops', note: 'checked upstream' },
+    });
     const replay = await store.admit({ ...done, ownerToken: crypto.randomUUID() });
     expect(replay.outcome).toBe('replay');
     // Not the operator's any more: completed.
-    const again = await store.resolveRecord!({ scope: done.scope, key: done.key!, resolution: { outcome: 'released' }, operator: 'ops', note: null, requestId: 'r-2' });
+    const again = await store.resolveRecord!({
+      scope: done.scope,
+      key: done.key!,
+      resolution: { outcome: 'released' },
+      operator: 'ops',
+      note: null,
+      requestId: 'r-2',
+    });
     expect(again).toEqual({ ok: false, reason: 'not-outcome-unknown', state: 'completed' });
-    expect(await store.resolveRecord!({ scope: 'payments', key: uniq('none'), resolution: { outcome: 'released' }, operator: null, note: null, requestId: 'r-3' })).toEqual({ ok: false, reason: 'not-found' });
+    expect(
+      await store.resolveRecord!({ scope: 'payments', key: uniq('none'), resolution: { outcome: 'released' }, operator: null, note: null, requestId: 'r-3' }),
+    ).toEqual({ ok: false, reason: 'not-found' });
 
     const gone = input({ mode: 'concurrent' });
     await store.admit(gone);
     await store.finish(finishOf(gone, { outcome: 'unknown' }));
-    expect(await store.resolveRecord!({ scope: gone.scope, key: gone.key!, resolution: { outcome: 'released' }, operator: null, note: null, requestId: 'r-4' })).toMatchObject({ ok: true, action: { action: 'resolve-released' } });
+    expect(
+      await store.resolveRecord!({ scope: gone.scope, key: gone.key!, resolution: { outcome: 'released' }, operator: null, note: null, requestId: 'r-4' }),
+    ).toMatchObject({ ok: true, action: { action: 'resolve-released' } });
     expect(await store.getRecords(gone.key!)).toEqual([]);
 
     const actions = await store.listOperatorActions!({ limit: 1 });
@@ -517,13 +566,18 @@ describe('list reads sort by the number, not its text (ids and fences across a d
   });
 
   it('listOperatorActions: 12 resolutions newest first by id', async () => {
-    await crossBoundary('operator_actions', "INSERT INTO operator_actions (id, at, action, scope, key) VALUES (?, 0, 'resolve-released', 'placeholder', 'placeholder')");
+    await crossBoundary(
+      'operator_actions',
+      "INSERT INTO operator_actions (id, at, action, scope, key) VALUES (?, 0, 'resolve-released', 'placeholder', 'placeholder')",
+    );
     const keys: string[] = [];
     for (let i = 0; i < 12; i++) {
       const c = input({ mode: 'concurrent' });
       await store.admit(c);
       await store.finish(finishOf(c, { outcome: 'unknown' }));
-      expect(await store.resolveRecord!({ scope: c.scope, key: c.key!, resolution: { outcome: 'released' }, operator: 'ops', note: null, requestId: uniq('r') })).toMatchObject({ ok: true });
+      expect(
+        await store.resolveRecord!({ scope: c.scope, key: c.key!, resolution: { outcome: 'released' }, operator: 'ops', note: null, requestId: uniq('r') }),
+      ).toMatchObject({ ok: true });
       keys.push(c.key!);
     }
     const page = await store.listOperatorActions!({ limit: 12 });

@@ -54,7 +54,15 @@ function onRequest(socket: Socket, handle: (path: string, headers: Map<string, s
     const [line, ...fields] = buf.subarray(0, end).toString('latin1').split('\r\n');
     const headers = new Map(fields.map((f) => [f.slice(0, f.indexOf(':')).trim().toLowerCase(), f.slice(f.indexOf(':') + 1).trim()]));
     const chunked = /chunked/i.test(headers.get('transfer-encoding') ?? '');
-    if (chunked ? !buf.subarray(end + 4).toString('latin1').endsWith('0\r\n\r\n') : buf.length - end - 4 < Number(headers.get('content-length') ?? 0)) return;
+    if (
+      chunked
+        ? !buf
+            .subarray(end + 4)
+            .toString('latin1')
+            .endsWith('0\r\n\r\n')
+        : buf.length - end - 4 < Number(headers.get('content-length') ?? 0)
+    )
+      return;
     socket.removeAllListeners('data');
     handle(line!.split(' ')[1] ?? '/', headers);
   });
@@ -108,7 +116,25 @@ export async function startFaultUpstreams(): Promise<FaultUpstreams> {
   let tls: Server | null = null;
   const certDir = mkdtempSync(join(tmpdir(), 'fencegate-probe-tls-'));
   try {
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=127.0.0.1', '-keyout', join(certDir, 'key.pem'), '-out', join(certDir, 'cert.pem')], { stdio: 'ignore' });
+    execFileSync(
+      'openssl',
+      [
+        'req',
+        '-x509',
+        '-newkey',
+        'rsa:2048',
+        '-nodes',
+        '-days',
+        '1',
+        '-subj',
+        '/CN=127.0.0.1',
+        '-keyout',
+        join(certDir, 'key.pem'),
+        '-out',
+        join(certDir, 'cert.pem'),
+      ],
+      { stdio: 'ignore' },
+    );
     tls = createTlsServer({ key: readFileSync(join(certDir, 'key.pem')), cert: readFileSync(join(certDir, 'cert.pem')) }, (socket) => {
       track(socket);
       onRequest(socket, (_path, headers) => {

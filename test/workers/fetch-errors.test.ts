@@ -44,7 +44,7 @@ describe('classifyFetchError', () => {
     }
   });
 
-  it("every workerd error is unknown: its refused connect looks exactly like a reset after sending", () => {
+  it('every workerd error is unknown: its refused connect looks exactly like a reset after sending', () => {
     expect(classifyFetchError(workerd.connectionLost(), false)).toEqual({ kind: 'unknown', error: 'Network connection lost.', timedOut: false });
     expect(classifyFetchError(workerd.internal(), false)).toMatchObject({ kind: 'unknown', timedOut: false });
     expect(classifyFetchError(workerd.timeout(), true)).toEqual({ kind: 'unknown', error: 'timeout', timedOut: true });

@@ -41,7 +41,12 @@ describe('createFetchForwarder (Node fetch)', () => {
   });
 
   it('drops content-encoding when fetch decoded the body', async () => {
-    upstream.behave(() => ({ kind: 'respond', status: 200, headers: { 'content-type': 'text/plain', 'content-encoding': 'gzip' }, body: gzipSync('plain text') }));
+    upstream.behave(() => ({
+      kind: 'respond',
+      status: 200,
+      headers: { 'content-type': 'text/plain', 'content-encoding': 'gzip' },
+      body: gzipSync('plain text'),
+    }));
     try {
       const r = await forwarder.forward(req('/gz'));
       if (r.kind !== 'response') throw new Error(r.kind);

@@ -80,8 +80,18 @@ describe('Connection-named fields on Workers', () => {
   });
 
   it('path and method override headers do not reach the upstream, as on Node (DESIGN §3.6); other fields do', async () => {
-    const got = await send({ 'x-original-url': '/admin', 'x-rewrite-url': '/admin', 'x-http-method-override': 'DELETE', 'x-http-method': 'PUT', 'x-method-override': 'PATCH', x_original_url: '/admin', 'x-keep-me': '1' });
-    expect(['x-original-url', 'x-rewrite-url', 'x-http-method-override', 'x-http-method', 'x-method-override', 'x_original_url'].filter((n) => got[n] !== undefined)).toEqual([]);
+    const got = await send({
+      'x-original-url': '/admin',
+      'x-rewrite-url': '/admin',
+      'x-http-method-override': 'DELETE',
+      'x-http-method': 'PUT',
+      'x-method-override': 'PATCH',
+      x_original_url: '/admin',
+      'x-keep-me': '1',
+    });
+    expect(
+      ['x-original-url', 'x-rewrite-url', 'x-http-method-override', 'x-http-method', 'x-method-override', 'x_original_url'].filter((n) => got[n] !== undefined),
+    ).toEqual([]);
     expect(got['x-keep-me']).toBe('1');
   });
 });

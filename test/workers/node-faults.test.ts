@@ -29,19 +29,36 @@ afterAll(async () => {
 });
 
 async function forward(name: string, forwarder: Forwarder, url: string, over: Partial<UpstreamRequest> = {}): Promise<UpstreamResult> {
-  const r = await forwarder.forward({ url, method: 'POST', headers: { 'content-type': 'application/json' }, body: new TextEncoder().encode('{}'), timeoutMs: 1_500, maxResponseBytes: 1024, ...over });
+  const r = await forwarder.forward({
+    url,
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: new TextEncoder().encode('{}'),
+    timeoutMs: 1_500,
+    maxResponseBytes: 1024,
+    ...over,
+  });
   console.log(`PROBE node ${name} ${url.replace(/127\.0\.0\.1:\d+/, 'upstream')} ${JSON.stringify(r)}`);
   return r;
 }
 
 describe('upstream failures on Node: refused only where nothing can have been sent', () => {
-  for (const [name, forwarder] of [['undici', undici], ['fetch', nodeFetch]] as const) {
+  for (const [name, forwarder] of [
+    ['undici', undici],
+    ['fetch', nodeFetch],
+  ] as const) {
     it(`${name}: connection refused is refused (ECONNREFUSED)`, async () => {
       expect(await forward(name, forwarder, `${refusedUrl}/x`)).toEqual({ kind: 'refused', error: 'ECONNREFUSED' });
     });
 
     it(`${name}: a reset on accept, RST or FIN after the request, a reset mid-body, an answer that is not HTTP: unknown`, async () => {
-      for (const url of [`${faults.urls.rstOnAccept}/x`, `${faults.urls.http}/rst-after`, `${faults.urls.http}/fin-after`, `${faults.urls.http}/rst-partial`, `${faults.urls.http}/garbage`]) {
+      for (const url of [
+        `${faults.urls.rstOnAccept}/x`,
+        `${faults.urls.http}/rst-after`,
+        `${faults.urls.http}/fin-after`,
+        `${faults.urls.http}/rst-partial`,
+        `${faults.urls.http}/garbage`,
+      ]) {
         expect(await forward(name, forwarder, url), url).toMatchObject({ kind: 'unknown', timedOut: false });
       }
     });

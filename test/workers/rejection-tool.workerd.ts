@@ -48,7 +48,11 @@ const toolsCall = (entity: string, fence: string): RequestInit => ({
     jsonrpc: '2.0',
     id: 1,
     method: 'tools/call',
-    params: { name: 'create_ticket', arguments: { title: 't' }, _meta: { 'io.fencegate/fence': fence, 'io.fencegate/entity': entity, 'io.fencegate/idempotency-key': uniq('k') } },
+    params: {
+      name: 'create_ticket',
+      arguments: { title: 't' },
+      _meta: { 'io.fencegate/fence': fence, 'io.fencegate/entity': entity, 'io.fencegate/idempotency-key': uniq('k') },
+    },
   }),
 });
 
@@ -59,7 +63,7 @@ async function rejections(query: string): Promise<Record<string, unknown>[]> {
 }
 
 describe('rejections.tool on D1, through the Worker', () => {
-  it('a stale tools/call names its tool; ?tool= finds it and never the plain route\'s row', async () => {
+  it("a stale tools/call names its tool; ?tool= finds it and never the plain route's row", async () => {
     const entity = uniq('job');
     expect((await call('/payments/p', pay(entity, '5'))).status).toBe(201);
     const stale = (await (await call('/mcp', toolsCall(entity, '3'))).json()) as { error: { data: { type: string } } };

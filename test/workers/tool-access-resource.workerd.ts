@@ -35,7 +35,12 @@ async function call(workerEnv: WorkerEnv, path: string, init: RequestInit = {}):
 const toolsCall = (name: string): RequestInit => ({
   method: 'POST',
   headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
-  body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name, arguments: {}, _meta: { 'io.fencegate/fence': '1', 'io.fencegate/entity': uniq('job'), 'io.fencegate/idempotency-key': uniq('k') } } }),
+  body: JSON.stringify({
+    jsonrpc: '2.0',
+    id: 1,
+    method: 'tools/call',
+    params: { name, arguments: {}, _meta: { 'io.fencegate/fence': '1', 'io.fencegate/entity': uniq('job'), 'io.fencegate/idempotency-key': uniq('k') } },
+  }),
 });
 
 describe('toolAccess on Workers', () => {
@@ -47,7 +52,9 @@ describe('toolAccess on Workers', () => {
   });
 
   it('a denied call is refused and logged in D1 with its tool; without the lists it is not', async () => {
-    const refused = (await (await call(workerEnv, '/mcp', toolsCall('Delete_Everything'))).json()) as { error: { code: number; data: { type: string; request_id: string } } };
+    const refused = (await (await call(workerEnv, '/mcp', toolsCall('Delete_Everything'))).json()) as {
+      error: { code: number; data: { type: string; request_id: string } };
+    };
     expect(refused.error).toMatchObject({ code: -32013, data: { type: 'tool-denied' } });
     const res = await call(workerEnv, '/_fencegate/v1/rejections?reason=tool-denied&tool=Delete_Everything');
     expect(res.status).toBe(200);
@@ -65,7 +72,11 @@ describe('auth.resource on Workers', () => {
     const doc = await call(on, '/.well-known/oauth-protected-resource/mcp');
     expect(doc.status).toBe(200);
     expect(await doc.json()).toMatchObject({ resource: 'https://gw.example/mcp', authorization_servers: [AUTH.issuer] });
-    const denied = await call(on, '/mcp', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"jsonrpc":"2.0","id":1,"method":"ping"}' });
+    const denied = await call(on, '/mcp', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: '{"jsonrpc":"2.0","id":1,"method":"ping"}',
+    });
     expect(denied.status).toBe(401);
     expect(denied.headers.get('www-authenticate')).toContain('resource_metadata="https://gw.example/.well-known/oauth-protected-resource/mcp"');
 

@@ -66,13 +66,35 @@ async function probe(url: string, opts: { streamed?: boolean; timeoutMs?: number
       await writer.close();
     })().catch(() => {});
   }
-  const init: RequestInit & { duplex?: string } = { method: 'POST', headers: { 'content-type': 'application/json', 'x-probe-id': id }, body, redirect: 'manual' };
+  const init: RequestInit & { duplex?: string } = {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-probe-id': id },
+    body,
+    redirect: 'manual',
+  };
   if (opts.timeoutMs !== undefined) init.signal = AbortSignal.timeout(opts.timeoutMs);
   const started = performance.now();
-  const shape = (s: Omit<Shape, 'bodyPulls' | 'arrived' | 'ms'>): Shape => ({ ...s, bodyPulls: opts.streamed ? pulls : null, arrived: null, ms: Math.round(performance.now() - started) });
+  const shape = (s: Omit<Shape, 'bodyPulls' | 'arrived' | 'ms'>): Shape => ({
+    ...s,
+    bodyPulls: opts.streamed ? pulls : null,
+    arrived: null,
+    ms: Math.round(performance.now() - started),
+  });
   const fromError = (outcome: 'threw' | 'body-threw', err: unknown, status?: number): Shape => {
     const e = err as Error;
-    return shape({ outcome, status, ctor: e?.constructor?.name, name: e?.name, message: e?.message, props: Object.fromEntries(Object.getOwnPropertyNames(e ?? {}).filter((k) => k !== 'stack' && k !== 'message').map((k) => [k, (e as unknown as Record<string, unknown>)[k]])), cause: describeCause((e as { cause?: unknown })?.cause) });
+    return shape({
+      outcome,
+      status,
+      ctor: e?.constructor?.name,
+      name: e?.name,
+      message: e?.message,
+      props: Object.fromEntries(
+        Object.getOwnPropertyNames(e ?? {})
+          .filter((k) => k !== 'stack' && k !== 'message')
+          .map((k) => [k, (e as unknown as Record<string, unknown>)[k]]),
+      ),
+      cause: describeCause((e as { cause?: unknown })?.cause),
+    });
   };
   let result: Shape;
   try {
@@ -95,7 +117,15 @@ async function probe(url: string, opts: { streamed?: boolean; timeoutMs?: number
 }
 
 /** The part of a shape that code could classify from: what was thrown, not when or what the upstream saw. */
-const visible = (s: Shape) => ({ outcome: s.outcome, status: s.status, ctor: s.ctor, name: s.name, message: s.message?.replace(/reference = \w+/, 'reference = <id>'), props: s.props, cause: s.cause });
+const visible = (s: Shape) => ({
+  outcome: s.outcome,
+  status: s.status,
+  ctor: s.ctor,
+  name: s.name,
+  message: s.message?.replace(/reference = \w+/, 'reference = <id>'),
+  props: s.props,
+  cause: s.cause,
+});
 
 const LOST = { outcome: 'threw', ctor: 'Error', name: 'Error', message: 'Network connection lost.', props: { retryable: true }, cause: undefined };
 const INTERNAL = { outcome: 'threw', ctor: 'Error', name: 'Error', message: 'internal error; reference = <id>', props: {}, cause: undefined };
@@ -133,7 +163,14 @@ describe("workerd fetch: the error of each upstream failure (the forwarder's cla
   it('a timeout (our AbortSignal): DOMException TimeoutError, the only error the forwarder can name as a timeout', async () => {
     for (const streamed of [false, true]) {
       const s = await probe(`${faults.http}/hang`, { streamed, timeoutMs: 300 });
-      expect(visible(s)).toEqual({ outcome: 'threw', ctor: 'DOMException', name: 'TimeoutError', message: 'The operation was aborted due to timeout', props: { code: 23, name: 'TimeoutError', retryable: true }, cause: undefined });
+      expect(visible(s)).toEqual({
+        outcome: 'threw',
+        ctor: 'DOMException',
+        name: 'TimeoutError',
+        message: 'The operation was aborted due to timeout',
+        props: { code: 23, name: 'TimeoutError', retryable: true },
+        cause: undefined,
+      });
     }
   });
 
@@ -146,16 +183,31 @@ describe("workerd fetch: the error of each upstream failure (the forwarder's cla
   });
 
   it('a plain answer, for comparison', async () => {
-    for (const streamed of [false, true]) expect(await probe(`${faults.http}/ok`, { streamed })).toMatchObject({ outcome: 'response', status: 200, arrived: 1 });
+    for (const streamed of [false, true])
+      expect(await probe(`${faults.http}/ok`, { streamed })).toMatchObject({ outcome: 'response', status: 200, arrived: 1 });
   });
 });
 
 describe('the fetch forwarder under workerd: every thrown error is "unknown" (DESIGN §3.7)', () => {
   const forwarder = createFetchForwarder();
-  const req = (url: string, timeoutMs = 1_500): UpstreamRequest => ({ url, method: 'POST', headers: { 'content-type': 'application/json' }, body: new TextEncoder().encode('{}'), timeoutMs, maxResponseBytes: 1024 });
+  const req = (url: string, timeoutMs = 1_500): UpstreamRequest => ({
+    url,
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: new TextEncoder().encode('{}'),
+    timeoutMs,
+    maxResponseBytes: 1024,
+  });
 
   it('refused, reset before or after sending, a reset mid-body, TLS, not HTTP: unknown, never refused', async () => {
-    const urls = [`${refusedUrl}/x`, `${faults.rstOnAccept}/x`, `${faults.http}/rst-after`, `${faults.http}/fin-after`, `${faults.http}/rst-partial`, `${faults.http}/garbage`];
+    const urls = [
+      `${refusedUrl}/x`,
+      `${faults.rstOnAccept}/x`,
+      `${faults.http}/rst-after`,
+      `${faults.http}/fin-after`,
+      `${faults.http}/rst-partial`,
+      `${faults.http}/garbage`,
+    ];
     if (faults.tls !== null) urls.push(`${faults.tls}/ok`);
     for (const url of urls) {
       const r = await forwarder.forward(req(url));

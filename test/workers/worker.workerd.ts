@@ -40,7 +40,14 @@ function configText(over: Record<string, unknown> = {}): string {
  * upstream secret; the admin API on without auth, as under `wrangler dev`
  * (who reaches it on a deployment: admin-access.workerd.ts).
  */
-const workerEnv = (over: Record<string, unknown> = {}): WorkerEnv => ({ ...env, FENCEGATE_CONFIG: configText(), FENCEGATE_LOG_LEVEL: 'error', FENCEGATE_ADMIN: 'on', UPSTREAM_TOKEN: 'sekret', ...over });
+const workerEnv = (over: Record<string, unknown> = {}): WorkerEnv => ({
+  ...env,
+  FENCEGATE_CONFIG: configText(),
+  FENCEGATE_LOG_LEVEL: 'error',
+  FENCEGATE_ADMIN: 'on',
+  UPSTREAM_TOKEN: 'sekret',
+  ...over,
+});
 const gatewayEnv = workerEnv();
 
 async function call(path: string, init: RequestInit = {}, e: WorkerEnv = gatewayEnv, origin = 'http://localhost'): Promise<Response> {

@@ -43,7 +43,7 @@ describe('the workerd fault tests print no uncaught exception', () => {
     expect(uncaught(run.output)).toEqual([]);
   }, 180_000);
 
-  it('negative control: with Miniflare\'s outbound proxy worker back on, the same check finds the lines', async () => {
+  it("negative control: with Miniflare's outbound proxy worker back on, the same check finds the lines", async () => {
     // Only the refused-connect probe: enough to show the detector sees them.
     // Its pinned shape fails too (the tunnelled error gains `remote: true`), so the exit code is not asserted.
     const run = await runWorkerd(['test/workers/upstream-errors.workerd.ts', '-t', 'connection refused'], { FENCEGATE_TEST_MINIFLARE_OUTBOUND_PROXY: '1' });

@@ -71,8 +71,12 @@ async function stop(proc: Proc | null): Promise<void> {
  */
 function workerSocketUrl(dir: string): string {
   const logs = join(dir, 'logs');
-  const text = readdirSync(logs).map((f) => readFileSync(join(logs, f), 'utf8')).join('\n');
-  const found = [...text.matchAll(/"type":"reloadComplete","proxyData":\{"userWorkerUrl":\{"protocol":"http:","hostname":"127\.0\.0\.1","port":"(\d+)"\}/g)].at(-1);
+  const text = readdirSync(logs)
+    .map((f) => readFileSync(join(logs, f), 'utf8'))
+    .join('\n');
+  const found = [...text.matchAll(/"type":"reloadComplete","proxyData":\{"userWorkerUrl":\{"protocol":"http:","hostname":"127\.0\.0\.1","port":"(\d+)"\}/g)].at(
+    -1,
+  );
   if (found === undefined) throw new Error(`no userWorkerUrl in the wrangler log under ${logs}`);
   return `http://127.0.0.1:${found[1]}`;
 }
@@ -131,11 +135,28 @@ describe('wrangler dev --local serves the HTTP contract', () => {
     const config = { store: { d1: 'DB' }, routes };
     dev = runWrangler(
       [
-        'dev', '--local', '--ip', '127.0.0.1', '--port', String(port), '--inspector-port', String(inspectorPort),
-        '--persist-to', persist, '--show-interactive-dev-session=false', '--log-level', 'warn',
-        '--var', `FENCEGATE_CONFIG:${JSON.stringify(config)}`, '--var', 'UPSTREAM_TOKEN:sekret', '--var', 'FENCEGATE_LOG_LEVEL:warn',
+        'dev',
+        '--local',
+        '--ip',
+        '127.0.0.1',
+        '--port',
+        String(port),
+        '--inspector-port',
+        String(inspectorPort),
+        '--persist-to',
+        persist,
+        '--show-interactive-dev-session=false',
+        '--log-level',
+        'warn',
+        '--var',
+        `FENCEGATE_CONFIG:${JSON.stringify(config)}`,
+        '--var',
+        'UPSTREAM_TOKEN:sekret',
+        '--var',
+        'FENCEGATE_LOG_LEVEL:warn',
         // The contract reads the admin API without auth: local development only.
-        '--var', 'FENCEGATE_ADMIN:on',
+        '--var',
+        'FENCEGATE_ADMIN:on',
       ],
       dir,
     );
@@ -255,7 +276,12 @@ describe('wrangler dev --local serves the HTTP contract', () => {
           // failure would fail this test loudly, not pass it).
           const raw = await rawRequest(worker, {
             path: '/contention/charges',
-            headers: [['Content-Type', 'application/json'], ['X-Execution-Fence', String(fence)], ['X-Fence-Entity', entity], ['Idempotency-Key', key]],
+            headers: [
+              ['Content-Type', 'application/json'],
+              ['X-Execution-Fence', String(fence)],
+              ['X-Fence-Entity', entity],
+              ['Idempotency-Key', key],
+            ],
             body: JSON.stringify({ amount: 1200 }),
           });
           const res = new Response(raw.body, { status: raw.status, headers: raw.headers });
@@ -321,7 +347,23 @@ describe('what a Worker sees of hop-by-hop fields under wrangler dev --local (pr
     writeFileSync(join(dir, 'wrangler.toml'), 'name = "echo"\nmain = "echo.js"\ncompatibility_date = "2026-04-01"\n');
     const [port, inspectorPort] = [await freePort(), await freePort()];
     url = `http://127.0.0.1:${port}`;
-    dev = runWrangler(['dev', '--local', '--ip', '127.0.0.1', '--port', String(port), '--inspector-port', String(inspectorPort), '--show-interactive-dev-session=false', '--log-level', 'warn'], dir, dir);
+    dev = runWrangler(
+      [
+        'dev',
+        '--local',
+        '--ip',
+        '127.0.0.1',
+        '--port',
+        String(port),
+        '--inspector-port',
+        String(inspectorPort),
+        '--show-interactive-dev-session=false',
+        '--log-level',
+        'warn',
+      ],
+      dir,
+      dir,
+    );
     await waitUntilServing(url, dev);
   }, 120_000);
 

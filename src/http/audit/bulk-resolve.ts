@@ -59,7 +59,8 @@ export function registerBulkResolve(app: Hono, options: BulkResolveOptions): voi
       return problem({ code: 'invalid-request', detail: 'the body must be JSON: {"route", "from", "to", "outcome": "released", "note"?, "dry_run"?}' });
     }
     const parsed = BulkBody.safeParse(json);
-    if (!parsed.success) return problem({ code: 'invalid-request', detail: parsed.error.issues.map((i) => `${i.path.join('.') || '(body)'}: ${i.message}`).join('; ') });
+    if (!parsed.success)
+      return problem({ code: 'invalid-request', detail: parsed.error.issues.map((i) => `${i.path.join('.') || '(body)'}: ${i.message}`).join('; ') });
     const b = parsed.data;
     const from = new Date(b.from);
     const to = new Date(b.to);
@@ -67,7 +68,15 @@ export function registerBulkResolve(app: Hono, options: BulkResolveOptions): voi
     const { records, more } = await candidates(store, b.route, from, to);
     const bulkId = crypto.randomUUID(); // Web Crypto: the same on Node and Workers
     if (b.dry_run) {
-      return c.json({ bulk_id: null, dry_run: true, matched: records.length, resolved: 0, skipped: 0, more, keys: records.slice(0, KEYS_SHOWN).map((r) => r.key) });
+      return c.json({
+        bulk_id: null,
+        dry_run: true,
+        matched: records.length,
+        resolved: 0,
+        skipped: 0,
+        more,
+        keys: records.slice(0, KEYS_SHOWN).map((r) => r.key),
+      });
     }
     const note = `bulk ${bulkId}${b.note ? `: ${b.note}` : ''}`;
     const operator = c.get('caller')?.id ?? null;
@@ -76,7 +85,15 @@ export function registerBulkResolve(app: Hono, options: BulkResolveOptions): voi
     let skipped = 0;
     for (const r of records) {
       // `createdAt`: the attempt listed, in the window; a later one with the key is not this call's to release.
-      const result = await store.resolveRecord({ scope: r.scope, key: r.key, createdAt: r.createdAt, resolution: { outcome: 'released' }, operator, note, requestId: newRequestId() });
+      const result = await store.resolveRecord({
+        scope: r.scope,
+        key: r.key,
+        createdAt: r.createdAt,
+        resolution: { outcome: 'released' },
+        operator,
+        note,
+        requestId: newRequestId(),
+      });
       if (result.ok) {
         resolved++;
         if (keys.length < KEYS_SHOWN) keys.push(r.key);

@@ -48,7 +48,11 @@ export function rejectionExport(store: GatewayStore, query: Omit<RejectionQuery,
  * after `max` rows. Each page is one store query; nothing is held between
  * pages but the cursor.
  */
-export async function* rejectionPages(store: GatewayStore, query: Omit<RejectionQuery, 'limit'>, max = Infinity): AsyncGenerator<RejectionRow[], void, undefined> {
+export async function* rejectionPages(
+  store: GatewayStore,
+  query: Omit<RejectionQuery, 'limit'>,
+  max = Infinity,
+): AsyncGenerator<RejectionRow[], void, undefined> {
   let cursor = query.cursor;
   let sent = 0;
   while (sent < max) {

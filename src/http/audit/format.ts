@@ -115,11 +115,19 @@ const TABLE: [keyof RejectionJson, number][] = [
 
 /** A fixed-width text table, one line per row, so it streams too. Long cells end in `…`. */
 export function tableHeader(): string {
-  return TABLE.map(([c, w]) => pad(c, w)).join(' ').trimEnd() + '\n';
+  return (
+    TABLE.map(([c, w]) => pad(c, w))
+      .join(' ')
+      .trimEnd() + '\n'
+  );
 }
 
 export function tableLine(row: RejectionJson): string {
-  return TABLE.map(([c, w]) => pad(row[c] ?? '-', w)).join(' ').trimEnd() + '\n';
+  return (
+    TABLE.map(([c, w]) => pad(row[c] ?? '-', w))
+      .join(' ')
+      .trimEnd() + '\n'
+  );
 }
 
 /** Control characters become `?` in the table: it is for eyes, the exact values are in JSON. */

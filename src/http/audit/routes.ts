@@ -29,7 +29,10 @@ const ResolveBody = z
         status: z.number().int().min(200).max(599),
         headers: z.record(z.string().regex(/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/, 'must be an HTTP header name'), z.string()).default({}),
         body: z.string().optional(),
-        body_base64: z.string().regex(/^[A-Za-z0-9+/]*={0,2}$/, 'must be base64').optional(),
+        body_base64: z
+          .string()
+          .regex(/^[A-Za-z0-9+/]*={0,2}$/, 'must be base64')
+          .optional(),
       })
       .refine((r) => r.body === undefined || r.body_base64 === undefined, 'give "body" or "body_base64", not both')
       .optional(),
@@ -38,10 +41,11 @@ const ResolveBody = z
      * The record's `created_at` as the listing showed it: only that attempt is
      * resolved, not a later one that reused the key after a release.
      */
-    created_at: z.iso.datetime({ offset: true, error: 'must be the record\'s created_at, e.g. 2026-05-01T10:00:00.123Z' }).optional(),
+    created_at: z.iso.datetime({ offset: true, error: "must be the record's created_at, e.g. 2026-05-01T10:00:00.123Z" }).optional(),
   })
   .superRefine((b, ctx) => {
-    if (b.outcome === 'completed' && b.response === undefined) ctx.addIssue({ code: 'custom', path: ['response'], message: 'completed needs the response the upstream gave' });
+    if (b.outcome === 'completed' && b.response === undefined)
+      ctx.addIssue({ code: 'custom', path: ['response'], message: 'completed needs the response the upstream gave' });
     if (b.outcome === 'released' && b.response !== undefined) ctx.addIssue({ code: 'custom', path: ['response'], message: 'released takes no response' });
   });
 
@@ -59,7 +63,8 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
     if (cursor !== undefined && cursor !== '' && !/^[A-Za-z0-9_-]{1,2048}$/.test(cursor)) return 'cursor: not a cursor from next_cursor';
     return { limit: limit === undefined ? 100 : Number(limit), ...(cursor ? { cursor } : {}) };
   };
-  const badCursor = (err: unknown) => (err instanceof RangeError || err instanceof SyntaxError ? problem({ code: 'invalid-request', detail: 'cursor: not a cursor from next_cursor' }) : null);
+  const badCursor = (err: unknown) =>
+    err instanceof RangeError || err instanceof SyntaxError ? problem({ code: 'invalid-request', detail: 'cursor: not a cursor from next_cursor' }) : null;
 
   app.get('/v1/entities/:entity/history', async (c) => {
     const p = page(c);
@@ -72,7 +77,8 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
   // The records that need an operator: ?state=outcome_unknown (the default).
   app.get('/v1/idempotency', async (c) => {
     const state = (c.req.query('state') ?? 'outcome_unknown') as RecordState;
-    if (!['outcome_unknown', 'in_progress', 'completed'].includes(state)) return problem({ code: 'invalid-request', detail: 'state: expected outcome_unknown, in_progress or completed' });
+    if (!['outcome_unknown', 'in_progress', 'completed'].includes(state))
+      return problem({ code: 'invalid-request', detail: 'state: expected outcome_unknown, in_progress or completed' });
     const p = page(c);
     if (typeof p === 'string') return problem({ code: 'invalid-request', detail: p });
     try {
@@ -99,7 +105,10 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
     try {
       json = JSON.parse(new TextDecoder().decode(read.body));
     } catch {
-      return problem({ code: 'invalid-request', detail: 'the body must be JSON: {"outcome": "completed" | "released", "response"?, "scope"?, "note"?, "created_at"?}' });
+      return problem({
+        code: 'invalid-request',
+        detail: 'the body must be JSON: {"outcome": "completed" | "released", "response"?, "scope"?, "note"?, "created_at"?}',
+      });
     }
     const parsed = ResolveBody.safeParse(json);
     if (!parsed.success) {
@@ -113,8 +122,18 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
       const records = await store.getRecords(key);
       const unknown = records.filter((r) => r.state === 'outcome_unknown');
       if (records.length === 0) return problem({ code: 'not-found', detail: 'no record with this idempotency key' });
-      if (unknown.length === 0) return problem({ code: 'not-outcome-unknown', detail: `the record is ${records[0]!.state}, not outcome_unknown`, extras: { state: records[0]!.state } });
-      if (unknown.length > 1) return problem({ code: 'invalid-request', detail: 'several outcome_unknown records carry this key: name one with "scope"', extras: { scopes: unknown.map((r) => r.scope) } });
+      if (unknown.length === 0)
+        return problem({
+          code: 'not-outcome-unknown',
+          detail: `the record is ${records[0]!.state}, not outcome_unknown`,
+          extras: { state: records[0]!.state },
+        });
+      if (unknown.length > 1)
+        return problem({
+          code: 'invalid-request',
+          detail: 'several outcome_unknown records carry this key: name one with "scope"',
+          extras: { scopes: unknown.map((r) => r.scope) },
+        });
       scope = unknown[0]!.scope;
     }
     const route = options.routes.find((r) => r.name === scope!.split('\u0000')[0]);
@@ -124,12 +143,14 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
       resolution = { outcome: 'released' };
     } else {
       const resp = b.response!;
-      const body = resp.body_base64 !== undefined ? Uint8Array.from(atob(resp.body_base64), (ch) => ch.charCodeAt(0)) : new TextEncoder().encode(resp.body ?? '');
+      const body =
+        resp.body_base64 !== undefined ? Uint8Array.from(atob(resp.body_base64), (ch) => ch.charCodeAt(0)) : new TextEncoder().encode(resp.body ?? '');
       if (body.byteLength > MAX_RESOLVE_BYTES) return problem({ code: 'payload-too-large', detail: `response.body is over ${MAX_RESOLVE_BYTES} bytes` });
       const allowed = new Set((route?.replayHeaders ?? ['content-type']).map((h) => h.toLowerCase()));
       const headers: [string, string][] = [];
       for (const [name, value] of Object.entries(resp.headers)) {
-        if (!allowed.has(name.toLowerCase())) return problem({ code: 'invalid-request', detail: `response.headers.${name}: not in this route's replayHeaders` });
+        if (!allowed.has(name.toLowerCase()))
+          return problem({ code: 'invalid-request', detail: `response.headers.${name}: not in this route's replayHeaders` });
         if (/[\r\n\0]/.test(value)) return problem({ code: 'invalid-request', detail: `response.headers.${name}: invalid header value` });
         headers.push([name.toLowerCase(), value]);
       }
@@ -149,10 +170,15 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
       if (result.reason === 'not-found') return problem({ code: 'not-found', detail: 'no record with this idempotency key in this scope' });
       if (result.reason === 'changed') {
         const createdAt = result.createdAt.toISOString();
-        return problem({ code: 'not-outcome-unknown', detail: `the outcome_unknown record with this key is another attempt (created_at ${createdAt}), not the one given`, extras: { state: 'outcome_unknown', created_at: createdAt } });
+        return problem({
+          code: 'not-outcome-unknown',
+          detail: `the outcome_unknown record with this key is another attempt (created_at ${createdAt}), not the one given`,
+          extras: { state: 'outcome_unknown', created_at: createdAt },
+        });
       }
       // An operator's release names no notBeforeMs, so never `too-early` here; answered all the same.
-      if (result.reason === 'too-early') return problem({ code: 'not-outcome-unknown', detail: 'the attempt may still be in flight', extras: { state: 'outcome_unknown' } });
+      if (result.reason === 'too-early')
+        return problem({ code: 'not-outcome-unknown', detail: 'the attempt may still be in flight', extras: { state: 'outcome_unknown' } });
       return problem({ code: 'not-outcome-unknown', detail: `the record is ${result.state}, not outcome_unknown`, extras: { state: result.state } });
     }
     return c.json({ action: actionJson(result.action) });
@@ -170,7 +196,11 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
 }
 
 /** An entity's latest fences for `GET /v1/entities/:entity`. */
-export async function latestHistory(store: GatewayStore, entity: string, limit = 20): Promise<{ history: ReturnType<typeof historyJson>[]; history_next_cursor: string | null }> {
+export async function latestHistory(
+  store: GatewayStore,
+  entity: string,
+  limit = 20,
+): Promise<{ history: ReturnType<typeof historyJson>[]; history_next_cursor: string | null }> {
   const h = await store.getFenceHistory(entity, { limit });
   return { history: h.items.map(historyJson), history_next_cursor: h.nextCursor };
 }

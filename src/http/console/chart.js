@@ -3,19 +3,33 @@
   // A small hand-written SVG renderer: refusals over a window as stacked
   // bars by reason, and an entity's accepted fences as a step line. Built
   // with DOM calls (no markup from strings); text goes in with textContent.
-  var fg = window.fencegateConsole = window.fencegateConsole || { init: [], load: [] };
+  var fg = (window.fencegateConsole = window.fencegateConsole || { init: [], load: [] });
   var NS = 'http://www.w3.org/2000/svg';
-  var W = 1000, H = 200, LEFT = 44, BOTTOM = 22, TOP = 8;
+  var W = 1000,
+    H = 200,
+    LEFT = 44,
+    BOTTOM = 22,
+    TOP = 8;
   // One colour per reason the rejection log can hold (RejectionReason in
   // src/store/types.ts; test/console/chart-colors.test.ts holds them apart).
   // The 400s of a malformed or missing header come in pairs of one hue,
   // dark for invalid and light for missing.
   var COLORS = {
-    'stale-fence': '#d92d20', 'idempotency-key-reused': '#f79009', 'outcome-unknown': '#7a5af8', 'invalid-fence-signature': '#c11574',
-    'fence-expired': '#ee46bc', 'unauthorized': '#344054', 'forbidden': '#98a2b3', 'late-finish': '#0ba5ec',
-    'invalid-fence': '#1d4ed8', 'missing-fence': '#93c5fd', 'invalid-entity': '#15803d', 'missing-entity': '#86efac',
-    'invalid-idempotency-key': '#92400e', 'missing-idempotency-key': '#facc15',
-    'tool-denied': '#6b21a8'
+    'stale-fence': '#d92d20',
+    'idempotency-key-reused': '#f79009',
+    'outcome-unknown': '#7a5af8',
+    'invalid-fence-signature': '#c11574',
+    'fence-expired': '#ee46bc',
+    unauthorized: '#344054',
+    forbidden: '#98a2b3',
+    'late-finish': '#0ba5ec',
+    'invalid-fence': '#1d4ed8',
+    'missing-fence': '#93c5fd',
+    'invalid-entity': '#15803d',
+    'missing-entity': '#86efac',
+    'invalid-idempotency-key': '#92400e',
+    'missing-idempotency-key': '#facc15',
+    'tool-denied': '#6b21a8',
   };
   // A reason this page does not know (a newer gateway's): grey, unlike any above.
   var OTHER = '#667085';
@@ -23,7 +37,9 @@
 
   function el(name, attrs, parent) {
     var e = document.createElementNS(NS, name);
-    Object.keys(attrs).forEach(function (k) { e.setAttribute(k, String(attrs[k])); });
+    Object.keys(attrs).forEach(function (k) {
+      e.setAttribute(k, String(attrs[k]));
+    });
     if (parent) parent.appendChild(e);
     return e;
   }
@@ -34,7 +50,9 @@
     return t;
   }
 
-  function colorOf(reason) { return Object.prototype.hasOwnProperty.call(COLORS, reason) ? COLORS[reason] : OTHER; }
+  function colorOf(reason) {
+    return Object.prototype.hasOwnProperty.call(COLORS, reason) ? COLORS[reason] : OTHER;
+  }
 
   function short(ms, span) {
     var iso = new Date(ms).toISOString();
@@ -57,27 +75,36 @@
     var span = Math.max(end - start, 60e3);
     var step = stepFor(span);
     var n = Math.max(1, Math.ceil(span / step));
-    var buckets = [], totals = {}, reasons = [];
+    var buckets = [],
+      totals = {},
+      reasons = [];
     for (var i = 0; i < n; i++) buckets.push({});
     rows.forEach(function (r) {
       var t = Date.parse(r.at);
       if (!(t >= start && t <= end)) return;
       var b = buckets[Math.min(n - 1, Math.floor((t - start) / step))];
       b[r.reason] = (b[r.reason] || 0) + 1;
-      if (!totals[r.reason]) { totals[r.reason] = 0; reasons.push(r.reason); }
+      if (!totals[r.reason]) {
+        totals[r.reason] = 0;
+        reasons.push(r.reason);
+      }
       totals[r.reason]++;
     });
     reasons.sort();
     var max = 1;
     buckets.forEach(function (b) {
       var sum = 0;
-      Object.keys(b).forEach(function (k) { sum += b[k]; });
+      Object.keys(b).forEach(function (k) {
+        sum += b[k];
+      });
       if (sum > max) max = sum;
     });
     var svg = el('svg', { viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'data-step-ms': step, 'data-buckets': n }, container);
-    var plotW = W - LEFT - 4, plotH = H - TOP - BOTTOM, bw = plotW / n;
-    el('line', { x1: LEFT, y1: TOP + plotH, x2: W - 4, y2: TOP + plotH, 'class': 'axis' }, svg);
-    el('line', { x1: LEFT, y1: TOP + plotH / 2, x2: W - 4, y2: TOP + plotH / 2, 'class': 'grid' }, svg);
+    var plotW = W - LEFT - 4,
+      plotH = H - TOP - BOTTOM,
+      bw = plotW / n;
+    el('line', { x1: LEFT, y1: TOP + plotH, x2: W - 4, y2: TOP + plotH, class: 'axis' }, svg);
+    el('line', { x1: LEFT, y1: TOP + plotH / 2, x2: W - 4, y2: TOP + plotH / 2, class: 'grid' }, svg);
     text(svg, LEFT - 6, TOP + 10, String(max), 'end');
     text(svg, LEFT - 6, TOP + plotH, '0', 'end');
     text(svg, LEFT, H - 6, short(start, span));
@@ -88,9 +115,21 @@
       reasons.forEach(function (reason) {
         var c = b[reason];
         if (!c) return;
-        var h = plotH * c / max;
+        var h = (plotH * c) / max;
         y -= h;
-        var rect = el('rect', { x: (LEFT + i * bw + 1).toFixed(1), y: y.toFixed(1), width: Math.max(bw - 2, 1).toFixed(1), height: h.toFixed(1), fill: colorOf(reason), 'data-reason': reason, 'data-count': c }, svg);
+        var rect = el(
+          'rect',
+          {
+            x: (LEFT + i * bw + 1).toFixed(1),
+            y: y.toFixed(1),
+            width: Math.max(bw - 2, 1).toFixed(1),
+            height: h.toFixed(1),
+            fill: colorOf(reason),
+            'data-reason': reason,
+            'data-count': c,
+          },
+          svg,
+        );
         el('title', {}, rect).textContent = reason + ': ' + c + ' from ' + new Date(start + i * step).toISOString();
       });
     });
@@ -117,27 +156,53 @@
    */
   function timeline(container, history, refusals) {
     fg.clear(container);
-    var pts = history.map(function (h) { return { t: Date.parse(h.at), f: Number(h.fence), h: h }; }).sort(function (a, b) { return a.t - b.t; });
-    var refused = (refusals || []).map(function (r) { return { t: Date.parse(r.at), f: r.presented_fence === null ? null : Number(r.presented_fence), r: r }; });
+    var pts = history
+      .map(function (h) {
+        return { t: Date.parse(h.at), f: Number(h.fence), h: h };
+      })
+      .sort(function (a, b) {
+        return a.t - b.t;
+      });
+    var refused = (refusals || []).map(function (r) {
+      return { t: Date.parse(r.at), f: r.presented_fence === null ? null : Number(r.presented_fence), r: r };
+    });
     if (pts.length === 0 && refused.length === 0) return;
-    var times = pts.concat(refused).map(function (p) { return p.t; });
-    var fences = pts.concat(refused).filter(function (p) { return p.f !== null && isFinite(p.f); }).map(function (p) { return p.f; });
-    var t0 = Math.min.apply(null, times), t1 = Math.max(Math.max.apply(null, times), t0 + 1000);
-    var f0 = fences.length ? Math.min.apply(null, fences) : 0, f1 = Math.max(f0 + 1, fences.length ? Math.max.apply(null, fences) : 1);
+    var times = pts.concat(refused).map(function (p) {
+      return p.t;
+    });
+    var fences = pts
+      .concat(refused)
+      .filter(function (p) {
+        return p.f !== null && isFinite(p.f);
+      })
+      .map(function (p) {
+        return p.f;
+      });
+    var t0 = Math.min.apply(null, times),
+      t1 = Math.max(Math.max.apply(null, times), t0 + 1000);
+    var f0 = fences.length ? Math.min.apply(null, fences) : 0,
+      f1 = Math.max(f0 + 1, fences.length ? Math.max.apply(null, fences) : 1);
     var svg = el('svg', { viewBox: '0 0 ' + W + ' 120', role: 'img' }, container);
     // Room above the highest dot for its label.
-    var top = TOP + 12, plotW = W - LEFT - 24, plotH = 120 - top - BOTTOM;
-    var x = function (t) { return LEFT + 12 + plotW * (t - t0) / (t1 - t0); };
-    var y = function (f) { return top + plotH - plotH * (f - f0) / (f1 - f0); };
-    el('line', { x1: LEFT, y1: top + plotH, x2: W - 4, y2: top + plotH, 'class': 'axis' }, svg);
+    var top = TOP + 12,
+      plotW = W - LEFT - 24,
+      plotH = 120 - top - BOTTOM;
+    var x = function (t) {
+      return LEFT + 12 + (plotW * (t - t0)) / (t1 - t0);
+    };
+    var y = function (f) {
+      return top + plotH - (plotH * (f - f0)) / (f1 - f0);
+    };
+    el('line', { x1: LEFT, y1: top + plotH, x2: W - 4, y2: top + plotH, class: 'axis' }, svg);
     if (pts.length > 0) {
       // Held at each fence until the next one was accepted.
       var d = 'M' + x(pts[0].t).toFixed(1) + ' ' + y(pts[0].f).toFixed(1);
       for (var i = 1; i < pts.length; i++) d += ' H' + x(pts[i].t).toFixed(1) + ' V' + y(pts[i].f).toFixed(1);
-      el('path', { d: d, 'class': 'step' }, svg);
+      el('path', { d: d, class: 'step' }, svg);
     }
     refused.forEach(function (p) {
-      var cx = x(p.t), cy = p.f === null || !isFinite(p.f) ? top + plotH : y(p.f);
+      var cx = x(p.t),
+        cy = p.f === null || !isFinite(p.f) ? top + plotH : y(p.f);
       var g = el('g', { 'data-refusal': p.r.id, 'data-reason': p.r.reason, stroke: colorOf(p.r.reason), 'stroke-width': 2 }, svg);
       el('line', { x1: (cx - 4).toFixed(1), y1: (cy - 4).toFixed(1), x2: (cx + 4).toFixed(1), y2: (cy + 4).toFixed(1) }, g);
       el('line', { x1: (cx - 4).toFixed(1), y1: (cy + 4).toFixed(1), x2: (cx + 4).toFixed(1), y2: (cy - 4).toFixed(1) }, g);

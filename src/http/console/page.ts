@@ -47,7 +47,11 @@ const fill = (template: string, marker: string, text: string) => {
 };
 
 const render = (mode: ConsoleMode) =>
-  fill(fill(fill(fill(CONSOLE_TEMPLATE, '__REASONS__', REASONS.map((r) => `<option>${r}</option>`).join('')), '__AUTH__', mode), '__STYLE__', STYLE), '__SCRIPT__', SCRIPT);
+  fill(
+    fill(fill(fill(CONSOLE_TEMPLATE, '__REASONS__', REASONS.map((r) => `<option>${r}</option>`).join('')), '__AUTH__', mode), '__STYLE__', STYLE),
+    '__SCRIPT__',
+    SCRIPT,
+  );
 
 /** The page for each mode; they differ only in `data-auth` (the CSP hashes cover the script and style, the same in all three). */
 export const CONSOLE_PAGES: Readonly<Record<ConsoleMode, string>> = { auth: render('auth'), open: render('open'), off: render('off') };

@@ -4,10 +4,14 @@
   // and its story: fences, refusals and unknown outcomes in time order), the
   // records waiting for an operator with their resolve form and its
   // confirmation, and the operator-action log.
-  var fg = window.fencegateConsole = window.fencegateConsole || { init: [], load: [] };
-  var $ = function (id) { return fg.$(id); };
+  var fg = (window.fencegateConsole = window.fencegateConsole || { init: [], load: [] });
+  var $ = function (id) {
+    return fg.$(id);
+  };
   var state = { resolving: null };
-  var scopeText = function (scope) { return scope.split('\u0000').join(' / '); };
+  var scopeText = function (scope) {
+    return scope.split('\u0000').join(' / ');
+  };
 
   // Pages of a list endpoint, following next_cursor up to `pages` pages.
   function pages(path, pagesLeft, items, cursor) {
@@ -37,35 +41,45 @@
         return { entity: entity, fence: null, accepted_at: null, inflight: null, history: [], history_next_cursor: null, unknown: true };
       }),
       pages('rejections?limit=1000&entity=' + encodeURIComponent(entity), 1, [], null),
-      pages('idempotency?state=outcome_unknown&limit=1000', 5, [], null)
-    ]).then(function (got) {
-      var e = got[0], refusals = got[1], unknown = got[2].items.filter(function (r) { return r.entity === e.entity; });
-      var history = e.history || [];
-      // When the current fence was accepted: its row in the fence history.
-      // The entity's accepted_at is when it was last accepted (a later
-      // forwarded request at the same fence moves it; the retention runs
-      // from it), shown beside it when it differs.
-      var current = history.filter(function (h) { return h.fence === e.fence; })[0];
-      $('ent-name').textContent = e.entity;
-      $('ent-fence').textContent = e.unknown ? '(none: no fence accepted, or forgotten after its retention)' : e.fence === null ? '(none)' : e.fence;
-      $('ent-accepted').textContent = current ? current.at : e.accepted_at || '';
-      $('ent-last').textContent = current && current.at !== e.accepted_at ? e.accepted_at : '';
-      $('ent-last-row').hidden = $('ent-last').textContent === '';
-      $('ent-inflight').textContent = e.inflight ? 'yes, until ' + e.inflight.until : 'no';
-      $('ent-info').hidden = false;
-      history.forEach(function (h) {
-        var tr = document.createElement('tr');
-        [h.fence, h.at, h.caller].forEach(function (v) { fg.cell(tr, v); });
-        fg.cell(tr, h.request_id, 'mono');
-        tbody.appendChild(tr);
-      });
-      fg.chart.timeline($('ent-timeline'), history, refusals.items);
-      story(e, history, refusals.items, unknown);
-      var notes = [];
-      if (e.history_next_cursor) notes.push('the latest ' + history.length + ' fences');
-      if (refusals.more) notes.push('the latest ' + refusals.items.length + ' refusals');
-      fg.setStatus(notes.length ? 'showing ' + notes.join(' and ') + ' of ' + e.entity : '');
-    }).catch(fg.fail);
+      pages('idempotency?state=outcome_unknown&limit=1000', 5, [], null),
+    ])
+      .then(function (got) {
+        var e = got[0],
+          refusals = got[1],
+          unknown = got[2].items.filter(function (r) {
+            return r.entity === e.entity;
+          });
+        var history = e.history || [];
+        // When the current fence was accepted: its row in the fence history.
+        // The entity's accepted_at is when it was last accepted (a later
+        // forwarded request at the same fence moves it; the retention runs
+        // from it), shown beside it when it differs.
+        var current = history.filter(function (h) {
+          return h.fence === e.fence;
+        })[0];
+        $('ent-name').textContent = e.entity;
+        $('ent-fence').textContent = e.unknown ? '(none: no fence accepted, or forgotten after its retention)' : e.fence === null ? '(none)' : e.fence;
+        $('ent-accepted').textContent = current ? current.at : e.accepted_at || '';
+        $('ent-last').textContent = current && current.at !== e.accepted_at ? e.accepted_at : '';
+        $('ent-last-row').hidden = $('ent-last').textContent === '';
+        $('ent-inflight').textContent = e.inflight ? 'yes, until ' + e.inflight.until : 'no';
+        $('ent-info').hidden = false;
+        history.forEach(function (h) {
+          var tr = document.createElement('tr');
+          [h.fence, h.at, h.caller].forEach(function (v) {
+            fg.cell(tr, v);
+          });
+          fg.cell(tr, h.request_id, 'mono');
+          tbody.appendChild(tr);
+        });
+        fg.chart.timeline($('ent-timeline'), history, refusals.items);
+        story(e, history, refusals.items, unknown);
+        var notes = [];
+        if (e.history_next_cursor) notes.push('the latest ' + history.length + ' fences');
+        if (refusals.more) notes.push('the latest ' + refusals.items.length + ' refusals');
+        fg.setStatus(notes.length ? 'showing ' + notes.join(' and ') + ' of ' + e.entity : '');
+      })
+      .catch(fg.fail);
   }
 
   // The entity's story in time order, oldest first: fences accepted, requests
@@ -73,16 +87,47 @@
   function story(e, history, refusals, unknown) {
     var events = [];
     history.forEach(function (h) {
-      events.push({ at: h.at, kind: 'fence', what: 'fence ' + h.fence + ' accepted', fence: h.fence, key: '', caller: h.caller, request: h.request_id, detail: '' });
+      events.push({
+        at: h.at,
+        kind: 'fence',
+        what: 'fence ' + h.fence + ' accepted',
+        fence: h.fence,
+        key: '',
+        caller: h.caller,
+        request: h.request_id,
+        detail: '',
+      });
     });
     refusals.forEach(function (r) {
-      events.push({ at: r.at, kind: 'refusal', what: 'refused: ' + r.reason, fence: r.presented_fence, key: r.idempotency_key, caller: r.caller, request: r.request_id, detail: r.detail || (r.current_fence !== null ? 'current fence ' + r.current_fence : ''), row: r });
+      events.push({
+        at: r.at,
+        kind: 'refusal',
+        what: 'refused: ' + r.reason,
+        fence: r.presented_fence,
+        key: r.idempotency_key,
+        caller: r.caller,
+        request: r.request_id,
+        detail: r.detail || (r.current_fence !== null ? 'current fence ' + r.current_fence : ''),
+        row: r,
+      });
     });
     unknown.forEach(function (r) {
-      events.push({ at: r.created_at, kind: 'unknown', what: 'outcome unknown', fence: r.fence, key: r.key, caller: scopeText(r.scope), request: '', detail: 'waits for an operator', record: r });
+      events.push({
+        at: r.created_at,
+        kind: 'unknown',
+        what: 'outcome unknown',
+        fence: r.fence,
+        key: r.key,
+        caller: scopeText(r.scope),
+        request: '',
+        detail: 'waits for an operator',
+        record: r,
+      });
     });
     // ISO times of one format sort as text; ties keep the order above.
-    events.sort(function (a, b) { return a.at < b.at ? -1 : a.at > b.at ? 1 : 0; });
+    events.sort(function (a, b) {
+      return a.at < b.at ? -1 : a.at > b.at ? 1 : 0;
+    });
     var tbody = $('ent-story').tBodies[0];
     events.forEach(function (ev) {
       var tr = document.createElement('tr');
@@ -102,7 +147,9 @@
         b.className = 'resolve';
         b.textContent = 'Resolve';
         b.setAttribute('data-key', ev.record.key);
-        b.addEventListener('click', function () { openResolve(ev.record); });
+        b.addEventListener('click', function () {
+          openResolve(ev.record);
+        });
         td.insertBefore(document.createTextNode(' '), td.firstChild);
         td.insertBefore(b, td.firstChild);
       }
@@ -119,24 +166,31 @@
 
   function loadUnknown() {
     var tbody = $('unk-table').tBodies[0];
-    return fg.api('idempotency?state=outcome_unknown&limit=100').then(function (page) {
-      fg.clear(tbody);
-      page.items.forEach(function (r) {
-        var tr = document.createElement('tr');
-        [r.key, scopeText(r.scope), r.entity, r.fence, r.created_at].forEach(function (v) { fg.cell(tr, v); });
-        var td = fg.cell(tr, '');
-        var b = document.createElement('button');
-        b.type = 'button';
-        b.className = 'resolve';
-        b.textContent = 'Resolve';
-        b.setAttribute('data-key', r.key);
-        b.addEventListener('click', function () { openResolve(r); });
-        td.appendChild(b);
-        tbody.appendChild(tr);
-      });
-      $('unk-empty').hidden = page.items.length > 0;
-      fg.setStatus('');
-    }).catch(fg.fail);
+    return fg
+      .api('idempotency?state=outcome_unknown&limit=100')
+      .then(function (page) {
+        fg.clear(tbody);
+        page.items.forEach(function (r) {
+          var tr = document.createElement('tr');
+          [r.key, scopeText(r.scope), r.entity, r.fence, r.created_at].forEach(function (v) {
+            fg.cell(tr, v);
+          });
+          var td = fg.cell(tr, '');
+          var b = document.createElement('button');
+          b.type = 'button';
+          b.className = 'resolve';
+          b.textContent = 'Resolve';
+          b.setAttribute('data-key', r.key);
+          b.addEventListener('click', function () {
+            openResolve(r);
+          });
+          td.appendChild(b);
+          tbody.appendChild(tr);
+        });
+        $('unk-empty').hidden = page.items.length > 0;
+        fg.setStatus('');
+      })
+      .catch(fg.fail);
   }
 
   function openResolve(r) {
@@ -168,7 +222,7 @@
       body.response = {
         status: Number($('res-status').value),
         headers: { 'content-type': $('res-ctype').value || 'application/json' },
-        body: $('res-body').value
+        body: $('res-body').value,
       };
     }
     var note = $('res-note').value.trim();
@@ -183,14 +237,27 @@
     if (!r) return;
     var body = resolution();
     var status = $('res-status');
-    if (body.outcome === 'completed' && !status.checkValidity()) { fg.setStatus('status: ' + status.validationMessage, 'error'); return; }
+    if (body.outcome === 'completed' && !status.checkValidity()) {
+      fg.setStatus('status: ' + status.validationMessage, 'error');
+      return;
+    }
     var dl = $('res-what');
     fg.clear(dl);
-    [['key', r.key], ['scope', scopeText(r.scope)], ['created', r.created_at],
-      ['outcome', body.outcome === 'completed' ? 'completed: it happened upstream; retries get this response' : 'released: it never happened; the next retry is forwarded'],
+    [
+      ['key', r.key],
+      ['scope', scopeText(r.scope)],
+      ['created', r.created_at],
+      [
+        'outcome',
+        body.outcome === 'completed'
+          ? 'completed: it happened upstream; retries get this response'
+          : 'released: it never happened; the next retry is forwarded',
+      ],
       ['status', body.outcome === 'completed' ? String(body.response.status) : '(none: nothing is stored)'],
-      ['note', body.note || '']].forEach(function (f) {
-      var dt = document.createElement('dt'), dd = document.createElement('dd');
+      ['note', body.note || ''],
+    ].forEach(function (f) {
+      var dt = document.createElement('dt'),
+        dd = document.createElement('dd');
       dt.textContent = f[0];
       dd.textContent = f[1];
       dd.setAttribute('data-field', f[0]);
@@ -207,50 +274,76 @@
     if (!r) return Promise.resolve();
     var body = resolution();
     $('res-confirm-yes').disabled = true;
-    return fg.api('idempotency/' + encodeURIComponent(r.key) + '/resolve', {
-      method: 'POST',
-      headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify(body)
-    }).then(function (res) {
-      closeResolve();
-      var message = 'resolved ' + res.action.key + ' as ' + res.action.action.replace('resolve-', '') + ' by ' + (res.action.operator || 'anonymous');
-      // Reload the lists first: their success clears the status line, and
-      // the operator must still see what was done.
-      return Promise.all([loadUnknown(), loadActions()]).then(function () { fg.setStatus(message, 'ok'); });
-    }).catch(function (e) {
-      // Back to the form, to change it or cancel.
-      $('res-confirm').hidden = true;
-      $('res-submit').disabled = false;
-      fg.fail(e);
-    }).then(function () { $('res-confirm-yes').disabled = false; });
+    return fg
+      .api('idempotency/' + encodeURIComponent(r.key) + '/resolve', {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify(body),
+      })
+      .then(function (res) {
+        closeResolve();
+        var message = 'resolved ' + res.action.key + ' as ' + res.action.action.replace('resolve-', '') + ' by ' + (res.action.operator || 'anonymous');
+        // Reload the lists first: their success clears the status line, and
+        // the operator must still see what was done.
+        return Promise.all([loadUnknown(), loadActions()]).then(function () {
+          fg.setStatus(message, 'ok');
+        });
+      })
+      .catch(function (e) {
+        // Back to the form, to change it or cancel.
+        $('res-confirm').hidden = true;
+        $('res-submit').disabled = false;
+        fg.fail(e);
+      })
+      .then(function () {
+        $('res-confirm-yes').disabled = false;
+      });
   }
 
   function loadActions() {
     var tbody = $('act-table').tBodies[0];
-    return fg.api('operator-actions?limit=50').then(function (page) {
-      fg.clear(tbody);
-      page.items.forEach(function (a) {
-        var tr = document.createElement('tr');
-        [a.at, a.action, a.key, a.entity, a.fence, a.status, a.operator || '(anonymous)'].forEach(function (v) { fg.cell(tr, v); });
-        fg.cell(tr, a.note, 'cut').title = a.note || '';
-        fg.cell(tr, a.request_id, 'mono');
-        tbody.appendChild(tr);
-      });
-      $('act-empty').hidden = page.items.length > 0;
-    }).catch(fg.fail);
+    return fg
+      .api('operator-actions?limit=50')
+      .then(function (page) {
+        fg.clear(tbody);
+        page.items.forEach(function (a) {
+          var tr = document.createElement('tr');
+          [a.at, a.action, a.key, a.entity, a.fence, a.status, a.operator || '(anonymous)'].forEach(function (v) {
+            fg.cell(tr, v);
+          });
+          fg.cell(tr, a.note, 'cut').title = a.note || '';
+          fg.cell(tr, a.request_id, 'mono');
+          tbody.appendChild(tr);
+        });
+        $('act-empty').hidden = page.items.length > 0;
+      })
+      .catch(fg.fail);
   }
 
   fg.init.push(function () {
-    $('ent-form').addEventListener('submit', function (ev) { ev.preventDefault(); loadEntity(); });
-    $('unk-refresh').addEventListener('click', function () { if (fg.need()) loadUnknown(); });
-    $('act-refresh').addEventListener('click', function () { if (fg.need()) loadActions(); });
+    $('ent-form').addEventListener('submit', function (ev) {
+      ev.preventDefault();
+      loadEntity();
+    });
+    $('unk-refresh').addEventListener('click', function () {
+      if (fg.need()) loadUnknown();
+    });
+    $('act-refresh').addEventListener('click', function () {
+      if (fg.need()) loadActions();
+    });
     $('res-outcome').addEventListener('change', syncOutcome);
     $('resolve-form').addEventListener('submit', askResolve);
     $('res-confirm-yes').addEventListener('click', submitResolve);
     // Cancel on the confirmation: back to the form, nothing sent.
-    $('res-confirm-no').addEventListener('click', function () { $('res-confirm').hidden = true; $('res-submit').disabled = false; });
+    $('res-confirm-no').addEventListener('click', function () {
+      $('res-confirm').hidden = true;
+      $('res-submit').disabled = false;
+    });
     // Any change to the form asks again.
-    $('resolve-form').addEventListener('input', function () { $('res-confirm').hidden = true; $('res-submit').disabled = false; });
+    $('resolve-form').addEventListener('input', function () {
+      $('res-confirm').hidden = true;
+      $('res-submit').disabled = false;
+    });
     $('res-cancel').addEventListener('click', closeResolve);
   });
   fg.load.push(loadUnknown, loadActions);

@@ -4,8 +4,10 @@
   // filters the API takes (window, entity, reason, caller), narrowed in the
   // browser by those it does not (key, request id, route), then charted,
   // counted and listed; and the CSV / NDJSON export of the same filter.
-  var fg = window.fencegateConsole = window.fencegateConsole || { init: [], load: [] };
-  var $ = function (id) { return fg.$(id); };
+  var fg = (window.fencegateConsole = window.fencegateConsole || { init: [], load: [] });
+  var $ = function (id) {
+    return fg.$(id);
+  };
   var UNITS = { ms: 1, s: 1e3, m: 60e3, h: 3600e3, d: 86400e3 };
   // Rows fetched for one window (5 pages): enough for the chart and counts
   // of a busy day; the export has no such cap.
@@ -24,17 +26,25 @@
     var p = new URLSearchParams();
     var w = $('rej-window').value;
     if (w === 'custom') {
-      ['since', 'until'].forEach(function (f) { var v = $('rej-' + f).value.trim(); if (v) p.set(f, v); });
+      ['since', 'until'].forEach(function (f) {
+        var v = $('rej-' + f).value.trim();
+        if (v) p.set(f, v);
+      });
     } else {
       p.set('since', w);
     }
-    ['entity', 'reason', 'caller'].forEach(function (f) { var v = $('rej-' + f).value.trim(); if (v) p.set(f, v); });
+    ['entity', 'reason', 'caller'].forEach(function (f) {
+      var v = $('rej-' + f).value.trim();
+      if (v) p.set(f, v);
+    });
     return p;
   }
 
   // The filters the API does not take, applied to each fetched row.
   function clientFilter() {
-    var key = $('rej-key').value.trim(), req = $('rej-request').value.trim(), route = $('rej-route').value.trim();
+    var key = $('rej-key').value.trim(),
+      req = $('rej-request').value.trim(),
+      route = $('rej-route').value.trim();
     if (!key && !req && !route) return null;
     return function (r) {
       if (key && (r.idempotency_key || '').indexOf(key) < 0) return false;
@@ -58,44 +68,63 @@
   function load() {
     var params = serverParams();
     var now = Date.now();
-    return fetchWindow(params, [], null).then(function (got) {
-      var since = params.get('since'), until = params.get('until');
-      state.end = until ? timeOf(until, now) : now;
-      state.start = since ? timeOf(since, now) : got.rows.length ? Date.parse(got.rows[got.rows.length - 1].at) : state.end - 3600e3;
-      state.rows = got.rows;
-      state.capped = got.capped;
-      var keep = clientFilter();
-      state.matched = keep ? got.rows.filter(keep) : got.rows;
-      render();
-      // Counts finished loads, for whoever waits on one (the tests).
-      $('rej-count').setAttribute('data-loads', String(++state.loads));
-      fg.setStatus('');
-    }).catch(fg.fail);
+    return fetchWindow(params, [], null)
+      .then(function (got) {
+        var since = params.get('since'),
+          until = params.get('until');
+        state.end = until ? timeOf(until, now) : now;
+        state.start = since ? timeOf(since, now) : got.rows.length ? Date.parse(got.rows[got.rows.length - 1].at) : state.end - 3600e3;
+        state.rows = got.rows;
+        state.capped = got.capped;
+        var keep = clientFilter();
+        state.matched = keep ? got.rows.filter(keep) : got.rows;
+        render();
+        // Counts finished loads, for whoever waits on one (the tests).
+        $('rej-count').setAttribute('data-loads', String(++state.loads));
+        fg.setStatus('');
+      })
+      .catch(fg.fail);
   }
 
   function countInto(tableId, rows, keyOf) {
     var counts = {};
-    rows.forEach(function (r) { var k = keyOf(r); counts[k] = (counts[k] || 0) + 1; });
+    rows.forEach(function (r) {
+      var k = keyOf(r);
+      counts[k] = (counts[k] || 0) + 1;
+    });
     var tbody = $(tableId).tBodies[0];
     fg.clear(tbody);
-    Object.keys(counts).sort(function (a, b) { return counts[b] - counts[a] || (a < b ? -1 : 1); }).forEach(function (k) {
-      var tr = document.createElement('tr');
-      fg.cell(tr, k).title = k;
-      fg.cell(tr, counts[k], 'num');
-      tbody.appendChild(tr);
-    });
+    Object.keys(counts)
+      .sort(function (a, b) {
+        return counts[b] - counts[a] || (a < b ? -1 : 1);
+      })
+      .forEach(function (k) {
+        var tr = document.createElement('tr');
+        fg.cell(tr, k).title = k;
+        fg.cell(tr, counts[k], 'num');
+        tbody.appendChild(tr);
+      });
   }
 
-  var routeOf = function (r) { return (r.method || '-') + ' ' + (r.path || '-'); };
+  var routeOf = function (r) {
+    return (r.method || '-') + ' ' + (r.path || '-');
+  };
 
   function render() {
     var rows = state.matched;
-    $('rej-count').textContent = rows.length + (rows.length === 1 ? ' refusal matches' : ' refusals match') + (rows.length !== state.rows.length ? ' (of ' + state.rows.length + ' in the window)' : '') +
+    $('rej-count').textContent =
+      rows.length +
+      (rows.length === 1 ? ' refusal matches' : ' refusals match') +
+      (rows.length !== state.rows.length ? ' (of ' + state.rows.length + ' in the window)' : '') +
       (state.capped ? '; only the newest ' + MAX_ROWS + ' rows of the window were fetched (the export has them all)' : '');
     fg.chart.bars($('chart'), rows, state.start, state.end);
-    countInto('count-reason', rows, function (r) { return r.reason; });
+    countInto('count-reason', rows, function (r) {
+      return r.reason;
+    });
     countInto('count-route', rows, routeOf);
-    countInto('count-caller', rows, function (r) { return r.caller || '(anonymous)'; });
+    countInto('count-caller', rows, function (r) {
+      return r.caller || '(anonymous)';
+    });
     fg.clear($('rej-table').tBodies[0]);
     $('rej-detail').hidden = true;
     state.shown = 0;
@@ -109,7 +138,17 @@
       tr.setAttribute('data-id', r.id);
       // Caller-chosen text (entity, key, path) is cut with an ellipsis rather
       // than wrapped, the whole of it on hover and in the row's details.
-      [[r.id], [r.at], [r.reason], [r.entity, 'cut'], [r.presented_fence], [r.current_fence], [r.idempotency_key, 'cut'], [r.caller, 'cut'], [routeOf(r), 'cut']].forEach(function (v) {
+      [
+        [r.id],
+        [r.at],
+        [r.reason],
+        [r.entity, 'cut'],
+        [r.presented_fence],
+        [r.current_fence],
+        [r.idempotency_key, 'cut'],
+        [r.caller, 'cut'],
+        [routeOf(r), 'cut'],
+      ].forEach(function (v) {
         var td = fg.cell(tr, v[0], v[1]);
         if (v[1]) td.title = td.textContent;
       });
@@ -118,8 +157,12 @@
       fg.cell(tr, r.payload_sha256 ? r.payload_sha256.slice(0, 12) + '…' : '', 'mono').title = r.payload_sha256 || '';
       fg.cell(tr, r.detail, 'rest').title = r.detail || '';
       // The columns are fixed (console.css): any cell may be cut, so each has its whole text on hover.
-      Array.prototype.forEach.call(tr.cells, function (td) { if (!td.title) td.title = td.textContent; });
-      tr.addEventListener('click', function () { detail(r, tr); });
+      Array.prototype.forEach.call(tr.cells, function (td) {
+        if (!td.title) td.title = td.textContent;
+      });
+      tr.addEventListener('click', function () {
+        detail(r, tr);
+      });
       tbody.appendChild(tr);
     });
     state.shown = tbody.rows.length;
@@ -131,7 +174,8 @@
     var dl = $('rej-detail');
     fg.clear(dl);
     Object.keys(r).forEach(function (k) {
-      var dt = document.createElement('dt'), dd = document.createElement('dd');
+      var dt = document.createElement('dt'),
+        dd = document.createElement('dd');
       dt.textContent = k;
       dd.textContent = r[k] === null ? '' : String(r[k]);
       dd.setAttribute('data-field', k);
@@ -142,11 +186,15 @@
       var b = document.createElement('button');
       b.type = 'button';
       b.textContent = 'Show this entity';
-      b.addEventListener('click', function () { fg.showEntity(r.entity); });
+      b.addEventListener('click', function () {
+        fg.showEntity(r.entity);
+      });
       dl.appendChild(b);
     }
     dl.hidden = false;
-    Array.prototype.forEach.call(tr.parentNode.rows, function (x) { x.classList.toggle('picked', x === tr); });
+    Array.prototype.forEach.call(tr.parentNode.rows, function (x) {
+      x.classList.toggle('picked', x === tr);
+    });
   }
 
   /**
@@ -166,26 +214,49 @@
       var nd = new URLSearchParams(params);
       nd.set('format', 'ndjson');
       done = fg.apiText('rejections?' + nd.toString()).then(function (text) {
-        var ids = {}, lines = text.split('\n').filter(function (l) { return l !== '' && keep(JSON.parse(l)); });
-        lines.forEach(function (l) { ids[JSON.parse(l).id] = true; });
-        if (format === 'ndjson') return lines.map(function (l) { return l + '\n'; }).join('');
+        var ids = {},
+          lines = text.split('\n').filter(function (l) {
+            return l !== '' && keep(JSON.parse(l));
+          });
+        lines.forEach(function (l) {
+          ids[JSON.parse(l).id] = true;
+        });
+        if (format === 'ndjson')
+          return lines
+            .map(function (l) {
+              return l + '\n';
+            })
+            .join('');
         return fg.apiText('rejections?' + params.toString()).then(function (csv) {
           var out = csv.split('\r\n');
-          return [out[0]].concat(out.slice(1).filter(function (l) { return ids[l.split(',')[0]] === true; })).map(function (l) { return l + '\r\n'; }).join('');
+          return [out[0]]
+            .concat(
+              out.slice(1).filter(function (l) {
+                return ids[l.split(',')[0]] === true;
+              }),
+            )
+            .map(function (l) {
+              return l + '\r\n';
+            })
+            .join('');
         });
       });
     }
-    return done.then(function (text) {
-      var blob = new Blob([text], { type: format === 'csv' ? 'text/csv' : 'application/x-ndjson' });
-      var a = document.createElement('a');
-      a.href = URL.createObjectURL(blob);
-      a.download = 'fencegate-rejections-' + new Date().toISOString().replace(/[:.]/g, '-') + '.' + format;
-      document.body.appendChild(a);
-      a.click();
-      a.remove();
-      setTimeout(function () { URL.revokeObjectURL(a.href); }, 10000);
-      fg.setStatus('exported ' + (format === 'csv' ? Math.max(text.split('\r\n').length - 2, 0) : text.split('\n').length - 1) + ' rows as ' + format, 'ok');
-    }).catch(fg.fail);
+    return done
+      .then(function (text) {
+        var blob = new Blob([text], { type: format === 'csv' ? 'text/csv' : 'application/x-ndjson' });
+        var a = document.createElement('a');
+        a.href = URL.createObjectURL(blob);
+        a.download = 'fencegate-rejections-' + new Date().toISOString().replace(/[:.]/g, '-') + '.' + format;
+        document.body.appendChild(a);
+        a.click();
+        a.remove();
+        setTimeout(function () {
+          URL.revokeObjectURL(a.href);
+        }, 10000);
+        fg.setStatus('exported ' + (format === 'csv' ? Math.max(text.split('\r\n').length - 2, 0) : text.split('\n').length - 1) + ' rows as ' + format, 'ok');
+      })
+      .catch(fg.fail);
   }
 
   fg.init.push(function () {
@@ -194,10 +265,17 @@
       $('rej-since').disabled = !custom;
       $('rej-until').disabled = !custom;
     });
-    $('rej-form').addEventListener('submit', function (ev) { ev.preventDefault(); if (fg.need()) load(); });
+    $('rej-form').addEventListener('submit', function (ev) {
+      ev.preventDefault();
+      if (fg.need()) load();
+    });
     $('rej-more').addEventListener('click', more);
-    $('rej-csv').addEventListener('click', function () { if (fg.need()) exportAs('csv'); });
-    $('rej-ndjson').addEventListener('click', function () { if (fg.need()) exportAs('ndjson'); });
+    $('rej-csv').addEventListener('click', function () {
+      if (fg.need()) exportAs('csv');
+    });
+    $('rej-ndjson').addEventListener('click', function () {
+      if (fg.need()) exportAs('ndjson');
+    });
   });
   fg.load.push(load);
 })();

@@ -26,7 +26,11 @@ export interface ToolAccess {
  * allowed name is not allowed: it only ever refuses more too).
  */
 export function foldToolName(name: string): string {
-  return name.normalize('NFKC').toLowerCase().toUpperCase().replace(/[\s\p{Default_Ignorable_Code_Point}]/gu, '');
+  return name
+    .normalize('NFKC')
+    .toLowerCase()
+    .toUpperCase()
+    .replace(/[\s\p{Default_Ignorable_Code_Point}]/gu, '');
 }
 
 /**
@@ -68,7 +72,8 @@ export function compileToolAccess(route: RouteConfig): ToolAccess | null {
     denial(name) {
       // Deny wins over allow, whatever their order.
       const denied = deny.find((d) => d.m(name));
-      if (denied !== undefined) return `denied by ${JSON.stringify(denied.p)}${foldToolName(name) !== name && !matcher(denied.p, exact)(name) ? ' (names compared without regard to case, width, whitespace and invisible characters)' : ''}`;
+      if (denied !== undefined)
+        return `denied by ${JSON.stringify(denied.p)}${foldToolName(name) !== name && !matcher(denied.p, exact)(name) ? ' (names compared without regard to case, width, whitespace and invisible characters)' : ''}`;
       if (allow !== null && !allow.some((a) => a.m(name))) return 'not in the allow list';
       return null;
     },

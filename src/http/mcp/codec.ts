@@ -9,7 +9,18 @@ import { roundMs, type Exchange } from '../pipeline/exchange.js';
 import { compileToolAccess, filterMessage, filterToolsList, type ToolAccess } from './access.js';
 import { parseToolCommand, presentedInCall } from './command.js';
 import { readMessage, type ToolCall } from './message.js';
-import { isEncoded, isEventStream, mcpUpstreamHeaders, passthrough, refusalReply, replayReply, settleBuffered, storedMessage, tooLargeAnswer, type Base } from './outcome.js';
+import {
+  isEncoded,
+  isEventStream,
+  mcpUpstreamHeaders,
+  passthrough,
+  refusalReply,
+  replayReply,
+  settleBuffered,
+  storedMessage,
+  tooLargeAnswer,
+  type Base,
+} from './outcome.js';
 import { ToolAnnotations, toolPolicy } from './policy.js';
 import { SseSplitter, type SseEvent } from './sse.js';
 import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, pump, sseMessage } from './stream.js';
@@ -56,7 +67,14 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     // Read whole, the server's GET stream would hang until the deadline: say there is none (MCP lets a server answer 405 here).
     const local: Reply | undefined =
       x.req.method === 'GET' && !deps.canStream
-        ? { status: 405, headers: [['allow', 'POST, DELETE'], ['content-type', 'application/json']], body: JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32000, message: 'this gateway cannot stream; no server event stream on GET' } }) }
+        ? {
+            status: 405,
+            headers: [
+              ['allow', 'POST, DELETE'],
+              ['content-type', 'application/json'],
+            ],
+            body: JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32000, message: 'this gateway cannot stream; no server event stream on GET' } }),
+          }
         : undefined;
     return {
       decision,
@@ -66,7 +84,12 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       answer(result) {
         switch (result.kind) {
           case 'stream': {
-            const stream = access !== null ? filtering(result.body, route, endpoint, listId, access, x.requestId) : listId === null ? result.body : learning(result.body, route, endpoint, listId);
+            const stream =
+              access !== null
+                ? filtering(result.body, route, endpoint, listId, access, x.requestId)
+                : listId === null
+                  ? result.body
+                  : learning(result.body, route, endpoint, listId);
             return { reply: passthrough(result.status, result.headers, stream), decision };
           }
           case 'response': {
@@ -80,11 +103,21 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
             return { reply: passthrough(result.status, result.headers, body), decision };
           }
           case 'refused':
-            return refused({ code: 'upstream-unavailable', detail: `the message could not be sent to the upstream (${result.error}); nothing was sent` }, 'upstream-unavailable');
+            return refused(
+              { code: 'upstream-unavailable', detail: `the message could not be sent to the upstream (${result.error}); nothing was sent` },
+              'upstream-unavailable',
+            );
           case 'unknown':
             return refused({ code: 'upstream-timeout', detail: `no complete answer from the upstream (${result.error})` }, 'upstream-timeout');
           case 'too-large':
-            return refused({ code: 'upstream-response-too-large', detail: `the upstream's answer exceeded this route's maxResponseBytes of ${result.limit} bytes`, extras: { upstream_status: result.status } }, 'upstream-response-too-large');
+            return refused(
+              {
+                code: 'upstream-response-too-large',
+                detail: `the upstream's answer exceeded this route's maxResponseBytes of ${result.limit} bytes`,
+                extras: { upstream_status: result.status },
+              },
+              'upstream-response-too-large',
+            );
         }
       },
     };
@@ -114,7 +147,14 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
    * out (filterEvent below). An event past maxResponseBytes, or a response to the list that cannot
    * be read, ends the stream, with a JSON-RPC error to the list when there is one: never a list unfiltered.
    */
-  function filtering(body: ReadableStream<Uint8Array>, route: RouteConfig, endpoint: string, listId: string | number | null, access: ToolAccess, requestId: string): ReadableStream<Uint8Array> {
+  function filtering(
+    body: ReadableStream<Uint8Array>,
+    route: RouteConfig,
+    endpoint: string,
+    listId: string | number | null,
+    access: ToolAccess,
+    requestId: string,
+  ): ReadableStream<Uint8Array> {
     const splitter = new SseSplitter(route.maxResponseBytes);
     const encoder = new TextEncoder();
     const pass = (events: SseEvent[], controller: TransformStreamDefaultController<Uint8Array>): void => {
@@ -135,7 +175,11 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       new TransformStream<Uint8Array, Uint8Array>({
         transform(chunk, controller) {
           const events = splitter.push(chunk);
-          if (events === null) return fail(controller, { code: 'upstream-response-too-large', detail: `an event of the upstream's answer exceeded this route's maxResponseBytes of ${route.maxResponseBytes} bytes; it was not passed on, as it could not be checked for tools this route does not allow` });
+          if (events === null)
+            return fail(controller, {
+              code: 'upstream-response-too-large',
+              detail: `an event of the upstream's answer exceeded this route's maxResponseBytes of ${route.maxResponseBytes} bytes; it was not passed on, as it could not be checked for tools this route does not allow`,
+            });
           pass(events, controller);
         },
         flush(controller) {
@@ -149,7 +193,13 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
    * A whole answer (JSON, or an event stream read whole) with the denied tools taken out as `filtering`
    * does; null when the answer to the list (`listId`) cannot be read. Anything else unreadable passes as it came.
    */
-  function filteredAnswer(headers: [string, string][], body: Uint8Array, route: RouteConfig, listId: string | number | null, access: ToolAccess): Uint8Array | null {
+  function filteredAnswer(
+    headers: [string, string][],
+    body: Uint8Array,
+    route: RouteConfig,
+    listId: string | number | null,
+    access: ToolAccess,
+  ): Uint8Array | null {
     const strict = listId !== null;
     let text: string;
     try {
@@ -178,7 +228,9 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
   }
 
   function learnFrom(headers: [string, string][], body: Uint8Array, route: RouteConfig, endpoint: string, listId: string | number): void {
-    const messages = isEventStream(headers) ? (eventsOf(body, route.maxResponseBytes) ?? []).map((e) => messageOf(e)) : [parseData(new TextDecoder().decode(body))];
+    const messages = isEventStream(headers)
+      ? (eventsOf(body, route.maxResponseBytes) ?? []).map((e) => messageOf(e))
+      : [parseData(new TextDecoder().decode(body))];
     for (const msg of messages) if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
   }
 
@@ -189,17 +241,34 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     read(x, state, body, hash) {
       if (x.req.method !== 'POST') {
         // A GET or DELETE carries no JSON-RPC message: a body on one would reach the upstream undecided (a tools/call smuggled past the decision).
-        if (body.byteLength > 0) return { kind: 'refused', refusal: { code: 'invalid-request', detail: `a ${x.req.method} to an mcp route carries no body; send JSON-RPC messages as POST` }, state };
+        if (body.byteLength > 0)
+          return {
+            kind: 'refused',
+            refusal: { code: 'invalid-request', detail: `a ${x.req.method} to an mcp route carries no body; send JSON-RPC messages as POST` },
+            state,
+          };
         return { kind: 'pass', pass: passing(x, null, null) };
       }
       const message = readMessage(body);
       if (message.kind === 'refused') {
-        return { kind: 'refused', refusal: message.refusal, state: { ...state, id: message.id, ...(message.rpcCode !== undefined ? { rpcCode: message.rpcCode } : {}) } };
+        return {
+          kind: 'refused',
+          refusal: message.refusal,
+          state: { ...state, id: message.id, ...(message.rpcCode !== undefined ? { rpcCode: message.rpcCode } : {}) },
+        };
       }
       if (message.kind === 'pass') {
         if (message.hiddenList === true && toolAccess(x.route!) !== null) {
           // Its answer could not be told and filtered (./access.ts): a lenient upstream would show every tool.
-          return { kind: 'refused', refusal: { code: 'invalid-request', detail: 'this route shows only its allowed tools, so a tools/list must be a single message (no batch) with a string or integer id and the method exactly "tools/list"' }, state: { ...state, id: message.id } };
+          return {
+            kind: 'refused',
+            refusal: {
+              code: 'invalid-request',
+              detail:
+                'this route shows only its allowed tools, so a tools/list must be a single message (no batch) with a string or integer id and the method exactly "tools/list"',
+            },
+            state: { ...state, id: message.id },
+          };
         }
         return { kind: 'pass', pass: passing(x, message.id, message.listId) };
       }
@@ -208,14 +277,24 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       // A name the config lists or the upstream's list had, else one label for all: the metric's labels stay bounded.
       // What the upstream's lists taught is per endpoint: this path and query, where this call goes (./policy.ts).
       const endpoint = x.pathname + x.search;
-      x.tool = { name: message.name, label: route.tools[message.name] !== undefined || annotations.known(route.name, endpoint, message.name) ? message.name : '_unlisted' };
+      x.tool = {
+        name: message.name,
+        label: route.tools[message.name] !== undefined || annotations.known(route.name, endpoint, message.name) ? message.name : '_unlisted',
+      };
       x.trace.tool = message.name.slice(0, 128);
       // Before the tool's policy: a denied tool is refused whether it is read-only or not, and never forwarded.
       const denial = toolAccess(route)?.denial(message.name) ?? null;
       if (denial !== null) {
         // A tool call's rows carry its body's hash (the call is its body).
         hash();
-        return { kind: 'refused', refusal: { code: 'tool-denied', detail: `the tool ${JSON.stringify(message.name.slice(0, 128))} is not allowed on this route (${denial}); nothing was sent` }, state: { id: message.id, httpStatus: false, call: message } };
+        return {
+          kind: 'refused',
+          refusal: {
+            code: 'tool-denied',
+            detail: `the tool ${JSON.stringify(message.name.slice(0, 128))} is not allowed on this route (${denial}); nothing was sent`,
+          },
+          state: { id: message.id, httpStatus: false, call: message },
+        };
       }
       const policy = toolPolicy(route, message.name, annotations, endpoint);
       if (policy.readOnly) {
@@ -242,7 +321,11 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       return { kind: 'command', state: called, command };
     },
 
-    render: (x, refusal, state) => refusalReply(refusal, state?.id ?? null, x.requestId, { ...(state?.httpStatus ? { httpStatus: true } : {}), ...(state?.rpcCode !== undefined ? { rpcCode: state.rpcCode } : {}) }),
+    render: (x, refusal, state) =>
+      refusalReply(refusal, state?.id ?? null, x.requestId, {
+        ...(state?.httpStatus ? { httpStatus: true } : {}),
+        ...(state?.rpcCode !== undefined ? { rpcCode: state.rpcCode } : {}),
+      }),
     presented: (x, code, state) => (state?.call ? presentedInCall(x.route!, state.call, code, x.req.headers) : null),
     entitySource: (x) => `_meta["${MCP_META.entity}"]${'json' in x.route!.entity ? ` or params${x.route!.entity.json}` : ''}`,
     replay: (_x, stored, state) => replayReply(stored, state.id),
@@ -253,27 +336,42 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     settle(x, state, result, base, timeoutMs): Settled | Streaming {
       const route = x.route!;
       const call = state.call!;
-      const answer = (finish: Settled['finish'], decision: string, refusal: Refusal): Settled => ({ finish, decision, reply: refusalReply(refusal, call.id, x.requestId) });
+      const answer = (finish: Settled['finish'], decision: string, refusal: Refusal): Settled => ({
+        finish,
+        decision,
+        reply: refusalReply(refusal, call.id, x.requestId),
+      });
       switch (result.kind) {
         case 'stream':
           return streamed(x, call, result, base, timeoutMs);
         case 'response':
           return settleBuffered(result, call, route, base, route.maxResponseBytes);
         case 'refused':
-          return answer({ ...base, outcome: 'released' }, 'upstream-unavailable', { code: 'upstream-unavailable', detail: `the call could not be sent to the upstream (${result.error}); nothing was sent, retry with the same key is safe` });
+          return answer({ ...base, outcome: 'released' }, 'upstream-unavailable', {
+            code: 'upstream-unavailable',
+            detail: `the call could not be sent to the upstream (${result.error}); nothing was sent, retry with the same key is safe`,
+          });
         case 'unknown':
           return answer({ ...base, outcome: 'unknown' }, 'upstream-timeout', unknownRefusal(result.timedOut, result.error, timeoutMs));
         case 'too-large': {
           if (route.releaseStatuses.includes(result.status)) {
-            return answer({ ...base, outcome: 'released' }, 'upstream-response-too-large-released', { code: 'upstream-response-too-large', detail: `the upstream answered ${result.status} (not processed) with a body over maxResponseBytes; the key was released, a retry is safe` });
+            return answer({ ...base, outcome: 'released' }, 'upstream-response-too-large-released', {
+              code: 'upstream-response-too-large',
+              detail: `the upstream answered ${result.status} (not processed) with a body over maxResponseBytes; the key was released, a retry is safe`,
+            });
           }
           const { stored, json } = tooLargeAnswer(result.status, result.limit, call, x.requestId);
-          return { finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention }, reply: { status: 200, headers: stored.headers.slice(), body: json }, decision: 'upstream-response-too-large' };
+          return {
+            finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention },
+            reply: { status: 200, headers: stored.headers.slice(), body: json },
+            decision: 'upstream-response-too-large',
+          };
         }
       }
     },
 
-    expiredDetail: (lockMs) => `the gateway was delayed past this call's ${lockMs} ms lock before the upstream; nothing was sent, retry with the same key is safe`,
+    expiredDetail: (lockMs) =>
+      `the gateway was delayed past this call's ${lockMs} ms lock before the upstream; nothing was sent, retry with the same key is safe`,
     expiredExtras: (command) => ({ entity: command.entity, idempotency_key: command.key }),
   };
 }
@@ -318,7 +416,10 @@ function streamed(x: Exchange, call: ToolCall, answer: StreamedAnswer, base: Bas
 
 /** Why a `tools/list` answer on a route with `toolAccess` is not passed on: it could not be read, so not filtered. */
 function unfilterable(route: RouteConfig): Refusal {
-  return { code: 'upstream-unavailable', detail: `the upstream's tools/list answer could not be read as a JSON-RPC response (encoded, not UTF-8, not JSON, or its tools not a list), so it could not be narrowed to route ${route.name}'s allowed tools and was not passed on` };
+  return {
+    code: 'upstream-unavailable',
+    detail: `the upstream's tools/list answer could not be read as a JSON-RPC response (encoded, not UTF-8, not JSON, or its tools not a list), so it could not be narrowed to route ${route.name}'s allowed tools and was not passed on`,
+  };
 }
 
 /**

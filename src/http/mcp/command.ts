@@ -30,11 +30,16 @@ export function parseToolCommand(
   let signedFence: string | null = null;
   if (route.fence !== 'off') {
     const fromMeta = metaFenceText(call);
-    if (fromMeta !== undefined && typeof fromMeta !== 'string') return refuse('invalid-fence', `_meta["${MCP_META.fence}"] must be a decimal string (or a safe non-negative integer written as one: 1000, not 1e3 or 1000.0)`);
+    if (fromMeta !== undefined && typeof fromMeta !== 'string')
+      return refuse(
+        'invalid-fence',
+        `_meta["${MCP_META.fence}"] must be a decimal string (or a safe non-negative integer written as one: 1000, not 1e3 or 1000.0)`,
+      );
     const one = agree(fromMeta ?? null, headers.get(route.fenceHeader), `_meta["${MCP_META.fence}"]`, route.fenceHeader);
     if (!one.ok) return refuse('invalid-fence', one.reason);
     if (one.value === null) {
-      if (route.fence === 'required') return refuse('missing-fence', `this tool requires a fence: _meta["${MCP_META.fence}"] or the ${route.fenceHeader} header`);
+      if (route.fence === 'required')
+        return refuse('missing-fence', `this tool requires a fence: _meta["${MCP_META.fence}"] or the ${route.fenceHeader} header`);
     } else if (options.signedFences) {
       signedFence = one.value;
     } else {
@@ -48,7 +53,8 @@ export function parseToolCommand(
   if (route.idempotency !== 'off') {
     const fromMeta = call.meta[MCP_META.idempotencyKey];
     const fromParams = call.params.idempotencyKey;
-    if (fromMeta !== undefined && typeof fromMeta !== 'string') return refuse('invalid-idempotency-key', `_meta["${MCP_META.idempotencyKey}"] must be a string`);
+    if (fromMeta !== undefined && typeof fromMeta !== 'string')
+      return refuse('invalid-idempotency-key', `_meta["${MCP_META.idempotencyKey}"] must be a string`);
     if (fromParams !== undefined && typeof fromParams !== 'string') return refuse('invalid-idempotency-key', 'params.idempotencyKey must be a string');
     const inBody = agree(fromMeta ?? null, fromParams ?? null, `_meta["${MCP_META.idempotencyKey}"]`, 'params.idempotencyKey');
     if (!inBody.ok) return refuse('invalid-idempotency-key', inBody.reason);
@@ -67,7 +73,10 @@ export function parseToolCommand(
       raw = parsed.value;
     }
     if (raw === null && route.idempotency === 'required') {
-      return refuse('missing-idempotency-key', `this tool requires an idempotency key: _meta["${MCP_META.idempotencyKey}"], params.idempotencyKey or the ${route.idempotencyHeader} header`);
+      return refuse(
+        'missing-idempotency-key',
+        `this tool requires an idempotency key: _meta["${MCP_META.idempotencyKey}"], params.idempotencyKey or the ${route.idempotencyHeader} header`,
+      );
     }
     key = raw;
   }
@@ -133,7 +142,12 @@ function metaFenceText(call: ToolCall): unknown {
  * against the wrong entity's fence). Otherwise `_meta`, else the header or
  * path parameter, which must agree when both are sent.
  */
-function toolEntity(route: RouteConfig, call: ToolCall, headers: HeaderReader, params: Record<string, string>): { ok: true; entity: string | null } | { ok: false; refusal: Refusal } {
+function toolEntity(
+  route: RouteConfig,
+  call: ToolCall,
+  headers: HeaderReader,
+  params: Record<string, string>,
+): { ok: true; entity: string | null } | { ok: false; refusal: Refusal } {
   const metaEntity = call.meta[MCP_META.entity];
   if (metaEntity !== undefined && typeof metaEntity !== 'string') return refuseEntity(`_meta["${MCP_META.entity}"] must be a string`);
   let configured: string | null = null;
@@ -143,7 +157,10 @@ function toolEntity(route: RouteConfig, call: ToolCall, headers: HeaderReader, p
     where = `params${pointer}`;
     const tokens = tokensOf(pointer);
     const repeated = duplicateOnPointerPath(call.text, ['params', ...tokens]);
-    if (repeated !== null) return refuseEntity(`${where}: the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the entity`);
+    if (repeated !== null)
+      return refuseEntity(
+        `${where}: the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the entity`,
+      );
     // `{"Customer":"bob"}` for `/customer`: the entity to a case-insensitive upstream, none here (../command.ts foldedOnPointerPath).
     const folded = foldedOnPointerPath(call.params, tokens);
     if (folded !== null) return refuseEntity(`${where}: ${foldedReason({ ...folded, object: `/params${folded.object}` })}, so parsers disagree on the entity`);
@@ -157,7 +174,8 @@ function toolEntity(route: RouteConfig, call: ToolCall, headers: HeaderReader, p
     const header = 'header' in route.entity;
     where = header ? (route.entity as { header: string }).header : `path parameter ${(route.entity as { path: string }).path}`;
     const raw = header ? headers.get((route.entity as { header: string }).header) : (params[(route.entity as { path: string }).path.slice(1)] ?? null);
-    if (raw !== null && header && raw.includes(', ')) return refuseEntity(`${where}: the header was sent more than once, or its value contains ", " (how HTTP joins repeated headers)`);
+    if (raw !== null && header && raw.includes(', '))
+      return refuseEntity(`${where}: the header was sent more than once, or its value contains ", " (how HTTP joins repeated headers)`);
     const one = agree(metaEntity ?? null, raw, `_meta["${MCP_META.entity}"]`, where);
     if (!one.ok) return refuseEntity(one.reason);
     configured = one.value;
@@ -171,7 +189,14 @@ function toolEntity(route: RouteConfig, call: ToolCall, headers: HeaderReader, p
 
 /** The value a refused call presented for `code` (../refusal-log.ts): `_meta` first, then where a plain route reads it. */
 export function presentedInCall(route: RouteConfig, call: ToolCall, code: string, headers: HeaderReader): unknown {
-  const meta = code === 'invalid-fence' ? MCP_META.fence : code === 'invalid-idempotency-key' ? MCP_META.idempotencyKey : code === 'invalid-entity' ? MCP_META.entity : null;
+  const meta =
+    code === 'invalid-fence'
+      ? MCP_META.fence
+      : code === 'invalid-idempotency-key'
+        ? MCP_META.idempotencyKey
+        : code === 'invalid-entity'
+          ? MCP_META.entity
+          : null;
   if (meta === null) return null;
   return call.meta[meta] ?? (code === 'invalid-idempotency-key' ? call.params.idempotencyKey : undefined) ?? presentedHeader(route, code, headers);
 }

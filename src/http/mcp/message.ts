@@ -75,12 +75,19 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
   const msg = doc as Record<string, unknown>;
   const id = isId(msg.id) ? msg.id : null;
   const repeated = duplicateOnPointerPath(text, ['params', 'name']);
-  if (repeated !== null) return bad(id, `the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the message`);
+  if (repeated !== null)
+    return bad(
+      id,
+      `the object at "${repeated.object}" has the member ${JSON.stringify(repeated.name.slice(0, 64))} more than once, so parsers disagree on the message`,
+    );
   if (!methodIsString(msg)) return notARequest(id, METHOD_NOT_STRING);
   const folded = foldedMethod(msg);
   if (folded !== null) return bad(id, foldedMethodReason(folded));
   if (msg.method !== 'tools/call' && isCallVariant(msg.method)) {
-    return bad(id, `the method ${JSON.stringify(String(msg.method).slice(0, 64))} is not tools/call as written, but an upstream may read it as one; send the method exactly as "tools/call"`);
+    return bad(
+      id,
+      `the method ${JSON.stringify(String(msg.method).slice(0, 64))} is not tools/call as written, but an upstream may read it as one; send the method exactly as "tools/call"`,
+    );
   }
   // A list without a string or integer id (a notification, `"id": null`, `"id": 1.5`) is one whose answer cannot be told by its id.
   if (msg.method === 'tools/list') return isId(msg.id) ? { kind: 'pass', id, listId: msg.id } : { kind: 'pass', id, listId: null, hiddenList: true };
@@ -94,7 +101,8 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
   const name = params.name;
   if (typeof name !== 'string' || name.length === 0) return bad(id, 'tools/call params.name must be a non-empty string');
   // The name scopes the key and labels logs: no control characters, bounded.
-  if (name.length > 256 || /[\u0000-\u001f\u007f]/.test(name)) return bad(id, 'tools/call params.name must be at most 256 characters without control characters');
+  if (name.length > 256 || /[\u0000-\u001f\u007f]/.test(name))
+    return bad(id, 'tools/call params.name must be at most 256 characters without control characters');
   if (params.arguments !== undefined && !isObject(params.arguments)) return bad(id, 'tools/call params.arguments must be an object');
   if (params._meta !== undefined && !isObject(params._meta)) return bad(id, 'tools/call params._meta must be an object');
   // One pass over the whole message finds every repeated name (argumentsDigest below);
@@ -107,11 +115,24 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
     }
     for (const inner of ['_meta', 'arguments']) {
       const r = duplicateOnPointerPath(text, ['params', inner, '']);
-      if (r !== null) return bad(id, `the object at "${r.object}" has the member ${JSON.stringify(r.name.slice(0, 64))} more than once, so parsers disagree on the call`);
+      if (r !== null)
+        return bad(id, `the object at "${r.object}" has the member ${JSON.stringify(r.name.slice(0, 64))} more than once, so parsers disagree on the call`);
     }
-    return bad(id, 'the message repeats a member name in some object (names compared case-insensitively) or nests deeper than 128 levels, so parsers disagree on the call');
+    return bad(
+      id,
+      'the message repeats a member name in some object (names compared case-insensitively) or nests deeper than 128 levels, so parsers disagree on the call',
+    );
   }
-  return { kind: 'call', id: msg.id, name, args: (params.arguments as Record<string, unknown>) ?? {}, argsDigest, params, meta: (params._meta as Record<string, unknown>) ?? {}, text };
+  return {
+    kind: 'call',
+    id: msg.id,
+    name,
+    args: (params.arguments as Record<string, unknown>) ?? {},
+    argsDigest,
+    params,
+    meta: (params._meta as Record<string, unknown>) ?? {},
+    text,
+  };
 }
 
 /**
@@ -144,12 +165,25 @@ function looksLikeToolsCall(method: unknown): boolean {
   // both case folds (`ſ`, U+017F, upper-cases to `S`): whatever stands
   // between or around them (`tools.call`, `tools//call`, a bidi mark), no
   // other MCP method has these letters, so refusing costs nothing.
-  return method.normalize('NFKC').toLowerCase().toUpperCase().replace(/[^A-Z]/g, '') === 'TOOLSCALL';
+  return (
+    method
+      .normalize('NFKC')
+      .toLowerCase()
+      .toUpperCase()
+      .replace(/[^A-Z]/g, '') === 'TOOLSCALL'
+  );
 }
 
 /** `tools/list` under any spelling an upstream that folds case, width or trims would answer as one (as looksLikeToolsCall). */
 function looksLikeToolsList(method: unknown): boolean {
-  return typeof method === 'string' && method.normalize('NFKC').toLowerCase().toUpperCase().replace(/[^A-Z]/g, '') === 'TOOLSLIST';
+  return (
+    typeof method === 'string' &&
+    method
+      .normalize('NFKC')
+      .toLowerCase()
+      .toUpperCase()
+      .replace(/[^A-Z]/g, '') === 'TOOLSLIST'
+  );
 }
 
 /**
@@ -181,7 +215,8 @@ function isId(v: unknown): v is string | number {
 function methodIsString(m: object): boolean {
   return !Object.prototype.hasOwnProperty.call(m, 'method') || typeof (m as { method?: unknown }).method === 'string';
 }
-const METHOD_NOT_STRING = 'the member "method" must be a string (JSON-RPC 2.0 §4); an upstream that looks methods up by key would read ["tools/call"] as "tools/call"';
+const METHOD_NOT_STRING =
+  'the member "method" must be a string (JSON-RPC 2.0 §4); an upstream that looks methods up by key would read ["tools/call"] as "tools/call"';
 
 /** The message is no JSON-RPC Request object: -32600, the refusal's type `invalid-request`. */
 function notARequest(id: JsonRpcId, detail: string): McpMessage {

@@ -49,7 +49,13 @@ export function storedMessage(data: string): StoredResponse {
  * ran). Anything else (a 5xx, a 2xx without the response) leaves the
  * outcome unknown; the caller gets the upstream's answer as it came.
  */
-export function settleBuffered(result: Extract<UpstreamResult, { kind: 'response' }>, call: { id: JsonRpcId }, route: RouteConfig, base: Base, limit: number): Settled {
+export function settleBuffered(
+  result: Extract<UpstreamResult, { kind: 'response' }>,
+  call: { id: JsonRpcId },
+  route: RouteConfig,
+  base: Base,
+  limit: number,
+): Settled {
   const reply = passthrough(result.status, result.headers, result.status === 204 ? null : result.body);
   if (route.releaseStatuses.includes(result.status) || transportRefusal(result.status, result.headers, result.body)) {
     return { finish: { ...base, outcome: 'released' }, reply, decision: 'forwarded-released' };
@@ -64,7 +70,11 @@ export function settleBuffered(result: Extract<UpstreamResult, { kind: 'response
   const found = responseIn(result.headers, result.body, call.id, limit);
   if (found === null) {
     // Readable, but no response to the call in it (none, or one to another id): that is never handed on as the call's answer.
-    const refusal: Refusal = { code: 'upstream-timeout', detail: 'the upstream answered 200 without a JSON-RPC response to this call (none, or one to another id) after the call may have reached the tool; the outcome is unknown' };
+    const refusal: Refusal = {
+      code: 'upstream-timeout',
+      detail:
+        'the upstream answered 200 without a JSON-RPC response to this call (none, or one to another id) after the call may have reached the tool; the outcome is unknown',
+    };
     return { finish: { ...base, outcome: 'unknown' }, reply: refusalReply(refusal, call.id, base.audit.requestId), decision: 'upstream-no-response' };
   }
   // An event stream read whole: passed on without the responses that are not the call's answer (./stream.ts roleIn).
@@ -130,7 +140,17 @@ export function tooLargeAnswer(status: number, limit: number, call: { id: JsonRp
     requestId,
   );
   const json = reply.body as string;
-  return { stored: { status: 200, headers: [['content-type', 'application/json'], [REFUSAL_HEADER, 'upstream-response-too-large']], body: encoder.encode(json) }, json };
+  return {
+    stored: {
+      status: 200,
+      headers: [
+        ['content-type', 'application/json'],
+        [REFUSAL_HEADER, 'upstream-response-too-large'],
+      ],
+      body: encoder.encode(json),
+    },
+    json,
+  };
 }
 
 /**

@@ -41,7 +41,14 @@ export function createAdmitStage(deps: { config: Config; store: GatewayStore; lo
       entity: storeEntity(entity, x.caller, config),
       fence: command.fence,
       // With the entity and the credentials: the same key for another entity, or from another caller, is 422, never their replay (DESIGN §3.4).
-      fingerprint: fingerprint(command.fingerprint.method, x.pathname + x.search, command.fingerprint.contentType, command.fingerprint.bodyDigest, entity, credentials.fingerprint),
+      fingerprint: fingerprint(
+        command.fingerprint.method,
+        x.pathname + x.search,
+        command.fingerprint.contentType,
+        command.fingerprint.bodyDigest,
+        entity,
+        credentials.fingerprint,
+      ),
       ...routeAdmission(route),
       audit: auditOf(x),
     };
@@ -77,7 +84,9 @@ export function storeEntity(entity: string | null, caller: string | null, config
  * for MCP): the mode, a fresh owner token, and a record lock that outlives
  * any live attempt (`timeoutMs + lockMarginMs`, DESIGN §3.5).
  */
-export function routeAdmission(route: Pick<RouteConfig, 'mode' | 'timeoutMs' | 'lockMarginMs' | 'retention' | 'onUnknown'>): Pick<AdmitInput, 'mode' | 'ownerToken' | 'lockMs' | 'retentionMs' | 'onUnknown'> {
+export function routeAdmission(
+  route: Pick<RouteConfig, 'mode' | 'timeoutMs' | 'lockMarginMs' | 'retention' | 'onUnknown'>,
+): Pick<AdmitInput, 'mode' | 'ownerToken' | 'lockMs' | 'retentionMs' | 'onUnknown'> {
   return { mode: route.mode, ownerToken: randomUUID(), lockMs: route.timeoutMs + route.lockMarginMs, retentionMs: route.retention, onUnknown: route.onUnknown };
 }
 
@@ -86,7 +95,12 @@ export function routeAdmission(route: Pick<RouteConfig, 'mode' | 'timeoutMs' | '
  * answer this is was sent. The lock it granted is measured from there
  * (../lock-budget.ts); a time taken after the await would miss the pause.
  */
-export async function admitWithWaits(store: GatewayStore, input: AdmitInput, route: RouteConfig, req: Inbound): Promise<{ admission: Admission; sentAt: number }> {
+export async function admitWithWaits(
+  store: GatewayStore,
+  input: AdmitInput,
+  route: RouteConfig,
+  req: Inbound,
+): Promise<{ admission: Admission; sentAt: number }> {
   const start = Date.now();
   const preferWait = parsePreferWait(req.headers.get('prefer') ?? undefined);
   const keyWaitMs = preferWait === null ? 0 : Math.min(preferWait * 1000, route.maxWaitMs);
@@ -127,7 +141,11 @@ export function admissionRefusal(admission: RefusedAdmission, command: { fence: 
         extras: { entity, presented_fence: fence?.toString() ?? null, current_fence: admission.currentFence.toString() },
       };
     case 'idempotency-key-reused':
-      return { code: 'idempotency-key-reused', detail: 'this idempotency key was used for a different request (method, path, content type, body, entity or the credentials sent differ)', extras: { idempotency_key: key } };
+      return {
+        code: 'idempotency-key-reused',
+        detail: 'this idempotency key was used for a different request (method, path, content type, body, entity or the credentials sent differ)',
+        extras: { idempotency_key: key },
+      };
     case 'idempotency-in-progress':
       return {
         code: 'idempotency-in-progress',
@@ -135,8 +153,16 @@ export function admissionRefusal(admission: RefusedAdmission, command: { fence: 
         extras: { idempotency_key: key, retry_after: retryAfterSeconds(admission.retryAfterMs) },
       };
     case 'outcome-unknown':
-      return { code: 'outcome-unknown', detail: 'an earlier attempt with this key may have reached the upstream; it needs an operator or an upstream check, not a blind retry', extras: { idempotency_key: key } };
+      return {
+        code: 'outcome-unknown',
+        detail: 'an earlier attempt with this key may have reached the upstream; it needs an operator or an upstream check, not a blind retry',
+        extras: { idempotency_key: key },
+      };
     case 'entity-busy':
-      return { code: 'entity-busy', detail: 'another request for this entity is in flight (serial mode)', extras: { entity, retry_after: retryAfterSeconds(admission.retryAfterMs) } };
+      return {
+        code: 'entity-busy',
+        detail: 'another request for this entity is in flight (serial mode)',
+        extras: { entity, retry_after: retryAfterSeconds(admission.retryAfterMs) },
+      };
   }
 }

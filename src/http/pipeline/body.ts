@@ -26,7 +26,11 @@ export async function readCommand<S>(x: Exchange, codec: Codec<S>, state: S): Pr
 }
 
 /** A fence needs an entity to be checked against (DESIGN §3.3): null when the command has what it needs. */
-export function missingEntity<S>(x: Exchange, codec: Codec<S>, command: { fence: bigint | null; signedFence: string | null; entity: string | null }): Refusal | null {
+export function missingEntity<S>(
+  x: Exchange,
+  codec: Codec<S>,
+  command: { fence: bigint | null; signedFence: string | null; entity: string | null },
+): Refusal | null {
   if (command.entity !== null || (command.fence === null && command.signedFence === null && x.route!.fence !== 'required')) return null;
   return { code: 'missing-entity', detail: `a fence needs an entity (${codec.entitySource(x)})` };
 }

@@ -62,7 +62,14 @@ export interface Trace {
 
 /** What the audit trail keeps of this request (ids and hashes, never bodies). */
 export function auditOf(x: Exchange): AuditInfo {
-  const audit: AuditInfo = { requestId: x.requestId, clientRequestId: x.clientRequestId, caller: x.caller, method: x.req.method, path: x.pathname, payloadSha256: x.payloadSha256 };
+  const audit: AuditInfo = {
+    requestId: x.requestId,
+    clientRequestId: x.clientRequestId,
+    caller: x.caller,
+    method: x.req.method,
+    path: x.pathname,
+    payloadSha256: x.payloadSha256,
+  };
   if (x.tool !== null) audit.tool = x.tool.name;
   return audit;
 }

@@ -62,13 +62,21 @@ export function createForwardStage(deps: ForwardDeps) {
  */
 export function createSender(deps: { forwarder: Forwarder; logger: Logger }) {
   const { forwarder, logger } = deps;
-  return async function send(x: Exchange, route: RouteConfig, request: UpstreamRequest, streamIf?: (status: number, headers: [string, string][]) => boolean): Promise<UpstreamResult | StreamedAnswer> {
+  return async function send(
+    x: Exchange,
+    route: RouteConfig,
+    request: UpstreamRequest,
+    streamIf?: (status: number, headers: [string, string][]) => boolean,
+  ): Promise<UpstreamResult | StreamedAnswer> {
     const span = x.span.phase('fencegate.forward', { 'http.request.method': request.method, 'url.path': x.trace.path });
     span.inject(request.headers);
     x.upstreamStarted = performance.now();
     let result: UpstreamResult | StreamedAnswer;
     try {
-      result = streamIf !== undefined && forwarder.forwardStreaming !== undefined ? await forwarder.forwardStreaming(request, streamIf) : await forwarder.forward(request);
+      result =
+        streamIf !== undefined && forwarder.forwardStreaming !== undefined
+          ? await forwarder.forwardStreaming(request, streamIf)
+          : await forwarder.forward(request);
     } catch (err) {
       logger.error('forward-error', { request_id: x.requestId, route: route.name, error: errorText(err) });
       result = { kind: 'unknown', error: 'forwarder-error', timedOut: false };

@@ -102,7 +102,13 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
       clientRequestId,
       pathname,
       search: req.search,
-      trace: { request_id: requestId, ...(clientRequestId !== null ? { client_request_id: clientRequestId } : {}), route: null, method: req.method, path: shownPath },
+      trace: {
+        request_id: requestId,
+        ...(clientRequestId !== null ? { client_request_id: clientRequestId } : {}),
+        route: null,
+        method: req.method,
+        path: shownPath,
+      },
       span: startRequestSpan(req.headers, req.method, shownPath, requestId),
       route: null,
       params: {},
@@ -137,12 +143,14 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
 
     // 3. Headers.
     const head = readHead(x, codec);
-    if (!head.ok) return observer.refuse(x, head.refusal, head.shape ? httpRender(x) : (r) => codec.render(x, r, null), codec.presented(x, head.refusal.code, null));
+    if (!head.ok)
+      return observer.refuse(x, head.refusal, head.shape ? httpRender(x) : (r) => codec.render(x, r, null), codec.presented(x, head.refusal.code, null));
 
     // 4. Body, and the command.
     const { body, read } = await readCommand(x, codec, head.state);
     if (read.kind === 'pass') return pass(x, codec, read.pass, body);
-    if (read.kind === 'refused') return observer.refuse(x, read.refusal, (r) => codec.render(x, r, read.state), codec.presented(x, read.refusal.code, read.state));
+    if (read.kind === 'refused')
+      return observer.refuse(x, read.refusal, (r) => codec.render(x, r, read.state), codec.presented(x, read.refusal.code, read.state));
     const { state, command } = read;
     const refuse = (r: Refusal) => observer.refuse(x, r, (shown) => codec.render(x, shown, state), codec.presented(x, r.code, state));
     const noEntity = missingEntity(x, codec, command);
@@ -157,7 +165,8 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
     let admitted = await admit(x, command);
     // 6b. A lost answer, on a plain route with a status query (DESIGN §3.12). MCP routes have
     // none yet: their codec would give the stage its own query and its reading of an answer.
-    if (reconcile !== null && admitted?.admission.outcome === 'outcome-unknown' && x.route!.protocol === 'http') admitted = await reconcile(x, command, admitted);
+    if (reconcile !== null && admitted?.admission.outcome === 'outcome-unknown' && x.route!.protocol === 'http')
+      admitted = await reconcile(x, command, admitted);
     if (admitted === null) return refuse({ code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
     const { admission } = admitted;
     if (admission.outcome === 'replay') return observer.done(x, codec.replay(x, admission.response, state), 'replayed');

@@ -34,7 +34,14 @@ export function createObserver(deps: { store: GatewayStore; logger: Logger; obse
     line.status = reply.status;
     line.total_ms = totalMs;
     logger.info('decision', line as unknown as Record<string, unknown>);
-    deps.observe?.({ route: line.route, decision, status: reply.status, totalMs, upstreamMs: line.upstream_ms, ...(x.tool !== null ? { tool: x.tool.label } : {}) });
+    deps.observe?.({
+      route: line.route,
+      decision,
+      status: reply.status,
+      totalMs,
+      upstreamMs: line.upstream_ms,
+      ...(x.tool !== null ? { tool: x.tool.label } : {}),
+    });
     return reply;
   };
   return {
@@ -49,4 +56,3 @@ export function createObserver(deps: { store: GatewayStore; logger: Logger; obse
     },
   };
 }
-

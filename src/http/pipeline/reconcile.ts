@@ -125,13 +125,21 @@ export function createReconcileQuery(deps: ReconcileDeps) {
         headers.push([RECONCILED_HEADER, 'true']);
         const response: StoredResponse = { status: answer.status, headers, body: rc.method === 'HEAD' ? new Uint8Array(0) : answer.body };
         // Refused only when the record is no longer this attempt's (settled meanwhile): changed either way.
-        await store.resolveRecord({ ...base, resolution: { outcome: 'completed', response, retentionMs: route.retention }, note: `status query answered ${answer.status}: performed` });
+        await store.resolveRecord({
+          ...base,
+          resolution: { outcome: 'completed', response, retentionMs: route.retention },
+          note: `status query answered ${answer.status}: performed`,
+        });
         return done('found', true);
       }
       if (rc.notFound.includes(answer.status)) {
         // Trusted only once the attempt can no longer be in flight nor still be landing: decided
         // by the database clock inside the release (DESIGN §3.12, G6), never by this process's.
-        const r = await store.resolveRecord({ ...base, resolution: { outcome: 'released', notBeforeMs: notBeforeMs(route) }, note: `status query answered ${answer.status}: not performed` });
+        const r = await store.resolveRecord({
+          ...base,
+          resolution: { outcome: 'released', notBeforeMs: notBeforeMs(route) },
+          note: `status query answered ${answer.status}: not performed`,
+        });
         if (r.ok) return done('not-found', true);
         if (r.reason === 'too-early') return done('not-yet-trusted');
         return done('not-found', true);
@@ -167,7 +175,14 @@ export function createReconcileStage(deps: { store: GatewayStore; query: Reconci
     }
     // Settled between the admission and this read: decide again.
     if (record === undefined) return admit(x, command);
-    const target: ReconcileTarget = { route: route as ReconcileTarget['route'], scope: record.scope, key: record.key, entity: command.entity, fence: record.fence, createdAt: record.createdAt };
+    const target: ReconcileTarget = {
+      route: route as ReconcileTarget['route'],
+      scope: record.scope,
+      key: record.key,
+      entity: command.entity,
+      fence: record.fence,
+      createdAt: record.createdAt,
+    };
     const { result, changed } = await query(target, route.maxWaitMs, x.requestId);
     x.trace.reconcile = result;
     return changed ? admit(x, command) : admitted;

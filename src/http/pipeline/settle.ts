@@ -38,9 +38,23 @@ export function createSettleStage(deps: { store: GatewayStore; logger: Logger; o
       // record this request took over from outcome_unknown goes back to
       // outcome_unknown: the earlier attempt's outcome is as unknown as before,
       // and its fingerprint must keep refusing another payload under the key.
-      logger.warn('forward-abandoned', { request_id: x.requestId, route: x.route!.name, idempotency_key: input.key, waited_ms: roundMs(performance.now() - sentAt), lock_ms: input.lockMs });
-      const refusal = { code: 'admission-expired' as const, detail: codec.expiredDetail(input.lockMs), extras: { ...codec.expiredExtras(command), retry_after: 1 } };
-      return record({ finish: finishOf(base, { outcome: admission.takeover ? 'unknown' : 'released' }), reply: codec.render(x, refusal, state), decision: refusal.code });
+      logger.warn('forward-abandoned', {
+        request_id: x.requestId,
+        route: x.route!.name,
+        idempotency_key: input.key,
+        waited_ms: roundMs(performance.now() - sentAt),
+        lock_ms: input.lockMs,
+      });
+      const refusal = {
+        code: 'admission-expired' as const,
+        detail: codec.expiredDetail(input.lockMs),
+        extras: { ...codec.expiredExtras(command), retry_after: 1 },
+      };
+      return record({
+        finish: finishOf(base, { outcome: admission.takeover ? 'unknown' : 'released' }),
+        reply: codec.render(x, refusal, state),
+        decision: refusal.code,
+      });
     }
 
     const settled = codec.settle(x, state, result, base, forwarded.timeoutMs);
@@ -67,7 +81,10 @@ export function createSettleStage(deps: { store: GatewayStore; logger: Logger; o
  * followed by more properties takes a slow path (~2 µs a call, measured),
  * Object.assign onto a new object does not.
  */
-export function finishOf(base: Omit<FinishInput, 'outcome'>, end: { outcome: 'released' | 'unknown' } | { outcome: 'completed'; response: StoredResponse; retentionMs: number }): FinishInput {
+export function finishOf(
+  base: Omit<FinishInput, 'outcome'>,
+  end: { outcome: 'released' | 'unknown' } | { outcome: 'completed'; response: StoredResponse; retentionMs: number },
+): FinishInput {
   return Object.assign({}, base, end);
 }
 
@@ -83,7 +100,13 @@ export function finishOf(base: Omit<FinishInput, 'outcome'>, end: { outcome: 're
  * answered. Past the lock a retry is harmless (the finish is conditional on
  * the owner token) but the caller has waited long enough.
  */
-export async function finishWithRetries(store: GatewayStore, finish: FinishInput, logger: Logger, requestId: string, lockEnds: number): Promise<boolean | null> {
+export async function finishWithRetries(
+  store: GatewayStore,
+  finish: FinishInput,
+  logger: Logger,
+  requestId: string,
+  lockEnds: number,
+): Promise<boolean | null> {
   // performance.now(): lockEnds is measured on the monotonic clock.
   const giveUpAt = Math.max(lockEnds, performance.now() + MIN_RETRY_MS);
   for (let attempt = 0; ; attempt++) {
@@ -100,4 +123,3 @@ export async function finishWithRetries(store: GatewayStore, finish: FinishInput
     }
   }
 }
-

@@ -82,7 +82,8 @@ export function createHttpCodec(deps: { problemBase: string; signedFences: boole
       return settled;
     },
 
-    expiredDetail: (lockMs) => `the gateway was delayed for longer than this request's ${lockMs} ms lock between its admission and the upstream; nothing was sent, retry with the same key is safe`,
+    expiredDetail: (lockMs) =>
+      `the gateway was delayed for longer than this request's ${lockMs} ms lock between its admission and the upstream; nothing was sent, retry with the same key is safe`,
     expiredExtras: (command) => ({ entity: command.entity, presented_fence: command.fence?.toString() ?? null, idempotency_key: command.key }),
   };
 }

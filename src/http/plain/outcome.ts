@@ -19,7 +19,8 @@ export function settleHttp(
   /** The deadline the forward had: the route's, or less when the lock left less. */
   timeoutMs: number,
 ): Settled {
-  const problem = (refusal: Refusal) => toReply(renderRefusal(Object.assign({}, refusal, { extras: Object.assign({}, refusal.extras, { request_id: requestId }) }), route.errors, problemBase));
+  const problem = (refusal: Refusal) =>
+    toReply(renderRefusal(Object.assign({}, refusal, { extras: Object.assign({}, refusal.extras, { request_id: requestId }) }), route.errors, problemBase));
   switch (result.kind) {
     case 'response': {
       const passthrough = responseFrom({ status: result.status, headers: result.headers, body: result.body }, 'hop-by-hop');
@@ -31,14 +32,18 @@ export function settleHttp(
       }
       const keep = replayHeaderSet(route);
       const kept = result.headers.filter(([n]) => keep.has(n.toLowerCase()));
-      const headers: [string, string][] = headLength === null ? kept : [...kept.filter(([n]) => n.toLowerCase() !== 'content-length'), ['content-length', headLength]];
+      const headers: [string, string][] =
+        headLength === null ? kept : [...kept.filter(([n]) => n.toLowerCase() !== 'content-length'), ['content-length', headLength]];
       const stored: StoredResponse = { status: result.status, headers, body: result.body };
       return { finish: finishOf(base, { outcome: 'completed', response: stored, retentionMs: route.retention }), reply: passthrough, decision: 'forwarded' };
     }
     case 'refused':
       return {
         finish: finishOf(base, { outcome: 'released' }),
-        reply: problem({ code: 'upstream-unavailable', detail: `the request could not be sent to the upstream (${result.error}); nothing was sent, retry with the same key is safe` }),
+        reply: problem({
+          code: 'upstream-unavailable',
+          detail: `the request could not be sent to the upstream (${result.error}); nothing was sent, retry with the same key is safe`,
+        }),
         decision: 'upstream-unavailable',
       };
     case 'unknown':

@@ -46,9 +46,7 @@ export function isNonCallBlock(entry: unknown): boolean {
   return isObject(entry) && typeof entry.type === 'string' && (NOT_A_CALL.has(entry.type) || A_RESULT.test(entry.type));
 }
 
-export type NormalizedCall =
-  | { ok: true; name: string; arguments: unknown }
-  | { ok: false; name: string | undefined; reason: string };
+export type NormalizedCall = { ok: true; name: string; arguments: unknown } | { ok: false; name: string | undefined; reason: string };
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
@@ -79,7 +77,11 @@ export function normalizeCall(call: unknown): NormalizedCall {
     // A typed block of another kind is never read as a plain call: its
     // `name` with no `arguments` would run the tool with {} (a block type
     // added to the API later, say, that the API runs itself).
-    return { ok: false, name: undefined, reason: `a ${JSON.stringify(call.type.slice(0, 64))} entry is not a tool call (a call is { name, arguments }, OpenAI's { function } or Anthropic's tool_use)` };
+    return {
+      ok: false,
+      name: undefined,
+      reason: `a ${JSON.stringify(call.type.slice(0, 64))} entry is not a tool call (a call is { name, arguments }, OpenAI's { function } or Anthropic's tool_use)`,
+    };
   } else {
     name = call.name;
     args = call.arguments;

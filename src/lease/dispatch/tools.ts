@@ -79,9 +79,20 @@ const tool = z
     schema: z.custom<PayloadSchema>((v) => typeof (v as PayloadSchema | null)?.safeParse === 'function', {
       message: 'must have safeParse (e.g. a zod schema)',
     }),
-    kind: z.string().regex(/^[A-Za-z0-9_.:-]{1,150}$/).optional(),
+    kind: z
+      .string()
+      .regex(/^[A-Za-z0-9_.:-]{1,150}$/)
+      .optional(),
     stages: z
-      .array(z.union([stageName, z.object({ name: stageName, ...limits }).partial({ leaseMs: true, maxRunMs: true, maxAttempts: true }).strict()]))
+      .array(
+        z.union([
+          stageName,
+          z
+            .object({ name: stageName, ...limits })
+            .partial({ leaseMs: true, maxRunMs: true, maxAttempts: true })
+            .strict(),
+        ]),
+      )
       .min(1)
       .optional(),
     entity: z
@@ -114,7 +125,8 @@ export function parseTools(tools: ToolsInput): ParsedTools {
           return { ...base, ...stripUndefined(st), name: st.name, kind: `${kind}.${st.name}` };
         })
       : [{ ...base, name: '', kind }];
-    if (new Set(stages.map((s) => s.name)).size !== stages.length) throw new LeaseConfigError(`dispatchToolCalls: tools.${name}.stages: stage names must be unique`);
+    if (new Set(stages.map((s) => s.name)).size !== stages.length)
+      throw new LeaseConfigError(`dispatchToolCalls: tools.${name}.stages: stage names must be unique`);
     for (const s of stages) {
       if (kinds.has(s.kind)) throw new LeaseConfigError(`dispatchToolCalls: tools.${name}: job kind ${s.kind} is used twice`);
       kinds.add(s.kind);
@@ -166,7 +178,10 @@ export function checkToolTiming(tools: ParsedTools, heartbeat: HeartbeatSettings
   if (bad) throw new LeaseConfigError(`dispatchToolCalls: heartbeat.${bad[0]} must be an integer ≥ ${bad[0] === 'jitterMs' ? 0 : 1}, got ${String(bad[1])}`);
   for (const t of tools.values()) {
     for (const s of t.stages) {
-      checkLeaseTiming({ ...settings, leaseMs: s.leaseMs }, `dispatchToolCalls: tools.${t.name}${t.staged ? ` stage ${s.name}` : ''} (heartbeat settings ${JSON.stringify(settings)})`);
+      checkLeaseTiming(
+        { ...settings, leaseMs: s.leaseMs },
+        `dispatchToolCalls: tools.${t.name}${t.staged ? ` stage ${s.name}` : ''} (heartbeat settings ${JSON.stringify(settings)})`,
+      );
     }
   }
 }

@@ -28,9 +28,29 @@ import { cancelSql, completeSql, extendSql, failSql, releaseSql, type OwnedSqlDi
 const CLOCK = 'clock_timestamp()';
 
 const COLUMN_NAMES = [
-  'id', 'kind', 'state', 'owner_id', 'lease_until', 'fencing_token', 'heartbeat_at', 'attempt',
-  'max_attempts', 'idempotency_key', 'job_key', 'fence_key', 'payload', 'payload_sha256', 'result', 'error',
-  'reason', 'previous_owner_id', 'created_at', 'first_claimed_at', 'deadline_at', 'run_after', 'finished_at',
+  'id',
+  'kind',
+  'state',
+  'owner_id',
+  'lease_until',
+  'fencing_token',
+  'heartbeat_at',
+  'attempt',
+  'max_attempts',
+  'idempotency_key',
+  'job_key',
+  'fence_key',
+  'payload',
+  'payload_sha256',
+  'result',
+  'error',
+  'reason',
+  'previous_owner_id',
+  'created_at',
+  'first_claimed_at',
+  'deadline_at',
+  'run_after',
+  'finished_at',
 ];
 
 /**
@@ -43,11 +63,7 @@ const jobKey = (t: string) => `'tool-job:' || coalesce(${t}store_id || ':', '') 
 /** Every column (optionally qualified), shaped for `rowToJob`; NULL fence_key reads as the default entity. */
 const columns = (t: string) =>
   COLUMN_NAMES.map((n) =>
-    n === 'job_key'
-      ? `${jobKey(t)} AS job_key`
-      : n === 'fence_key'
-        ? `coalesce(${t}fence_key, ${jobKey(t)}) AS fence_key`
-        : `${t}${n}`,
+    n === 'job_key' ? `${jobKey(t)} AS job_key` : n === 'fence_key' ? `coalesce(${t}fence_key, ${jobKey(t)}) AS fence_key` : `${t}${n}`,
   ).join(', ');
 
 export const JOB_COLUMNS = columns('');

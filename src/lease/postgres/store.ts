@@ -91,7 +91,9 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
   }
 
   const descriptor: StoreDescriptor | undefined =
-    options.connectionString === undefined ? undefined : { postgres: options.connectionString, ...(options.pooler === undefined ? {} : { pooler: options.pooler }) };
+    options.connectionString === undefined
+      ? undefined
+      : { postgres: options.connectionString, ...(options.pooler === undefined ? {} : { pooler: options.pooler }) };
   const prepared = preparedOn(pool);
   const claim = claimer(prepared, options);
   const complete = completer(prepared);

@@ -33,10 +33,7 @@ export interface Attempt {
 /** What an attempt needs from its worker, and nothing more. */
 export interface AttemptContext {
   readonly workerId: string;
-  readonly config: Pick<
-    WorkerConfig,
-    'kinds' | 'handlers' | 'heartbeatMs' | 'retry' | 'fetch' | 'fenceHeaders' | 'fenceSigner'
-  >;
+  readonly config: Pick<WorkerConfig, 'kinds' | 'handlers' | 'heartbeatMs' | 'retry' | 'fetch' | 'fenceHeaders' | 'fenceSigner'>;
   /** The ownership-conditional statements: their answer is final. */
   readonly store: Pick<JobStore, 'complete' | 'fail' | 'release'>;
   /** Who extends the lease while the attempt runs. */

@@ -133,10 +133,7 @@ const schema = z
       .optional(),
     fenceSigner: z.custom<FenceSigner>(isFunction, { message: 'must be a function' }).optional(),
     threadStore: z
-      .union([
-        z.object({ sqlite: z.string().min(1), busyTimeoutMs: ms.optional() }).strict(),
-        z.object({ postgres: z.string().min(1) }).strict(),
-      ])
+      .union([z.object({ sqlite: z.string().min(1), busyTimeoutMs: ms.optional() }).strict(), z.object({ postgres: z.string().min(1) }).strict()])
       .optional(),
     threadExecArgv: z.array(z.string()).optional(),
     events: z.instanceof(LeaseEvents).optional(),
@@ -184,9 +181,7 @@ export function parseWorkerOptions(options: RunWorkerOptions): WorkerConfig {
     handlers[kind] = typeof h === 'function' ? { run: h } : h;
   }
 
-  const heartbeatTimeoutMs =
-    o.heartbeatTimeoutMs ??
-    ('sqlite' in threadStore ? o.heartbeatMs : Math.max(2_000, o.maxMissedHeartbeats * o.heartbeatMs));
+  const heartbeatTimeoutMs = o.heartbeatTimeoutMs ?? ('sqlite' in threadStore ? o.heartbeatMs : Math.max(2_000, o.maxMissedHeartbeats * o.heartbeatMs));
 
   return {
     store: o.store,
@@ -209,4 +204,3 @@ export function parseWorkerOptions(options: RunWorkerOptions): WorkerConfig {
     threadExecArgv: o.threadExecArgv,
   };
 }
-

@@ -13,16 +13,7 @@ import {
   normaliseEnqueue,
   toJson,
 } from '../store-common.js';
-import type {
-  ClaimFailedJob,
-  Job,
-  JobErrorInfo,
-  JobState,
-  JobStore,
-  JobStoreOptions,
-  LeaseRef,
-  StoreDescriptor,
-} from '../types.js';
+import type { ClaimFailedJob, Job, JobErrorInfo, JobState, JobStore, JobStoreOptions, LeaseRef, StoreDescriptor } from '../types.js';
 import * as q from './queries.js';
 
 export type SqliteJobStoreOptions = JobStoreOptions &
@@ -193,9 +184,7 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
     },
 
     async extend(lease) {
-      const row = immediate(() => stmt.extend.get({ ...owned(lease), lease_ms: lease.leaseMs })) as
-        | { lease_until: number }
-        | undefined;
+      const row = immediate(() => stmt.extend.get({ ...owned(lease), lease_ms: lease.leaseMs })) as { lease_until: number } | undefined;
       return row ? { ok: true, leaseUntil: new Date(row.lease_until) } : LEASE_LOST;
     },
 

@@ -41,7 +41,13 @@ export function createD1Audit(db: D1DatabaseLike): AuditStore {
 
     async listRecords(query) {
       const cur = query.cursor === undefined ? null : decodeRecordCursor(query.cursor);
-      const rows = await all(Q.records, { state: query.state, after_at: cur?.[0] ?? null, after_scope: cur?.[1] ?? null, after_key: cur?.[2] ?? null, limit: query.limit + 1 });
+      const rows = await all(Q.records, {
+        state: query.state,
+        after_at: cur?.[0] ?? null,
+        after_scope: cur?.[1] ?? null,
+        after_key: cur?.[2] ?? null,
+        limit: query.limit + 1,
+      });
       return toRecordPage(rows, query.limit, encodeRecordCursor);
     },
 
@@ -56,7 +62,15 @@ export function createD1Audit(db: D1DatabaseLike): AuditStore {
         st(Q.state, { scope, key }),
         st(Q.logAction, { scope, key, created_at, not_before_ms, action, status, operator: input.operator, note: input.note, request_id: input.requestId }),
         r.outcome === 'completed'
-          ? st(Q.complete, { scope, key, created_at, status: r.response.status, headers: JSON.stringify(r.response.headers), body: r.response.body, retention_ms: r.retentionMs })
+          ? st(Q.complete, {
+              scope,
+              key,
+              created_at,
+              status: r.response.status,
+              headers: JSON.stringify(r.response.headers),
+              body: r.response.body,
+              retention_ms: r.retentionMs,
+            })
           : not_before_ms === null
             ? st(Q.release, { scope, key, created_at, not_before_ms })
             : st(Q.releaseLogged, { scope, key, created_at, request_id: input.requestId }),
@@ -82,8 +96,6 @@ export function createD1Audit(db: D1DatabaseLike): AuditStore {
     },
   };
 }
-
-
 
 /**
  * The record keyset cursor: base64url of the JSON `[created_at, scope, key]`

@@ -42,7 +42,6 @@ export interface D1StoreOptions {
 /** The longest interval between two polls of one request, however long it has waited (unless `maxPolls` spreads them wider). */
 const MAX_POLL_INTERVAL_MS = 1000;
 
-
 const SWEEP = sweepStatements(D1);
 const INSERT_REJECTION = insertRejection(D1);
 

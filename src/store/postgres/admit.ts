@@ -62,7 +62,10 @@ export interface AdmitGroupOptions {
  * never retries an admission): the group's answer says the element's
  * subtransaction rolled back, or nothing was sent.
  */
-export function createAdmit(ctx: PgContext, options: AdmitGroupOptions = {}): ((input: AdmitInput) => Promise<Admission>) & { group: RoundTripGroup<AdmitInput, Admission> } {
+export function createAdmit(
+  ctx: PgContext,
+  options: AdmitGroupOptions = {},
+): ((input: AdmitInput) => Promise<Admission>) & { group: RoundTripGroup<AdmitInput, Admission> } {
   // $1 scope $2 key $3 entity $4 fence $5 fingerprint $6 serial $7 owner $8 lock_ms
   // $9 retention_ms $10 retry_unknown $11 caller $12 method $13 path $14 payload_sha256 $15 request_id
   // $16 client_request_id $17 log_entity $18 log_key $19 tool ($11–$19: the bounded rejection text)
@@ -89,7 +92,8 @@ export function createAdmit(ctx: PgContext, options: AdmitGroupOptions = {}): ((
         return rows.map((r): Settled<Admission> => {
           if (r.alone) return { alone: true };
           // The element's subtransaction rolled back: an ERROR, as a lone statement's would be (./release.ts reads it so).
-          if (r.err_code !== null) return { ok: false, error: Object.assign(new Error(r.err_message ?? 'fencegate_admit failed'), { code: r.err_code, severity: 'ERROR' }) };
+          if (r.err_code !== null)
+            return { ok: false, error: Object.assign(new Error(r.err_message ?? 'fencegate_admit failed'), { code: r.err_code, severity: 'ERROR' }) };
           try {
             return { ok: true, value: toAdmission(r) };
           } catch (error) {

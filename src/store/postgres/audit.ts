@@ -99,7 +99,13 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
 
     async listRecords(query) {
       const cur = query.cursor === undefined ? null : decodeRecordCursor(query.cursor);
-      const { rows } = await ctx.query<RecordRow & { created_us: string }>(Q.records, [query.state, cur?.[0] ?? null, cur?.[1] ?? null, cur?.[2] ?? null, query.limit + 1]);
+      const { rows } = await ctx.query<RecordRow & { created_us: string }>(Q.records, [
+        query.state,
+        cur?.[0] ?? null,
+        cur?.[1] ?? null,
+        cur?.[2] ?? null,
+        query.limit + 1,
+      ]);
       const page = rows.slice(0, query.limit);
       const last = page[page.length - 1];
       return {

@@ -70,7 +70,11 @@ export function createFinish(
             // reused with another entity) closes a cycle. The element the
             // deadlock detector chose runs again alone, after the group
             // committed and let go of its rows.
-            if (r.err_code === DEADLOCK) return this.one(inputs[i]!).then((value) => ({ ok: true, value }), (error: Error) => ({ ok: false, error }));
+            if (r.err_code === DEADLOCK)
+              return this.one(inputs[i]!).then(
+                (value) => ({ ok: true, value }),
+                (error: Error) => ({ ok: false, error }),
+              );
             return { ok: false, error: Object.assign(new Error(r.err_message ?? 'fencegate_finish failed'), { code: r.err_code }) };
           }),
         );
@@ -101,7 +105,6 @@ function finishBytes(input: FinishInput): number {
   for (const [name, value] of input.response.headers) n += name.length + value.length;
   return n;
 }
-
 
 /** fencegate_finish's twenty parameters for one finish, in order. */
 function finishParams(input: FinishInput, channel: string | null): unknown[] {

@@ -25,7 +25,15 @@ export const FUNCTIONS_DIR = join(dirname(fileURLToPath(import.meta.url)), '..',
  * the functions it calls when it is created (plpgsql bodies only when they
  * run), so a callee comes before its callers.
  */
-export const FUNCTION_FILES = ['ms_between.sql', 'log_rejection.sql', 'admit.sql', 'finish.sql', 'group_finish.sql', 'group_admit.sql', 'release_unsent.sql'] as const;
+export const FUNCTION_FILES = [
+  'ms_between.sql',
+  'log_rejection.sql',
+  'admit.sql',
+  'finish.sql',
+  'group_finish.sql',
+  'group_admit.sql',
+  'release_unsent.sql',
+] as const;
 
 /**
  * The last migration that may define a PostgreSQL function. Up to it,

@@ -51,7 +51,11 @@ export function openPool(options: PostgresStoreOptions, onError: (err: Error, so
     const pool = transaction ? transactionPooled(given as pg.Pool, null) : given;
     opened = { pool, ownsPool: false, makeListenClient: own === null ? null : () => new pg.Client(own), notices };
   } else {
-    const pool = configuredPool({ ...clientConfig, max: options.poolSize ?? 10 }, { statementTimeoutMs: options.statementTimeoutMs ?? 10_000, pooler: options.pooler }, (err) => onError(err, 'pool'));
+    const pool = configuredPool(
+      { ...clientConfig, max: options.poolSize ?? 10 },
+      { statementTimeoutMs: options.statementTimeoutMs ?? 10_000, pooler: options.pooler },
+      (err) => onError(err, 'pool'),
+    );
     opened = { pool, ownsPool: true, makeListenClient: () => new pg.Client(clientConfig), notices };
   }
   if (options.listenConnectionString !== undefined) {
@@ -65,7 +69,9 @@ export function openPool(options: PostgresStoreOptions, onError: (err: Error, so
     notices.push({
       level: 'warn',
       msg: 'listen-unavailable',
-      fields: { reason: 'pooler "transaction" and no listenUrl: cross-replica wake-ups poll instead of LISTEN (set store.listenUrl to a direct or session-pooled URL)' },
+      fields: {
+        reason: 'pooler "transaction" and no listenUrl: cross-replica wake-ups poll instead of LISTEN (set store.listenUrl to a direct or session-pooled URL)',
+      },
     });
   }
   if (options.listen === false) opened.makeListenClient = null;

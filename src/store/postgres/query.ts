@@ -25,7 +25,11 @@ export function poolQuery(pool: PoolLike, closed: () => boolean, health?: RoundT
   return <R>(text: string, values: unknown[], prepared = true) => {
     if (closed()) return Promise.reject(new Error('the PostgreSQL gateway store is closed'));
     const sent = prepared
-      ? (pool as unknown as { query(q: { name: string; text: string; values: unknown[] }): Promise<{ rows: R[] }> }).query({ name: statementName(text), text, values })
+      ? (pool as unknown as { query(q: { name: string; text: string; values: unknown[] }): Promise<{ rows: R[] }> }).query({
+          name: statementName(text),
+          text,
+          values,
+        })
       : pool.query<R>(text, values);
     if (health === undefined) return sent;
     return sent.then(

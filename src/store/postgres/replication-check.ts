@@ -76,16 +76,29 @@ export function assessReplication(row: ReplicationRow): ReplicationReport {
     };
   }
   if (localCommit) {
-    return { ...base, state: 'at-risk', reason: `synchronous_commit is '${synchronousCommit}' while ${standbys.length} standby(s) replicate: commits are acknowledged before any standby has them, so a failover can lose acknowledged fences and idempotency records` };
+    return {
+      ...base,
+      state: 'at-risk',
+      reason: `synchronous_commit is '${synchronousCommit}' while ${standbys.length} standby(s) replicate: commits are acknowledged before any standby has them, so a failover can lose acknowledged fences and idempotency records`,
+    };
   }
   if (standbys.some((s) => s.syncState === null)) {
-    return { ...base, state: 'unknown', reason: "the store's role cannot read pg_stat_replication.sync_state (grant it pg_monitor or pg_read_all_stats): whether a failover keeps acknowledged decisions is not checked" };
+    return {
+      ...base,
+      state: 'unknown',
+      reason:
+        "the store's role cannot read pg_stat_replication.sync_state (grant it pg_monitor or pg_read_all_stats): whether a failover keeps acknowledged decisions is not checked",
+    };
   }
   const unsafe = standbys.filter((s) => s.syncState !== 'sync' && s.syncState !== 'quorum');
   if (unsafe.length > 0) {
     const names = unsafe.map((s) => `${s.name ?? '?'} (${s.syncState})`).join(', ');
     const none = unsafe.length === standbys.length ? 'no standby is synchronous' : 'not every standby is synchronous';
-    return { ...base, state: 'at-risk', reason: `${none}: ${names}; promoting such a standby can lose acknowledged fences and idempotency records (set synchronous_standby_names, and synchronous_commit on or remote_apply)` };
+    return {
+      ...base,
+      state: 'at-risk',
+      reason: `${none}: ${names}; promoting such a standby can lose acknowledged fences and idempotency records (set synchronous_standby_names, and synchronous_commit on or remote_apply)`,
+    };
   }
   return { ...base, state: 'safe', reason: 'every standby is synchronous' };
 }

@@ -18,7 +18,11 @@ export function toPage<T extends { id: string }>(rows: Record<string, unknown>[]
 }
 
 /** A page of the records keyset read (`limit + 1` rows); its cursor encodes the last item's (created_at, scope, key). */
-export function toRecordPage(rows: Record<string, unknown>[], limit: number, cursor: (last: [createdAt: string, scope: string, key: string]) => string): RecordPage {
+export function toRecordPage(
+  rows: Record<string, unknown>[],
+  limit: number,
+  cursor: (last: [createdAt: string, scope: string, key: string]) => string,
+): RecordPage {
   const page = rows.slice(0, limit);
   const last = page[page.length - 1];
   return {

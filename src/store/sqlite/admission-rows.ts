@@ -40,7 +40,19 @@ type RecordSqlRow = [
 
 /** The columns `apply` may update, in bit order (bit i: column i). */
 const ENTITY_COLUMNS = ['fence', 'accepted_at', 'inflight_owner', 'inflight_until'] as const;
-const RECORD_COLUMNS = ['fingerprint', 'entity', 'fence', 'state', 'owner_token', 'locked_until', 'status', 'headers', 'body', 'created_at', 'expires_at'] as const;
+const RECORD_COLUMNS = [
+  'fingerprint',
+  'entity',
+  'fence',
+  'state',
+  'owner_token',
+  'locked_until',
+  'status',
+  'headers',
+  'body',
+  'created_at',
+  'expires_at',
+] as const;
 
 const num = (v: bigint | null): number | null => (v === null ? null : Number(v));
 
@@ -115,7 +127,21 @@ export function admissionRows(db: SqliteDatabase): AdmissionRows {
     const headers = res === null ? null : JSON.stringify(res.headers);
     const body = res === null ? null : Buffer.from(res.body.buffer, res.body.byteOffset, res.body.byteLength);
     if (was === null) {
-      return insertRecord.run(scope, key, next.fingerprint, next.entity, next.fence, next.state, next.owner, next.lockedUntil, status, headers, body, next.createdAt, next.expiresAt).changes;
+      return insertRecord.run(
+        scope,
+        key,
+        next.fingerprint,
+        next.entity,
+        next.fence,
+        next.state,
+        next.owner,
+        next.lockedUntil,
+        status,
+        headers,
+        body,
+        next.createdAt,
+        next.expiresAt,
+      ).changes;
     }
     let mask = 0;
     const values: unknown[] = [];
@@ -126,7 +152,7 @@ export function admissionRows(db: SqliteDatabase): AdmissionRows {
     if (next.state !== was.state) put(8, next.state);
     if (next.owner !== was.owner) put(16, next.owner);
     if (next.lockedUntil !== was.lockedUntil) put(32, next.lockedUntil);
-    if (res !== was.response) (put(64, status), put(128, headers), put(256, body));
+    if (res !== was.response) put(64, status), put(128, headers), put(256, body);
     if (next.createdAt !== was.createdAt) put(512, next.createdAt);
     if (next.expiresAt !== was.expiresAt) put(1024, next.expiresAt);
     if (mask === 0) return 1;

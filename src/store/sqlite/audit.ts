@@ -5,7 +5,6 @@ import { toAction, toFenceHistoryPage, toPage, toRecordPage } from '../sqlite-di
 import { NOW_MS, SQLITE } from '../sqlite-dialect/statements.js';
 import { ACTION_COLUMNS, auditStatements, INSERT_ACTION } from '../sqlite-dialect/audit.js';
 
-
 /**
  * The audit half of the SQLite store (DESIGN §4.1): fence history, records
  * waiting for an operator, the operator's resolution and its log, gauges.
@@ -45,7 +44,8 @@ export function createSqliteAudit(db: SqliteDatabase, lock: WriteLock = new Writ
       q.complete.run({ ...which, status: r.response.status, headers: JSON.stringify(r.response.headers), body, retention_ms: r.retentionMs });
     } else {
       // The release's own condition decides (DESIGN §3.12); nothing deleted means not yet.
-      if (q.release.run({ ...which, not_before_ms: r.notBeforeMs === undefined ? null : BigInt(Math.ceil(r.notBeforeMs)) }).changes === 0) return { ok: false, reason: 'too-early' };
+      if (q.release.run({ ...which, not_before_ms: r.notBeforeMs === undefined ? null : BigInt(Math.ceil(r.notBeforeMs)) }).changes === 0)
+        return { ok: false, reason: 'too-early' };
     }
     const row = q.logAction.get({
       action: r.outcome === 'completed' ? 'resolve-completed' : 'resolve-released',
@@ -64,13 +64,22 @@ export function createSqliteAudit(db: SqliteDatabase, lock: WriteLock = new Writ
 
   return {
     async getFenceHistory(entity, page) {
-      const rows = q.history.all({ entity, cursor: page.cursor === undefined ? null : BigInt(page.cursor), limit: page.limit + 1 }) as Record<string, unknown>[];
+      const rows = q.history.all({ entity, cursor: page.cursor === undefined ? null : BigInt(page.cursor), limit: page.limit + 1 }) as Record<
+        string,
+        unknown
+      >[];
       return toFenceHistoryPage(rows, page.limit);
     },
 
     async listRecords(query) {
       const cur = query.cursor === undefined ? null : decodeRecordCursor(query.cursor);
-      const rows = q.records.all({ state: query.state, after_at: cur?.[0] ?? null, after_scope: cur?.[1] ?? null, after_key: cur?.[2] ?? null, limit: query.limit + 1 }) as Record<string, unknown>[];
+      const rows = q.records.all({
+        state: query.state,
+        after_at: cur?.[0] ?? null,
+        after_scope: cur?.[1] ?? null,
+        after_key: cur?.[2] ?? null,
+        limit: query.limit + 1,
+      }) as Record<string, unknown>[];
       return toRecordPage(rows, query.limit, encodeRecordCursor);
     },
 
@@ -90,8 +99,6 @@ export function createSqliteAudit(db: SqliteDatabase, lock: WriteLock = new Writ
     },
   };
 }
-
-
 
 /** The record keyset cursor: base64url of `[created_at, scope, key]` (scope may hold a NUL). */
 export function encodeRecordCursor(c: [string, string, string]): string {

@@ -75,7 +75,6 @@ export interface SqliteStoreOptions extends OpenSqliteOptions {
   backgroundCheckpoint?: boolean | CheckpointOptions;
 }
 
-
 /**
  * The embedded default store: one SQLite file in WAL mode. Every decision is
  * one `BEGIN IMMEDIATE` transaction, so several gateway processes on the same
@@ -137,7 +136,10 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
       this.releaseTx = (input) => group.run(() => this.releaseIn(input));
     } else {
       // One BEGIN IMMEDIATE transaction each (./write-lock.ts).
-      const inTx = <I, O>(fn: (input: I) => O) => (input: I) => this.lock.transaction(() => (begin(), fn(input)));
+      const inTx =
+        <I, O>(fn: (input: I) => O) =>
+        (input: I) =>
+          this.lock.transaction(() => (begin(), fn(input)));
       this.admitTx = inTx((input: AdmitInput) => this.admitIn(input));
       this.finishTx = inTx((input: FinishInput) => this.finishIn(input));
       this.rejectTx = inTx((input: RejectionInput) => this.reject(input, this.txNow));
@@ -146,7 +148,13 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     this.audit = createSqliteAudit(this.db, this.lock);
     const ckpt = options.backgroundCheckpoint ?? true;
     if (ckpt !== false && options.path !== ':memory:' && options.path !== '') {
-      this.checkpointer = new Checkpointer(this.db, resolve(options.path), options.synchronous ?? 'FULL', this.group && (() => this.group!.hold()), ckpt === true ? {} : ckpt);
+      this.checkpointer = new Checkpointer(
+        this.db,
+        resolve(options.path),
+        options.synchronous ?? 'FULL',
+        this.group && (() => this.group!.hold()),
+        ckpt === true ? {} : ckpt,
+      );
     }
   }
 

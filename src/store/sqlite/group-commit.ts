@@ -281,10 +281,13 @@ export class GroupCommit {
     }
     // The queue is in arrival order: its head is the one whose wait ends first.
     const delay = Math.min(this.lock.delayMs(this.attempts++), waiting[0]!.since + timeout - now);
-    this.lockTimer = setTimeout(() => {
-      this.lockTimer = null;
-      this.flush();
-    }, Math.max(0, delay));
+    this.lockTimer = setTimeout(
+      () => {
+        this.lockTimer = null;
+        this.flush();
+      },
+      Math.max(0, delay),
+    );
   }
 
   private wakeIdle(): void {

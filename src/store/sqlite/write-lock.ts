@@ -76,7 +76,10 @@ export class WriteLock {
   private readonly commitStmt: Statement;
   private readonly rollbackStmt: Statement;
 
-  constructor(private readonly db: SqliteDatabase, options: WriteLockOptions = {}) {
+  constructor(
+    private readonly db: SqliteDatabase,
+    options: WriteLockOptions = {},
+  ) {
     this.timeoutMs = options.timeoutMs ?? 5000;
     if (options.blockingMs !== undefined) db.pragma(`busy_timeout = ${Math.max(0, Math.floor(options.blockingMs))}`);
     // IMMEDIATE: the write lock is taken at BEGIN, so that two processes

@@ -143,7 +143,11 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
 
   try {
     // --- the processes -------------------------------------------------------
-    upstream = spawnProc('upstream', [...TS_ARGS, join(ROOT, 'test/faults/toolkit/upstream-child.ts'), JSON.stringify({ effectsFile: join(dir, 'effects.ndjson') })], { keepLines: 10 });
+    upstream = spawnProc(
+      'upstream',
+      [...TS_ARGS, join(ROOT, 'test/faults/toolkit/upstream-child.ts'), JSON.stringify({ effectsFile: join(dir, 'effects.ndjson') })],
+      { keepLines: 10 },
+    );
     const upstreamUrl = (await upstream.waitFor((m) => m.type === 'listening', 'the upstream listens')).url as string;
     const upProxy = await FaultProxy.start({ target: hostPort(upstreamUrl), name: 'gateway-upstream', random: rng });
     proxies.push(upProxy);
@@ -200,7 +204,11 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
         retry: { baseMs: 200, maxMs: 2_000 },
         requestTimeoutMs: 8_000,
       };
-      return spawnProc(workerId, [...TS_ARGS, join(ROOT, 'test/faults/toolkit/worker-child.ts'), JSON.stringify(config)], { stdin: true, keepLines: 50, onLine: onWorkerLine });
+      return spawnProc(workerId, [...TS_ARGS, join(ROOT, 'test/faults/toolkit/worker-child.ts'), JSON.stringify(config)], {
+        stdin: true,
+        keepLines: 50,
+        onLine: onWorkerLine,
+      });
     };
     for (let i = 0; i < options.workers; i++) {
       const gwProxy = await FaultProxy.start({ target: { host: '127.0.0.1', port: gw.port }, name: `w${i}-gateway` });
@@ -213,7 +221,9 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
     await Promise.all(slots.map((s) => s.proc.waitFor((m) => m.type === 'ready', `${s.proc.name} ready`, 60_000)));
     // The fault phase starts once every process is up (start-up takes seconds on a loaded machine).
     const faultsFrom = Date.now();
-    log(`soak seed=${options.seed} backend=${options.backend} checks=${options.checksOff ? 'fence-off' : 'on'}: ${options.workers} workers ready, faults for ${Math.round(options.durationMs / 1000)} s (${kinds.join(', ')})`);
+    log(
+      `soak seed=${options.seed} backend=${options.backend} checks=${options.checksOff ? 'fence-off' : 'on'}: ${options.workers} workers ready, faults for ${Math.round(options.durationMs / 1000)} s (${kinds.join(', ')})`,
+    );
 
     // --- jobs: fed as the workers take them ----------------------------------
     let enqueued = 0;
@@ -439,7 +449,9 @@ export async function runSoak(options: SoakOptions): Promise<SoakReport> {
       }
       if (Date.now() > nextStatus) {
         nextStatus += options.statusEveryMs ?? 30_000;
-        log(`  ${Math.round((Date.now() - faultsFrom) / 1000)} s: ${enqueued} jobs enqueued, ${workerEvents.claims} claims (${workerEvents.takeovers} takeovers), faults ${formatCounts(faults)}`);
+        log(
+          `  ${Math.round((Date.now() - faultsFrom) / 1000)} s: ${enqueued} jobs enqueued, ${workerEvents.claims} claims (${workerEvents.takeovers} takeovers), faults ${formatCounts(faults)}`,
+        );
       }
       await sleep(gap);
     }
@@ -590,7 +602,8 @@ async function readFinal(where: {
 }): Promise<FinalState> {
   const effects = (await (await fetch(`${where.upstreamUrl}/__effects`)).json()) as Effect[];
   // job_key as the lease module builds it (a row from before the store had an id keeps tool-job:<id>).
-  const jobsSql = "SELECT id, 'tool-job:' || coalesce(store_id || ':', '') || id AS job_key, state, fencing_token, reason, error, result FROM tool_jobs ORDER BY id";
+  const jobsSql =
+    "SELECT id, 'tool-job:' || coalesce(store_id || ':', '') || id AS job_key, state, fencing_token, reason, error, result FROM tool_jobs ORDER BY id";
   const recordsSql = 'SELECT scope, key, state, entity, fence FROM idempotency_records';
   const rejectionsSql = 'SELECT reason, count(*) AS n FROM rejections GROUP BY reason';
   if (where.schema) {
@@ -598,7 +611,15 @@ async function readFinal(where: {
     const jobs = await q(jobsSql);
     return {
       effects,
-      jobs: jobs.map((j: any) => ({ id: Number(j.id), jobKey: j.job_key, state: j.state, token: Number(j.fencing_token), reason: j.reason, error: j.error, result: j.result })),
+      jobs: jobs.map((j: any) => ({
+        id: Number(j.id),
+        jobKey: j.job_key,
+        state: j.state,
+        token: Number(j.fencing_token),
+        reason: j.reason,
+        error: j.error,
+        result: j.result,
+      })),
       records: (await q(recordsSql)).map((r: any) => ({ ...r, fence: r.fence === null ? null : String(r.fence) })),
       rejections: (await q(rejectionsSql)).map((r: any) => ({ reason: r.reason, n: Number(r.n) })),
     };
@@ -628,4 +649,3 @@ async function readFinal(where: {
     rejections: rejections.map((r) => ({ reason: r.reason, n: Number(r.n) })),
   };
 }
-

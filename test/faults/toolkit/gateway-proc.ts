@@ -71,7 +71,9 @@ export async function startGatewayProc(options: GatewayProcOptions): Promise<Gat
     configPath,
     JSON.stringify({
       listen: { host: '127.0.0.1', port },
-      store: sqlite ? { sqlite: (options.store as { sqlite: string }).sqlite, synchronous: 'NORMAL' } : { postgres: 'postgres://set-by-the-child', poolSize: 6 },
+      store: sqlite
+        ? { sqlite: (options.store as { sqlite: string }).sqlite, synchronous: 'NORMAL' }
+        : { postgres: 'postgres://set-by-the-child', poolSize: 6 },
       ...options.config,
       routes: options.routes,
     }),

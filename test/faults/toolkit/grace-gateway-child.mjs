@@ -20,5 +20,8 @@ const forwarder = createUndiciForwarder(turns === undefined ? {} : { deadlineGra
 const running = await startGateway({ config, logger, forwarder });
 logger.info('listening', { url: running.url, deadlineGraceTurns: turns ?? null });
 process.on('SIGTERM', () => {
-  running.close().then(() => process.exit(0), () => process.exit(1));
+  running.close().then(
+    () => process.exit(0),
+    () => process.exit(1),
+  );
 });

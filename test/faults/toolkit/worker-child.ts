@@ -90,7 +90,15 @@ async function call(ctx: JobContext<any>, step: string, url: string, body: strin
     timeoutMs: config.requestTimeoutMs,
   });
   const a = await answerOf(res);
-  out({ type: 'response', job: ctx.job.id, token: ctx.job.fencingToken, step, status: a.status, code: a.code, replayed: res.headers.get('idempotent-replayed') === 'true' });
+  out({
+    type: 'response',
+    job: ctx.job.id,
+    token: ctx.job.fencingToken,
+    step,
+    status: a.status,
+    code: a.code,
+    replayed: res.headers.get('idempotent-replayed') === 'true',
+  });
   return a;
 }
 

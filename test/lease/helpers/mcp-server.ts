@@ -108,10 +108,14 @@ export async function startTicketServer(): Promise<TicketServer> {
       return { content: [{ type: 'text', text: ticket.id }], structuredContent: { id: ticket.id } };
     });
     // docs/mcp.md's example tool: its route reads the entity from /arguments/invoice_id.
-    server.registerTool('refund_payment', { description: 'Refunds an invoice (not idempotent)', inputSchema: { invoice_id: z.string(), amount: z.number() } }, async (args, extra) => {
-      arrivals.push({ tool: 'refund_payment', meta: (extra._meta ?? {}) as Record<string, unknown>, arguments: args });
-      return { content: [{ type: 'text', text: `refunded ${args.invoice_id}` }], structuredContent: { refunded: args.invoice_id } };
-    });
+    server.registerTool(
+      'refund_payment',
+      { description: 'Refunds an invoice (not idempotent)', inputSchema: { invoice_id: z.string(), amount: z.number() } },
+      async (args, extra) => {
+        arrivals.push({ tool: 'refund_payment', meta: (extra._meta ?? {}) as Record<string, unknown>, arguments: args });
+        return { content: [{ type: 'text', text: `refunded ${args.invoice_id}` }], structuredContent: { refunded: args.invoice_id } };
+      },
+    );
     server.registerTool('search_tickets', { description: 'Read-only', inputSchema: { q: z.string() } }, async ({ q }, extra) => {
       arrivals.push({ tool: 'search_tickets', meta: (extra._meta ?? {}) as Record<string, unknown>, arguments: { q } });
       return { content: [{ type: 'text', text: JSON.stringify(tickets.filter((t) => t.title.includes(q)).map((t) => t.id)) }] };

@@ -83,10 +83,10 @@ export const postgresDatabase: TestDatabaseFactory = async () => {
   const schema = await createTestSchema('lease');
   const stores: JobStore[] = [await createPostgresJobStore({ pool: schema.pool, connectionString: schema.url })];
   const backdate = async (column: TimeColumn, ms: number, id?: number) => {
-    await schema.pool.query(
-      `UPDATE tool_jobs SET ${column} = ${column} - $1::bigint * interval '1 millisecond' WHERE $2::bigint IS NULL OR id = $2`,
-      [ms, id ?? null],
-    );
+    await schema.pool.query(`UPDATE tool_jobs SET ${column} = ${column} - $1::bigint * interval '1 millisecond' WHERE $2::bigint IS NULL OR id = $2`, [
+      ms,
+      id ?? null,
+    ]);
   };
   return {
     dialect: 'postgres',

@@ -34,7 +34,14 @@ const fences: FenceSource = config.unfenced ? { backend: real.backend, storeId: 
 
 const pay = fencedTask<{ amount: number }>(
   async (payload, helpers, { fencedFetch, fence, entity, signal }) => {
-    reply({ msg: 'started', jobId: String(helpers.job.id), fence, entity, attempts: (helpers.job as { attempts?: number }).attempts, lockedAt: helpers.job.locked_at });
+    reply({
+      msg: 'started',
+      jobId: String(helpers.job.id),
+      fence,
+      entity,
+      attempts: (helpers.job as { attempts?: number }).attempts,
+      lockedAt: helpers.job.locked_at,
+    });
     try {
       if (config.waitForCall) await command('call');
       const res = await fencedFetch(`${config.gateway}/payments/charges`, {

@@ -23,7 +23,10 @@ export function queueHarness(options: { signed?: boolean } = {}): QueueHarness {
   const h = { cleanups: [] as QueueHarness['cleanups'] } as QueueHarness;
   beforeAll(async () => {
     h.upstream = await startUpstream();
-    h.gateway = await startTestGateway({ routes: [paymentsRoute(h.upstream.url)], ...(options.signed ? { config: { fence: { signed: { secret: FENCE_SECRET } } } } : {}) });
+    h.gateway = await startTestGateway({
+      routes: [paymentsRoute(h.upstream.url)],
+      ...(options.signed ? { config: { fence: { signed: { secret: FENCE_SECRET } } } } : {}),
+    });
   });
   afterEach(async () => {
     await killAll();

@@ -31,7 +31,19 @@ const audit = { requestId: 'r', clientRequestId: null, caller: null, method: 'PO
 async function writer() {
   for (;;) {
     const key = `k-${++n}`;
-    await store.admit({ scope: 'r', key, entity: `e-${n}`, fence: 1n, fingerprint: 'f', mode: 'serial', ownerToken: `o-${n}`, lockMs: 60_000, retentionMs: 600_000, onUnknown: 'reject', audit });
+    await store.admit({
+      scope: 'r',
+      key,
+      entity: `e-${n}`,
+      fence: 1n,
+      fingerprint: 'f',
+      mode: 'serial',
+      ownerToken: `o-${n}`,
+      lockMs: 60_000,
+      retentionMs: 600_000,
+      onUnknown: 'reject',
+      audit,
+    });
     acked.push(key);
     if (!flushing) {
       flushing = true;

@@ -26,7 +26,9 @@ if (mode === 'read') {
   db.prepare('SELECT count(*) FROM fence_entities').get();
 } else {
   db.exec('BEGIN IMMEDIATE');
-  db.prepare("INSERT INTO fence_entities (entity, fence, accepted_at) VALUES ('sqlite-locker', 1, 0) ON CONFLICT (entity) DO UPDATE SET fence = fence + 1").run();
+  db.prepare(
+    "INSERT INTO fence_entities (entity, fence, accepted_at) VALUES ('sqlite-locker', 1, 0) ON CONFLICT (entity) DO UPDATE SET fence = fence + 1",
+  ).run();
 }
 console.log(JSON.stringify({ msg: 'locked', pid: process.pid }));
 

@@ -26,7 +26,16 @@ const dir = mkdtempSync(join(tmpdir(), 'fg-no-otel-'));
 const config = parseConfig({
   listen: { host: '127.0.0.1', port: 0 },
   store: { sqlite: join(dir, 'g.db'), synchronous: 'NORMAL' },
-  routes: [{ name: 'payments', match: { path: '/payments/*', methods: ['POST'] }, upstream: `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`, entity: { header: 'X-Fence-Entity' }, fence: 'required', idempotency: 'required' }],
+  routes: [
+    {
+      name: 'payments',
+      match: { path: '/payments/*', methods: ['POST'] },
+      upstream: `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`,
+      entity: { header: 'X-Fence-Entity' },
+      fence: 'required',
+      idempotency: 'required',
+    },
+  ],
 });
 const gw = await startGateway({ config, logger: silentLogger, env: {} });
 const res = await fetch(`${gw.url}/payments/x`, {
@@ -35,7 +44,15 @@ const res = await fetch(`${gw.url}/payments/x`, {
   body: '{}',
 });
 const metrics = await (await fetch(`${gw.url}/_fencegate/metrics`)).text();
-console.log(JSON.stringify({ loaded: await loadTracing(), status: res.status, ...seen, buildInfo: /^fencegate_build_info\{/m.test(metrics), processMetrics: /^process_cpu_user_seconds_total /m.test(metrics) }));
+console.log(
+  JSON.stringify({
+    loaded: await loadTracing(),
+    status: res.status,
+    ...seen,
+    buildInfo: /^fencegate_build_info\{/m.test(metrics),
+    processMetrics: /^process_cpu_user_seconds_total /m.test(metrics),
+  }),
+);
 await gw.close();
 upstream.close();
 rmSync(dir, { recursive: true, force: true });

@@ -56,10 +56,12 @@ export function jwtAuth(options: JwtAuthOptions): MiddlewareHandler {
   }
   const scopeOf = typeof options.scope === 'function' ? options.scope : () => options.scope as Scope;
   const realm = options.realm ?? 'fencegate';
-  const render = options.render ?? ((_c: Context, refusal: Refusal) => {
-    const r = renderProblem(refusal);
-    return new Response(r.body, { status: r.status, headers: r.headers });
-  });
+  const render =
+    options.render ??
+    ((_c: Context, refusal: Refusal) => {
+      const r = renderProblem(refusal);
+      return new Response(r.body, { status: r.status, headers: r.headers });
+    });
 
   return async function authenticate(c, next) {
     if (when !== undefined && !when(c)) return next();
@@ -93,7 +95,14 @@ export type BearerCheck = { ok: true; caller: Caller } | { ok: false; refusal: A
  * (../../pipeline/auth.ts) and `jwtAuth` (the admin API's middleware) both
  * call it. `requestId` files the refusal; by default a fresh one.
  */
-export async function checkBearer(verify: TokenVerifier, authorization: string | null, scope: Scope, claim: string | null, realm = 'fencegate', requestId: string = newRequestId()): Promise<BearerCheck> {
+export async function checkBearer(
+  verify: TokenVerifier,
+  authorization: string | null,
+  scope: Scope,
+  claim: string | null,
+  realm = 'fencegate',
+  requestId: string = newRequestId(),
+): Promise<BearerCheck> {
   const token = authorization === null ? null : (BEARER.exec(authorization)?.[1] ?? null);
   let refusal: Omit<AuthRefusal, 'requestId' | 'tokenSha256'>;
   let challenge: string;
