@@ -165,7 +165,7 @@ FUNCTION fencegate_admit(
   OUT headers jsonb,
   OUT body bytea
 ) RETURNS record LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
-  -- body sha256 8768d05576686df1
+  -- body sha256 b673a3087b44eca7
 
 FUNCTION fencegate_admit_many(
   p_scope text[],
