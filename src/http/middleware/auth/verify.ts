@@ -33,7 +33,12 @@ export interface TokenVerifierOptions {
   callerClaim?: string;
   /** Top-level claims to keep on the Caller (`caller.claims`), e.g. a tenant id for `keyScope.claim`. Default none. */
   claims?: readonly string[];
+  /** Verified tokens kept (see createTokenVerifier). Default 10,000; 0 keeps none. */
+  cacheSize?: number;
 }
+
+/** How long a verified token is kept at most, whatever its `exp`. */
+const CACHE_TTL_MS = 10 * 60_000;
 
 export type TokenVerifier = (token: string) => Promise<TokenCheck>;
 
@@ -42,6 +47,14 @@ export type TokenVerifier = (token: string) => Promise<TokenCheck>;
  * (`alg: none` and any algorithm outside the keys' allow-list are refused),
  * `exp`, `nbf`, `iss`, `aud`. The answer says why a token failed, in words
  * that are safe to log: never the token itself.
+ *
+ * A token that verified is kept, as the same string, until its `exp` (not
+ * the clock tolerance past it) and at most CACHE_TTL_MS: the same caller's
+ * next request is not verified again (a signature check was most of what
+ * caller auth cost a request). Nothing a cached token could not do at
+ * that moment is allowed: the keys are fixed for the verifier's life (a
+ * reload builds another), a refused token is never kept, and the cache
+ * holds at most `cacheSize` tokens, the least recently used leaving first.
  *
  * @example
  * const verify = createTokenVerifier({ keys, issuer: 'https://id.example', audience: 'fencegate' });
@@ -58,7 +71,30 @@ export function createTokenVerifier(options: TokenVerifierOptions): TokenVerifie
     clockTolerance: options.clockToleranceSec ?? 5,
     requiredClaims: ['exp'],
   };
+  const cacheSize = options.cacheSize ?? 10_000;
+  const cache = new Map<string, { caller: Caller; until: number }>();
   return async function verifyToken(token: string): Promise<TokenCheck> {
+    const hit = cache.get(token);
+    if (hit !== undefined) {
+      cache.delete(token);
+      if (Date.now() < hit.until) {
+        cache.set(token, hit);
+        return { ok: true, caller: hit.caller };
+      }
+    }
+    const check = await verifyOnce(token);
+    if (check.ok && cacheSize > 0) {
+      const exp = decodedExp(token);
+      const until = Math.min(exp === null ? 0 : exp * 1000, Date.now() + CACHE_TTL_MS);
+      if (until > Date.now()) {
+        cache.set(token, { caller: check.caller, until });
+        if (cache.size > cacheSize) cache.delete(cache.keys().next().value!);
+      }
+    }
+    return check;
+  };
+
+  async function verifyOnce(token: string): Promise<TokenCheck> {
     let header: ReturnType<typeof decodeProtectedHeader>;
     try {
       header = decodeProtectedHeader(token);
@@ -76,7 +112,17 @@ export function createTokenVerifier(options: TokenVerifierOptions): TokenVerifie
     const id = payload[claim];
     if (typeof id !== 'string' || id === '') return { ok: false, why: `no ${claim} claim` };
     return { ok: true, caller: { id, scopes: scopesOf(payload), claims: keptClaims(payload, kept, token) } };
-  };
+  }
+}
+
+/** The `exp` of a token that verified (a number: jose required it), or null. */
+function decodedExp(token: string): number | null {
+  try {
+    const payload = JSON.parse(new TextDecoder().decode(base64url.decode(token.split('.')[1]!))) as { exp?: unknown };
+    return typeof payload.exp === 'number' ? payload.exp : null;
+  } catch {
+    return null;
+  }
 }
 
 /**
