@@ -212,13 +212,31 @@ export const ReconcileSchema = z
   });
 
 /** What a route with `reconcile` may not be (called from ConfigSchema's checks): the field and why, or null. */
-export function reconcileConflict(route: {
-  reconcile?: unknown;
-  protocol: string;
-  onUnknown: string;
-  idempotency: string;
-}): [field: string, message: string] | null {
+export function reconcileConflict(
+  route: {
+    reconcile?: unknown;
+    protocol: string;
+    onUnknown: string;
+    idempotency: string;
+    keyScope?: unknown;
+    credentialBinding?: string;
+    credentialHeaders?: readonly string[];
+  },
+  authConfigured = false,
+): [field: string, message: string] | null {
   if (route.reconcile === undefined) return null;
+  // The status query names the command by its key (and entity, fence) and
+  // carries reconcile.headers, one account's credentials: where the key's
+  // record belongs to a caller, a tenant or a credential (auth, keyScope,
+  // a credential-scoped binding, credentialHeaders the upstream tells
+  // accounts apart by), another's command under the same key would be
+  // found for it (or not found in the wrong account), DESIGN §3.12.
+  if (authConfigured || route.keyScope !== undefined || route.credentialBinding === 'scope' || (route.credentialHeaders?.length ?? 0) > 0) {
+    return [
+      'reconcile',
+      'not available where idempotency keys are scoped by caller, tenant or credentials (auth, keyScope, credentialBinding "scope", credentialHeaders): the status query names the command by its key alone, so it could find another caller\'s command',
+    ];
+  }
   if (route.protocol === 'mcp') return ['reconcile', 'not available on an mcp route yet: only plain HTTP routes have a status query'];
   // A takeover keeps the record's created_at, so the not-found rule (measured from the admission) would not hold;
   // and an upstream that honours Idempotency-Key is its own reconciliation.
@@ -627,7 +645,7 @@ export const ConfigSchema = z
       if (route.tls !== undefined && !route.upstream.startsWith('https:')) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'tls'], message: 'applies only to an https:// upstream' });
       }
-      const reconcile = reconcileConflict(route);
+      const reconcile = reconcileConflict(route, config.auth !== undefined);
       if (reconcile !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, reconcile[0]], message: reconcile[1] });
       if (route.match.path.startsWith(`${config.adminPrefix}/`) || route.match.path === config.adminPrefix) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `overlaps the admin prefix ${config.adminPrefix}` });

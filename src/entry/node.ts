@@ -267,6 +267,10 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const retired = new Set<Promise<void>>();
   const retire = (old: NonNullable<typeof current>) => {
     const done = (async () => {
+      // Its background reconcile pass acts under the old config (a route
+      // whose reconcile the reload removed or changed): stopped now, and
+      // waited for, before anything of the old gateway is closed.
+      await old.gateway.stopBackground();
       // The old gateway's in-flight requests finish on it; its own close()
       // would also close the shared store, so only its forwarder is closed.
       while (old.gateway.inflight() > 0) await new Promise((r) => setTimeout(r, 50));
@@ -311,6 +315,8 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         // new request 503 (nothing of it admitted), instead of a refused
         // connection that a balancer reads as a dead process.
         phase = 'draining';
+        // No status query starts once the drain has (close() waits for the running ones).
+        void current!.gateway.stopBackground();
         // One bound for the whole drain: a store that never answers (a silent
         // network) must not keep the process from exiting.
         const deadline = performance.now() + config.drainTimeout;

@@ -62,6 +62,13 @@ export interface Gateway {
    * runs joins that pass.
    */
   reconcile(): Promise<ReconcilePass>;
+  /**
+   * Stops the background work that would act under this gateway's config
+   * (the reconcile pass: no new status query, the running ones end) and
+   * resolves when it has: a reload retires the old gateway with it, and a
+   * drain begins with it, before in-flight requests are waited for.
+   */
+  stopBackground(): Promise<void>;
   /** Waits for in-flight requests, then closes the forwarder and the store. Idempotent. */
   close(): Promise<void>;
 }
@@ -253,6 +260,12 @@ export function createGateway(options: GatewayOptions): Gateway {
           reconciling = null;
         }));
 
+  const stopBackground = async (): Promise<void> => {
+    // A background reconcile pass uses the forwarder, the store and this config: no new query, and the running ones end first.
+    backgroundPass?.stop();
+    await reconciling?.catch(() => {});
+  };
+
   let closing: Promise<void> | null = null;
   return {
     app,
@@ -262,12 +275,13 @@ export function createGateway(options: GatewayOptions): Gateway {
     inflight: () => active,
     sweep,
     reconcile,
+    stopBackground,
     close() {
       closing ??= (async () => {
+        // Stopped first: a pass must not go on asking (and releasing) for the whole drain.
+        const stopped = stopBackground();
         if (active > 0) await new Promise<void>((resolve) => (drained = resolve));
-        // A background reconcile pass uses the forwarder and the store: no new query, and the running ones end first.
-        backgroundPass?.stop();
-        await reconciling?.catch(() => {});
+        await stopped;
         await forwarder.close?.();
         await store.close();
       })();

@@ -34,6 +34,18 @@ describe('routes[].reconcile (docs/configuration.md)', () => {
     });
   });
 
+  it("refused where keys belong to a caller, a tenant or a credential: the query, by key alone, could find another caller's command", () => {
+    const rc = { path: '/v1/charges/{key}' };
+    expect(refusal(rc, { keyScope: { header: 'X-Tenant' } })).toMatch(/routes\[0\]\.reconcile: not available where idempotency keys are scoped/);
+    expect(refusal(rc, { credentialBinding: 'scope' })).toMatch(/routes\[0\]\.reconcile: not available where/);
+    expect(refusal(rc, { credentialHeaders: ['X-Api-Key'] })).toMatch(/routes\[0\]\.reconcile: not available where/);
+    expect(() => parseConfig({ auth: { secret: 'x'.repeat(32), issuer: 'https://id.test', audience: 'fg' }, ...route(rc) })).toThrow(
+      /routes\[0\]\.reconcile: not available where/,
+    );
+    // Control: the same route with keys per route alone is accepted.
+    expect(parseConfig(route(rc)).routes[0]!.reconcile?.path).toBe('/v1/charges/{key}');
+  });
+
   it('absent: the route has none (nothing changes)', () => {
     expect(parseConfig(route(undefined)).routes[0]!.reconcile).toBeUndefined();
   });

@@ -13,6 +13,15 @@ describe('reconcile.path substitution (DESIGN §3.12)', () => {
     expect(reconcilePath('/v1/charges/{key}/{entity}', { key: 'k', entity: null })).toBeNull();
   });
 
+  it('an entity "." or ".." (a dot segment, which URL parsing removes even as %2E%2E): no query at all', () => {
+    for (const entity of ['.', '..']) expect(reconcilePath('/v1/customers/{entity}/charges/{key}', { key: 'k1', entity })).toBeNull();
+    // Control: dots inside a value stay, encoded as they are.
+    expect(reconcilePath('/v1/customers/{entity}/charges/{key}', { key: 'k.1', entity: 'a..b' })).toBe('/v1/customers/a..b/charges/k.1');
+    expect(new URL(`https://psp.example${reconcilePath('/v1/customers/{entity}/charges/{key}', { key: 'k1', entity: 'a..b' })}`).pathname).toBe(
+      '/v1/customers/a..b/charges/k1',
+    );
+  });
+
   it('a not-found is trusted the lock (timeoutMs + lockMarginMs) plus settleTime after the admission', () => {
     const c = parseConfig({
       routes: [

@@ -72,12 +72,19 @@ export function notBeforeMs(route: RouteConfig & { reconcile: ReconcileConfig })
   return route.timeoutMs + route.lockMarginMs + route.reconcile.settleTime;
 }
 
-/** The template's path with each variable percent-encoded, or null when it names one the record lacks. */
+/** The template's path with each variable percent-encoded, or null when it names one the record lacks (or whose value is a dot segment). */
 export function reconcilePath(template: string, values: Record<string, string | null>): string | null {
   let missing = false;
   const path = template.replace(/\{([a-z_]+)\}/g, (_, name: string) => {
     const v = values[name];
     if (v === null || v === undefined) {
+      missing = true;
+      return '';
+    }
+    // A value that is a dot segment would move the query to another path
+    // (`/customers/../charges`), encoded or not (URL parsing reads `%2E%2E`
+    // as `..` too): no query is made for it, so nothing is settled.
+    if (v === '.' || v === '..') {
       missing = true;
       return '';
     }
