@@ -155,7 +155,8 @@ export const MAX_RECONCILE_WAIT_MS = 60_000;
 
 /**
  * The gateway's hint on a 409 outcome-unknown of a route with `reconcile`
- * (problem+json with `reconciling: true`, and `Retry-After` in seconds): how
+ * (`reconciling: true` in the problem+json, or in the Stripe shape's
+ * `error`, and `Retry-After` in seconds): how
  * long to wait before sending the same request again. Undefined for any other
  * answer, a 409 outcome-unknown without the hint included.
  */
@@ -166,9 +167,11 @@ async function reconcilingHint(res: Response): Promise<{ retryAfterMs: number } 
   const body = (await res
     .clone()
     .json()
-    .catch(() => null)) as { type?: unknown; reconciling?: unknown } | null;
-  if (typeof body?.type !== 'string' || !body.type.endsWith('/outcome-unknown') || body.reconciling !== true) return undefined;
-  return { retryAfterMs: Number(retryAfter[0]) * 1000 };
+    .catch(() => null)) as { type?: unknown; reconciling?: unknown; error?: { code?: unknown; reconciling?: unknown } } | null;
+  const problem = typeof body?.type === 'string' && body.type.endsWith('/outcome-unknown') && body.reconciling === true;
+  // The route's Stripe error shape carries the same members under `error` (src/http/errors.ts).
+  const stripe = body?.error?.code === 'outcome_unknown' && body.error.reconciling === true;
+  return problem || stripe ? { retryAfterMs: Number(retryAfter[0]) * 1000 } : undefined;
 }
 
 /** A body `fetch` can send again unchanged; a stream cannot (it is consumed by the first send). */

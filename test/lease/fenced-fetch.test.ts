@@ -304,6 +304,19 @@ describe("fencedFetch and the gateway's reconciling hint (DESIGN §3.12, §6.4)"
     expect(events[1]).toMatchObject({ step: 'charge', idempotencyKey: 'tool-job:5f0c9e:42:charge', requestId, waits: 1, fencingToken: 7 });
   });
 
+  test("the route's Stripe error shape carries the same hint", async () => {
+    const { ctx, events } = context();
+    const stripe = new Response(JSON.stringify({ error: { type: 'idempotency_error', code: 'outcome_unknown', reconciling: true, retry_after: 1 } }), {
+      status: 409,
+      headers: { 'content-type': 'application/json', 'retry-after': '1', 'stripe-should-retry': 'false' },
+    });
+    const { fetch, sent } = scripted(stripe, reconciled());
+    const res = await createFencedFetch(ctx, { fetch })(`${base}/payments/charges`, charge);
+    expect(res.status).toBe(200);
+    expect(sent).toHaveLength(2);
+    expect(events.at(-1)).toMatchObject({ type: 'outcome_reconciled', waits: 1 });
+  });
+
   test('never waits past what the confirmed lease covers: stops and hands the 409 on', async () => {
     // A lease confirmed for 1.5 s more and never extended: one 1 s wait fits, a second does not.
     const until = Date.now() + 1_500;
