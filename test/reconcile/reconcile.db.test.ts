@@ -183,6 +183,21 @@ for (const [name, start, enabled] of backends) {
       expect(early).toMatchObject({ status: 409, retryAfter: '1', body: { reconciling: true, retry_after: 1, idempotency_key: key } });
     });
 
+    it("the route's Stripe error shape carries the same hint, and still tells the SDK not to retry on its own", async () => {
+      const { g } = await setup((u) => chargesRoute(u, { interval: '1s' }, { errors: 'stripe' }), { post: 'drop' });
+      const key = `k-hint-stripe-${name}`;
+      const first = await charge(g, key);
+      expect(first.status).toBe(504);
+      await first.text();
+      const res = await charge(g, key);
+      expect(res.headers.get('stripe-should-retry')).toBe('false');
+      expect(await answer(res)).toMatchObject({
+        status: 409,
+        retryAfter: '1',
+        body: { error: { code: 'outcome_unknown', reconciling: true, retry_after: 1 } },
+      });
+    });
+
     // Negative control: the same lost answer on a route without `reconcile` is refused exactly as before the hint.
     it('without reconcile the 409 outcome-unknown has no Retry-After and no reconciling member', async () => {
       const { provider, g } = await setup((u) => chargesRoute(u, null), { answerAfterMs: 1_000 });
