@@ -65,6 +65,19 @@ export interface LeaseEventMap {
     /** Origin and path only: a query string may carry secrets. */
     url?: string;
   };
+  /**
+   * A `fencedFetch` answer carried `fencegate-reconciled: true`: the gateway
+   * learned from the upstream's status endpoint that an earlier attempt of
+   * this step was performed, and replayed that answer (DESIGN §3.12). The
+   * step's effect happened once, in an attempt whose answer was lost.
+   */
+  outcome_reconciled: JobFields & {
+    step: string;
+    idempotencyKey: string;
+    requestId: string;
+    /** How many 409 outcome-unknown answers with the gateway's hint `fencedFetch` waited out first (0: reconciled on the first send). */
+    waits: number;
+  };
   result_committed: JobFields & { resultSha256: string };
   /** The result (or failure) was not stored: the lease was lost, the attempt timed out, or the store failed. */
   result_rejected: JobFields & { reason: 'lease_lost' | 'stage_timeout' | 'store_error'; error?: string };

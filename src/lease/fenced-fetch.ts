@@ -62,6 +62,14 @@ export interface FenceContext {
   /** Throws `LeaseLostError` or `OwnershipUnknownError` when no new external action may start. */
   assertCanStart(): void;
   /**
+   * How long from now the attempt could wait and still start an action
+   * after it, by the lease confirmed so far (heartbeats to come are not
+   * counted): the confirmed lease left less one heartbeat, on the monotonic
+   * clock `assertCanStart` uses. Absent (a plain test context): `leaseUntil()`
+   * less the local wall clock stands in.
+   */
+  waitableMs?(): number;
+  /**
    * The gateway refused our fence: the lease is lost. `refusal` says which
    * answer it was (`fence-expired`: a signed fence past its `exp`).
    */
@@ -134,6 +142,68 @@ async function fenceValue(ctx: FenceContext, signer: FenceSigner | undefined): P
 
 export type FenceRefusal = 'stale-fence' | 'fence-expired';
 
+/** The header on a replay of an answer the gateway learned from the upstream's status endpoint (DESIGN §3.12). */
+export const RECONCILED_HEADER = 'fencegate-reconciled';
+
+/**
+ * Waiting for reconciliation (DESIGN §3.12, §6.4): at most this many waits in
+ * one `fencedFetch` call, each at most `MAX_RECONCILE_WAIT_MS`; every wait
+ * must also end while the lease confirmed so far still covers the next send.
+ */
+export const MAX_RECONCILE_WAITS = 30;
+export const MAX_RECONCILE_WAIT_MS = 60_000;
+
+/**
+ * The gateway's hint on a 409 outcome-unknown of a route with `reconcile`
+ * (`reconciling: true` in the problem+json, or in the Stripe shape's
+ * `error`, and `Retry-After` in seconds): how
+ * long to wait before sending the same request again. Undefined for any other
+ * answer, a 409 outcome-unknown without the hint included.
+ */
+async function reconcilingHint(res: Response): Promise<{ retryAfterMs: number } | undefined> {
+  if (res.status !== 409 || !/json/i.test(res.headers.get('content-type') ?? '')) return undefined;
+  const retryAfter = /^\d{1,9}$/.exec(res.headers.get('retry-after')?.trim() ?? '');
+  if (retryAfter === null) return undefined;
+  const body = (await res
+    .clone()
+    .json()
+    .catch(() => null)) as { type?: unknown; reconciling?: unknown; error?: { code?: unknown; reconciling?: unknown } } | null;
+  const problem = typeof body?.type === 'string' && body.type.endsWith('/outcome-unknown') && body.reconciling === true;
+  // The route's Stripe error shape carries the same members under `error` (src/http/errors.ts).
+  const stripe = body?.error?.code === 'outcome_unknown' && body.error.reconciling === true;
+  return problem || stripe ? { retryAfterMs: Number(retryAfter[0]) * 1000 } : undefined;
+}
+
+/** A body `fetch` can send again unchanged; a stream cannot (it is consumed by the first send). */
+function resendable(body: RequestInit['body']): boolean {
+  return (
+    body == null ||
+    typeof body === 'string' ||
+    body instanceof ArrayBuffer ||
+    ArrayBuffer.isView(body) ||
+    body instanceof Blob ||
+    body instanceof URLSearchParams ||
+    body instanceof FormData
+  );
+}
+
+/** Sleeps `ms`, or rejects with the first of `signals` to abort. */
+function sleep(ms: number, signals: AbortSignal[]): Promise<void> {
+  const signal = AbortSignal.any(signals);
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
 /** Which fence refusal this response is (problem+json or the gateway's Stripe shape), if any, and its body. */
 async function isFenceRefusal(res: Response): Promise<{ body: unknown; code: FenceRefusal } | undefined> {
   if (res.status !== 409) return undefined;
@@ -181,7 +251,7 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
     const { step, timeoutMs, signal: callerSignal, headers: callerHeaders, ...rest } = init;
     const key = idempotencyKey(ctx, step);
     ctx.assertCanStart();
-    const fence = await fenceValue(ctx, options.fenceSigner);
+    let fence = await fenceValue(ctx, options.fenceSigner);
     // Re-check: a signer may await, and the lease may have changed meanwhile.
     ctx.assertCanStart();
 
@@ -193,8 +263,7 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
     headers.set(names.requestId, requestId);
 
     const url = new URL(input);
-    const timeout = timeoutMs === undefined ? undefined : AbortSignal.timeout(timeoutMs);
-    const signals = [ctx.signal, callerSignal, timeout].filter((s): s is AbortSignal => s != null);
+    const method = (rest.method ?? 'GET').toUpperCase();
 
     ctx.emit({
       type: 'tool_request_started',
@@ -206,45 +275,99 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
       step,
       idempotencyKey: key,
       requestId,
-      method: (rest.method ?? 'GET').toUpperCase(),
+      method,
       url: url.origin + url.pathname,
     });
 
-    const settled = ctx.started?.({ step, idempotencyKey: key, requestId, startedAt: new Date() });
-    const span = startToolSpan({ ...ctx, step, idempotencyKey: key, requestId, method: (rest.method ?? 'GET').toUpperCase(), url });
-    span.inject(headers);
-    let res: Response;
-    try {
-      // Redirects are not followed unless the caller asks: a followed one
-      // would send the command, with its fence, entity and key, to wherever
-      // Location points, past the gateway; and a failure of that second hop
-      // could read as "nothing was sent" although the first one had it. The
-      // handler gets the 3xx answer.
-      res = await doFetch(url, { ...rest, redirect: rest.redirect ?? 'manual', headers, signal: AbortSignal.any(signals) });
-    } catch (err) {
-      settled?.();
-      span.end(null, err);
-      if (ctx.signal.aborted) throw ctx.signal.reason instanceof Error ? ctx.signal.reason : new LeaseLostError('the lease ended', { cause: err });
-      if (callerSignal?.aborted) throw err;
-      if (timeout?.aborted) {
-        throw new OutcomeUnknownError(`step ${step}: no answer within ${timeoutMs} ms; the request may have taken effect, retry only with the same step`, {
-          cause: err,
-        });
+    // A 409 outcome-unknown with the gateway's hint is waited out and the same
+    // request (key, fence, entity, body) sent again, while the lease confirmed
+    // so far covers the wait and the next send (DESIGN §3.12, §6.4).
+    const canResend = resendable(rest.body);
+    for (let waits = 0; ; waits++) {
+      const res = await send(headers);
+      const hint = canResend && waits < MAX_RECONCILE_WAITS ? await reconcilingHint(res) : undefined;
+      if (hint === undefined || hint.retryAfterMs > MAX_RECONCILE_WAIT_MS || hint.retryAfterMs >= waitable()) {
+        if (res.headers.get(RECONCILED_HEADER) === 'true') {
+          ctx.emit({
+            type: 'outcome_reconciled',
+            at: new Date(),
+            workerId: ctx.workerId,
+            jobId: ctx.jobId,
+            kind: ctx.kind,
+            fencingToken: ctx.fencingToken,
+            step,
+            idempotencyKey: key,
+            requestId,
+            waits,
+          });
+        }
+        return res;
       }
-      // With redirects followed, a connect that failed may have been the
-      // second hop's, after the first one had the request.
-      if (rest.redirect !== 'follow' && neverConnected(err)) throw err;
-      throw new OutcomeUnknownError(`step ${step}: the request failed after it may have been sent`, { cause: err });
+      await res.body?.cancel().catch(() => {});
+      try {
+        await sleep(
+          hint.retryAfterMs,
+          [ctx.signal, callerSignal].filter((s): s is AbortSignal => s != null),
+        );
+      } catch (err) {
+        if (ctx.signal.aborted) throw ctx.signal.reason instanceof Error ? ctx.signal.reason : new LeaseLostError('the lease ended', { cause: err });
+        throw err;
+      }
+      // The resend is a new external action: the same gate as the first one. A signed
+      // fence is minted again (same token, the lease end confirmed now as its exp).
+      ctx.assertCanStart();
+      if (options.fenceSigner) {
+        fence = await fenceValue(ctx, options.fenceSigner);
+        ctx.assertCanStart();
+        headers.set(names.fence, fence);
+      }
     }
-    settled?.();
 
-    const refusal = await isFenceRefusal(res);
-    span.end(res.status, undefined, refusal !== undefined ? 'stale-fence' : res.headers.get('idempotent-replayed') === 'true' ? 'replayed' : undefined);
-    if (refusal !== undefined) {
-      ctx.markLost('stale_fence', refusal.code);
-      throw new LeaseLostError(fenceRefusalText(ctx.fencingToken, ctx.fenceKey, refusal.code), { cause: refusal.body });
+    /** How long the attempt may still wait (FenceContext.waitableMs). */
+    function waitable(): number {
+      return ctx.waitableMs?.() ?? ctx.leaseUntil().getTime() - Date.now();
     }
-    return res;
+
+    /** One send: bounded by `timeoutMs`, aborted with the lease; a fence refusal ends the lease. */
+    async function send(headers: Headers): Promise<Response> {
+      const timeout = timeoutMs === undefined ? undefined : AbortSignal.timeout(timeoutMs);
+      const signals = [ctx.signal, callerSignal, timeout].filter((s): s is AbortSignal => s != null);
+      const settled = ctx.started?.({ step, idempotencyKey: key, requestId, startedAt: new Date() });
+      const span = startToolSpan({ ...ctx, step, idempotencyKey: key, requestId, method, url });
+      span.inject(headers);
+      let res: Response;
+      try {
+        // Redirects are not followed unless the caller asks: a followed one
+        // would send the command, with its fence, entity and key, to wherever
+        // Location points, past the gateway; and a failure of that second hop
+        // could read as "nothing was sent" although the first one had it. The
+        // handler gets the 3xx answer.
+        res = await doFetch(url, { ...rest, redirect: rest.redirect ?? 'manual', headers, signal: AbortSignal.any(signals) });
+      } catch (err) {
+        settled?.();
+        span.end(null, err);
+        if (ctx.signal.aborted) throw ctx.signal.reason instanceof Error ? ctx.signal.reason : new LeaseLostError('the lease ended', { cause: err });
+        if (callerSignal?.aborted) throw err;
+        if (timeout?.aborted) {
+          throw new OutcomeUnknownError(`step ${step}: no answer within ${timeoutMs} ms; the request may have taken effect, retry only with the same step`, {
+            cause: err,
+          });
+        }
+        // With redirects followed, a connect that failed may have been the
+        // second hop's, after the first one had the request.
+        if (rest.redirect !== 'follow' && neverConnected(err)) throw err;
+        throw new OutcomeUnknownError(`step ${step}: the request failed after it may have been sent`, { cause: err });
+      }
+      settled?.();
+
+      const refusal = await isFenceRefusal(res);
+      span.end(res.status, undefined, refusal !== undefined ? 'stale-fence' : res.headers.get('idempotent-replayed') === 'true' ? 'replayed' : undefined);
+      if (refusal !== undefined) {
+        ctx.markLost('stale_fence', refusal.code);
+        throw new LeaseLostError(fenceRefusalText(ctx.fencingToken, ctx.fenceKey, refusal.code), { cause: refusal.body });
+      }
+      return res;
+    }
   };
 }
 

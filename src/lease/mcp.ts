@@ -246,6 +246,12 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
               cause: err,
             });
           }
+          // The seam for waiting on reconciliation (DESIGN §3.12): MCP routes have no status
+          // query yet, so their outcome-unknown (-32005) carries no hint and is passed on as
+          // McpRefusalError. Once the route sends one (say `data.reconciling` and
+          // `data.retry_after`), the wait goes here: the same rule and bounds as fencedFetch's
+          // (MAX_RECONCILE_WAITS, MAX_RECONCILE_WAIT_MS, ctx.waitableMs), the same `sent`
+          // params, and `outcome_reconciled` on an answer the gateway reconciled.
           if (rpc) {
             throw new McpRefusalError(`step ${name}: tools/call ${wire.name} refused: ${rpc.message ?? `JSON-RPC error ${rpc.code}`}`, rpc.code, rpc.data, {
               cause: err,

@@ -258,3 +258,109 @@ describe('step', () => {
     expect(ran).toBe(false);
   });
 });
+
+describe("fencedFetch and the gateway's reconciling hint (DESIGN §3.12, §6.4)", () => {
+  /** The gateway's 409 outcome-unknown; with `reconciling` and `retryAfter` as a route with `reconcile` sends it. */
+  const outcomeUnknown = (hint: { reconciling?: boolean; retryAfter?: string } = { reconciling: true, retryAfter: '1' }) =>
+    new Response(
+      JSON.stringify({
+        type: '/_fencegate/problems/outcome-unknown',
+        title: 'Outcome of an earlier attempt is unknown',
+        status: 409,
+        detail: 'an earlier attempt with this key may have reached the upstream',
+        idempotency_key: 'tool-job:5f0c9e:42:charge',
+        ...(hint.reconciling === undefined ? {} : { reconciling: hint.reconciling }),
+      }),
+      { status: 409, headers: { 'content-type': 'application/problem+json', ...(hint.retryAfter === undefined ? {} : { 'retry-after': hint.retryAfter }) } },
+    );
+  const reconciled = () =>
+    new Response('{"id":"ch_1"}', {
+      status: 200,
+      headers: { 'content-type': 'application/json', 'fencegate-reconciled': 'true', 'idempotent-replayed': 'true' },
+    });
+  /** A fetch that answers `answers` in order and records what each send carried. */
+  function scripted(...answers: Response[]) {
+    const sent: { at: number; headers: Headers; body: unknown }[] = [];
+    const fetch = (async (_url: URL, init: RequestInit) => {
+      sent.push({ at: Date.now(), headers: new Headers(init.headers), body: init.body });
+      return answers.shift()!;
+    }) as unknown as typeof globalThis.fetch;
+    return { fetch, sent };
+  }
+  const charge = { step: 'charge', method: 'POST', body: '{"amount":500}' };
+
+  test('waits Retry-After and sends the same request again; the reconciled answer is returned and reported with its key and request id', async () => {
+    const { ctx, events } = context();
+    const { fetch, sent } = scripted(outcomeUnknown(), reconciled());
+    const res = await createFencedFetch(ctx, { fetch })(`${base}/payments/charges`, charge);
+    expect(res.status).toBe(200);
+    expect(sent).toHaveLength(2);
+    expect(sent[1]!.at - sent[0]!.at).toBeGreaterThanOrEqual(990);
+    for (const name of ['x-execution-fence', 'x-fence-entity', 'idempotency-key', 'x-request-id'])
+      expect(sent[1]!.headers.get(name)).toBe(sent[0]!.headers.get(name));
+    expect(sent[1]!.body).toBe(sent[0]!.body);
+    const requestId = sent[0]!.headers.get('x-request-id');
+    expect(events.map((e) => e.type)).toEqual(['tool_request_started', 'outcome_reconciled']);
+    expect(events[1]).toMatchObject({ step: 'charge', idempotencyKey: 'tool-job:5f0c9e:42:charge', requestId, waits: 1, fencingToken: 7 });
+  });
+
+  test("the route's Stripe error shape carries the same hint", async () => {
+    const { ctx, events } = context();
+    const stripe = new Response(JSON.stringify({ error: { type: 'idempotency_error', code: 'outcome_unknown', reconciling: true, retry_after: 1 } }), {
+      status: 409,
+      headers: { 'content-type': 'application/json', 'retry-after': '1', 'stripe-should-retry': 'false' },
+    });
+    const { fetch, sent } = scripted(stripe, reconciled());
+    const res = await createFencedFetch(ctx, { fetch })(`${base}/payments/charges`, charge);
+    expect(res.status).toBe(200);
+    expect(sent).toHaveLength(2);
+    expect(events.at(-1)).toMatchObject({ type: 'outcome_reconciled', waits: 1 });
+  });
+
+  test('never waits past what the confirmed lease covers: stops and hands the 409 on', async () => {
+    // A lease confirmed for 1.5 s more and never extended: one 1 s wait fits, a second does not.
+    const until = Date.now() + 1_500;
+    const { ctx, events } = context({ waitableMs: () => until - Date.now() });
+    const { fetch, sent } = scripted(outcomeUnknown(), outcomeUnknown(), reconciled());
+    const res = await createFencedFetch(ctx, { fetch })(`${base}/payments/charges`, charge);
+    expect(res.status).toBe(409);
+    expect(sent).toHaveLength(2);
+    expect(Date.now()).toBeLessThan(until);
+    expect(events.map((e) => e.type)).toEqual(['tool_request_started']);
+  });
+
+  // Negative controls: each of these is handed to the handler on the first answer, as before the hint.
+  test.each([
+    ['a 409 outcome-unknown without the hint (a route without reconcile)', () => outcomeUnknown({}), charge.body],
+    ['reconciling without Retry-After', () => outcomeUnknown({ reconciling: true }), charge.body],
+    ['a Retry-After over the bound of one wait', () => outcomeUnknown({ reconciling: true, retryAfter: '61' }), charge.body],
+    ['a body that cannot be sent twice (a stream)', () => outcomeUnknown(), 'stream'],
+  ])('%s: no wait, no resend', async (_, answer, body) => {
+    const { ctx } = context();
+    const { fetch, sent } = scripted(answer(), reconciled());
+    const sentBody = body === 'stream' ? new Blob([charge.body]).stream() : body;
+    const res = await createFencedFetch(ctx, { fetch })(`${base}/payments/charges`, {
+      ...charge,
+      body: sentBody,
+      ...(body === 'stream' ? { duplex: 'half' } : {}),
+    } as never);
+    expect(res.status).toBe(409);
+    expect(sent).toHaveLength(1);
+  });
+
+  test('the lease ending during the wait ends the wait: nothing more is sent', async () => {
+    const { ctx, controller } = context();
+    const { fetch, sent } = scripted(outcomeUnknown({ reconciling: true, retryAfter: '30' }), reconciled());
+    const pending = createFencedFetch(ctx, { fetch })(`${base}/payments/charges`, charge);
+    setTimeout(() => controller.abort(new LeaseLostError('lease lost in the test')), 50);
+    await expect(pending).rejects.toBeInstanceOf(LeaseLostError);
+    expect(sent).toHaveLength(1);
+  });
+
+  test('a reconciled answer on the first send is reported too (waits: 0)', async () => {
+    const { ctx, events } = context();
+    const { fetch } = scripted(reconciled());
+    await createFencedFetch(ctx, { fetch })(`${base}/payments/charges`, charge);
+    expect(events.at(-1)).toMatchObject({ type: 'outcome_reconciled', waits: 0 });
+  });
+});

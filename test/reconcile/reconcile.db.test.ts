@@ -80,13 +80,14 @@ const charge = (g: G, key: string) =>
     body: '{"amount":500}',
   });
 
-async function answer(res: Response): Promise<{ status: number; body: any; reconciled: string | null; replayed: string | null }> {
+async function answer(res: Response): Promise<{ status: number; body: any; reconciled: string | null; replayed: string | null; retryAfter: string | null }> {
   const text = await res.text();
   return {
     status: res.status,
     body: text === '' ? null : JSON.parse(text),
     reconciled: res.headers.get('fencegate-reconciled'),
     replayed: res.headers.get('idempotent-replayed'),
+    retryAfter: res.headers.get('retry-after'),
   };
 }
 
@@ -153,6 +154,12 @@ for (const [name, start, enabled] of backends) {
       const early = await answer(await charge(g, key));
       expect(early.status).toBe(409);
       expect(early.body.code ?? early.body.type).toMatch(/outcome-unknown/);
+      // The hint: ask again once the not-found could be trusted (about TRUSTED_AFTER_MS after the
+      // admission; the interval here is an hour, so it does not cut it shorter).
+      expect(early.body.reconciling).toBe(true);
+      expect(Number(early.retryAfter)).toBeGreaterThanOrEqual(1);
+      expect(Number(early.retryAfter)).toBeLessThanOrEqual(Math.ceil(TRUSTED_AFTER_MS / 1000));
+      expect(early.body.retry_after).toBe(Number(early.retryAfter));
       expect((await recordOf(g, key))?.state).toBe('outcome_unknown');
       expect(await actionsFor(g, key)).toEqual([]);
       provider.mode.post = 'perform';
@@ -166,6 +173,47 @@ for (const [name, start, enabled] of backends) {
       const m = await g.metrics();
       expect(metric(m, 'fencegate_reconcile_attempts_total', 'route="charges",result="not-yet-trusted"')).toBe(1);
       expect(metric(m, 'fencegate_reconcile_attempts_total', 'route="charges",result="not-found"')).toBe(1);
+    });
+
+    it('the hint is at most the reconcile interval: each retry asks the status endpoint again, so a lagging "found" is seen at that pace', async () => {
+      const { g } = await setup((u) => chargesRoute(u, { interval: '1s' }), { post: 'drop' });
+      const key = `k-hint-interval-${name}`;
+      await lost(g, key);
+      const early = await answer(await charge(g, key));
+      expect(early).toMatchObject({ status: 409, retryAfter: '1', body: { reconciling: true, retry_after: 1, idempotency_key: key } });
+    });
+
+    it("the route's Stripe error shape carries the same hint, and still tells the SDK not to retry on its own", async () => {
+      const { g } = await setup((u) => chargesRoute(u, { interval: '1s' }, { errors: 'stripe' }), { post: 'drop' });
+      const key = `k-hint-stripe-${name}`;
+      const first = await charge(g, key);
+      expect(first.status).toBe(504);
+      await first.text();
+      const res = await charge(g, key);
+      expect(res.headers.get('stripe-should-retry')).toBe('false');
+      expect(await answer(res)).toMatchObject({
+        status: 409,
+        retryAfter: '1',
+        body: { error: { code: 'outcome_unknown', reconciling: true, retry_after: 1 } },
+      });
+    });
+
+    // Negative control: the same lost answer on a route without `reconcile` is refused exactly as before the hint.
+    it('without reconcile the 409 outcome-unknown has no Retry-After and no reconciling member', async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u, null), { answerAfterMs: 1_000 });
+      const key = `k-nohint-${name}`;
+      await lost(g, key);
+      const refused = await answer(await charge(g, key));
+      expect(refused.status).toBe(409);
+      expect(refused.retryAfter).toBeNull();
+      expect(refused.body.type).toMatch(/\/outcome-unknown$/);
+      expect(refused.body).not.toHaveProperty('reconciling');
+      expect(refused.body).not.toHaveProperty('retry_after');
+      expect(refused.body).toMatchObject({
+        detail: 'an earlier attempt with this key may have reached the upstream; it needs an operator or an upstream check, not a blind retry',
+        idempotency_key: key,
+      });
+      expect(provider.statusCalls).toBe(0);
     });
 
     it('concurrent retries (real parallelism) on one trusted not-found: one release, one forward, one charge', async () => {

@@ -129,9 +129,14 @@ export type RefusedAdmission = Exclude<Admission, { outcome: 'forward' } | { out
 /**
  * The refusal an admission outcome answers (DESIGN §3.5 a, d, e, g, h).
  * Those the store logs were written to the rejection log in the admission's
- * transaction.
+ * transaction. `reconciling`: on a route with `reconcile`, when an
+ * outcome-unknown may be asked again (./reconcile.ts reconcileHint, DESIGN §3.12).
  */
-export function admissionRefusal(admission: RefusedAdmission, command: { fence: bigint | null; key: string | null; entity: string | null }): Refusal {
+export function admissionRefusal(
+  admission: RefusedAdmission,
+  command: { fence: bigint | null; key: string | null; entity: string | null },
+  reconciling: { retryAfterMs: number } | null = null,
+): Refusal {
   const { fence, key, entity } = command;
   switch (admission.outcome) {
     case 'stale-fence':
@@ -153,6 +158,13 @@ export function admissionRefusal(admission: RefusedAdmission, command: { fence: 
         extras: { idempotency_key: key, retry_after: retryAfterSeconds(admission.retryAfterMs) },
       };
     case 'outcome-unknown':
+      if (reconciling !== null)
+        return {
+          code: 'outcome-unknown',
+          detail:
+            "an earlier attempt with this key may have reached the upstream; the gateway is asking the upstream's status endpoint: send the same request again after Retry-After",
+          extras: { idempotency_key: key, reconciling: true, retry_after: retryAfterSeconds(reconciling.retryAfterMs) },
+        };
       return {
         code: 'outcome-unknown',
         detail: 'an earlier attempt with this key may have reached the upstream; it needs an operator or an upstream check, not a blind retry',

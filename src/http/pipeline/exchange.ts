@@ -37,6 +37,8 @@ export interface Exchange {
   upstreamStarted: number;
   /** An mcp call's tool: in every rejection row of the call (DESIGN §4) and, bounded, in the metrics. */
   tool: { name: string; label: string } | null;
+  /** Set by the reconcile stage (./reconcile.ts) when its status query said "not found" too soon: how long, by this process's clock, until it would be trusted. */
+  reconcileTrustedInMs?: number;
 }
 
 /** The per-decision log line (DESIGN §3.11). The field order is the line's. */

@@ -24,7 +24,7 @@ import type { Exchange } from './exchange.js';
 import { createForwardStage, createSender } from './forward.js';
 import { createObserver } from './observe.js';
 import { createPassStage } from './pass.js';
-import { createReconcileStage, type ReconcileQuery } from './reconcile.js';
+import { createReconcileStage, reconcileHint, type ReconcileQuery } from './reconcile.js';
 import { setHeader } from './reply.js';
 import { createRouteStage, metadataPathOf } from './route.js';
 import { createSettleStage } from './settle.js';
@@ -170,7 +170,8 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
     if (admitted === null) return refuse({ code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
     const { admission } = admitted;
     if (admission.outcome === 'replay') return observer.done(x, codec.replay(x, admission.response, state), 'replayed');
-    if (!forwards(admitted)) return refuse(admissionRefusal(admission as RefusedAdmission, command));
+    // An outcome-unknown on a route with `reconcile` says when to ask again (DESIGN §3.12).
+    if (!forwards(admitted)) return refuse(admissionRefusal(admission as RefusedAdmission, command, reconcileHint(x, reconcile !== null)));
 
     // 7. Forward, and 8. settle.
     return settle(x, codec, state, command, admitted, await forward(x, codec, command, admitted, body));

@@ -192,6 +192,26 @@ export function createReconcileStage(deps: { store: GatewayStore; query: Reconci
     };
     const { result, changed } = await query(target, route.maxWaitMs, x.requestId);
     x.trace.reconcile = result;
+    // For the refusal's Retry-After (reconcileHint): the database decided "too early" by its own
+    // clock; this is this process's estimate of the rest, a hint only, never a decision (G6).
+    if (result === 'not-yet-trusted') x.reconcileTrustedInMs = record.createdAt.getTime() + notBeforeMs(target.route) - Date.now();
     return changed ? admit(x, command) : admitted;
   };
+}
+
+/**
+ * What a 409 outcome-unknown on a route with `reconcile` adds (DESIGN §3.12):
+ * the gateway is still asking, so the caller may ask again after
+ * `retryAfterMs` with the same request. That is the time until a "not found"
+ * would be trusted when the inline query just said "too early", never more
+ * than the reconcile `interval` (each retry asks the status endpoint again,
+ * so a lagging "found" is seen at that pace); else the interval. Null on a
+ * route without `reconcile`, or a gateway without the status query: the
+ * refusal is then exactly as before.
+ */
+export function reconcileHint(x: Exchange, enabled: boolean): { retryAfterMs: number } | null {
+  const rc = x.route?.reconcile;
+  if (!enabled || rc === undefined || x.route!.protocol !== 'http') return null;
+  const trustedIn = x.reconcileTrustedInMs;
+  return { retryAfterMs: trustedIn === undefined ? rc.interval : Math.max(0, Math.min(trustedIn, rc.interval)) };
 }

@@ -43,6 +43,8 @@ export function fenceContext(ctx: AttemptContext, a: Attempt, markLost: FenceCon
         );
       }
     },
+    // The confirmed lease left less one heartbeat: a wait that ends by then still passes assertCanStart.
+    waitableMs: () => a.cell.confirmedUntil - monotonicMs() - heartbeatMs,
     markLost,
     emit: (event) => ctx.emit(event),
     started(request) {
