@@ -231,6 +231,11 @@ export function fenceRefusalText(fence: number, entity: string, refusal: FenceRe
   return `the gateway refused fence ${fence} for ${entity}: ${whose}`;
 }
 
+/** The fields every event of a fenced call carries (as ./runner/attempt.ts `fields` for the attempt's own). */
+function eventFields(ctx: FenceContext) {
+  return { at: new Date(), workerId: ctx.workerId, jobId: ctx.jobId, kind: ctx.kind, fencingToken: ctx.fencingToken };
+}
+
 /**
  * Builds the handler's `fencedFetch`. Each call checks the lease, adds
  * `X-Execution-Fence`, `X-Fence-Entity`, `Idempotency-Key` and
@@ -267,11 +272,7 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
 
     ctx.emit({
       type: 'tool_request_started',
-      at: new Date(),
-      workerId: ctx.workerId,
-      jobId: ctx.jobId,
-      kind: ctx.kind,
-      fencingToken: ctx.fencingToken,
+      ...eventFields(ctx),
       step,
       idempotencyKey: key,
       requestId,
@@ -290,11 +291,7 @@ export function createFencedFetch(ctx: FenceContext, options: FenceOptions = {})
         if (res.headers.get(RECONCILED_HEADER) === 'true') {
           ctx.emit({
             type: 'outcome_reconciled',
-            at: new Date(),
-            workerId: ctx.workerId,
-            jobId: ctx.jobId,
-            kind: ctx.kind,
-            fencingToken: ctx.fencingToken,
+            ...eventFields(ctx),
             step,
             idempotencyKey: key,
             requestId,
@@ -389,11 +386,7 @@ export function createStep(ctx: FenceContext, options: FenceOptions = {}): StepF
     const requestId = randomUUID();
     ctx.emit({
       type: 'tool_request_started',
-      at: new Date(),
-      workerId: ctx.workerId,
-      jobId: ctx.jobId,
-      kind: ctx.kind,
-      fencingToken: ctx.fencingToken,
+      ...eventFields(ctx),
       step: name,
       idempotencyKey: key,
       requestId,
