@@ -16,7 +16,7 @@ Usage:
   fencegate --version
 
 Environment:
-  FENCEGATE_LOG_LEVEL  info (default) | warn | error | silent (any case; empty is info; another word stops start-up)
+  FENCEGATE_LOG_LEVEL  debug | info (default) | warn | error | silent (any case; empty is info; another word stops start-up)
   FENCEGATE_TOKEN      bearer token for --url commands (keeps it out of ps)
   DATABASE_URL         PostgreSQL store, as --database-url
   FENCEGATE_CONFIG     configuration file when --config is not given (serve, migrate)

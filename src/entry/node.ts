@@ -239,6 +239,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
           // retention are left for the next sweep; fencegate_sweep_backlog_rows says how many.
           if (behind) logger.warn('sweep-behind', { ...counts, backlog });
           else if (SWEEP_KINDS.some((k) => r[k] > 0)) logger.info('sweep', counts);
+          else logger.debug?.('sweep', counts);
         },
         (err) => logger.error('sweep-failed', { error: String(err) }),
       );
@@ -254,6 +255,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         current!.gateway.reconcile().then(
           (r) => {
             if (Object.keys(r.asked).length > 0 || r.gaveUp > 0) logger.info('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp, ...r.asked });
+            else logger.debug?.('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp });
           },
           (err) => logger.error('reconcile-failed', { error: String(err) }),
         );

@@ -1,13 +1,15 @@
 /** One JSON object per line. Ids, codes, tokens, hashes and durations; never bodies or secrets. */
 export interface Logger {
+  /** What the background does when it changes nothing (a sweep or reconcile pass with nothing to do): off unless FENCEGATE_LOG_LEVEL=debug. Optional, so a caller's own logger need not have it. */
+  debug?(msg: string, fields?: Record<string, unknown>): void;
   info(msg: string, fields?: Record<string, unknown>): void;
   warn(msg: string, fields?: Record<string, unknown>): void;
   error(msg: string, fields?: Record<string, unknown>): void;
 }
 
-export type LogLevel = 'info' | 'warn' | 'error' | 'silent';
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent';
 
-const RANK: Record<LogLevel, number> = { info: 0, warn: 1, error: 2, silent: 3 };
+const RANK: Record<LogLevel, number> = { debug: -1, info: 0, warn: 1, error: 2, silent: 3 };
 
 /** The levels FENCEGATE_LOG_LEVEL takes, in the order of RANK. */
 export const LOG_LEVELS = Object.keys(RANK) as LogLevel[];
@@ -48,7 +50,10 @@ export function createJsonLogger(options: { level?: LogLevel; write?: (line: str
     }
     write(line);
   };
-  return { info: emit('info'), warn: emit('warn'), error: emit('error') };
+  const logger: Logger = { info: emit('info'), warn: emit('warn'), error: emit('error') };
+  // Absent below debug, so that `logger.debug?.(…)` builds no fields on the hot path.
+  if (min <= RANK.debug) logger.debug = emit('debug');
+  return logger;
 }
 
 let lastMs = Number.NaN;

@@ -121,17 +121,17 @@ describe('one-line errors with an exit code', () => {
   });
 
   it('FENCEGATE_LOG_LEVEL: another word stops start-up naming the levels; any case of a level is that level', async () => {
-    for (const bad of ['debug', 'verbose']) {
+    for (const bad of ['verbose', 'trace']) {
       const r = await runNode([CLI, 'serve', '--config', noAuth, '--port', '0'], { FENCEGATE_LOG_LEVEL: bad });
       expect(r.code, r.stderr).toBe(2);
       expect(r.stderr).toBe(
-        `fencegate: FENCEGATE_LOG_LEVEL must be one of info, warn, error, silent (it is ${JSON.stringify(bad)}) (fencegate serve --help)\n`,
+        `fencegate: FENCEGATE_LOG_LEVEL must be one of debug, info, warn, error, silent (it is ${JSON.stringify(bad)}) (fencegate serve --help)\n`,
       );
     }
     // Control: WARN passes the check (the next one, --port's, is what stops it).
     const r = await runNode([CLI, 'serve', '--config', noAuth, '--port', 'x'], { FENCEGATE_LOG_LEVEL: 'WARN' });
     expect(r.stderr).toBe('fencegate: --port must be a number from 0 to 65535 (fencegate serve --help)\n');
-    expect([parseLogLevel('WARN'), parseLogLevel(' error '), parseLogLevel('Silent'), parseLogLevel('debug')]).toEqual(['warn', 'error', 'silent', null]);
+    expect([parseLogLevel('WARN'), parseLogLevel(' error '), parseLogLevel('Silent'), parseLogLevel('DEBUG'), parseLogLevel('verbose')]).toEqual(['warn', 'error', 'silent', 'debug', null]);
   });
 
   it('--version prints the package version', async () => {
