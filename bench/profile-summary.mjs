@@ -108,4 +108,3 @@ if (files > 0) {
   }
   for (const [k, us] of [...by].sort((a, b) => b[1] - a[1]).slice(0, files)) console.log(`  ${((100 * us) / busy).toFixed(1)}%  ${k}`);
 }
-export {};

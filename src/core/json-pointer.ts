@@ -20,7 +20,7 @@ export function valueAtPointer(doc: unknown, tokens: string[]): unknown {
   let node = doc;
   for (const t of tokens) {
     if (node === null || typeof node !== 'object') return undefined;
-    if (Array.isArray(node) ? !ARRAY_INDEX.test(t) : !Object.prototype.hasOwnProperty.call(node, t)) return undefined;
+    if (Array.isArray(node) ? !ARRAY_INDEX.test(t) : !Object.hasOwn(node, t)) return undefined;
     node = (node as Record<string, unknown>)[t];
   }
   return node;

@@ -218,7 +218,7 @@ export function foldedOnPointerPath(doc: unknown, tokens: string[]): { object: s
       node = valueAtPointer(node, [token]);
       continue;
     }
-    if (Object.prototype.hasOwnProperty.call(node, token)) {
+    if (Object.hasOwn(node, token)) {
       node = (node as Record<string, unknown>)[token];
       continue;
     }

@@ -113,7 +113,7 @@ export function bodyMethodProblem(
 function topLevelMember(body: Uint8Array, name: string): boolean {
   try {
     const doc: unknown = JSON.parse(new TextDecoder('utf-8').decode(body));
-    return doc !== null && typeof doc === 'object' && !Array.isArray(doc) && Object.prototype.hasOwnProperty.call(doc, name);
+    return doc !== null && typeof doc === 'object' && !Array.isArray(doc) && Object.hasOwn(doc, name);
   } catch {
     return false;
   }

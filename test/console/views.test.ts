@@ -254,7 +254,7 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     await page.setViewportSize({ width: 1280, height: 800 });
     try {
       await search({});
-      const fit = () =>
+      const overflow = () =>
         page.evaluate(() => {
           const table = document.getElementById('rej-table');
           const box = document.querySelector('#rejections .scroll');
@@ -270,7 +270,7 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
               .map((t: any) => t.id),
           };
         });
-      expect(await fit()).toEqual({ page: 0, box: 0, outside: [], counts: [] });
+      expect(await overflow()).toEqual({ page: 0, box: 0, outside: [], counts: [] });
       // Cut cells end in an ellipsis and carry their whole text as a tooltip.
       const cut = await page.$$eval('#rej-table tbody td', (tds: HTMLElement[]) =>
         tds
@@ -290,7 +290,7 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
       await page.evaluate(() => {
         for (const t of document.querySelectorAll('#rej-table, .counts table')) t.style.tableLayout = 'auto';
       });
-      const auto = await fit();
+      const auto = await overflow();
       await page.evaluate(() => {
         for (const t of document.querySelectorAll('#rej-table, .counts table')) t.removeAttribute('style');
       });

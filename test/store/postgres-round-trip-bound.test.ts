@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
+import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createPostgresStore, type PostgresGatewayStore } from '../../src/store/postgres/index.js';
 import type { AdmitInput } from '../../src/store/types.js';

@@ -51,7 +51,7 @@
   }
 
   function colorOf(reason) {
-    return Object.prototype.hasOwnProperty.call(COLORS, reason) ? COLORS[reason] : OTHER;
+    return Object.hasOwn(COLORS, reason) ? COLORS[reason] : OTHER;
   }
 
   function short(ms, span) {
@@ -173,7 +173,7 @@
     var fences = pts
       .concat(refused)
       .filter(function (p) {
-        return p.f !== null && isFinite(p.f);
+        return p.f !== null && Number.isFinite(p.f);
       })
       .map(function (p) {
         return p.f;
@@ -202,7 +202,7 @@
     }
     refused.forEach(function (p) {
       var cx = x(p.t),
-        cy = p.f === null || !isFinite(p.f) ? top + plotH : y(p.f);
+        cy = p.f === null || !Number.isFinite(p.f) ? top + plotH : y(p.f);
       var g = el('g', { 'data-refusal': p.r.id, 'data-reason': p.r.reason, stroke: colorOf(p.r.reason), 'stroke-width': 2 }, svg);
       el('line', { x1: (cx - 4).toFixed(1), y1: (cy - 4).toFixed(1), x2: (cx + 4).toFixed(1), y2: (cy + 4).toFixed(1) }, g);
       el('line', { x1: (cx - 4).toFixed(1), y1: (cy + 4).toFixed(1), x2: (cx + 4).toFixed(1), y2: (cy - 4).toFixed(1) }, g);
