@@ -15,8 +15,8 @@ export type FenceSourceOptions =
   | { postgres: PoolLike; migrate?: boolean }
   /** A better-sqlite3 database: the queue's file. */
   | { sqlite: Database.Database; migrate?: boolean }
-  /** An ioredis client on the queue's Redis. Keys under `namespace` (default `fencegate:queue`). */
-  | { redis: RedisLike; namespace?: string };
+  /** An ioredis client on the queue's Redis. Keys under `namespace` (default `fencegate:queue`), each job id's kept `keyTtlMs` after its last fence (default 100 days). */
+  | { redis: RedisLike; namespace?: string; keyTtlMs?: number | null };
 
 /**
  * Opens a fence source. On SQL backends it applies the queue migrations
@@ -36,6 +36,6 @@ export async function createFenceSource(options: FenceSourceOptions): Promise<Fe
     if (options.migrate !== false) migrateQueueSqlite(options.sqlite);
     return sqliteFenceSource(options.sqlite);
   }
-  if ('redis' in options) return redisFenceSource(options.redis, { namespace: options.namespace });
+  if ('redis' in options) return redisFenceSource(options.redis, { namespace: options.namespace, keyTtlMs: options.keyTtlMs });
   throw new LeaseError('invalid_config', 'createFenceSource needs one of postgres, sqlite or redis');
 }

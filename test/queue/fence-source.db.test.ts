@@ -203,6 +203,60 @@ describe.skipIf(REDIS_SKIP !== null)('fence source: redis, the lives of a job id
   });
 });
 
+describe.skipIf(REDIS_SKIP !== null)("fence source: redis, a job id's keys are forgotten keyTtlMs after its last fence", () => {
+  type Client = ReturnType<typeof connectRedis> & { pttl(k: string): Promise<number>; hset(k: string, f: string, v: string): Promise<unknown> };
+  const open = async (keyTtlMs?: number | null) => {
+    const client = connectRedis() as Client;
+    const namespace = uniquePrefix('fences');
+    disposers.push(async () => {
+      await deleteKeys(client, namespace);
+      await client.quit();
+    });
+    const source = await createFenceSource({ redis: client, namespace, ...(keyTtlMs !== undefined ? { keyTtlMs } : {}) });
+    const jobHash = `${namespace}:bull:q:7`;
+    await client.set(`${jobHash}:lock`, 'token-1');
+    await client.hset(jobHash, 'name', 'pay');
+    const guard: FenceGuard = { kind: 'redis-key', key: `${jobHash}:lock`, equals: 'token-1', lifeHash: jobHash };
+    // The source's own keys for job 7 of queue bull:q (the fence counter, the lives record), by their place in the namespace.
+    const ttls = async () => {
+      const [, keys] = await client.scan('0', 'MATCH', `${namespace}:*:bull%3Aq:7`, 'COUNT', 1000);
+      return Promise.all(keys.sort().map(async (k) => [k.slice(namespace.length + 1).split(':')[0], await client.pttl(k)] as const));
+    };
+    return { client, source, guard, ttls };
+  };
+  const DAY = 86_400_000;
+
+  test('the default keeps each 100 days, renewed by every draw, guarded, with lives, or unguarded', async () => {
+    const { source, guard, ttls } = await open();
+    expect((await source.begin({ queue: 'bull:q', id: '7' }, guard)).ok).toBe(true);
+    const after = await ttls();
+    expect(after.map(([k]) => k)).toEqual(['fence', 'lives']);
+    for (const [, ttl] of after) expect(ttl).toBeGreaterThan(99 * DAY);
+    for (const [, ttl] of after) expect(ttl).toBeLessThanOrEqual(100 * DAY);
+    // Unguarded: the counter alone, kept as long.
+    expect((await source.begin({ queue: 'bull:q', id: '7' })).ok).toBe(true);
+    const [fence] = await ttls();
+    expect(fence![1]).toBeGreaterThan(99 * DAY);
+  });
+
+  test('a given keyTtlMs is what the keys get; null keeps them for ever (the control: no expiry at all)', async () => {
+    const week = await open(7 * DAY);
+    await week.source.begin({ queue: 'bull:q', id: '7' }, week.guard);
+    for (const [, ttl] of await week.ttls()) expect(ttl).toBeGreaterThan(6 * DAY);
+    for (const [, ttl] of await week.ttls()) expect(ttl).toBeLessThanOrEqual(7 * DAY);
+    const forever = await open(null);
+    await forever.source.begin({ queue: 'bull:q', id: '7' }, forever.guard);
+    expect((await forever.ttls()).map(([, ttl]) => ttl)).toEqual([-1, -1]);
+  });
+
+  test('a keyTtlMs shorter than a day, or not a whole number, is refused before anything is written', async () => {
+    const client = connectRedis();
+    disposers.push(() => client.quit());
+    for (const bad of [0, 60_000, DAY + 0.5, Number.NaN])
+      await expect(createFenceSource({ redis: client, namespace: uniquePrefix('fences'), keyTtlMs: bad })).rejects.toThrow(/keyTtlMs must be/);
+  });
+});
+
 describe('jobKeys', () => {
   test("a later life of a job id gets its own key prefix; the entity stays the id's", () => {
     const store = 'a'.repeat(32);
