@@ -44,6 +44,17 @@ export async function postgresFenceSource(pool: PoolLike): Promise<FenceSource> 
       const res = await pool.query<{ fence: string }>(PG_BEGIN(g.where), [job.queue, job.id, ...g.values]);
       return answer(res.rows[0]?.fence);
     },
+    async sweep(options) {
+      const { olderThanMs, batch } = sweepBounds(options);
+      // The database's clock decides the age (DESIGN G6), as it wrote updated_at.
+      const res = await pool.query(
+        `DELETE FROM fencegate_queue_fences WHERE (queue, job_ref) IN (
+           SELECT queue, job_ref FROM fencegate_queue_fences
+           WHERE updated_at < clock_timestamp() - $1 * interval '1 millisecond' LIMIT $2)`,
+        [olderThanMs, batch],
+      );
+      return res.rowCount ?? 0;
+    },
   };
 }
 
@@ -71,7 +82,30 @@ export function sqliteFenceSource(db: Database.Database): FenceSource {
       const row = stmt.get(job.queue, job.id, ...g.values) as { fence: number } | undefined;
       return answer(row?.fence);
     },
+    async sweep(options) {
+      const { olderThanMs, batch } = sweepBounds(options);
+      return db
+        .prepare(
+          `DELETE FROM fencegate_queue_fences WHERE rowid IN (
+             SELECT rowid FROM fencegate_queue_fences
+             WHERE updated_at < CAST(unixepoch('subsec') * 1000 AS INTEGER) - ? LIMIT ?)`,
+        )
+        .run(olderThanMs, batch).changes;
+    },
   };
+}
+
+/** The sweep's bounds, checked before any statement (a day at least: see FenceSource.sweep). */
+function sweepBounds(options: { olderThanMs: number; batch?: number }): { olderThanMs: number; batch: number } {
+  const { olderThanMs, batch = 1000 } = options;
+  if (!Number.isSafeInteger(olderThanMs) || olderThanMs < 86_400_000)
+    throw new LeaseError(
+      'invalid_input',
+      `olderThanMs must be a whole number of ms of at least a day (longer than the gateway's entityRetention), got ${String(olderThanMs)}`,
+    );
+  if (!Number.isSafeInteger(batch) || batch < 1 || batch > 100_000)
+    throw new LeaseError('invalid_input', `batch must be a whole number from 1 to 100000, got ${String(batch)}`);
+  return { olderThanMs, batch };
 }
 
 function answer(fence: string | number | undefined): BeginResult {

@@ -69,4 +69,14 @@ export interface FenceSource {
    * another worker's).
    */
   guardTtl?(guard: FenceGuard): Promise<number | null>;
+  /**
+   * PostgreSQL and SQLite: deletes the rows of job ids whose latest fence was
+   * drawn more than `olderThanMs` ago, at most `batch` (default 1000) per
+   * call; returns how many. Run it from the queue's own schedule (a cron
+   * task) so the ids of finished jobs do not pile up; `olderThanMs` must be
+   * longer than the gateway's `entityRetention` plus the longest a job
+   * runs, and at least a day (docs/queues.md). Redis keys expire by
+   * themselves (`keyTtlMs`).
+   */
+  sweep?(options: { olderThanMs: number; batch?: number }): Promise<number>;
 }

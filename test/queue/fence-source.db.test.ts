@@ -16,7 +16,14 @@ interface Backend {
   name: string;
   skip: boolean;
   /** Opens a source on a fresh store; `reopen` opens a second source on the same store. */
-  open(): Promise<{ source: FenceSource; reopen(): Promise<FenceSource>; holds: FenceGuard; notHeld: FenceGuard }>;
+  open(): Promise<{
+    source: FenceSource;
+    reopen(): Promise<FenceSource>;
+    holds: FenceGuard;
+    notHeld: FenceGuard;
+    /** SQL only: moves a job's latest fence `ms` into the past, as if it had been drawn then. */
+    backdate?(queue: string, id: string, ms: number): Promise<void>;
+  }>;
 }
 
 const disposers: (() => Promise<unknown> | unknown)[] = [];
@@ -46,6 +53,9 @@ const backends: Backend[] = [
         reopen,
         holds: { kind: 'sql', where: '? = 1', values: [1] },
         notHeld: { kind: 'sql', where: '? = 1', values: [0] },
+        async backdate(queue: string, id: string, ms: number) {
+          db.prepare('UPDATE fencegate_queue_fences SET updated_at = updated_at - ? WHERE queue = ? AND job_ref = ?').run(ms, queue, id);
+        },
       };
     },
   },
@@ -60,6 +70,13 @@ const backends: Backend[] = [
         reopen: () => createFenceSource({ postgres: db.pool }),
         holds: { kind: 'sql', where: '$3::text = $4::text', values: ['w1', 'w1'] },
         notHeld: { kind: 'sql', where: '$3::text = $4::text', values: ['w1', 'w2'] },
+        async backdate(queue: string, id: string, ms: number) {
+          await db.pool.query(`UPDATE fencegate_queue_fences SET updated_at = updated_at - $1 * interval '1 millisecond' WHERE queue = $2 AND job_ref = $3`, [
+            ms,
+            queue,
+            id,
+          ]);
+        },
       };
     },
   },
@@ -118,6 +135,30 @@ describe.each(backends)('fence source: $name', (backend) => {
     expect(await fenceOf(source, 'q', 'g', holds)).toBe(1);
     expect(await fenceOf(source, 'q', 'g', notHeld)).toBe('not_owner');
     expect(await fenceOf(source, 'q', 'g', holds)).toBe(2);
+  });
+
+  test.skipIf(backend.skip || backend.name === 'redis')('sweep forgets the job ids whose latest fence is older than olderThanMs, and only those', async () => {
+    const { source, backdate } = await backend.open();
+    const DAY = 86_400_000;
+    for (const id of ['old', 'old', 'recent', 'renewed']) await fenceOf(source, 'q', id);
+    await backdate!('q', 'old', 3 * DAY);
+    await backdate!('q', 'recent', DAY / 2);
+    await backdate!('q', 'renewed', 3 * DAY);
+    // A later draw renews it: its latest fence is now.
+    expect(await fenceOf(source, 'q', 'renewed')).toBe(2);
+    // The control: an age beyond every row's deletes nothing.
+    expect(await source.sweep!({ olderThanMs: 4 * DAY })).toBe(0);
+    expect(await source.sweep!({ olderThanMs: 2 * DAY })).toBe(1);
+    expect(await fenceOf(source, 'q', 'old')).toBe(1);
+    expect(await fenceOf(source, 'q', 'recent')).toBe(2);
+    expect(await fenceOf(source, 'q', 'renewed')).toBe(3);
+    // In batches: at most `batch` rows per call.
+    for (const id of ['a', 'b', 'c']) {
+      await fenceOf(source, 'q', id);
+      await backdate!('q', id, 3 * DAY);
+    }
+    expect([await source.sweep!({ olderThanMs: 2 * DAY, batch: 2 }), await source.sweep!({ olderThanMs: 2 * DAY, batch: 2 })]).toEqual([2, 1]);
+    await expect(source.sweep!({ olderThanMs: 60_000 })).rejects.toMatchObject({ code: 'invalid_input' });
   });
 
   test.skipIf(backend.skip)('a guard of another backend is refused', async () => {
