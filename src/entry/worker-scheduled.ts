@@ -84,35 +84,41 @@ export function createWorkerReconciler(deps: {
   const staleAfterMs = deps.budgetMs + Math.max(...routes.map((r) => r.timeoutMs)) + STALE_MARGIN_MS;
   let running: { pass: Promise<ReconcilePass>; startedAt: number } | null = null;
 
-  return {
-    run() {
-      const t = now();
-      // A second cron event while a pass runs joins it; a pass whose
-      // invocation was cut off (a platform limit) never settles, and after
-      // its bound it no longer holds the next one back.
-      if (running !== null && t - running.startedAt < staleAfterMs) return running.pass;
-      const budget: PassBudget = { until: t + deps.budgetMs, queries: deps.maxQueries, pages: PAGES };
-      const current = {
-        startedAt: t,
-        pass: reconciler.pass(budget).then(
-          (r) => {
-            if (Object.keys(r.asked).length > 0 || r.gaveUp > 0 || r.deferred !== undefined)
-              logger.info('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp, ...(r.deferred !== undefined ? { deferred: r.deferred } : {}), ...r.asked });
-            return r;
-          },
-          (err: unknown) => {
-            logger.error('reconcile-failed', { error: String(err) });
-            throw err;
-          },
-        ),
-      };
-      running = current;
-      void current.pass
-        .finally(() => {
-          if (running === current) running = null;
-        })
-        .catch(() => {});
-      return current.pass;
-    },
+  const run = (): Promise<ReconcilePass> => {
+    const t = now();
+    // A second cron event while a pass runs joins it. A pass whose
+    // invocation was cut off (a platform limit) never settles: the joiner
+    // waits for it only until its bound, then starts a pass of its own.
+    if (running !== null && t - running.startedAt < staleAfterMs) {
+      const joined = running.pass;
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const bound = new Promise<ReconcilePass>((resolve) => {
+        timer = setTimeout(() => resolve(run()), running!.startedAt + staleAfterMs - t);
+      });
+      return Promise.race([joined, bound]).finally(() => clearTimeout(timer));
+    }
+    const budget: PassBudget = { until: t + deps.budgetMs, queries: deps.maxQueries, pages: PAGES };
+    const current = {
+      startedAt: t,
+      pass: reconciler.pass(budget).then(
+        (r) => {
+          if (Object.keys(r.asked).length > 0 || r.gaveUp > 0 || r.deferred !== undefined)
+            logger.info('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp, ...(r.deferred !== undefined ? { deferred: r.deferred } : {}), ...r.asked });
+          return r;
+        },
+        (err: unknown) => {
+          logger.error('reconcile-failed', { error: String(err) });
+          throw err;
+        },
+      ),
+    };
+    running = current;
+    void current.pass
+      .finally(() => {
+        if (running === current) running = null;
+      })
+      .catch(() => {});
+    return current.pass;
   };
+  return { run };
 }

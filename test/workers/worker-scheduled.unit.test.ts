@@ -6,7 +6,7 @@
  * the next cron event back only until its bound. End to end inside workerd,
  * against D1 and a real provider: reconcile.workerd.ts.
  */
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
 import { createWorkerReconciler, reconcileBudgetOf } from '../../src/entry/worker-scheduled.js';
 import type { Forwarder } from '../../src/http/forward.js';
@@ -116,16 +116,41 @@ describe('the Workers background reconcile pass', () => {
   });
 
   it('a second cron event joins a running pass; one that never settles holds the next back only until its bound', async () => {
-    const t = setup({ records: 1, budgetMs: 30_000, maxQueries: 100, list: () => new Promise<never>(() => {}) });
-    const first = t.reconciler.run();
-    expect(t.reconciler.run()).toBe(first);
-    expect(t.lists()).toBe(1);
-    // Budget 30 s + the route's timeout 5 s + the margin 10 s: past it, the pass is taken for dead.
-    t.advance(44_000);
-    expect(t.reconciler.run()).toBe(first);
-    t.advance(2_000);
-    expect(t.reconciler.run()).not.toBe(first);
-    expect(t.lists()).toBe(2);
+    vi.useFakeTimers();
+    try {
+      let answer: ((p: RecordPage) => void) | undefined;
+      const t = setup({
+        records: 1,
+        budgetMs: 30_000,
+        maxQueries: 100,
+        list: () => new Promise<RecordPage>((resolve) => (answer ??= resolve)),
+      });
+      // A pass that settles: the second event gets its result, and no second listing is made.
+      const first = t.reconciler.run();
+      const joined = t.reconciler.run();
+      expect(t.lists()).toBe(1);
+      answer!({ items: [], nextCursor: null });
+      expect(await joined).toBe(await first);
+
+      // A pass that never settles (the next listing never answers), as one cut off by a platform limit.
+      const dead = t.reconciler.run();
+      expect(t.lists()).toBe(2);
+      let settled = false;
+      const waiting = t.reconciler.run().then(() => (settled = true));
+      // Budget 30 s + the route's timeout 5 s + the margin 10 s: until then the event waits for it.
+      t.advance(44_000);
+      await vi.advanceTimersByTimeAsync(44_000);
+      expect(t.lists()).toBe(2);
+      expect(settled).toBe(false);
+      t.advance(2_000);
+      await vi.advanceTimersByTimeAsync(2_000);
+      // Then it starts a pass of its own (whose listing hangs as well, here).
+      expect(t.lists()).toBe(3);
+      void dead;
+      void waiting;
+    } finally {
+      vi.useRealTimers();
+    }
   });
 
   it('reads the budget from the Worker variables, refusing anything but a positive integer', () => {
