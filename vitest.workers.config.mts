@@ -30,7 +30,7 @@ export default defineConfig(async () => {
     ],
     test: {
       include: ['test/workers/**/*.workerd.ts'],
-      globalSetup: ['test/workers/fake-upstream.setup.ts'],
+      globalSetup: ['test/workers/fake-upstream.setup.ts', 'test/workers/reconcile-upstream.setup.ts'],
       setupFiles: ['test/workers/apply-migrations.setup.ts'],
       testTimeout: 30_000,
       hookTimeout: 30_000,

@@ -3,7 +3,8 @@
  * as `fencegate serve`, with Workers parts: the config from the
  * `FENCEGATE_CONFIG` variable, the D1 store its `"store": { "d1": "<binding>" }`
  * names, `fetch` for the upstream, secrets from Worker secrets (`env`), and
- * the sweeper on the cron trigger.
+ * the sweeper and the background reconcile pass on the cron trigger
+ * (./worker-scheduled.ts).
  *
  * Two things a Worker is not told, so the gateway cannot act on them here
  * (docs/deploy-workers.md): whether a failed upstream `fetch` sent anything
@@ -18,8 +19,10 @@ import type { Config } from '../config/schema.js';
 import { createFetchForwarder } from '../http/forward-fetch.js';
 import { createGateway, type Gateway } from '../http/gateway.js';
 import { createJsonLogger, LOG_LEVELS, parseLogLevel, type Logger } from '../http/logger.js';
+import { createMetrics } from '../http/metrics.js';
 import { renderProblem } from '../protocol/problem.js';
 import { createD1Store, type D1DatabaseLike } from '../store/d1/index.js';
+import { createWorkerReconciler, reconcileBudgetOf, type WorkerReconciler } from './worker-scheduled.js';
 
 /** The Worker's bindings: variables, secrets, the D1 database. */
 export interface WorkerEnv {
@@ -35,6 +38,10 @@ export interface WorkerEnv {
   FENCEGATE_ADMIN?: string;
   /** `info` (default), `warn`, `error` or `silent`. */
   FENCEGATE_LOG_LEVEL?: string;
+  /** The background reconcile pass's wall-clock budget in ms (default 30000; ./worker-scheduled.ts). */
+  FENCEGATE_RECONCILE_BUDGET_MS?: string;
+  /** Most status queries one background reconcile pass starts (default 20; ./worker-scheduled.ts). */
+  FENCEGATE_RECONCILE_MAX_QUERIES?: string;
   [binding: string]: unknown;
 }
 
@@ -50,6 +57,8 @@ interface Isolate {
   config: Config;
   logger: Logger;
   gateway: Gateway;
+  /** The background reconcile pass, null without a route with `reconcile`. */
+  reconciler: WorkerReconciler | null;
 }
 
 /**
@@ -99,8 +108,15 @@ function isolateFor(env: WorkerEnv): Isolate {
   // secrets: `wrangler secret put NAME`. A missing one fails here, naming it.
   const secrets = Object.fromEntries(Object.entries(env).filter((e): e is [string, string] => typeof e[1] === 'string'));
   const admin = adminAllowed(env.FENCEGATE_ADMIN, config, logger);
-  const gateway = createGateway({ config, store, forwarder, env: secrets, logger, admin });
-  const isolate: Isolate = { text, adminMode: env.FENCEGATE_ADMIN, config, logger, gateway };
+  const { budgetMs, maxQueries } = reconcileBudgetOf(env);
+  // One metrics object for the gateway and the reconcile pass: /metrics shows both.
+  const metrics = createMetrics({
+    routes: config.routes.map((r) => r.name),
+    reconcileRoutes: config.routes.filter((r) => r.reconcile !== undefined).map((r) => r.name),
+  });
+  const gateway = createGateway({ config, store, forwarder, env: secrets, logger, admin, metrics });
+  const reconciler = createWorkerReconciler({ config, store, forwarder, logger, metrics, env: secrets, budgetMs, maxQueries });
+  const isolate: Isolate = { text, adminMode: env.FENCEGATE_ADMIN, config, logger, gateway, reconciler };
   isolates.set(env, isolate);
   return isolate;
 }
@@ -167,7 +183,13 @@ export default {
     return handled;
   },
 
-  /** The cron trigger: expired records, dead in_progress records, old rejections. */
+  /**
+   * The cron trigger: the sweep (expired records, dead in_progress records,
+   * old rejections), then one background reconcile pass within its budget
+   * (DESIGN §3.12; ./worker-scheduled.ts), which also asks about the records
+   * the sweep just marked outcome_unknown. A failed sweep does not hold the
+   * pass back.
+   */
   async scheduled(_controller: unknown, env: WorkerEnv, ctx: ExecutionContextLike): Promise<void> {
     let isolate: Isolate;
     try {
@@ -176,11 +198,15 @@ export default {
       configFailure(err);
       return;
     }
-    const sweep = isolate.gateway.sweep().then(
-      (r) => isolate.logger.info('sweep', { ...r }),
-      (err) => isolate.logger.error('sweep-failed', { error: String(err) }),
-    );
-    ctx.waitUntil(sweep);
-    await sweep;
+    const work = (async () => {
+      await isolate.gateway.sweep().then(
+        (r) => isolate.logger.info('sweep', { ...r }),
+        (err) => isolate.logger.error('sweep-failed', { error: String(err) }),
+      );
+      // Logged (reconcile-pass, reconcile-failed) by the reconciler.
+      await isolate.reconciler?.run().catch(() => {});
+    })();
+    ctx.waitUntil(work);
+    await work;
   },
 };

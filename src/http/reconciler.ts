@@ -33,6 +33,23 @@ export interface ReconcilePass {
   asked: Partial<Record<ReconcileResult, number>>;
   /** Records past their route's maxAge. */
   gaveUp: number;
+  /** Records due but not asked because the pass's budget ran out (the next pass asks them). */
+  deferred?: number;
+}
+
+/**
+ * Bounds on one pass, for a runtime with per-invocation limits (the Workers
+ * entry, DESIGN §8.3): once one is reached no new status query starts (those
+ * running end within their route's timeout), and the records left keep their
+ * back-off as it was, so the next pass asks them.
+ */
+export interface PassBudget {
+  /** `now()` at or past which no new query starts. */
+  until?: number;
+  /** Most status queries started. */
+  queries?: number;
+  /** Most pages of records read (of 200). */
+  pages?: number;
 }
 
 /** The route whose record this is (the scope begins with the route's name, ../key-scope.ts). */
@@ -98,7 +115,7 @@ export function createBackgroundReconciler(deps: {
   const backoff = new Map<string, { due: number; waitMs: number }>();
 
   let stopped = false;
-  const pass = async (): Promise<ReconcilePass> => {
+  const pass = async (budget: PassBudget = {}): Promise<ReconcilePass> => {
     const result: ReconcilePass = { seen: 0, asked: {}, gaveUp: 0 };
     if (routes.length === 0 || stopped) return result;
     const unknown = new Map(routes.map((r) => [r.name, Object.fromEntries(RECONCILE_AGES.map((a) => [a, 0])) as Record<ReconcileAge, number>]));
@@ -107,7 +124,7 @@ export function createBackgroundReconciler(deps: {
     const live = new Set<string>();
     let cursor: string | undefined;
     const t = now();
-    for (let page = 0; page < MAX_PAGES; page++) {
+    for (let page = 0; page < Math.min(MAX_PAGES, budget.pages ?? MAX_PAGES); page++) {
       const p = await store.listRecords({ state: 'outcome_unknown', limit: PAGE, ...(cursor !== undefined ? { cursor } : {}) });
       for (const record of p.items) {
         const route = routeOfScope(routes, record.scope);
@@ -133,14 +150,17 @@ export function createBackgroundReconciler(deps: {
     // Forget the attempts that are gone (settled, or past maxAge).
     for (const id of backoff.keys()) if (!live.has(id)) backoff.delete(id);
     deps.gauges?.({ unknown, gaveUp });
+    let started = 0;
+    const spent = () => (budget.queries !== undefined && started >= budget.queries) || (budget.until !== undefined && now() >= budget.until);
 
     await Promise.all(
       [...queues.values()].map(async (q) => {
         const route = q[0]!.route;
         const worker = async () => {
-          // Once stopped (the gateway closing), no new query: those running end within their timeout.
-          for (let item = q.shift(); item !== undefined && !stopped; item = q.shift()) {
-            const { record, id } = item;
+          // Once stopped (the gateway closing) or the budget spent, no new query: those running end within their timeout.
+          while (q.length > 0 && !stopped && !spent()) {
+            const { record, id } = q.shift()!;
+            started++;
             // The entity as the upstream saw it: the store's caller-scoped form ends with it (./pipeline/admit.ts storeEntity).
             const entity = record.entity === null ? null : record.entity.slice(record.entity.lastIndexOf('\u0000') + 1);
             let r: ReconcileResult;
@@ -162,6 +182,8 @@ export function createBackgroundReconciler(deps: {
         await Promise.all(Array.from({ length: Math.min(route.reconcile.concurrency, q.length) }, worker));
       }),
     );
+    const left = [...queues.values()].reduce((n, q) => n + q.length, 0);
+    if (left > 0) result.deferred = left;
     return result;
   };
   return {
