@@ -9,11 +9,13 @@
 // test/faults/kill-campaign.slow.test.ts; both run test/faults/kill-campaign.ts.
 //
 //   npm run build && node bench/kill-campaign.mjs [--trials 10] [--postgres URL | --sqlite-only]
-//       [--variants before,after,after-lag] [--windows w1,w2,w3] [--control]
+//       [--variants before,after,after-lag] [--windows w1,w2,w3] [--control] [--replicas 2]
 //
 // --postgres URL (or FENCEGATE_TEST_POSTGRES_URL) adds PostgreSQL (a fresh
 // schema, dropped after). --control adds the negative control (settle time 0,
-// a status endpoint lagging 30 s): it must REPORT duplicates. Prints a line
+// a status endpoint lagging 30 s): it must REPORT duplicates. --replicas 2
+// runs two gateway processes on the one store: the caller fails over to the
+// other one at once, the killed one is restarted meanwhile. Prints a line
 // per trial and a table; exits 1 when a non-control variant had a duplicate,
 // a reconcile variant left a key to an operator, or the harness failed.
 import '../test/lease/helpers/ts-register.mjs';
@@ -30,18 +32,21 @@ const { values } = parseArgs({
     variants: { type: 'string', default: 'before,after,after-lag' },
     windows: { type: 'string', default: 'w1,w2,w3' },
     control: { type: 'boolean', default: false },
+    replicas: { type: 'string', default: '1' },
     quiet: { type: 'boolean', default: false },
     help: { type: 'boolean', default: false },
   },
 });
 if (values.help) {
   console.log(
-    'usage: node bench/kill-campaign.mjs [--trials N] [--postgres URL | --sqlite-only | --postgres-only] [--variants before,after,after-lag] [--windows w1,w2,w3] [--control] [--quiet]',
+    'usage: node bench/kill-campaign.mjs [--trials N] [--postgres URL | --sqlite-only | --postgres-only] [--variants before,after,after-lag] [--windows w1,w2,w3] [--control] [--replicas N] [--quiet]',
   );
   process.exit(0);
 }
 const trials = Number(values.trials);
 if (!Number.isSafeInteger(trials) || trials < 1) throw new Error('--trials must be a positive integer');
+const replicas = Number(values.replicas);
+if (replicas !== 1 && replicas !== 2) throw new Error('--replicas is 1 or 2');
 const postgresUrl = values['sqlite-only'] ? undefined : (values.postgres ?? process.env.FENCEGATE_TEST_POSTGRES_URL);
 if (values['postgres-only'] && !postgresUrl) throw new Error('--postgres-only needs --postgres URL or FENCEGATE_TEST_POSTGRES_URL');
 
@@ -68,6 +73,7 @@ for (const backend of backends) {
       variant,
       trials,
       windows,
+      replicas,
       log: values.quiet ? undefined : (line) => console.log(`[${stamp()}] ${line}`),
     });
     console.log(formatReport(report));
@@ -83,7 +89,9 @@ console.log('|---|---|---|---:|---:|---:|---:|---|');
 for (const r of reports) {
   for (const [w, s] of Object.entries(r.windows)) {
     const settle = s.settleMedianMs === null ? '–' : `${secs(s.settleMedianMs)} / ${secs(s.settleMaxMs)}`;
-    console.log(`| ${r.backend === 'sqlite' ? 'SQLite' : 'PostgreSQL'} | ${r.variant} | ${w} | ${s.trials} | ${s.duplicates} | ${s.needsOperator} | ${s.settled} | ${settle} |`);
+    console.log(
+      `| ${r.backend === 'sqlite' ? 'SQLite' : 'PostgreSQL'}${r.replicas > 1 ? ` ×${r.replicas}` : ''} | ${r.variant} | ${w} | ${s.trials} | ${s.duplicates} | ${s.needsOperator} | ${s.settled} | ${settle} |`,
+    );
   }
 }
 const failed = reports.filter(

@@ -21,8 +21,8 @@ afterAll(async () => {
   await killAll();
 });
 
-async function campaign(backend: 'sqlite' | 'postgres', variant: Variant, trials = TRIALS, windows = WINDOWS): Promise<CampaignReport> {
-  const report = await runKillCampaign({ backend, postgresUrl: POSTGRES_URL, variant, trials, windows });
+async function campaign(backend: 'sqlite' | 'postgres', variant: Variant, trials = TRIALS, windows = WINDOWS, replicas = 1): Promise<CampaignReport> {
+  const report = await runKillCampaign({ backend, postgresUrl: POSTGRES_URL, variant, trials, windows, replicas });
   console.log(formatReport(report));
   return report;
 }
@@ -36,9 +36,9 @@ function expectBefore(r: CampaignReport) {
   expect(r.total.settled).toBe(0);
 }
 
-function expectAfter(r: CampaignReport) {
+function expectAfter(r: CampaignReport, trials = TRIALS) {
   expect(r.harnessErrors).toEqual([]);
-  expect(r.total.trials).toBe(TRIALS * WINDOWS.length);
+  expect(r.total.trials).toBe(trials * WINDOWS.length);
   expect(r.total.duplicates, JSON.stringify(r.trials)).toBe(0);
   expect(r.total.needsOperator, JSON.stringify(r.trials)).toBe(0);
   // Every retry got its answer: the upstream's (w1: sent after the release) or the status query's (w2, w3).
@@ -76,5 +76,11 @@ describe.skipIf(!POSTGRES_URL)('kill campaign: PostgreSQL', () => {
 
   it('with reconcile and a lagging status endpoint: no duplicate, no key needs an operator', { timeout: TIMEOUT }, async () => {
     expectAfter(await campaign('postgres', VARIANTS.afterLag));
+  });
+
+  it('two replicas, the caller failing over to the other as the killed one restarts, with reconcile: no duplicate, no key needs an operator', {
+    timeout: TIMEOUT,
+  }, async () => {
+    expectAfter(await campaign('postgres', VARIANTS.after, 1, WINDOWS, 2), 1);
   });
 });

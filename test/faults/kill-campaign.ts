@@ -75,6 +75,12 @@ export interface CampaignOptions {
   lockMarginMs?: number;
   /** `reconcile.interval`, also the wait before counting. */
   intervalMs?: number;
+  /**
+   * Gateway processes on the one store (default 1). With 2, the caller fails
+   * over: the killed gateway is restarted meanwhile (as a supervisor would),
+   * the retry goes to the other one, which finds the dead one's record.
+   */
+  replicas?: number;
   log?: (line: string) => void;
 }
 
@@ -107,6 +113,7 @@ export interface WindowSummary {
 export interface CampaignReport {
   backend: 'sqlite' | 'postgres';
   variant: string;
+  replicas: number;
   windows: Partial<Record<Window, WindowSummary>>;
   total: WindowSummary;
   trials: Trial[];
@@ -205,7 +212,8 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
   const harnessErrors: string[] = [];
   let upstream: Proc | null = null;
   let proxy: FaultProxy | null = null;
-  let gateway: GatewayProc | null = null;
+  const gateways: GatewayProc[] = [];
+  const replicas = options.replicas ?? 1;
   let schema: { url: string; drop(): Promise<void> } | null = null;
   let statusCalls = 0;
   const run = Math.random().toString(16).slice(2, 8);
@@ -235,14 +243,20 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
         ? {}
         : { reconcile: { path: '/payments/status/{key}', settleTime: variant.reconcile.settleTimeMs, interval: intervalMs, concurrency: 4 } }),
     };
-    gateway = await startGatewayProc({
-      store: schema ? { postgres: schema.url } : { sqlite: join(tmp.dir, 'gateway.db') },
-      routes: [route],
-      dir: tmp.dir,
-      name: `gateway-${variant.name}`,
-      config: { sweepInterval: intervalMs },
-    });
-    const gw = gateway;
+    for (let g = 0; g < replicas; g++) {
+      gateways.push(
+        await startGatewayProc({
+          store: schema ? { postgres: schema.url } : { sqlite: join(tmp.dir, 'gateway.db') },
+          routes: [route],
+          dir: tmp.dir,
+          name: `gateway-${variant.name}-${g}`,
+          config: { sweepInterval: intervalMs },
+        }),
+      );
+    }
+    // The one killed each trial, and the one the caller retries on (the same one restarted, or the other replica).
+    const gw = gateways[0]!;
+    const retryGw = gateways[replicas > 1 ? 1 : 0]!;
     const up = upstream;
     const px = proxy;
 
@@ -253,7 +267,7 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
       const entity = `acct-${run}-${window}-${i}`;
       const headers = { 'content-type': 'application/json', 'idempotency-key': key, 'x-fence-entity': entity, 'x-execution-fence': '1' };
       const body = JSON.stringify({ amount: 500, key });
-      const send = () => post(gw.url, `/payments/${entity}`, headers, body, timeoutMs + lockMarginMs + 30_000);
+      const send = (to: GatewayProc = gw) => post(to.url, `/payments/${entity}`, headers, body, timeoutMs + lockMarginMs + 30_000);
 
       // --- arm the fault, send, wait for the window, kill ----------------------
       // The proxy decides holding per connection, at its first request: reset
@@ -292,14 +306,16 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
       if (!firstAnswer.startsWith('error')) throw new Error(`${key}: the first attempt was answered (${firstAnswer}) before the kill`);
 
       // --- restart, the caller retries the same key ------------------------------
-      await gw.restart();
+      // One replica: the caller waits for the restart. Two: it fails over at once, the restart runs meanwhile.
+      const restarted = gw.restart();
+      if (replicas === 1) await restarted;
       const answers: string[] = [];
       let settledMs: number | null = null;
       const deadline = killedAt + timeoutMs + lockMarginMs + settleTimeMs + lagMs + 20 * intervalMs + 30_000;
       for (;;) {
         let a: Answer;
         try {
-          a = await send();
+          a = await send(retryGw);
         } catch (err) {
           answers.push(`error: ${(err as Error).message}`);
           if (Date.now() > deadline) break;
@@ -319,8 +335,9 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
       }
 
       // --- one interval later: count ---------------------------------------------
+      await restarted;
       await sleep(intervalMs);
-      const info = await gw.admin(`/v1/idempotency/${encodeURIComponent(key)}`);
+      const info = await retryGw.admin(`/v1/idempotency/${encodeURIComponent(key)}`);
       const states: string[] = (info.records ?? []).map((r: { state: string }) => r.state);
       const effects = ((await getJson(`${upstreamUrl}/__effects?entity=${encodeURIComponent(entity)}`)) as Effect[]).filter((e) => e.key === key).length;
       const t: Trial = {
@@ -334,7 +351,7 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
         answers,
       };
       log(
-        `${options.backend} ${variant.name} ${window}#${i + 1}: effects=${t.effects} state=${t.state}${t.needsOperator ? ' (operator)' : ''} ` +
+        `${options.backend}${replicas > 1 ? `x${replicas}` : ''} ${variant.name} ${window}#${i + 1}: effects=${t.effects} state=${t.state}${t.needsOperator ? ' (operator)' : ''} ` +
           `settled=${settledMs === null ? '-' : `${(settledMs / 1000).toFixed(1)}s`} answers=[${collapse(answers)}]`,
       );
       return t;
@@ -358,7 +375,7 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
   } catch (err) {
     harnessErrors.push((err as Error).stack ?? String(err));
   } finally {
-    await gateway?.close().catch(() => {});
+    for (const g of gateways) await g.close().catch(() => {});
     await proxy?.close().catch(() => {});
     await upstream?.kill().catch(() => {});
     await schema?.drop().catch(() => {});
@@ -369,6 +386,7 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
   return {
     backend: options.backend,
     variant: variant.name,
+    replicas,
     windows: byWindow,
     total: summarize(trials),
     trials,
@@ -398,7 +416,7 @@ export function formatReport(r: CampaignReport): string {
     (w.settleMedianMs === null ? '' : ` settle median ${(w.settleMedianMs / 1000).toFixed(1)}s max ${(w.settleMaxMs! / 1000).toFixed(1)}s`);
   const lines = Object.entries(r.windows).map(([w, x]) => `  ${w}: ${s(x!)}`);
   return [
-    `kill campaign backend=${r.backend} variant=${r.variant}: ${s(r.total)} statusCalls=${r.statusCalls} harnessErrors=${r.harnessErrors.length} (${(r.durationMs / 1000).toFixed(0)}s)`,
+    `kill campaign backend=${r.backend}${r.replicas > 1 ? ` replicas=${r.replicas}` : ''} variant=${r.variant}: ${s(r.total)} statusCalls=${r.statusCalls} harnessErrors=${r.harnessErrors.length} (${(r.durationMs / 1000).toFixed(0)}s)`,
     ...lines,
   ].join('\n');
 }
