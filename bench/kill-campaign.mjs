@@ -84,13 +84,15 @@ for (const backend of backends) {
 
 // The table of docs/faults.md.
 const secs = (ms) => (ms === null ? '–' : `${(ms / 1000).toFixed(1)} s`);
-console.log('\n| store | route | window | trials | duplicates | keys needing an operator | settled by the retry | time to settle (median / max) |');
-console.log('|---|---|---|---:|---:|---:|---:|---|');
+console.log(
+  '\n| store | route | window | trials | duplicates | keys needing an operator | settled by the retry | kill to answer, median / max | of which restart, median |',
+);
+console.log('|---|---|---|---:|---:|---:|---:|---|---|');
 for (const r of reports) {
   for (const [w, s] of Object.entries(r.windows)) {
     const settle = s.settleMedianMs === null ? '–' : `${secs(s.settleMedianMs)} / ${secs(s.settleMaxMs)}`;
     console.log(
-      `| ${r.backend === 'sqlite' ? 'SQLite' : 'PostgreSQL'}${r.replicas > 1 ? ` ×${r.replicas}` : ''} | ${r.variant} | ${w} | ${s.trials} | ${s.duplicates} | ${s.needsOperator} | ${s.settled} | ${settle} |`,
+      `| ${r.backend === 'sqlite' ? 'SQLite' : 'PostgreSQL'}${r.replicas > 1 ? ` ×${r.replicas}` : ''} | ${r.variant} | ${w} | ${s.trials} | ${s.duplicates} | ${s.needsOperator} | ${s.settled} | ${settle} | ${secs(s.restartMedianMs)} |`,
     );
   }
 }

@@ -94,6 +94,8 @@ export interface Trial {
   needsOperator: boolean;
   /** From the kill to the caller's 2xx; null when the caller got none (it stopped at 409 `outcome-unknown`). */
   settledMs: number | null;
+  /** From the kill to the restarted gateway answering its health check (the part of settledMs that is start-up, with one replica). */
+  restartMs: number;
   /** The caller's last answer: status and problem type. */
   last: string;
   /** Answers the caller got, in order (status/type), for a failed run. */
@@ -108,6 +110,8 @@ export interface WindowSummary {
   /** Median and max of settledMs over the settled trials. */
   settleMedianMs: number | null;
   settleMaxMs: number | null;
+  /** Median of restartMs over all trials. */
+  restartMedianMs: number | null;
 }
 
 export interface CampaignReport {
@@ -187,7 +191,9 @@ function summarize(trials: Trial[]): WindowSummary {
     .map((t) => t.settledMs)
     .filter((t): t is number => t !== null)
     .sort((a, b) => a - b);
+  const restarts = trials.map((t) => t.restartMs).sort((a, b) => a - b);
   return {
+    restartMedianMs: restarts.length ? restarts[Math.floor((restarts.length - 1) / 2)]! : null,
     trials: trials.length,
     duplicates: trials.filter((t) => t.effects > 1).length,
     needsOperator: trials.filter((t) => t.needsOperator).length,
@@ -307,7 +313,10 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
 
       // --- restart, the caller retries the same key ------------------------------
       // One replica: the caller waits for the restart. Two: it fails over at once, the restart runs meanwhile.
-      const restarted = gw.restart();
+      let restartMs = 0;
+      const restarted = gw.restart().then(() => {
+        restartMs = Date.now() - killedAt;
+      });
       if (replicas === 1) await restarted;
       const answers: string[] = [];
       let settledMs: number | null = null;
@@ -347,12 +356,13 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
         state: states.join(',') || 'none',
         needsOperator: states.some((s) => s === 'outcome_unknown' || s === 'in_progress'),
         settledMs,
+        restartMs,
         last: answers.at(-1) ?? '',
         answers,
       };
       log(
         `${options.backend}${replicas > 1 ? `x${replicas}` : ''} ${variant.name} ${window}#${i + 1}: effects=${t.effects} state=${t.state}${t.needsOperator ? ' (operator)' : ''} ` +
-          `settled=${settledMs === null ? '-' : `${(settledMs / 1000).toFixed(1)}s`} answers=[${collapse(answers)}]`,
+          `settled=${settledMs === null ? '-' : `${(settledMs / 1000).toFixed(1)}s`} restart=${(restartMs / 1000).toFixed(1)}s answers=[${collapse(answers)}]`,
       );
       return t;
     };
@@ -413,7 +423,8 @@ function collapse(answers: string[]): string {
 export function formatReport(r: CampaignReport): string {
   const s = (w: WindowSummary) =>
     `trials=${w.trials} duplicates=${w.duplicates} operator=${w.needsOperator} settled=${w.settled}` +
-    (w.settleMedianMs === null ? '' : ` settle median ${(w.settleMedianMs / 1000).toFixed(1)}s max ${(w.settleMaxMs! / 1000).toFixed(1)}s`);
+    (w.settleMedianMs === null ? '' : ` settle median ${(w.settleMedianMs / 1000).toFixed(1)}s max ${(w.settleMaxMs! / 1000).toFixed(1)}s`) +
+    (w.restartMedianMs === null ? '' : ` restart median ${(w.restartMedianMs / 1000).toFixed(1)}s`);
   const lines = Object.entries(r.windows).map(([w, x]) => `  ${w}: ${s(x!)}`);
   return [
     `kill campaign backend=${r.backend}${r.replicas > 1 ? ` replicas=${r.replicas}` : ''} variant=${r.variant}: ${s(r.total)} statusCalls=${r.statusCalls} harnessErrors=${r.harnessErrors.length} (${(r.durationMs / 1000).toFixed(0)}s)`,
