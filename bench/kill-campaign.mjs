@@ -53,10 +53,10 @@ if (values['postgres-only'] && !postgresUrl) throw new Error('--postgres-only ne
 const { runKillCampaign, formatReport, VARIANTS, WINDOWS } = await import('../test/faults/kill-campaign.ts');
 const byName = Object.fromEntries(Object.values(VARIANTS).map((v) => [v.name, v]));
 const variants = values.variants.split(',').map((n) => {
-  if (!byName[n] || n === 'control') throw new Error(`unknown variant ${n} (before, after, after-lag; --control adds the control)`);
+  if (!byName[n]) throw new Error(`unknown variant ${n} (before, after, after-lag, control)`);
   return byName[n];
 });
-if (values.control) variants.push(VARIANTS.control);
+if (values.control && !variants.includes(VARIANTS.control)) variants.push(VARIANTS.control);
 const windows = values.windows.split(',').map((w) => {
   if (!WINDOWS.includes(w)) throw new Error(`unknown window ${w} (w1, w2, w3)`);
   return w;

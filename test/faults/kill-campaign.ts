@@ -169,6 +169,26 @@ async function getJson(url: string): Promise<any> {
   return res.json();
 }
 
+/**
+ * Waits until the gateway serves (`/_fencegate/ready` 200): its liveness
+ * check answers while it still opens its store, and a request then gets 503
+ * `store-unavailable` without being admitted. Bounded.
+ */
+async function untilReady(g: GatewayProc, timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const res = await fetch(`${g.url}/_fencegate/ready`, { signal: AbortSignal.timeout(2_000) });
+      await res.arrayBuffer();
+      if (res.ok) return;
+    } catch {
+      // not listening yet
+    }
+    if (Date.now() > deadline) throw new Error(`${g.proc.name} not ready after ${timeoutMs} ms`);
+    await sleep(100);
+  }
+}
+
 /** Resolves at the first `event` of `emitter` whose argument passes `test`; rejects after `timeoutMs`. */
 function nextEvent<T>(emitter: FaultProxy, event: string, test: (v: T) => boolean, what: string, timeoutMs = 20_000): Promise<T> {
   return new Promise((resolve, reject) => {
@@ -260,6 +280,7 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
         }),
       );
     }
+    for (const g of gateways) await untilReady(g);
     // The one killed each trial, and the one the caller retries on (the same one restarted, or the other replica).
     const gw = gateways[0]!;
     const retryGw = gateways[replicas > 1 ? 1 : 0]!;
@@ -297,7 +318,13 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
         (a) => `${a.status}`,
         (err: Error) => `error: ${err.message}`,
       );
-      await reached;
+      // The first attempt must not end before its window (a gateway still starting answers 503 at once).
+      await Promise.race([
+        reached,
+        first.then((a) => {
+          throw new Error(`${key}: the first attempt ended before its window: ${a}`);
+        }),
+      ]);
       if (window === 'w3') {
         // The whole answer is in the proxy; the gateway stops, the bytes go into its socket, it never reads them.
         await sleep(100);
@@ -378,6 +405,7 @@ export async function runKillCampaign(options: CampaignOptions): Promise<Campaig
           px.dropHeld();
           px.releaseAnswers();
           if (!gw.alive || gw.proc.paused) await gw.restart().catch(() => {});
+          await untilReady(gw).catch(() => {});
         }
       }
     }
