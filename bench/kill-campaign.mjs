@@ -85,7 +85,7 @@ for (const backend of backends) {
 // The table of docs/faults.md.
 const secs = (ms) => (ms === null ? '–' : `${(ms / 1000).toFixed(1)} s`);
 console.log(
-  '\n| store | route | window | trials | duplicates | keys needing an operator | settled by the retry | kill to answer, median / max | of which restart, median |',
+  '\n| store | route | window | trials | duplicates | keys needing an operator | settled by the retry | kill to answer, median / max | restart, median |',
 );
 console.log('|---|---|---|---:|---:|---:|---:|---|---|');
 for (const r of reports) {
