@@ -13,7 +13,8 @@
 //
 // --postgres URL (or FENCEGATE_TEST_POSTGRES_URL) adds PostgreSQL (a fresh
 // schema, dropped after). --control adds the negative control (settle time 0,
-// a status endpoint lagging 30 s): it must REPORT duplicates. --replicas 2
+// a status endpoint lagging 30 s): it must REPORT duplicates; so must
+// `--variants lies` (a status endpoint that answers 404 for every key). --replicas 2
 // runs two gateway processes on the one store: the caller fails over to the
 // other one at once, the killed one is restarted meanwhile. Prints a line
 // per trial and a table; exits 1 when a non-control variant had a duplicate,
@@ -53,7 +54,7 @@ if (values['postgres-only'] && !postgresUrl) throw new Error('--postgres-only ne
 const { runKillCampaign, formatReport, VARIANTS, WINDOWS } = await import('../test/faults/kill-campaign.ts');
 const byName = Object.fromEntries(Object.values(VARIANTS).map((v) => [v.name, v]));
 const variants = values.variants.split(',').map((n) => {
-  if (!byName[n]) throw new Error(`unknown variant ${n} (before, after, after-lag, control)`);
+  if (!byName[n]) throw new Error(`unknown variant ${n} (before, after, after-lag, control, lies)`);
   return byName[n];
 });
 if (values.control && !variants.includes(VARIANTS.control)) variants.push(VARIANTS.control);
@@ -96,9 +97,11 @@ for (const r of reports) {
     );
   }
 }
+// The controls (control, lies) must show duplicates; every other route none.
+const isControl = (r) => r.variant === 'control' || r.variant === 'lies';
 const failed = reports.filter(
-  (r) => r.harnessErrors.length > 0 || (r.variant !== 'control' && r.total.duplicates > 0) || (r.variant.startsWith('after') && r.total.needsOperator > 0),
+  (r) => r.harnessErrors.length > 0 || (!isControl(r) && r.total.duplicates > 0) || (r.variant.startsWith('after') && r.total.needsOperator > 0),
 );
-const controlCaught = reports.filter((r) => r.variant === 'control').every((r) => r.total.duplicates > 0);
+const controlCaught = reports.filter(isControl).every((r) => r.total.duplicates > 0);
 if (!controlCaught) console.log('\nTHE CONTROL SHOWED NO DUPLICATE: the campaign could not see one');
 process.exit(failed.length > 0 || !controlCaught ? 1 : 0);

@@ -11,8 +11,9 @@ import { formatReport, runKillCampaign, VARIANTS, WINDOWS, type CampaignReport, 
 // a second execution is a second effect. Without `reconcile` every killed
 // attempt is an unknown outcome left to an operator; with it (DESIGN §3.12)
 // none is, and none is executed twice, also with a status endpoint that lags
-// behind its writes. The control shows the count can fail: a settle time
-// below the endpoint's lag gives duplicates.
+// behind its writes. The controls show the count can fail: a settle time
+// below the endpoint's lag gives duplicates, and so does an endpoint that
+// lies "not found" (the gateway trusts it, DESIGN §3.12).
 
 const TRIALS = 2;
 const TIMEOUT = 180_000;
@@ -66,6 +67,14 @@ describe('kill campaign: SQLite', () => {
     // Both windows had the charge performed; the lagging "not found" was trusted, the retry sent again.
     expect(r.windows.w2!.duplicates).toBe(1);
     expect(r.windows.w3!.duplicates).toBe(1);
+  });
+});
+
+describe('kill campaign: the status endpoint is trusted', () => {
+  it('negative control: an endpoint that lies "not found" for a performed charge: it runs twice', { timeout: TIMEOUT }, async () => {
+    const r = await campaign('sqlite', VARIANTS.lies, 1, ['w2']);
+    expect(r.harnessErrors).toEqual([]);
+    expect(r.windows.w2!.duplicates).toBe(1);
   });
 });
 

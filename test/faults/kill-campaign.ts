@@ -60,6 +60,12 @@ export const VARIANTS = {
    * is trusted and the retry is sent again. Must show duplicates.
    */
   control: { name: 'control', reconcile: { settleTimeMs: 0 }, statusLagMs: 30_000 },
+  /**
+   * A second control: a status endpoint that says "not found" for a charge
+   * it performed. The gateway trusts the endpoint (DESIGN §3.12, Limits):
+   * after the bound the record is released and the charge runs again.
+   */
+  lies: { name: 'lies', reconcile: { settleTimeMs: 1_000 }, statusLies: true },
 } satisfies Record<string, Variant>;
 
 export interface CampaignOptions {
