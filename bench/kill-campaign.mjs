@@ -40,7 +40,7 @@ const { values } = parseArgs({
 });
 if (values.help) {
   console.log(
-    'usage: node bench/kill-campaign.mjs [--trials N] [--postgres URL | --sqlite-only | --postgres-only] [--variants before,after,after-lag] [--windows w1,w2,w3] [--control] [--replicas N] [--quiet]',
+    'usage: node bench/kill-campaign.mjs [--trials N] [--postgres URL | --sqlite-only | --postgres-only] [--variants before,after,after-lag,control,lies] [--windows w1,w2,w3] [--control] [--replicas N] [--quiet]',
   );
   process.exit(0);
 }
