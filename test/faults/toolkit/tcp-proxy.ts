@@ -23,7 +23,13 @@ import { connect, createServer, type Server, type Socket } from 'node:net';
  *   passes `filter` are held: their bytes stay in the proxy, like a request
  *   stuck in the network. `release()` delivers them late, even if the client
  *   has given up meanwhile (bytes already on the wire still arrive), and
- *   records the target's answer.
+ *   records the target's answer. `dropHeld()` drops them instead: the
+ *   request is lost in the network and never arrives.
+ * - `holdAnswers(filter)` / `releaseAnswers()`: the answers to requests whose
+ *   head passes `filter` are held: the target has answered, its bytes stay in
+ *   the proxy (event `answer-held`) until `releaseAnswers()` writes them to
+ *   the client. The kill campaign stops the gateway in between, so the answer
+ *   lands in the socket of a process that never reads it.
  *
  * The target connection is opened on the client's first bytes (every protocol
  * used here speaks client-first: HTTP, PostgreSQL), so a held request opens
@@ -93,6 +99,8 @@ interface Link {
   dueUp: number;
   dueDown: number;
   closed: boolean;
+  /** The target's bytes held by `holdAnswers`, not yet written to the client; null when not held. */
+  answerHeld: Buffer[] | null;
 }
 
 const MAX_HEAD = 64 * 1024;
@@ -137,6 +145,7 @@ export class FaultProxy extends EventEmitter {
   private isBlackhole = false;
   private isDownBlackhole = false;
   private holdFilter: ((head: RequestHead) => boolean) | null = null;
+  private answerFilter: ((head: RequestHead) => boolean) | null = null;
   private resetBudget = 0;
   private resetProbability = 0;
   private closing = false;
@@ -232,6 +241,41 @@ export class FaultProxy extends EventEmitter {
     return this.holdFilter !== null;
   }
 
+  /**
+   * Drops every held request that was not delivered (its connection closed
+   * on both sides, its bytes never sent) and stops holding new ones: a
+   * request lost in the network. Returns how many were dropped.
+   */
+  dropHeld(): number {
+    this.holdFilter = null;
+    let n = 0;
+    for (const link of [...this.links]) {
+      if (link.held === null || link.held.delivered) continue;
+      n++;
+      this.destroy(link, false);
+    }
+    return n;
+  }
+
+  /** Holds the target's answer to every new request whose head passes `filter`; emits `answer-held` (the head) at its first byte. */
+  holdAnswers(filter: (head: RequestHead) => boolean): void {
+    this.answerFilter = filter;
+  }
+
+  /** Stops holding answers and writes every held one to its client. Returns how many. */
+  releaseAnswers(): number {
+    this.answerFilter = null;
+    let n = 0;
+    for (const link of [...this.links]) {
+      if (link.answerHeld === null) continue;
+      n++;
+      const chunks = link.answerHeld;
+      link.answerHeld = null;
+      for (const c of chunks) if (!link.client.destroyed) link.client.write(c);
+    }
+    return n;
+  }
+
   /** Resolves with the first `n` held requests once the proxy holds that many complete heads. */
   waitForHeld(n: number, timeoutMs = 20_000): Promise<HeldRequest[]> {
     return new Promise((resolve, reject) => {
@@ -293,6 +337,7 @@ export class FaultProxy extends EventEmitter {
       dueUp: 0,
       dueDown: 0,
       closed: false,
+      answerHeld: null,
     };
     this.links.add(link);
     client.setNoDelay(true);
@@ -320,6 +365,7 @@ export class FaultProxy extends EventEmitter {
       link.head = head;
       chunk = link.first;
       link.first = Buffer.alloc(0);
+      if (head !== null && this.answerFilter !== null && this.answerFilter(head)) link.answerHeld = [];
       if (head !== null && this.holdFilter !== null && this.holdFilter(head)) {
         link.held = { id: link.id, head, bytes: 0, clientGone: false, delivered: false };
         this.heldRequests.push(link.held);
@@ -382,6 +428,11 @@ export class FaultProxy extends EventEmitter {
         this.destroy(link, false);
         return;
       }
+    }
+    if (link.answerHeld !== null) {
+      link.answerHeld.push(chunk);
+      if (link.answerHeld.length === 1) this.emit('answer-held', link.head);
+      return;
     }
     if (link.awaitingAnswer) {
       link.awaitingAnswer = false;
