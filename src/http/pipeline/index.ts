@@ -78,7 +78,7 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
   const send = createSender(deps);
   const admit = createAdmitStage({ config, store, logger, credentialHashing: deps.credentialHashing });
   const reconcile = deps.reconcileQuery === undefined ? null : createReconcileStage({ store, query: deps.reconcileQuery, admit });
-  const forward = createForwardStage({ ...headerDeps, forwarder: deps.forwarder, logger });
+  const forward = createForwardStage({ ...headerDeps, forwarder: deps.forwarder, logger, store });
   const pass = createPassStage({ ...headerDeps, send, observer });
   const settle = createSettleStage({ store, logger, observer });
   const signedFences = deps.checkSignedFence !== undefined;
