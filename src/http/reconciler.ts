@@ -33,6 +33,32 @@ export interface ReconcilePass {
   asked: Partial<Record<ReconcileResult, number>>;
   /** Records past their route's maxAge. */
   gaveUp: number;
+  /** Routes with asyncReply: Locations polled this pass, by result (./async-poller.ts). */
+  polled?: Record<string, number>;
+  /** The pass found in-progress records whose lock had expired and had the sweeper mark them outcome_unknown first. */
+  markedDead?: number;
+}
+
+/**
+ * Whether an attempt on a route this pass settles is still `in_progress`
+ * with a lock that has expired by this process's clock: its gateway died,
+ * or a SIGTERM drain could not write its finish (DESIGN §3.12 "Shutdown
+ * and restart"). Such a record is marked `outcome_unknown` only by the
+ * store, against the database clock (the sweeper's dead-records step, or an
+ * admission's rule f); this is only the hint that running that step now,
+ * before the listing, is worth it, rather than at the next sweep.
+ */
+export async function deadAttemptsDue(store: GatewayStore, routes: readonly RouteConfig[], now = Date.now()): Promise<boolean> {
+  const settling = routes.filter((r) => r.protocol === 'http' && (r.reconcile !== undefined || r.asyncReply !== undefined));
+  if (settling.length === 0) return false;
+  let cursor: string | undefined;
+  for (let page = 0; page < MAX_PAGES; page++) {
+    const p = await store.listRecords({ state: 'in_progress', limit: PAGE, ...(cursor !== undefined ? { cursor } : {}) });
+    if (p.items.some((r) => r.lockedUntil !== null && r.lockedUntil.getTime() <= now && routeOfScope(settling, r.scope) !== undefined)) return true;
+    if (p.nextCursor === null) return false;
+    cursor = p.nextCursor;
+  }
+  return false;
 }
 
 /** The route whose record this is (the scope begins with the route's name, ../key-scope.ts). */
