@@ -1,5 +1,5 @@
 import type { RouteConfig } from '../config/schema.js';
-import type { GatewayStore, RecordInfo, StoredResponse } from '../store/types.js';
+import type { GatewayStore, RecordInfo } from '../store/types.js';
 import { errorText, type Logger } from './logger.js';
 import type { AsyncPoll, AsyncRoute, PollResult } from './pipeline/async-reply.js';
 import { routeOfScope } from './reconciler.js';
@@ -18,11 +18,6 @@ import { routeOfScope } from './reconciler.js';
 const PAGE = 200;
 const MAX_PAGES = 50;
 
-/** The store calls this pass needs beyond the audit API (every store has them, DESIGN §3.7). */
-interface InterimReading {
-  getInterim(input: { scope: string; key: string; createdAt: Date }): Promise<StoredResponse | null>;
-}
-
 export interface AsyncPollPass {
   /** outcome_unknown records with an interim answer on routes with asyncReply. */
   seen: number;
@@ -34,7 +29,6 @@ export function createAsyncPoller(deps: { routes: readonly RouteConfig[]; store:
   const { store, poll, logger } = deps;
   const now = deps.now ?? Date.now;
   const routes = deps.routes.filter((r): r is AsyncRoute => r.asyncReply !== undefined && r.protocol === 'http');
-  const reader = store as unknown as Partial<InterimReading>;
   const backoff = new Map<string, { due: number; waitMs: number }>();
   let stopped = false;
 
@@ -49,7 +43,7 @@ export function createAsyncPoller(deps: { routes: readonly RouteConfig[]; store:
       const p = await store.listRecords({ state: 'outcome_unknown', limit: PAGE, ...(cursor !== undefined ? { cursor } : {}) });
       for (const record of p.items) {
         const route = routeOfScope(routes, record.scope);
-        if (route === undefined || (record as { interim?: boolean }).interim !== true) continue;
+        if (route === undefined || !record.interim) continue;
         result.seen++;
         if (t - record.createdAt.getTime() > route.asyncReply.maxAge) {
           result.gaveUp++;
@@ -75,8 +69,7 @@ export function createAsyncPoller(deps: { routes: readonly RouteConfig[]; store:
             const { record, id } = item;
             let r: PollResult;
             try {
-              if (reader.getInterim === undefined) throw new Error('this store keeps no interim answers');
-              const interim = await reader.getInterim({ scope: record.scope, key: record.key, createdAt: record.createdAt });
+              const interim = await store.getInterim({ scope: record.scope, key: record.key, createdAt: record.createdAt });
               // Settled, or lapsed, since the listing.
               if (interim === null) continue;
               // A status monitor answers at once: a minute at most, whatever a long call's own timeout.

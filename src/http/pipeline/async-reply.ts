@@ -59,8 +59,7 @@ export function interimOf(route: RouteConfig, result: UpstreamResult, requestPat
 
 /** The finish of an interim answer: the record stays outcome_unknown, keeping it for `maxAge`. */
 export function interimFinish(base: Omit<FinishInput, 'outcome'>, interim: StoredResponse, asyncReply: AsyncReplyConfig): FinishInput {
-  // The finish shape of the store's interim answers (DESIGN §3.7).
-  return Object.assign({}, base, { outcome: 'unknown' as const, interim, interimRetentionMs: asyncReply.maxAge }) as FinishInput;
+  return Object.assign({}, base, { outcome: 'unknown' as const, interim, interimRetentionMs: asyncReply.maxAge });
 }
 
 /**
@@ -180,7 +179,7 @@ export type AsyncPoll = ReturnType<typeof createAsyncPoll>;
 /** The interim answer an admission carries (the store's `outcome-unknown` with `interim`), or null. */
 export function interimOfAdmission(admitted: Admitted | null): StoredResponse | null {
   if (admitted === null || admitted.admission.outcome !== 'outcome-unknown') return null;
-  return (admitted.admission as { interim?: StoredResponse }).interim ?? null;
+  return admitted.admission.interim ?? null;
 }
 
 /**

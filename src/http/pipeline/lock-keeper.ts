@@ -11,11 +11,6 @@ import { errorText, type Logger } from '../logger.js';
 // is (../lock-budget.ts): from just BEFORE the extension that succeeded was
 // sent, so it is never later than the end the database wrote.
 
-/** The store call a long call needs (every store has it, DESIGN §3.6). */
-export interface LockExtending {
-  extendLock(input: { scope: string; key: string | null; entity?: string | null; owner: string; ms: number }): Promise<boolean>;
-}
-
 export interface LockKeeper {
   /** `performance.now()` at which the lock, as last extended, ends by this process's reckoning. */
   lockEnds(): number;
@@ -55,7 +50,6 @@ export function keepLock(
   longCall: LongCallConfig,
   log: { logger: Logger; requestId: string; route: string },
 ): LockKeeper {
-  const extender = store as unknown as Partial<LockExtending>;
   let ends = input.sentAt + input.lockMs;
   let lost = false;
   let stopped = false;
@@ -71,8 +65,8 @@ export function keepLock(
     if (performance.now() >= ends) markLost('lock-expired');
     const sentAt = performance.now();
     try {
-      if (extender.extendLock === undefined) throw new Error('this store cannot extend a lock');
-      const ok = await extender.extendLock({ scope: input.scope, key: input.key, entity: input.entity, owner: input.ownerToken, ms: input.lockMs });
+      // With the entity: the serial slot is kept with the record (DESIGN §3.5 h).
+      const ok = await store.extendLock({ scope: input.scope, key: input.key, entity: input.entity, owner: input.ownerToken, ms: input.lockMs });
       if (stopped) return;
       if (!ok) {
         markLost('extension-refused');
