@@ -300,7 +300,10 @@ export function longCallConflict(route: {
   onUnknown: string;
 }): [field: string, message: string] | null {
   if (route.longCall === undefined && route.timeoutMs > PLAIN_MAX_TIMEOUT_MS)
-    return ['timeoutMs', `over ${PLAIN_MAX_TIMEOUT_MS} (10m) needs "longCall": a lock as long as the call would keep a dead gateway's record in progress for as long`];
+    return [
+      'timeoutMs',
+      `over ${PLAIN_MAX_TIMEOUT_MS} (10m) needs "longCall": a lock as long as the call would keep a dead gateway's record in progress for as long`,
+    ];
   if (route.longCall !== undefined) {
     // The pause check keeps max(25, min(250, lockMarginMs / 2)) off the lock's end and wants half a window left (../http/lock-budget.ts).
     const safety = Math.max(25, Math.min(250, route.lockMarginMs / 2));
@@ -310,7 +313,8 @@ export function longCallConflict(route: {
     if (route.idempotency === 'off') return ['longCall', 'needs idempotency: without a key there is no record whose lock to renew'];
   }
   if (route.asyncReply !== undefined) {
-    if (route.protocol === 'mcp') return ['asyncReply', 'not available on an mcp route: only plain HTTP routes take a 202 with a Location as an interim answer'];
+    if (route.protocol === 'mcp')
+      return ['asyncReply', 'not available on an mcp route: only plain HTTP routes take a 202 with a Location as an interim answer'];
     if (route.idempotency === 'off') return ['asyncReply', 'needs idempotency: without a key there is no record to keep the interim answer in'];
     if (route.onUnknown === 'retry')
       return ['asyncReply', 'does not go with onUnknown "retry": a retry would take the pending record over and send the command again'];

@@ -248,7 +248,10 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   // a pass as often as the shortest interval asks; each record's own back-off decides whether it is due.
   const reconcileEvery = () => {
     // Routes with `asyncReply` poll their pending Locations in the same pass (../http/async-poller.ts).
-    const intervals = config.routes.flatMap((r) => [...(r.reconcile === undefined ? [] : [r.reconcile.interval]), ...(r.asyncReply === undefined ? [] : [r.asyncReply.interval])]);
+    const intervals = config.routes.flatMap((r) => [
+      ...(r.reconcile === undefined ? [] : [r.reconcile.interval]),
+      ...(r.asyncReply === undefined ? [] : [r.asyncReply.interval]),
+    ]);
     if (intervals.length === 0) return null;
     return setInterval(
       () => {

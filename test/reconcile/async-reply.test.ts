@@ -182,7 +182,10 @@ describe('async replies: a 202 with a Location is an interim answer', () => {
   it('never polls a Location on another host (SSRF): the record stays pending for an operator', async () => {
     const up = await asyncUpstream();
     const other = await bystander();
-    closers.push(() => up.close(), () => other.close());
+    closers.push(
+      () => up.close(),
+      () => other.close(),
+    );
     up.location = () => `${other.url}/latest/meta-data`;
     const gw = await start(up, {}, true);
     expect((await send(gw, 'job-5')).status).toBe(202);

@@ -23,9 +23,7 @@ const STATUS_BODY = JSON.stringify({ id: 'ch_1', state: 'paid' });
 /** The upstream: commands are held until the gate opens; the status query finds every command. */
 function behave(up: FakeUpstream, gate: Promise<void>) {
   up.behave((call) =>
-    call.method === 'GET'
-      ? { kind: 'respond', status: 200, headers: { 'content-type': 'application/json' }, body: STATUS_BODY }
-      : { kind: 'hold', gate },
+    call.method === 'GET' ? { kind: 'respond', status: 200, headers: { 'content-type': 'application/json' }, body: STATUS_BODY } : { kind: 'hold', gate },
   );
 }
 
@@ -70,10 +68,7 @@ describe('after a drain that could not write its finish, the restarted gateway s
   it('a child gateway: SIGTERM with the store locked away, the finish unwritten; after the restart the pass marks the record unknown, the status query completes it', async () => {
     up = await startUpstream();
     let open!: () => void;
-    behave(
-      up,
-      new Promise<void>((r) => (open = r)),
-    );
+    behave(up, new Promise<void>((r) => (open = r)));
     const dbPath = join(tmp.dir, 'gateway.db');
     gw = await startGatewayProc({
       store: { sqlite: dbPath },

@@ -168,7 +168,8 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
     // 6. Admission, re-run after bounded waits (serial slot; Prefer: wait).
     let admitted = await admit(x, command);
     // 6a. A command still pending upstream on a route with `asyncReply`: its Location polled once (DESIGN §3.12 "Async replies").
-    if (asyncReply !== null && admitted !== null && interimOfAdmission(admitted) !== null && x.route!.protocol === 'http') admitted = await asyncReply(x, command, admitted);
+    if (asyncReply !== null && admitted !== null && interimOfAdmission(admitted) !== null && x.route!.protocol === 'http')
+      admitted = await asyncReply(x, command, admitted);
     const interim = x.route!.asyncReply !== undefined ? interimOfAdmission(admitted) : null;
     if (interim !== null) return observer.done(x, codec.replay(x, interim, state), 'interim-replayed');
     // 6b. A lost answer, on a plain route with a status query (DESIGN §3.12). MCP routes have
