@@ -138,6 +138,10 @@ export function createBackgroundReconciler(deps: {
       for (const record of p.items) {
         const route = routeOfScope(routes, record.scope);
         if (route === undefined) continue;
+        // A command the upstream accepted and still runs (an interim 202, ./async-poller.ts) is not
+        // asked about: its status endpoint may well not know it yet, and a "not found" would release
+        // the record and send the command again (DESIGN §3.12 "Async replies").
+        if (record.interim && route.asyncReply !== undefined) continue;
         result.seen++;
         const age = t - record.createdAt.getTime();
         unknown.get(route.name)![ageOf(age)]++;

@@ -198,6 +198,20 @@ describe('async replies: a 202 with a Location is an interim answer', () => {
     expect(up.commands).toBe(1);
   });
 
+  it('a status query on the same route never releases a pending command: its "not found" is not asked for', async () => {
+    const up = await asyncUpstream();
+    closers.push(() => up.close());
+    // A short lock and no settle time: a "not found" from /status would be trusted at once.
+    const gw = await start(up, { timeoutMs: 200, lockMarginMs: 100, reconcile: { path: '/status?key={key}', settleTime: '0s', interval: '1h' } });
+    expect((await send(gw, 'job-7')).status).toBe(202);
+    await new Promise((r) => setTimeout(r, 400));
+    const pass = await gw.running.gateway.reconcile();
+    expect(pass.asked).toEqual({});
+    expect(recordRows(gw.sqlite, 'job-7').map((r) => r.state)).toEqual(['outcome_unknown']);
+    expect((await send(gw, 'job-7')).status).toBe(202);
+    expect(up.commands).toBe(1);
+  });
+
   it('negative control: on a route without asyncReply the 202 is the final answer, replayed, never polled', async () => {
     const up = await asyncUpstream();
     closers.push(() => up.close());
