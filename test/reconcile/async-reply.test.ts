@@ -134,6 +134,11 @@ describe('async replies: a 202 with a Location is an interim answer', () => {
     expect(recordRows(gw.sqlite, 'job-1').map((r) => r.state)).toEqual(['completed']);
     // One command upstream, whatever the retries.
     expect(up.commands).toBe(1);
+    // The interim answer and its replay are counted as what they are, never as a refusal.
+    const metrics = await (await fetch(`${gw.url}/_fencegate/metrics`)).text();
+    expect(metrics).not.toMatch(/outcome="invalid"[^\n]* [1-9]/);
+    expect(metrics).not.toMatch(/fencegate_rejections_total\{[^\n]* [1-9]/);
+    expect(metrics).toMatch(/fencegate_decisions_total\{route="payments",outcome="replayed",status="202"\} 1/);
   });
 
   it('the background pass polls a record nobody retries until it is final', async () => {
