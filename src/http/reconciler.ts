@@ -76,6 +76,9 @@ export function routeOfScope<R extends { name: string }>(routes: readonly R[], s
  */
 export function reconcileStatus(r: RecordInfo, routes: readonly RouteConfig[], now = Date.now()): 'pending' | 'gave-up' | undefined {
   if (r.state !== 'outcome_unknown') return undefined;
+  // A command still pending on an asyncReply route: its Location is polled until maxAge (./async-poller.ts).
+  const async = r.interim ? routeOfScope(routes, r.scope)?.asyncReply : undefined;
+  if (async !== undefined) return now - r.createdAt.getTime() > async.maxAge ? 'gave-up' : 'pending';
   const rc = routeOfScope(routes, r.scope)?.reconcile;
   if (rc === undefined) return undefined;
   return now - r.createdAt.getTime() > rc.maxAge ? 'gave-up' : 'pending';

@@ -117,6 +117,8 @@ describe('async replies: a 202 with a Location is an interim answer', () => {
     expect(first.headers.get('location')).toBe('/jobs/1');
     expect(await first.json()).toEqual({ job: 1, state: 'accepted' });
     expect(recordRows(gw.sqlite, 'job-1').map((r) => r.state)).toEqual(['outcome_unknown']);
+    // The operator's listing says the gateway is still at it.
+    expect((await gw.admin('/v1/idempotency')).body.items.find((r: { key: string }) => r.key === 'job-1')).toMatchObject({ reconcile: 'pending' });
 
     const pending = await send(gw, 'job-1');
     expect(pending.status).toBe(202);
