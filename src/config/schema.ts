@@ -246,6 +246,82 @@ export function reconcileConflict(
   return null;
 }
 
+// ── long calls and async replies (DESIGN §3.6 "Long calls", §3.12 "Async replies") ──
+
+/** `timeoutMs` without `longCall`: the record lock is the whole call, so it stays short. */
+export const PLAIN_MAX_TIMEOUT_MS = 600_000;
+/** `timeoutMs` with `longCall`: a day. */
+export const LONG_CALL_MAX_TIMEOUT_MS = 86_400_000;
+
+/**
+ * A route whose upstream calls last minutes to hours (../http/pipeline/lock-keeper.ts):
+ * the admission locks the record for `lockWindow` only, and while the
+ * request is on its way and the upstream holds the connection the gateway
+ * extends the lock (store `extendLock`) every `renewEvery`, to `lockWindow`
+ * past the database's now. A gateway that dies stops renewing, so its record
+ * turns outcome_unknown within one window instead of after the whole timeout.
+ */
+export const LongCallSchema = z
+  .strictObject({
+    lockWindow: Duration.prefault('60s').pipe(z.number().min(100, 'must be at least 100ms').max(PLAIN_MAX_TIMEOUT_MS, 'must be at most 10m')),
+    /** Default: a third of `lockWindow`. */
+    renewEvery: Duration.pipe(z.number().min(50, 'must be at least 50ms')).optional(),
+  })
+  .transform((l) => ({ lockWindow: l.lockWindow, renewEvery: l.renewEvery ?? Math.floor(l.lockWindow / 3) }))
+  .refine((l) => l.renewEvery * 2 <= l.lockWindow, {
+    path: ['renewEvery'],
+    message: 'must be at most half of lockWindow: one renewal may fail and the next must still land before the lock ends',
+  });
+
+/**
+ * The async request-reply pattern (../http/pipeline/async-reply.ts): a `202
+ * Accepted` with a `Location` on the upstream's own origin is an interim
+ * answer; the record stays outcome_unknown keeping it, and the gateway
+ * polls the Location until a final answer, which completes the record.
+ */
+export const AsyncReplySchema = z.strictObject({
+  /** The background reconciler's first back-off per record, doubled after each poll that settled nothing, up to `maxInterval`. */
+  interval: Duration.prefault('5s').pipe(z.number().min(100, 'must be at least 100ms')),
+  maxInterval: Duration.prefault('5m').pipe(z.number().min(100, 'must be at least 100ms')),
+  /** Past this age (since admission) the record is no longer polled, and its interim answer no longer replayed: the operator's. */
+  maxAge: Duration.prefault('24h').pipe(z.number().min(1_000, 'must be at least 1s')),
+  /** Polls the background reconciler runs at once for this route. */
+  concurrency: z.number().int().min(1).max(64).default(4),
+});
+
+/** What a route with `longCall` or `asyncReply` may not be (called from ConfigSchema's checks): the field and why, or null. */
+export function longCallConflict(route: {
+  protocol: string;
+  idempotency: string;
+  timeoutMs: number;
+  lockMarginMs: number;
+  longCall?: { lockWindow: number } | undefined;
+  asyncReply?: unknown;
+  onUnknown: string;
+}): [field: string, message: string] | null {
+  if (route.longCall === undefined && route.timeoutMs > PLAIN_MAX_TIMEOUT_MS)
+    return [
+      'timeoutMs',
+      `over ${PLAIN_MAX_TIMEOUT_MS} (10m) needs "longCall": a lock as long as the call would keep a dead gateway's record in progress for as long`,
+    ];
+  if (route.longCall !== undefined) {
+    // The pause check keeps max(25, min(250, lockMarginMs / 2)) off the lock's end and wants half a window left (../http/lock-budget.ts).
+    const safety = Math.max(25, Math.min(250, route.lockMarginMs / 2));
+    if (route.longCall.lockWindow <= 2 * safety)
+      return ['longCall', `lockWindow must be over twice the pause check's margin (${safety} ms from lockMarginMs): no request could ever be sent`];
+    if (route.protocol === 'mcp') return ['longCall', 'not available on an mcp route: only plain HTTP routes renew their lock'];
+    if (route.idempotency === 'off') return ['longCall', 'needs idempotency: without a key there is no record whose lock to renew'];
+  }
+  if (route.asyncReply !== undefined) {
+    if (route.protocol === 'mcp')
+      return ['asyncReply', 'not available on an mcp route: only plain HTTP routes take a 202 with a Location as an interim answer'];
+    if (route.idempotency === 'off') return ['asyncReply', 'needs idempotency: without a key there is no record to keep the interim answer in'];
+    if (route.onUnknown === 'retry')
+      return ['asyncReply', 'does not go with onUnknown "retry": a retry would take the pending record over and send the command again'];
+  }
+  return null;
+}
+
 export const RouteSchema = z.strictObject({
   /** Unique; scopes idempotency keys and labels logs and metrics. */
   name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/, 'must be 1-64 letters, digits, "_", "." or "-"'),
@@ -274,8 +350,8 @@ export const RouteSchema = z.strictObject({
   idempotency: z.enum(['required', 'optional', 'off']).default('required'),
   idempotencyHeader: HeaderName.default('Idempotency-Key'),
   mode: z.enum(['serial', 'concurrent']).default('serial'),
-  /** Bound on the whole upstream exchange, response body included. */
-  timeoutMs: ms(600_000).min(1).default(10_000),
+  /** Bound on the whole upstream exchange, response body included. Over 10 minutes only with `longCall` (LONG_CALL_MAX_TIMEOUT_MS). */
+  timeoutMs: ms(LONG_CALL_MAX_TIMEOUT_MS).min(1).default(10_000),
   /** The record lock is `timeoutMs + lockMarginMs`: long enough to outlive any live attempt. */
   lockMarginMs: ms(600_000).default(2_000),
   /** Serial mode: how long a request waits for the entity's in-flight request before 409 entity-busy. */
@@ -364,6 +440,10 @@ export const RouteSchema = z.strictObject({
   credentialBinding: z.enum(['fingerprint', 'scope']).default('fingerprint'),
   /** The status query for a record whose outcome is unknown (ReconcileSchema above). Absent: an operator resolves it. */
   reconcile: ReconcileSchema.optional(),
+  /** Calls of minutes to hours: a short record lock renewed while the upstream holds the connection (LongCallSchema above). */
+  longCall: LongCallSchema.optional(),
+  /** The async request-reply pattern: a 202 with a Location is an interim answer, polled until final (AsyncReplySchema above). */
+  asyncReply: AsyncReplySchema.optional(),
 });
 
 const StoreSchema = z.union([
@@ -647,6 +727,8 @@ export const ConfigSchema = z
       }
       const reconcile = reconcileConflict(route, config.auth !== undefined);
       if (reconcile !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, reconcile[0]], message: reconcile[1] });
+      const long = longCallConflict(route);
+      if (long !== null) ctx.addIssue({ code: 'custom', path: ['routes', i, long[0]], message: long[1] });
       if (route.match.path.startsWith(`${config.adminPrefix}/`) || route.match.path === config.adminPrefix) {
         ctx.addIssue({ code: 'custom', path: ['routes', i, 'match', 'path'], message: `overlaps the admin prefix ${config.adminPrefix}` });
       }
@@ -687,5 +769,7 @@ export type Config = z.output<typeof ConfigSchema>;
 export type ConfigInput = z.input<typeof ConfigSchema>;
 export type RouteConfig = z.output<typeof RouteSchema>;
 export type ReconcileConfig = z.output<typeof ReconcileSchema>;
+export type LongCallConfig = z.output<typeof LongCallSchema>;
+export type AsyncReplyConfig = z.output<typeof AsyncReplySchema>;
 export type AuthConfig = z.output<typeof AuthSchema>;
 export type SignedFenceConfig = z.output<typeof SignedFenceSchema>;

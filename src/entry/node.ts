@@ -248,13 +248,24 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   // The background reconciler (../http/reconciler.ts), only with a route that has `reconcile`:
   // a pass as often as the shortest interval asks; each record's own back-off decides whether it is due.
   const reconcileEvery = () => {
-    const intervals = config.routes.flatMap((r) => (r.reconcile === undefined ? [] : [r.reconcile.interval]));
+    // Routes with `asyncReply` poll their pending Locations in the same pass (../http/async-poller.ts).
+    const intervals = config.routes.flatMap((r) => [
+      ...(r.reconcile === undefined ? [] : [r.reconcile.interval]),
+      ...(r.asyncReply === undefined ? [] : [r.asyncReply.interval]),
+    ]);
     if (intervals.length === 0) return null;
     return setInterval(
       () => {
         current!.gateway.reconcile().then(
           (r) => {
-            if (Object.keys(r.asked).length > 0 || r.gaveUp > 0) logger.info('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp, ...r.asked });
+            if (Object.keys(r.asked).length > 0 || r.gaveUp > 0 || r.polled !== undefined || r.markedDead !== undefined)
+              logger.info('reconcile-pass', {
+                seen: r.seen,
+                gave_up: r.gaveUp,
+                ...r.asked,
+                ...(r.polled !== undefined ? { polled: r.polled } : {}),
+                ...(r.markedDead !== undefined ? { marked_dead: r.markedDead } : {}),
+              });
             else logger.debug?.('reconcile-pass', { seen: r.seen, gave_up: r.gaveUp });
           },
           (err) => logger.error('reconcile-failed', { error: String(err) }),

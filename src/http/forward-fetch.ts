@@ -3,6 +3,7 @@ import {
   BodyBuffer,
   declaredLength,
   START_DEADLINE_PASSED,
+  startDeadlinePassed,
   type Forwarder,
   type StreamedAnswer,
   type UpstreamRequest,
@@ -120,7 +121,7 @@ export function createFetchForwarder(options: FetchForwarderOptions = {}): Forwa
         return { kind: 'refused', error: `invalid-request: ${(err as Error).message}` };
       }
       // The last moment the gateway can still hold the request back.
-      if (req.startBy !== undefined && performance.now() > req.startBy) return { kind: 'refused', error: START_DEADLINE_PASSED };
+      if (startDeadlinePassed(req, performance.now())) return { kind: 'refused', error: START_DEADLINE_PASSED };
       try {
         const res = await doFetch(request);
         const out: [string, string][] = [];

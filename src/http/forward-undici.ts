@@ -5,6 +5,7 @@ import {
   BodyBuffer,
   declaredLength,
   START_DEADLINE_PASSED,
+  startDeadlinePassed,
   type Forwarder,
   type StreamedAnswer,
   type UpstreamRequest,
@@ -129,7 +130,9 @@ export interface UndiciForwarderOptions {
  */
 export function createUndiciForwarder(options: UndiciForwarderOptions = {}): Forwarder {
   const connect = withUpstreamTls(options.connect, options.tls);
-  const agent = new Agent({ connections: options.connections ?? 256, keepAliveTimeout: 4_000, connect });
+  // No headers or body timeout of undici's own, here and per dispatch: the route's deadline is the only one, so a
+  // long call (DESIGN §3.6 "Long calls": hours) is not cut at undici's default 300 s.
+  const agent = new Agent({ connections: options.connections ?? 256, keepAliveTimeout: 4_000, headersTimeout: 0, bodyTimeout: 0, connect });
   // Pass-through streams (an MCP server's GET stream lives as long as its
   // session) get a pool of their own: however many are open, decided calls
   // keep theirs, and close() can cut them without touching a decided call.
@@ -197,7 +200,7 @@ export function createUndiciForwarder(options: UndiciForwarderOptions = {}): For
           if (timedOut) return controller.abort(deadlinePassed());
           // The caller's own budget (e.g. what is left of the record's
           // lock) ran out before the first byte: nothing is written.
-          if (req.startBy !== undefined && performance.now() > req.startBy) {
+          if (startDeadlinePassed(req, performance.now())) {
             finish({ kind: 'refused', error: START_DEADLINE_PASSED });
             return controller.abort(startDeadlineAbort());
           }

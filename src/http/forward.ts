@@ -20,9 +20,11 @@ export interface UpstreamRequest {
    * A `performance.now()` value: if the first byte would be written after
    * it, nothing is written and the answer is `refused` with
    * `start-deadline-passed` (the caller's own time budget, e.g. what is
-   * left of the record's lock after a pause, DESIGN §2 G1).
+   * left of the record's lock after a pause, DESIGN §2 G1). A function is
+   * asked at the check itself: a long call's lock, extended while the
+   * request waited for a connection (DESIGN §3.6 "Long calls").
    */
-  startBy?: number;
+  startBy?: number | (() => number);
   /**
    * A message an mcp route passes undecided (a server's `GET` event stream
    * may stay open for the session): a forwarder may send it over a pool of
@@ -71,6 +73,12 @@ export interface Forwarder {
 
 /** The `refused` error of a request whose `startBy` passed before its first byte. */
 export const START_DEADLINE_PASSED = 'start-deadline-passed';
+
+/** Whether `req.startBy` has passed at `now` (a function is asked now). */
+export function startDeadlinePassed(req: Pick<UpstreamRequest, 'startBy'>, now: number): boolean {
+  if (req.startBy === undefined) return false;
+  return now > (typeof req.startBy === 'function' ? req.startBy() : req.startBy);
+}
 
 /**
  * The answer body, copied out of the transport's chunks as they come (they

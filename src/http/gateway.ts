@@ -13,7 +13,9 @@ import { createMetrics, type Metrics } from './metrics.js';
 import { credentialHashKeyOf } from './key-scope.js';
 import { createPipeline } from './pipeline/index.js';
 import { createReconcileQuery } from './pipeline/reconcile.js';
-import { createBackgroundReconciler, resolveReconcileHeaders, type ReconcilePass } from './reconciler.js';
+import { createAsyncPoller } from './async-poller.js';
+import { createAsyncPoll } from './pipeline/async-reply.js';
+import { createBackgroundReconciler, deadAttemptsDue, resolveReconcileHeaders, type ReconcilePass } from './reconciler.js';
 import { isMetadataPath, metadataPathOf } from './pipeline/route.js';
 import { resourceMetadataDocument } from '../protocol/resource-metadata.js';
 import { createSecurity } from './security.js';
@@ -119,6 +121,9 @@ export function createGateway(options: GatewayOptions): Gateway {
     reconcileQuery === undefined
       ? null
       : createBackgroundReconciler({ routes: config.routes, store, query: reconcileQuery, logger, gauges: (p) => metrics.reconcilePass(p) });
+  // Async replies (DESIGN §3.12 "Async replies"), only when a route has `asyncReply`.
+  const asyncPoll = config.routes.some((r) => r.asyncReply !== undefined) ? createAsyncPoll({ store, forwarder, logger, upstreamHeaders }) : undefined;
+  const asyncPoller = asyncPoll === undefined ? null : createAsyncPoller({ routes: config.routes, store, poll: asyncPoll, logger });
 
   const proxy = createPipeline({
     config,
@@ -133,6 +138,7 @@ export function createGateway(options: GatewayOptions): Gateway {
     ...(checkSignedFence ? { checkSignedFence } : {}),
     observe: metrics.observe,
     ...(reconcileQuery ? { reconcileQuery } : {}),
+    ...(asyncPoll ? { asyncPoll } : {}),
   });
 
   let active = 0;
@@ -254,15 +260,30 @@ export function createGateway(options: GatewayOptions): Gateway {
 
   let reconciling: Promise<ReconcilePass> | null = null;
   const reconcile = (): Promise<ReconcilePass> =>
-    backgroundPass === null
+    backgroundPass === null && asyncPoller === null
       ? Promise.resolve({ seen: 0, asked: {}, gaveUp: 0 })
-      : (reconciling ??= backgroundPass.pass().finally(() => {
+      : (reconciling ??= (async (): Promise<ReconcilePass> => {
+          // Attempts left in progress by a gateway that died or a drain that could not write their finish
+          // are marked outcome_unknown first, by the store's clock (./reconciler.ts deadAttemptsDue).
+          let markedDead: number | undefined;
+          if (await deadAttemptsDue(store, config.routes)) markedDead = (await sweep()).unknownRecords;
+          const r: ReconcilePass = backgroundPass === null ? { seen: 0, asked: {}, gaveUp: 0 } : await backgroundPass.pass();
+          if (markedDead !== undefined) r.markedDead = markedDead;
+          if (asyncPoller !== null) {
+            const a = await asyncPoller.pass();
+            r.seen += a.seen;
+            r.gaveUp += a.gaveUp;
+            if (Object.keys(a.polled).length > 0) r.polled = a.polled as Record<string, number>;
+          }
+          return r;
+        })().finally(() => {
           reconciling = null;
         }));
 
   const stopBackground = async (): Promise<void> => {
     // A background reconcile pass uses the forwarder, the store and this config: no new query, and the running ones end first.
     backgroundPass?.stop();
+    asyncPoller?.stop();
     await reconciling?.catch(() => {});
   };
 

@@ -52,3 +52,17 @@ export function forwardBudget(o: { sentAt: number; lockMs: number; safetyMs: num
   if (left < Math.max(1, o.routeTimeoutMs / 2)) return null;
   return { timeoutMs: Math.min(o.routeTimeoutMs, Math.floor(left)), startBy };
 }
+
+/**
+ * A long call's pause check (DESIGN §3.6 "Long calls"): the lock is the
+ * route's `lockWindow`, renewed while the call runs, so the deadline is the
+ * route's whole `timeoutMs` and the check is against the lock as last
+ * extended (`lockEnds`, measured as the admission's is). Null: less than half
+ * the window is left before the margin, nothing may be sent (the renewal
+ * that keeps it alive might not land in time).
+ */
+export function longCallBudget(o: { lockEnds: number; windowMs: number; safetyMs: number; routeTimeoutMs: number; now: number }): ForwardBudget | null {
+  const startBy = o.lockEnds - o.safetyMs;
+  if (startBy - o.now < Math.max(1, o.windowMs / 2)) return null;
+  return { timeoutMs: o.routeTimeoutMs, startBy };
+}

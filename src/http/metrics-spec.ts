@@ -128,6 +128,9 @@ export const SPECS = {
 const COARSE: Record<string, string> = {
   forwarded: 'accepted',
   'forwarded-released': 'accepted',
+  // asyncReply (DESIGN §3.12): a 202 kept as the interim answer, and its replay to a retry.
+  'forwarded-interim': 'accepted',
+  'interim-replayed': 'replayed',
   passed: 'passed',
   'passed-read-only': 'passed',
   'upstream-no-response': 'upstream_error',
@@ -161,6 +164,8 @@ const COARSE: Record<string, string> = {
 const FINE: Record<string, [string, number | null]> = {
   forwarded: ['forwarded', null],
   'forwarded-released': ['released', null],
+  'forwarded-interim': ['forwarded', null],
+  'interim-replayed': ['replayed', null],
   passed: ['passed', null],
   'passed-read-only': ['passed', null],
   replayed: ['replayed', null],
@@ -199,7 +204,7 @@ export function decisionOutcomeOf(decision: string): string {
 }
 
 /** The decisions that let the request through (or answered it from the record): not rejections. */
-const NOT_REJECTED = new Set(['forwarded', 'forwarded-released', 'passed', 'passed-read-only', 'replayed']);
+const NOT_REJECTED = new Set(['forwarded', 'forwarded-released', 'forwarded-interim', 'passed', 'passed-read-only', 'replayed', 'interim-replayed']);
 
 /**
  * A refusal code, as the `reason` of fencegate_rejections_total, or null

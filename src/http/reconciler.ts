@@ -35,6 +35,10 @@ export interface ReconcilePass {
   gaveUp: number;
   /** Records due but not asked because the pass's budget ran out (the next pass asks them). */
   deferred?: number;
+  /** Routes with asyncReply: Locations polled this pass, by result (./async-poller.ts). */
+  polled?: Record<string, number>;
+  /** The pass found in-progress records whose lock had expired and had the sweeper mark them outcome_unknown first. */
+  markedDead?: number;
 }
 
 /**
@@ -52,6 +56,28 @@ export interface PassBudget {
   pages?: number;
 }
 
+/**
+ * Whether an attempt on a route this pass settles is still `in_progress`
+ * with a lock that has expired by this process's clock: its gateway died,
+ * or a SIGTERM drain could not write its finish (DESIGN §3.12 "Shutdown
+ * and restart"). Such a record is marked `outcome_unknown` only by the
+ * store, against the database clock (the sweeper's dead-records step, or an
+ * admission's rule f); this is only the hint that running that step now,
+ * before the listing, is worth it, rather than at the next sweep.
+ */
+export async function deadAttemptsDue(store: GatewayStore, routes: readonly RouteConfig[], now = Date.now()): Promise<boolean> {
+  const settling = routes.filter((r) => r.protocol === 'http' && (r.reconcile !== undefined || r.asyncReply !== undefined));
+  if (settling.length === 0) return false;
+  let cursor: string | undefined;
+  for (let page = 0; page < MAX_PAGES; page++) {
+    const p = await store.listRecords({ state: 'in_progress', limit: PAGE, ...(cursor !== undefined ? { cursor } : {}) });
+    if (p.items.some((r) => r.lockedUntil !== null && r.lockedUntil.getTime() <= now && routeOfScope(settling, r.scope) !== undefined)) return true;
+    if (p.nextCursor === null) return false;
+    cursor = p.nextCursor;
+  }
+  return false;
+}
+
 /** The route whose record this is (the scope begins with the route's name, ../key-scope.ts). */
 export function routeOfScope<R extends { name: string }>(routes: readonly R[], scope: string): R | undefined {
   const name = scope.split('\u0000')[0];
@@ -67,6 +93,9 @@ export function routeOfScope<R extends { name: string }>(routes: readonly R[], s
  */
 export function reconcileStatus(r: RecordInfo, routes: readonly RouteConfig[], now = Date.now()): 'pending' | 'gave-up' | undefined {
   if (r.state !== 'outcome_unknown') return undefined;
+  // A command still pending on an asyncReply route: its Location is polled until maxAge (./async-poller.ts).
+  const async = r.interim ? routeOfScope(routes, r.scope)?.asyncReply : undefined;
+  if (async !== undefined) return now - r.createdAt.getTime() > async.maxAge ? 'gave-up' : 'pending';
   const rc = routeOfScope(routes, r.scope)?.reconcile;
   if (rc === undefined) return undefined;
   return now - r.createdAt.getTime() > rc.maxAge ? 'gave-up' : 'pending';
@@ -129,6 +158,10 @@ export function createBackgroundReconciler(deps: {
       for (const record of p.items) {
         const route = routeOfScope(routes, record.scope);
         if (route === undefined) continue;
+        // A command the upstream accepted and still runs (an interim 202, ./async-poller.ts) is not
+        // asked about: its status endpoint may well not know it yet, and a "not found" would release
+        // the record and send the command again (DESIGN §3.12 "Async replies").
+        if (record.interim && route.asyncReply !== undefined) continue;
         result.seen++;
         const age = t - record.createdAt.getTime();
         unknown.get(route.name)![ageOf(age)]++;

@@ -38,6 +38,7 @@ function setup(opts: { records: number; budgetMs: number; maxQueries: number; li
     fence: null,
     status: null,
     lockedUntil: null,
+    interim: false,
     createdAt: new Date(clock - 60_000),
     expiresAt: new Date(clock + 86_400_000),
   }));

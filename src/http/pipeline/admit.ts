@@ -85,9 +85,11 @@ export function storeEntity(entity: string | null, caller: string | null, config
  * any live attempt (`timeoutMs + lockMarginMs`, DESIGN §3.5).
  */
 export function routeAdmission(
-  route: Pick<RouteConfig, 'mode' | 'timeoutMs' | 'lockMarginMs' | 'retention' | 'onUnknown'>,
+  route: Pick<RouteConfig, 'mode' | 'timeoutMs' | 'lockMarginMs' | 'retention' | 'onUnknown' | 'longCall'>,
 ): Pick<AdmitInput, 'mode' | 'ownerToken' | 'lockMs' | 'retentionMs' | 'onUnknown'> {
-  return { mode: route.mode, ownerToken: randomUUID(), lockMs: route.timeoutMs + route.lockMarginMs, retentionMs: route.retention, onUnknown: route.onUnknown };
+  // A long call locks for its renewal window, kept alive while it runs (./lock-keeper.ts, DESIGN §3.6 "Long calls").
+  const lockMs = route.longCall !== undefined ? route.longCall.lockWindow : route.timeoutMs + route.lockMarginMs;
+  return { mode: route.mode, ownerToken: randomUUID(), lockMs, retentionMs: route.retention, onUnknown: route.onUnknown };
 }
 
 /**

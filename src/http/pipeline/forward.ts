@@ -1,11 +1,13 @@
 import type { RouteConfig } from '../../config/schema.js';
 import { START_DEADLINE_PASSED, type Forwarder, type StreamedAnswer, type UpstreamRequest, type UpstreamResult } from '../forward.js';
-import { forwardBudget, lockSafetyMs } from '../lock-budget.js';
+import type { GatewayStore } from '../../store/types.js';
+import { forwardBudget, lockSafetyMs, longCallBudget } from '../lock-budget.js';
 import { errorText, type Logger } from '../logger.js';
 import { upstreamAttributes } from '../tracing.js';
 import { joinUrl, upstreamHeaders, type UpstreamHeaderDeps } from '../upstream-request.js';
 import type { Admitted } from './admit.js';
 import type { Codec, Command } from './codec.js';
+import { keepLock, type LockKeeper } from './lock-keeper.js';
 import { roundMs, type Exchange } from './exchange.js';
 
 // Stage 7 of the decision order (DESIGN §3.6): the request the upstream
@@ -17,11 +19,15 @@ export interface Forwarded {
   result: UpstreamResult | StreamedAnswer;
   /** The deadline the forward had: the route's, or less when the lock left less. */
   timeoutMs: number;
+  /** A long call's lock renewal (./lock-keeper.ts): the settle stage stops it and reads whether the lock was lost. */
+  keeper?: LockKeeper;
 }
 
 export interface ForwardDeps extends UpstreamHeaderDeps {
   forwarder: Forwarder;
   logger: Logger;
+  /** Long calls renew their lock in it (./lock-keeper.ts). */
+  store?: GatewayStore;
 }
 
 export function createForwardStage(deps: ForwardDeps) {
@@ -32,14 +38,29 @@ export function createForwardStage(deps: ForwardDeps) {
     // Only while the admission's lock lives (../lock-budget.ts): a request
     // delayed past it could land after a newer owner's (G1, G3).
     const locked = command.key !== null || (command.entity !== null && route.mode === 'serial');
-    const budget = locked
-      ? forwardBudget({ sentAt, lockMs: input.lockMs, safetyMs: lockSafetyMs(route.lockMarginMs), routeTimeoutMs: route.timeoutMs, now: performance.now() })
-      : { timeoutMs: route.timeoutMs, startBy: undefined };
+    // A long call's lock is renewed from now on, and checked as renewed (DESIGN §3.6 "Long calls").
+    const keeper =
+      route.longCall !== undefined && input.key !== null && deps.store !== undefined
+        ? keepLock(
+            deps.store,
+            { scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, sentAt, lockMs: input.lockMs },
+            route.longCall,
+            { logger: deps.logger, requestId: x.requestId, route: route.name },
+          )
+        : undefined;
+    const safetyMs = lockSafetyMs(route.lockMarginMs);
+    const budget = !locked
+      ? { timeoutMs: route.timeoutMs, startBy: undefined }
+      : keeper !== undefined
+        ? longCallBudget({ lockEnds: keeper.lockEnds(), windowMs: input.lockMs, safetyMs, routeTimeoutMs: route.timeoutMs, now: performance.now() })
+        : forwardBudget({ sentAt, lockMs: input.lockMs, safetyMs, routeTimeoutMs: route.timeoutMs, now: performance.now() });
     x.upstreamStarted = performance.now();
-    if (budget === null) {
+    if (budget === null || keeper?.lost() === true) {
       x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
-      return { result: { kind: 'refused', error: START_DEADLINE_PASSED }, timeoutMs: route.timeoutMs };
+      return { result: { kind: 'refused', error: START_DEADLINE_PASSED }, timeoutMs: route.timeoutMs, ...(keeper !== undefined ? { keeper } : {}) };
     }
+    // A long call's start deadline follows its lock as renewed meanwhile; a refused renewal ends it.
+    const startBy = keeper !== undefined ? () => (keeper.lost() ? Number.NEGATIVE_INFINITY : keeper.lockEnds() - safetyMs) : budget.startBy;
     const request: UpstreamRequest = {
       url: joinUrl(route.upstream, x.pathname + x.search),
       method: x.req.method,
@@ -47,9 +68,16 @@ export function createForwardStage(deps: ForwardDeps) {
       body: body.byteLength > 0 ? body : null,
       timeoutMs: budget.timeoutMs,
       maxResponseBytes: route.maxResponseBytes,
-      ...(budget.startBy !== undefined ? { startBy: budget.startBy } : {}),
+      ...(startBy !== undefined ? { startBy } : {}),
     };
-    return { result: await send(x, route, request, codec.streamIf), timeoutMs: budget.timeoutMs };
+    let result: UpstreamResult | StreamedAnswer;
+    try {
+      result = await send(x, route, request, codec.streamIf);
+    } catch (err) {
+      keeper?.stop();
+      throw err;
+    }
+    return { result, timeoutMs: budget.timeoutMs, ...(keeper !== undefined ? { keeper } : {}) };
   };
 }
 

@@ -16,6 +16,7 @@ import { requestIds } from '../request-id.js';
 import type { SignedFenceCheck } from '../signed-fence.js';
 import { startRequestSpan } from '../tracing.js';
 import { admissionRefusal, createAdmitStage, forwards, type RefusedAdmission } from './admit.js';
+import { createAsyncReplyStage, interimOfAdmission, type AsyncPoll } from './async-reply.js';
 import { createAuthStage } from './auth.js';
 import { missingEntity, readCommand } from './body.js';
 import type { Codec } from './codec.js';
@@ -48,6 +49,8 @@ export interface PipelineDeps {
   observe?: (o: RequestObservation) => void;
   /** The status query of routes with `reconcile` (./reconcile.ts); absent: none has one. */
   reconcileQuery?: ReconcileQuery;
+  /** The Location poll of routes with `asyncReply` (./async-reply.ts); absent: none has one. */
+  asyncPoll?: AsyncPoll;
 }
 
 /**
@@ -78,7 +81,8 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
   const send = createSender(deps);
   const admit = createAdmitStage({ config, store, logger, credentialHashing: deps.credentialHashing });
   const reconcile = deps.reconcileQuery === undefined ? null : createReconcileStage({ store, query: deps.reconcileQuery, admit });
-  const forward = createForwardStage({ ...headerDeps, forwarder: deps.forwarder, logger });
+  const asyncReply = deps.asyncPoll === undefined ? null : createAsyncReplyStage({ store, poll: deps.asyncPoll, admit });
+  const forward = createForwardStage({ ...headerDeps, forwarder: deps.forwarder, logger, store });
   const pass = createPassStage({ ...headerDeps, send, observer });
   const settle = createSettleStage({ store, logger, observer });
   const signedFences = deps.checkSignedFence !== undefined;
@@ -163,6 +167,11 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
 
     // 6. Admission, re-run after bounded waits (serial slot; Prefer: wait).
     let admitted = await admit(x, command);
+    // 6a. A command still pending upstream on a route with `asyncReply`: its Location polled once (DESIGN §3.12 "Async replies").
+    if (asyncReply !== null && admitted !== null && interimOfAdmission(admitted) !== null && x.route!.protocol === 'http')
+      admitted = await asyncReply(x, command, admitted);
+    const interim = x.route!.asyncReply !== undefined ? interimOfAdmission(admitted) : null;
+    if (interim !== null) return observer.done(x, codec.replay(x, interim, state), 'interim-replayed');
     // 6b. A lost answer, on a plain route with a status query (DESIGN §3.12). MCP routes have
     // none yet: their codec would give the stage its own query and its reading of an answer.
     if (reconcile !== null && admitted?.admission.outcome === 'outcome-unknown' && x.route!.protocol === 'http')

@@ -67,9 +67,12 @@ export interface ReconcileDeps {
   counted?: (route: string, result: ReconcileResult) => void;
 }
 
-/** `timeoutMs + lockMarginMs + settleTime`: how long after its admission a "not found" may release the record (DESIGN §3.12). */
+/**
+ * `timeoutMs + lockMarginMs + settleTime`: how long after its admission a "not found" may release the record (DESIGN §3.12).
+ * A long call (DESIGN §3.6 "Long calls") may be sent up to one `lockWindow` after its admission and then run `timeoutMs`: the window is added.
+ */
 export function notBeforeMs(route: RouteConfig & { reconcile: ReconcileConfig }): number {
-  return route.timeoutMs + route.lockMarginMs + route.reconcile.settleTime;
+  return route.timeoutMs + route.lockMarginMs + (route.longCall?.lockWindow ?? 0) + route.reconcile.settleTime;
 }
 
 /** The template's path with each variable percent-encoded, or null when it names one the record lacks (or whose value is a dot segment). */

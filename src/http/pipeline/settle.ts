@@ -20,9 +20,12 @@ export function createSettleStage(deps: { store: GatewayStore; logger: Logger; o
 
   return async function settle<S>(x: Exchange, codec: Codec<S>, state: S, command: Command, admitted: Forwarding, forwarded: Forwarded): Promise<Reply> {
     const { admission, input, sentAt } = admitted;
-    const lockEnds = sentAt + input.lockMs;
+    const { result, keeper } = forwarded;
+    // A long call's lock as last renewed; its renewing stops now that the outcome is known (./lock-keeper.ts).
+    const lockLost = keeper?.lost() ?? false;
+    keeper?.stop();
+    const lockEnds = keeper !== undefined ? keeper.lockEnds() : sentAt + input.lockMs;
     const base = { scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, audit: input.audit };
-    const { result } = forwarded;
 
     const record = async (s: Settled): Promise<Reply> => {
       const finishSpan = x.span.phase('fencegate.finish', { 'fencegate.finish': s.finish.outcome });
@@ -58,7 +61,7 @@ export function createSettleStage(deps: { store: GatewayStore; logger: Logger; o
     }
 
     const settled = codec.settle(x, state, result, base, forwarded.timeoutMs);
-    if (!('head' in settled)) return record(settled);
+    if (!('head' in settled)) return record(lockLost && result.kind !== 'refused' ? keepUnknown(settled, x, logger) : settled);
     // An answer handed on as it comes: its head now; the log line, the
     // finish and the in-flight count wait for its end (`Reply.settled`).
     const { head } = settled;
@@ -74,6 +77,21 @@ export function createSettleStage(deps: { store: GatewayStore; logger: Logger; o
       });
     return head;
   };
+}
+
+/**
+ * A long call whose lock was lost while the request was on the wire
+ * (DESIGN §3.6 "Long calls"): the request cannot be recalled, and meanwhile
+ * the record may have been judged dead, so the attempt's outcome is recorded
+ * as `completed` (an answer: the finish lands only if the record is still
+ * this owner's, §3.7) or `unknown`, never `released`: a release would let
+ * the key be sent again while nobody knows what the lapse let happen.
+ */
+function keepUnknown(s: Settled, x: Exchange, logger: Logger): Settled {
+  if (s.finish.outcome !== 'released') return s;
+  logger.warn('release-kept-unknown', { request_id: x.requestId, route: x.route!.name, idempotency_key: s.finish.key, reason: 'lock-lost' });
+  const { outcome: _released, ...rest } = s.finish;
+  return { ...s, finish: Object.assign(rest, { outcome: 'unknown' as const }) };
 }
 
 /**

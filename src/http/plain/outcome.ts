@@ -6,6 +6,7 @@ import type { UpstreamResult } from '../forward.js';
 import { finishOf } from '../pipeline/settle.js';
 import { responseFrom, setHeader } from '../pipeline/reply.js';
 import type { Settled } from '../pipeline/codec.js';
+import { interimFinish, interimOf } from '../pipeline/async-reply.js';
 
 // Stage 8 for a plain HTTP route (DESIGN §3.7): what the upstream's answer
 // (or its absence) means for the record, and what the caller is told.
@@ -26,6 +27,9 @@ export function settleHttp(
       const passthrough = responseFrom({ status: result.status, headers: result.headers, body: result.body }, 'hop-by-hop');
       const headLength = base.audit.method === 'HEAD' ? declaredLengthOf(result.headers) : null;
       if (headLength !== null) setHeader(passthrough, 'content-length', headLength);
+      // On a route with `asyncReply`, a 202 with a Location is not the outcome yet (../pipeline/async-reply.ts).
+      const interim = interimOf(route, result, base.audit.path);
+      if (interim !== null) return { finish: interimFinish(base, interim, route.asyncReply!), reply: passthrough, decision: 'forwarded-interim' };
       if (route.releaseStatuses.includes(result.status)) {
         // 429 / 503 and the like mean "not processed": safe to retry.
         return { finish: finishOf(base, { outcome: 'released' }), reply: passthrough, decision: 'forwarded-released' };
