@@ -328,6 +328,12 @@ export const RouteSchema = z.strictObject({
   tools: z.record(z.string().min(1).max(256), McpToolSchema).default({}),
   /** `mcp` routes: which tools agents may call and are shown in `tools/list` answers. */
   toolAccess: ToolAccessSchema.optional(),
+  /**
+   * `mcp` routes: how long the gateway follows a task a call created (MCP
+   * tasks, docs/mcp.md "Tasks"), keeping its record and serial slot, and the
+   * bound on a `tasks/result` that passes (it blocks until the task ends).
+   */
+  taskTimeoutMs: ms(86_400_000).min(1).default(3_600_000),
   /** Longest key accepted (400 invalid-idempotency-key past it). */
   maxKeyLength: z.number().int().min(1).max(MAX_KEY_LENGTH_LIMIT).default(DEFAULT_MAX_KEY_LENGTH),
   /** Where the key is read when the request has no key header: a JSON pointer into the body. */
