@@ -30,6 +30,8 @@ export interface TaskUpstream {
   autoComplete: boolean;
   paid: string[];
   payGate: Promise<void> | null;
+  /** `pay` waits for this before it charges (a call that times out at the gateway without being performed). */
+  payBefore: Promise<void> | null;
   lagging: boolean;
   requests: { method: string; body: string; session: string | undefined }[];
   /** JSON-RPC methods that reached the server, in order. */
@@ -50,6 +52,7 @@ export async function startTaskUpstream(options: { json: boolean } = { json: tru
     autoComplete: false,
     paid: [],
     payGate: null,
+    payBefore: null,
     lagging: false,
     requests: [],
     methods: () =>
@@ -84,8 +87,11 @@ export async function startTaskUpstream(options: { json: boolean } = { json: tru
       },
     );
     server.registerTool('pay', { description: 'Pays', inputSchema: { ref: z.string(), amount: z.number() } }, async ({ ref, amount }) => {
+      const before = up.payBefore;
+      const gate = up.payGate;
+      if (before) await before;
       up.paid.push(ref);
-      if (up.payGate) await up.payGate;
+      if (gate) await gate;
       return { content: [{ type: 'text', text: `paid ${amount} as ${ref}` }], structuredContent: { ref, amount } };
     });
     server.registerTool('get_payment', { description: 'Looks a payment up', inputSchema: { ref: z.string() } }, async ({ ref }) => {
