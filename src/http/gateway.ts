@@ -120,7 +120,10 @@ export function createGateway(options: GatewayOptions): Gateway {
       ? null
       : createBackgroundReconciler({ routes: config.routes, store, query: reconcileQuery, logger, gauges: (p) => metrics.reconcilePass(p) });
 
+  // Aborted when the gateway closes: the MCP tasks it follows end there, recorded unknown with their handle (./mcp/tasks.ts).
+  const closingSignal = new AbortController();
   const proxy = createPipeline({
+    closing: closingSignal.signal,
     config,
     store: timeStore(store, metrics),
     forwarder,
@@ -280,6 +283,7 @@ export function createGateway(options: GatewayOptions): Gateway {
       closing ??= (async () => {
         // Stopped first: a pass must not go on asking (and releasing) for the whole drain.
         const stopped = stopBackground();
+        closingSignal.abort();
         if (active > 0) await new Promise<void>((resolve) => (drained = resolve));
         await stopped;
         await forwarder.close?.();

@@ -1,6 +1,8 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { argumentsDigest } from '../../src/http/mcp/message.js';
+import type { GatewayStore } from '../../src/store/types.js';
+import { delegate } from '../helpers/delegate.js';
 import { until } from '../helpers/gateway.js';
 import { connectClient, fenced, mcpRoute, startMcpGateway, type McpGateway } from './harness.js';
 import { startTaskUpstream, type TaskUpstream } from './task-upstream.js';
@@ -18,14 +20,21 @@ afterEach(async () => {
 
 const Any = z.looseObject({});
 
-async function setup(routeOverrides: Record<string, unknown> = {}, json = true): Promise<{ up: TaskUpstream; gw: McpGateway; url: string; offUrl: string }> {
+async function setup(
+  routeOverrides: Record<string, unknown> = {},
+  json = true,
+  wrapStore?: (s: GatewayStore) => GatewayStore,
+): Promise<{ up: TaskUpstream; gw: McpGateway; url: string; offUrl: string }> {
   const up = await startTaskUpstream({ json });
   cleanups.push(() => up.close());
-  const gw = await startMcpGateway([
-    mcpRoute(up.url, { tools: { '*': { readOnly: false } }, timeoutMs: 5_000, ...routeOverrides }),
-    // The negative control: the same upstream, no fence and no key.
-    mcpRoute(up.url, { name: 'unchecked', match: { path: '/unchecked' }, fence: 'off', idempotency: 'off', mode: 'concurrent' }),
-  ]);
+  const gw = await startMcpGateway(
+    [
+      mcpRoute(up.url, { tools: { '*': { readOnly: false } }, timeoutMs: 5_000, ...routeOverrides }),
+      // The negative control: the same upstream, no fence and no key.
+      mcpRoute(up.url, { name: 'unchecked', match: { path: '/unchecked' }, fence: 'off', idempotency: 'off', mode: 'concurrent' }),
+    ],
+    wrapStore ? { wrapStore } : {},
+  );
   cleanups.push(() => gw.close());
   return { up, gw, url: `${gw.url}/mcp`, offUrl: `${gw.url}/unchecked` };
 }
@@ -114,6 +123,54 @@ describe('a task call is followed to its end', () => {
     await a.request(taskCall(1, 'acct-1', 'k-1'), Any);
     expect(up.executions).toBe(2);
     expect(up.running()).toBe(2);
+  });
+});
+
+describe("the record outlives the route's lock while the task runs", () => {
+  // The lock is timeoutMs + lockMarginMs = 400 ms; the task runs well past it.
+  it.each([
+    ['kept alive', false],
+    // The negative control: the extension answers yes but extends nothing, so the lock runs out under the running task.
+    ['not extended (control)', true],
+  ])('%s', async (_name, switchedOff) => {
+    const { up, gw, url } = await setup(
+      { timeoutMs: 300, lockMarginMs: 100, serialWaitMs: 0 },
+      true,
+      switchedOff ? (s) => delegate(s, { extendLock: async () => true }) : undefined,
+    );
+    const a = await agent(url);
+    await a.request(taskCall(1, 'acct-1', 'k-1'), Any);
+    await new Promise((r) => setTimeout(r, 1_000));
+    const b = await agent(url);
+    const second = await b.request(taskCall(1, 'acct-1', 'k-2'), Any).then(
+      () => 'ran',
+      (err: { data?: { type?: string } }) => err.data?.type,
+    );
+    if (switchedOff) {
+      // The slot ran out: a second task of the serial entity runs beside the first.
+      expect(second).toBe('ran');
+      expect(up.executions).toBe(2);
+      return;
+    }
+    expect(second).toBe('entity-busy');
+    expect(await stateOf(gw, 'k-1')).toBe('in_progress');
+    up.release();
+    await until(async () => (await stateOf(gw, 'k-1')) === 'completed', 'the task result recorded');
+    expect(up.executions).toBe(1);
+  });
+
+  it('a gateway that closes while it follows a task records it unknown, with the handle as its interim answer', async () => {
+    // The store outlives this gateway (closed by the harness), so the record can be read after.
+    const { up, gw, url } = await setup({ timeoutMs: 300, lockMarginMs: 100 }, true, (s) => delegate(s, { close: async () => {} }));
+    const a = await agent(url);
+    const created = (await a.request(taskCall(1, 'acct-1', 'k-1'), Any)) as { task: { taskId: string } };
+    await until(() => up.methods().includes('tasks/get'), 'the gateway polls the task');
+    await gw.running.gateway.close();
+    const [record] = await gw.sqlite.getRecords('k-1');
+    expect(record?.state).toBe('outcome_unknown');
+    expect(record?.interim).toBe(true);
+    const interim = await gw.sqlite.getInterim({ scope: record!.scope, key: 'k-1', createdAt: record!.createdAt });
+    expect(JSON.parse(new TextDecoder().decode(interim!.body)).result.task.taskId).toBe(created.task.taskId);
   });
 });
 

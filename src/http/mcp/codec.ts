@@ -2,6 +2,7 @@ import type { RouteConfig } from '../../config/schema.js';
 import { sha256Hex } from '../../core/fingerprint.js';
 import { MCP_META, type JsonRpcId } from '../../protocol/mcp.js';
 import type { Refusal } from '../../protocol/problem.js';
+import type { StoredResponse } from '../../store/types.js';
 import type { StreamedAnswer } from '../forward.js';
 import type { Reply } from '../inbound.js';
 import type { Codec, Command, Pass, Settled, Streaming } from '../pipeline/codec.js';
@@ -58,6 +59,8 @@ export function createMcpCodec(deps: {
   forwarder?: Forwarder;
   /** The store's lock extension, when it has one: a followed task keeps its record for as long as it runs. */
   extendLock?: ExtendLock | null;
+  /** Aborted when the gateway closes: a followed task is then recorded unknown, with its handle as the interim answer. */
+  closing?: AbortSignal;
 }): Codec<McpState> {
   const annotations = new ToolAnnotations();
   /** Each route's `toolAccess`, compiled once (null: every tool allowed, every list as it came). */
@@ -252,7 +255,7 @@ export function createMcpCodec(deps: {
    * result under the key. Null for anything else (a plain result, an error,
    * a handle of a task already over, no forwarder): recorded as it came.
    */
-  function following(x: Exchange, call: ToolCall, stored: { body: Uint8Array }, base: Base, timeoutMs: number): Promise<Omit<Settled, 'reply'>> | null {
+  function following(x: Exchange, call: ToolCall, stored: StoredResponse, base: Base, timeoutMs: number): Promise<Omit<Settled, 'reply'>> | null {
     if (call.task === null || deps.forwarder === undefined || x.sent === undefined || base.key === null) return null;
     const task = createdTask(new TextDecoder().decode(stored.body));
     if (task === null || TERMINAL_TASK_STATUSES.includes(task.status)) return null;
@@ -268,15 +271,18 @@ export function createMcpCodec(deps: {
       taskId: task.taskId,
       callId: call.id,
       pollIntervalMs: task.pollInterval,
-      extend: extendLock === null ? null : (ms) => extendLock({ scope: base.scope, key, owner: base.ownerToken, ms }),
+      // The record and, on a serial route, the entity's slot: both stay this call's while its task runs.
+      extend: extendLock === null ? null : (ms) => extendLock({ scope: base.scope, key, entity: base.entity, owner: base.ownerToken, ms }),
       lockEnds: x.upstreamStarted + timeoutMs + route.lockMarginMs,
       lockMs: route.timeoutMs + route.lockMarginMs,
       deadline: followed + route.taskTimeoutMs,
+      ...(deps.closing !== undefined ? { signal: deps.closing } : {}),
     }).then((end) => {
       x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
       if (end.kind === 'done')
         return { finish: { ...base, outcome: 'completed', response: end.response, retentionMs: route.retention }, decision: `task-${end.status}` };
-      return { finish: { ...base, outcome: 'unknown' }, decision: end.kind === 'lost' ? 'task-lock-lost' : 'task-unknown' };
+      // The handle stays with the record as its interim answer: the task's id, for the reconciler's tasks/get (./reconcile.ts).
+      return { finish: { ...base, outcome: 'unknown', interim: stored }, decision: end.kind === 'lost' ? 'task-lock-lost' : 'task-unknown' };
     });
   }
 
@@ -462,7 +468,7 @@ function streamed(
   answer: StreamedAnswer,
   base: Base,
   timeoutMs: number,
-  following: (x: Exchange, call: ToolCall, stored: { body: Uint8Array }, base: Base, timeoutMs: number) => Promise<Omit<Settled, 'reply'>> | null,
+  following: (x: Exchange, call: ToolCall, stored: StoredResponse, base: Base, timeoutMs: number) => Promise<Omit<Settled, 'reply'>> | null,
 ): Streaming {
   const route = x.route!;
   const caller = new CallerStream(route.maxResponseBytes);

@@ -1,6 +1,6 @@
 import type { RouteConfig } from '../../config/schema.js';
 import type { Refusal } from '../../protocol/problem.js';
-import type { StoredResponse } from '../../store/types.js';
+import type { ExtendLockInput, StoredResponse } from '../../store/types.js';
 import type { Forwarder, StreamedAnswer, UpstreamResult } from '../forward.js';
 import type { HeaderReader } from '../inbound.js';
 import type { Command } from '../pipeline/codec.js';
@@ -102,8 +102,8 @@ export function createdTask(data: string): { taskId: string; status: string; pol
   return { taskId: t.taskId, status: t.status, pollInterval: typeof t.pollInterval === 'number' && Number.isFinite(t.pollInterval) ? t.pollInterval : null };
 }
 
-/** The store's lock extension (DESIGN §3.5), when the store has it: true while this owner still holds the record. */
-export type ExtendLock = (input: { scope: string; key: string; owner: string; ms: number }) => Promise<boolean>;
+/** The store's lock extension (DESIGN §3.6, GatewayStore.extendLock): true while this owner still holds the record (and its entity's serial slot). */
+export type ExtendLock = (input: ExtendLockInput) => Promise<boolean>;
 
 export interface FollowTask {
   forwarder: Forwarder;
@@ -136,8 +136,8 @@ export type FollowEnd =
 
 /**
  * Follows a created task to its end, within the record's lock: before each
- * wait the lock is extended by the route's lock length (`timeoutMs +
- * lockMarginMs`), so the record stays in progress (a retry is
+ * wait the lock is extended by the wait plus the route's lock length
+ * (`timeoutMs + lockMarginMs`), so the record stays in progress (a retry is
  * `idempotency-in-progress`, a serial call of the entity `entity-busy`)
  * for as long as the task runs, and never longer than this process follows
  * it (a gateway that dies lets the lock run out: the record becomes
@@ -155,14 +155,17 @@ export async function followTask(f: FollowTask): Promise<FollowEnd> {
   for (;;) {
     if (f.signal?.aborted) return { kind: 'unknown', reason: 'the gateway stopped following the task' };
     if (f.extend !== null) {
+      // Long enough for the wait and one bounded tasks/get, with the lock's margin.
+      const ms = poll + f.lockMs;
+      const asked = performance.now();
       let kept: boolean;
       try {
-        kept = await f.extend(f.lockMs);
+        kept = await f.extend(ms);
       } catch {
         kept = false;
       }
       if (!kept) return { kind: 'lost' };
-      lockEnds = performance.now() + f.lockMs;
+      lockEnds = asked + ms;
     }
     const safeEnd = Math.min(f.deadline, lockEnds - f.route.lockMarginMs);
     if (performance.now() + poll >= safeEnd)

@@ -8,7 +8,6 @@ import type { Inbound, Reply } from '../inbound.js';
 import { warnGlobalKeys, type CredentialHashing } from '../key-scope.js';
 import type { Logger } from '../logger.js';
 import { createMcpCodec } from '../mcp/codec.js';
-import type { ExtendLock } from '../mcp/tasks.js';
 import type { RequestObservation } from '../metrics.js';
 import type { TokenVerifier } from '../middleware/auth/index.js';
 import { normalizePath } from '../path.js';
@@ -49,6 +48,8 @@ export interface PipelineDeps {
   observe?: (o: RequestObservation) => void;
   /** The status query of routes with `reconcile` (./reconcile.ts); absent: none has one. */
   reconcileQuery?: ReconcileQuery;
+  /** Aborted when the gateway closes: work that outlives an answer (an MCP task followed, ../mcp/tasks.ts) ends and is recorded. */
+  closing?: AbortSignal;
 }
 
 /**
@@ -89,9 +90,9 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
       signedFences,
       canStream: deps.forwarder.forwardStreaming !== undefined,
       forwarder: deps.forwarder,
-      // The store's lock extension (DESIGN §3.5), where the store has one: a followed MCP task keeps its record (../mcp/tasks.ts).
-      extendLock:
-        typeof (store as { extendLock?: unknown }).extendLock === 'function' ? (store as unknown as { extendLock: ExtendLock }).extendLock.bind(store) : null,
+      // A followed MCP task keeps its record and serial slot alive (../mcp/tasks.ts, DESIGN §3.6).
+      extendLock: (input) => store.extendLock(input),
+      ...(deps.closing !== undefined ? { closing: deps.closing } : {}),
     }),
   };
   /** A refusal before any codec has read the request: in the route's HTTP error shape. */
