@@ -39,7 +39,7 @@ export interface TaskUpstream {
   close(): Promise<void>;
 }
 
-export async function startTaskUpstream(options: { json: boolean } = { json: true }): Promise<TaskUpstream> {
+export async function startTaskUpstream(options: { json: boolean; stateless?: boolean } = { json: true }): Promise<TaskUpstream> {
   const sessions = new Map<string, StreamableHTTPServerTransport>();
   const sockets = new Set<Socket>();
   const taskStore = new InMemoryTaskStore();
@@ -107,6 +107,14 @@ export async function startTaskUpstream(options: { json: boolean } = { json: tru
 
   const handle = async (req: IncomingMessage, res: import('node:http').ServerResponse, body: string) => {
     const parsed = body === '' ? undefined : JSON.parse(body);
+    if (options.stateless === true) {
+      // No sessions: a server per request over the one task store, so any request can read any task.
+      const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: options.json });
+      const server = newServer();
+      res.on('close', () => void transport.close().then(() => server.close()));
+      await server.connect(transport);
+      return transport.handleRequest(req, res, parsed);
+    }
     const sid = req.headers['mcp-session-id'];
     let transport = typeof sid === 'string' ? sessions.get(sid) : undefined;
     if (transport === undefined && typeof sid !== 'string' && parsed?.method === 'initialize') {

@@ -1,6 +1,10 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { ConfigError, parseConfig } from '../../src/config/load.js';
 import { readStatusResult } from '../../src/http/mcp/reconcile.js';
+import { createFetchForwarder } from '../../src/http/forward-fetch.js';
+import { createReconcileQuery, type ReconcileTarget } from '../../src/http/pipeline/reconcile.js';
+import { delegate } from '../helpers/delegate.js';
+import { z } from 'zod';
 import { until } from '../helpers/gateway.js';
 import { connectClient, fenced, mcpRoute, startMcpGateway, type McpGateway } from '../mcp/harness.js';
 import { startTaskUpstream, type TaskUpstream } from '../mcp/task-upstream.js';
@@ -137,6 +141,54 @@ describe('mcp reconcile through a status tool', () => {
     expect(pass.asked.found).toBe(1);
     expect(await stateOf(gw, 'k-bg')).toBe('completed');
     expect(up.paid).toEqual(['k-bg']);
+  });
+});
+
+describe('a task call recorded unknown with its handle', () => {
+  it('is asked about by tasks/get and tasks/result: the task over, its result completes the record; never released while it runs', async () => {
+    const up = await startTaskUpstream({ json: true, stateless: true });
+    cleanups.push(() => up.close());
+    // The store outlives the gateway (it closes mid-follow), so the reconciler can be run on it after.
+    const gw = await startMcpGateway(
+      [
+        mcpRoute(up.url, {
+          tools: { get_payment: { readOnly: true }, '*': { readOnly: false } },
+          timeoutMs: 300,
+          lockMarginMs: 100,
+          reconcile: { ...RECONCILE, settleTime: '0ms' },
+        }),
+      ],
+      { wrapStore: (s) => delegate(s, { close: async () => {} }) },
+    );
+    cleanups.push(() => gw.close());
+    const c = await connectClient(`${gw.url}/mcp`);
+    cleanups.push(() => c.close());
+    const call = { method: 'tools/call', params: { name: 'charge', arguments: { amount: 3 }, task: {}, _meta: fenced(1, 'acct-1', 'k-task') } };
+    await c.client.request(call, z.looseObject({}));
+    await until(() => up.methods().includes('tasks/get'), 'the gateway follows the task');
+    await gw.running.gateway.close();
+    const [record] = await gw.sqlite.getRecords('k-task');
+    expect(record?.state).toBe('outcome_unknown');
+    expect(record?.interim).toBe(true);
+
+    const logs: unknown[] = [];
+    const keep = (msg: string, fields?: object) => void logs.push({ msg, ...fields });
+    const query = createReconcileQuery({
+      store: gw.sqlite,
+      forwarder: createFetchForwarder(),
+      logger: { info: keep, warn: keep, error: keep },
+      headers: new Map(),
+    });
+    const route = gw.running.gateway.config.routes[0]! as ReconcileTarget['route'];
+    const target: ReconcileTarget = { route, scope: record!.scope, key: 'k-task', entity: 'acct-1', fence: '1', createdAt: record!.createdAt };
+    // Still running: nothing changes (the status tool would say "not found", settleTime is 0: the task is asked instead).
+    expect((await query(target, 2_000)).result).toBe('unknown');
+    expect((await gw.sqlite.getRecords('k-task'))[0]?.state).toBe('outcome_unknown');
+    up.release();
+    await until(async () => (await query(target, 2_000)).result === 'found', 'the task is over');
+    const [done] = await gw.sqlite.getRecords('k-task');
+    expect(done?.state).toBe('completed');
+    expect(up.executions).toBe(1);
   });
 });
 

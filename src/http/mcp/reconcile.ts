@@ -7,7 +7,7 @@ import { newRequestId } from '../request-id.js';
 import { joinUrl } from '../upstream-request.js';
 import { notBeforeMs, RECONCILER, type ReconcileDeps, type ReconcileOutcome, type ReconcileResult, type ReconcileTarget } from '../pipeline/reconcile.js';
 import { isObject } from './message.js';
-import { readRpc } from './tasks.js';
+import { createdTask, readRpc, TERMINAL_TASK_STATUSES } from './tasks.js';
 
 // The status query of an mcp route (DESIGN §3.12, docs/mcp.md "Reconciling a
 // lost answer"): the gateway asks a status tool of the same server, by the
@@ -25,8 +25,16 @@ import { readRpc } from './tasks.js';
 //   anything else (an error, a transport failure, a
 //        result that is neither)                      → unknown: nothing changes
 //
+// A task call whose follow ended without the task's end (./tasks.ts) keeps
+// its CreateTaskResult as the record's interim answer: then the task is asked
+// about instead (`tasks/get`, and `tasks/result` once it is over: found, its
+// result stored), and the record is never released (the server created the
+// task, so it had the call). A server that binds tasks to the session that
+// made them (the SDK's stateful servers) answers "not found" to the query's
+// own session: nothing is settled, the record stays the operator's.
+//
 // The query is a session of its own: `initialize`, `notifications/initialized`,
-// the `tools/call`, then `DELETE` of the session. It goes to the endpoint the
+// the `tools/call` (or the task's requests), then `DELETE` of the session. It goes to the endpoint the
 // call went to (the path in the record's key scope), with `reconcile.headers`,
 // never the caller's headers.
 
@@ -104,6 +112,27 @@ export function createMcpReconcileQuery(deps: ReconcileDeps) {
         timeoutMs: left(),
         maxResponseBytes: route.maxResponseBytes,
       });
+    // A task call's handle, kept as the record's interim answer when its follow ended early.
+    let taskId: string | null = null;
+    try {
+      const interim = await store.getInterim({ scope: t.scope, key: t.key, createdAt: t.createdAt });
+      if (interim !== null) taskId = createdTask(new TextDecoder().decode(interim.body))?.taskId ?? null;
+    } catch (err) {
+      logger.error('reconcile-error', { request_id: requestId, route: route.name, error: errorText(err) });
+      return done('error');
+    }
+    /** The task's state, then its result once it is over: found; anything else settles nothing (never "not found": the task exists). */
+    const askTask = async (id: string): Promise<{ kind: 'found'; result: Record<string, unknown> } | { kind: ReconcileResult }> => {
+      const got = await post({ jsonrpc: '2.0', id: 'fencegate-reconcile-task', method: 'tasks/get', params: { taskId: id } });
+      if (got.kind !== 'response') return { kind: 'unknown' };
+      const state = readRpc(got.status, got.headers, got.body, 'fencegate-reconcile-task', 'tasks/get');
+      const status = state.kind === 'result' && isObject(state.result) ? state.result.status : undefined;
+      if (typeof status !== 'string' || !TERMINAL_TASK_STATUSES.includes(status)) return { kind: 'unknown' };
+      const res = await post({ jsonrpc: '2.0', id: 'fencegate-reconcile-result', method: 'tasks/result', params: { taskId: id } });
+      if (res.kind !== 'response') return { kind: 'unknown' };
+      const answer = readRpc(res.status, res.headers, res.body, 'fencegate-reconcile-result', 'tasks/result');
+      return answer.kind === 'result' && isObject(answer.result) ? { kind: 'found', result: answer.result } : { kind: 'unknown' };
+    };
     let session: string | null = null;
     let verdict: { kind: 'found'; result: Record<string, unknown> } | { kind: 'not-found' } | { kind: ReconcileResult } = { kind: 'error' };
     try {
@@ -122,13 +151,16 @@ export function createMcpReconcileQuery(deps: ReconcileDeps) {
         isObject(initAnswer.result) && typeof initAnswer.result.protocolVersion === 'string' ? initAnswer.result.protocolVersion : PROTOCOL_VERSION;
       headers['mcp-protocol-version'] = version;
       await post({ jsonrpc: '2.0', method: 'notifications/initialized' });
-      const call = await post({ jsonrpc: '2.0', id: 'fencegate-reconcile', method: 'tools/call', params: { name: rc.tool, arguments: args } });
-      if (call.kind === 'refused') verdict = { kind: 'error' };
-      else if (call.kind !== 'response') verdict = { kind: 'unknown' };
+      if (taskId !== null) verdict = await askTask(taskId);
       else {
-        const answer = readRpc(call.status, call.headers, call.body, 'fencegate-reconcile', 'tools/call');
-        const read = answer.kind === 'result' ? readStatusResult(rc, answer.result) : 'unknown';
-        verdict = read === 'found' ? { kind: 'found', result: answer.kind === 'result' ? (answer.result as Record<string, unknown>) : {} } : { kind: read };
+        const call = await post({ jsonrpc: '2.0', id: 'fencegate-reconcile', method: 'tools/call', params: { name: rc.tool, arguments: args } });
+        if (call.kind === 'refused') verdict = { kind: 'error' };
+        else if (call.kind !== 'response') verdict = { kind: 'unknown' };
+        else {
+          const answer = readRpc(call.status, call.headers, call.body, 'fencegate-reconcile', 'tools/call');
+          const read = answer.kind === 'result' ? readStatusResult(rc, answer.result) : 'unknown';
+          verdict = read === 'found' ? { kind: 'found', result: answer.kind === 'result' ? (answer.result as Record<string, unknown>) : {} } : { kind: read };
+        }
       }
     } catch (err) {
       logger.error('reconcile-error', { request_id: requestId, route: route.name, error: errorText(err) });
@@ -154,7 +186,7 @@ export function createMcpReconcileQuery(deps: ReconcileDeps) {
         await store.resolveRecord({
           ...base,
           resolution: { outcome: 'completed', response, retentionMs: route.retention },
-          note: `status tool ${rc.tool} found the call: performed`,
+          note: taskId !== null ? `task ${taskId.slice(0, 64)} is over: performed` : `status tool ${rc.tool} found the call: performed`,
         });
         return done('found', true);
       }
