@@ -128,6 +128,12 @@ export const SPECS = {
 const COARSE: Record<string, string> = {
   forwarded: 'accepted',
   'forwarded-released': 'accepted',
+  // An mcp task call followed to its end (../mcp/tasks.ts): recorded with the task's result, or unknown.
+  'task-completed': 'accepted',
+  'task-failed': 'accepted',
+  'task-cancelled': 'accepted',
+  'task-unknown': 'upstream_error',
+  'task-lock-lost': 'upstream_error',
   passed: 'passed',
   'passed-read-only': 'passed',
   'upstream-no-response': 'upstream_error',
@@ -161,6 +167,12 @@ const COARSE: Record<string, string> = {
 const FINE: Record<string, [string, number | null]> = {
   forwarded: ['forwarded', null],
   'forwarded-released': ['released', null],
+  // The agent had the task's handle (its status); the record has the task's result, or is unknown.
+  'task-completed': ['forwarded', null],
+  'task-failed': ['forwarded', null],
+  'task-cancelled': ['forwarded', null],
+  'task-unknown': ['unknown_504', null],
+  'task-lock-lost': ['unknown_504', null],
   passed: ['passed', null],
   'passed-read-only': ['passed', null],
   replayed: ['replayed', null],
