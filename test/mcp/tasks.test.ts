@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { argumentsDigest } from '../../src/http/mcp/message.js';
+import { argumentsDigest, readMessage } from '../../src/http/mcp/message.js';
 import type { GatewayStore } from '../../src/store/types.js';
 import { delegate } from '../helpers/delegate.js';
 import { until } from '../helpers/gateway.js';
@@ -69,6 +69,17 @@ describe('the fingerprint covers params.task', () => {
     expect(argumentsDigest(task, true)).not.toBe(argumentsDigest(plain, false));
     // A task call read without its task (the check switched off) would be the plain call: the control.
     expect(argumentsDigest(task, false)).toBe(argumentsDigest(plain, false));
+  });
+
+  it('a task that is not an object, or a Task member in another case, is refused before anything', () => {
+    const read = (params: Record<string, unknown>) =>
+      readMessage(
+        new TextEncoder().encode(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'charge', arguments: {}, ...params } })),
+      );
+    expect(read({ task: 5 }).kind).toBe('refused');
+    expect(read({ Task: {} }).kind).toBe('refused');
+    // The control: the same call with `task` as written is a call.
+    expect(read({ task: {} }).kind).toBe('call');
   });
 
   it('a plain call with a task call key is idempotency-key-reused and never reaches the server', async () => {
