@@ -125,7 +125,10 @@ export function createGateway(options: GatewayOptions): Gateway {
   const asyncPoll = config.routes.some((r) => r.asyncReply !== undefined) ? createAsyncPoll({ store, forwarder, logger, upstreamHeaders }) : undefined;
   const asyncPoller = asyncPoll === undefined ? null : createAsyncPoller({ routes: config.routes, store, poll: asyncPoll, logger });
 
+  // Aborted when the gateway closes: the MCP tasks it follows end there, recorded unknown with their handle (./mcp/tasks.ts).
+  const closingSignal = new AbortController();
   const proxy = createPipeline({
+    closing: closingSignal.signal,
     config,
     store: timeStore(store, metrics),
     forwarder,
@@ -301,6 +304,7 @@ export function createGateway(options: GatewayOptions): Gateway {
       closing ??= (async () => {
         // Stopped first: a pass must not go on asking (and releasing) for the whole drain.
         const stopped = stopBackground();
+        closingSignal.abort();
         if (active > 0) await new Promise<void>((resolve) => (drained = resolve));
         await stopped;
         await forwarder.close?.();

@@ -131,6 +131,12 @@ const COARSE: Record<string, string> = {
   // asyncReply (DESIGN §3.12): a 202 kept as the interim answer, and its replay to a retry.
   'forwarded-interim': 'accepted',
   'interim-replayed': 'replayed',
+  // An mcp task call followed to its end (../mcp/tasks.ts): recorded with the task's result, or unknown.
+  'task-completed': 'accepted',
+  'task-failed': 'accepted',
+  'task-cancelled': 'accepted',
+  'task-unknown': 'upstream_error',
+  'task-lock-lost': 'upstream_error',
   passed: 'passed',
   'passed-read-only': 'passed',
   'upstream-no-response': 'upstream_error',
@@ -166,6 +172,12 @@ const FINE: Record<string, [string, number | null]> = {
   'forwarded-released': ['released', null],
   'forwarded-interim': ['forwarded', null],
   'interim-replayed': ['replayed', null],
+  // The agent had the task's handle (its status); the record has the task's result, or is unknown.
+  'task-completed': ['forwarded', null],
+  'task-failed': ['forwarded', null],
+  'task-cancelled': ['forwarded', null],
+  'task-unknown': ['unknown_504', null],
+  'task-lock-lost': ['unknown_504', null],
   passed: ['passed', null],
   'passed-read-only': ['passed', null],
   replayed: ['replayed', null],

@@ -40,6 +40,8 @@ export {
   type McpRequestOptionsLike,
   type McpToolCallParams,
 } from './mcp.js';
+// MCP tasks (2025-11-25): a tool call run as a task, created, polled within the lease, its result fetched.
+export { fencedMcpTasks, type FencedMcpTaskOptions, type FencedMcpTaskParams, type FencedMcpTasks, type McpRequestClientLike } from './mcp-tasks.js';
 export { MCP_ERROR_CODES, MCP_META } from '../protocol/mcp.js';
 export {
   advanceStage,

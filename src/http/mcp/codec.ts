@@ -2,13 +2,14 @@ import type { RouteConfig } from '../../config/schema.js';
 import { sha256Hex } from '../../core/fingerprint.js';
 import { MCP_META, type JsonRpcId } from '../../protocol/mcp.js';
 import type { Refusal } from '../../protocol/problem.js';
+import type { StoredResponse } from '../../store/types.js';
 import type { StreamedAnswer } from '../forward.js';
 import type { Reply } from '../inbound.js';
 import type { Codec, Command, Pass, Settled, Streaming } from '../pipeline/codec.js';
 import { roundMs, type Exchange } from '../pipeline/exchange.js';
 import { compileToolAccess, filterMessage, filterToolsList, type ToolAccess } from './access.js';
 import { parseToolCommand, presentedInCall } from './command.js';
-import { readMessage, type ToolCall } from './message.js';
+import { readMessage, type TaskOp, type ToolCall } from './message.js';
 import {
   isEncoded,
   isEventStream,
@@ -24,6 +25,8 @@ import {
 import { ToolAnnotations, toolPolicy } from './policy.js';
 import { SseSplitter, type SseEvent } from './sse.js';
 import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, pump, sseMessage } from './stream.js';
+import { createdTask, followTask, parseTaskOpCommand, settleTaskOp, TERMINAL_TASK_STATUSES, type ExtendLock } from './tasks.js';
+import type { Forwarder } from '../forward.js';
 
 /** What the mcp codec keeps of one request: the JSON-RPC id refusals answer, and the call once read. */
 interface McpState {
@@ -34,6 +37,8 @@ interface McpState {
   /** The JSON-RPC code when it is not the refusal's own (e.g. -32600 for a message that is no Request object). */
   rpcCode?: number;
   call: ToolCall | null;
+  /** A state-changing task method (`tasks/cancel`, ./tasks.ts), decided as a fence check. */
+  op?: TaskOp;
 }
 
 /**
@@ -47,7 +52,16 @@ interface McpState {
  * `readOnlyHint`s from the `tools/list` answers that pass, per endpoint
  * (path and query), as the call's decision reads them.
  */
-export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean }): Codec<McpState> {
+export function createMcpCodec(deps: {
+  signedFences: boolean;
+  canStream: boolean;
+  /** Sends a task call's `tasks/get` and `tasks/result` (./tasks.ts followTask); absent: a created task is recorded as its handle. */
+  forwarder?: Forwarder;
+  /** The store's lock extension, when it has one: a followed task keeps its record for as long as it runs. */
+  extendLock?: ExtendLock | null;
+  /** Aborted when the gateway closes: a followed task is then recorded unknown, with its handle as the interim answer. */
+  closing?: AbortSignal;
+}): Codec<McpState> {
   const annotations = new ToolAnnotations();
   /** Each route's `toolAccess`, compiled once (null: every tool allowed, every list as it came). */
   const accessOf = new WeakMap<RouteConfig, ToolAccess | null>();
@@ -57,7 +71,7 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
   };
 
   /** A message forwarded undecided (see Pass). */
-  const passing = (x: Exchange, id: JsonRpcId, listId: string | number | null, decision = 'passed'): Pass => {
+  const passing = (x: Exchange, id: JsonRpcId, listId: string | number | null, decision = 'passed', timeoutMs?: number): Pass => {
     const route = x.route!;
     const endpoint = x.pathname + x.search;
     const httpStatus = x.req.method !== 'POST';
@@ -79,6 +93,7 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     return {
       decision,
       ...(local !== undefined ? { local } : {}),
+      ...(timeoutMs !== undefined ? { timeoutMs } : {}),
       // An event stream as it comes, with no deadline past its head (a GET stream lives as long as the session); anything else read whole.
       streamIf: (_status, headers) => isEventStream(headers),
       answer(result) {
@@ -234,6 +249,43 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     for (const msg of messages) if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
   }
 
+  /**
+   * A task call answered with a CreateTaskResult whose task is not over: the
+   * follow (./tasks.ts followTask) to the finish that records the task's
+   * result under the key. Null for anything else (a plain result, an error,
+   * a handle of a task already over, no forwarder): recorded as it came.
+   */
+  function following(x: Exchange, call: ToolCall, stored: StoredResponse, base: Base, timeoutMs: number): Promise<Omit<Settled, 'reply'>> | null {
+    if (call.task === null || deps.forwarder === undefined || x.sent === undefined || base.key === null) return null;
+    const task = createdTask(new TextDecoder().decode(stored.body));
+    if (task === null || TERMINAL_TASK_STATUSES.includes(task.status)) return null;
+    const route = x.route!;
+    const extendLock = deps.extendLock ?? null;
+    const key = base.key;
+    const followed = performance.now();
+    return followTask({
+      forwarder: deps.forwarder,
+      route,
+      url: x.sent.url,
+      headers: { ...x.sent.headers, 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+      taskId: task.taskId,
+      callId: call.id,
+      pollIntervalMs: task.pollInterval,
+      // The record and, on a serial route, the entity's slot: both stay this call's while its task runs.
+      extend: extendLock === null ? null : (ms) => extendLock({ scope: base.scope, key, entity: base.entity, owner: base.ownerToken, ms }),
+      lockEnds: x.upstreamStarted + timeoutMs + route.lockMarginMs,
+      lockMs: route.timeoutMs + route.lockMarginMs,
+      deadline: followed + route.taskTimeoutMs,
+      ...(deps.closing !== undefined ? { signal: deps.closing } : {}),
+    }).then((end) => {
+      x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
+      if (end.kind === 'done')
+        return { finish: { ...base, outcome: 'completed', response: end.response, retentionMs: route.retention }, decision: `task-${end.status}` };
+      // The handle stays with the record as its interim answer: the task's id, for the reconciler's tasks/get (./reconcile.ts).
+      return { finish: { ...base, outcome: 'unknown', interim: stored }, decision: end.kind === 'lost' ? 'task-lock-lost' : 'task-unknown' };
+    });
+  }
+
   return {
     // Everything of a call is in its body.
     head: (x) => ({ ok: true, state: { id: null, httpStatus: x.req.method !== 'POST', call: null } }),
@@ -270,7 +322,18 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
             state: { ...state, id: message.id },
           };
         }
-        return { kind: 'pass', pass: passing(x, message.id, message.listId) };
+        // A tasks/result blocks until its task ends (MCP 2025-11-25): bounded by taskTimeoutMs, not the route's timeoutMs (./tasks.ts).
+        const blocking = message.method === 'tasks/result' ? Math.max(x.route!.timeoutMs, x.route!.taskTimeoutMs) : undefined;
+        return { kind: 'pass', pass: passing(x, message.id, message.listId, 'passed', blocking) };
+      }
+      if (message.kind === 'task-op') {
+        // A task method that changes state: fenced as a call is, no key (./tasks.ts parseTaskOpCommand).
+        hash();
+        const op = parseTaskOpCommand(x.route!, message, x.req.headers, { signedFences: deps.signedFences });
+        x.route = op.route;
+        const opState: McpState = { id: message.id, httpStatus: false, call: null, op: message };
+        if (!op.ok) return { kind: 'refused', refusal: op.refusal, state: opState };
+        return { kind: 'command', state: opState, command: op.command };
       }
 
       const route = x.route!;
@@ -326,7 +389,12 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
         ...(state?.httpStatus ? { httpStatus: true } : {}),
         ...(state?.rpcCode !== undefined ? { rpcCode: state.rpcCode } : {}),
       }),
-    presented: (x, code, state) => (state?.call ? presentedInCall(x.route!, state.call, code, x.req.headers) : null),
+    presented: (x, code, state) =>
+      state?.call
+        ? presentedInCall(x.route!, state.call, code, x.req.headers)
+        : state?.op
+          ? presentedInCall(x.route!, { ...state.op, params: state.op.params } as unknown as ToolCall, code, x.req.headers)
+          : null,
     entitySource: (x) => `_meta["${MCP_META.entity}"]${'json' in x.route!.entity ? ` or params${x.route!.entity.json}` : ''}`,
     replay: (_x, stored, state) => replayReply(stored, state.id),
     upstreamHeaders: mcpUpstreamHeaders,
@@ -335,6 +403,14 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
 
     settle(x, state, result, base, timeoutMs): Settled | Streaming {
       const route = x.route!;
+      if (state.op !== undefined) {
+        const op = state.op;
+        return settleTaskOp(result, base, (refusal) => ({
+          finish: { ...base, outcome: 'released' },
+          decision: refusal.code,
+          reply: refusalReply(refusal, op.id, x.requestId),
+        }));
+      }
       const call = state.call!;
       const answer = (finish: Settled['finish'], decision: string, refusal: Refusal): Settled => ({
         finish,
@@ -343,9 +419,14 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       });
       switch (result.kind) {
         case 'stream':
-          return streamed(x, call, result, base, timeoutMs);
-        case 'response':
-          return settleBuffered(result, call, route, base, route.maxResponseBytes);
+          return streamed(x, call, result, base, timeoutMs, following);
+        case 'response': {
+          const settled = settleBuffered(result, call, route, base, route.maxResponseBytes);
+          const follow = settled.finish.outcome === 'completed' ? following(x, call, settled.finish.response, base, timeoutMs) : null;
+          if (follow === null) return settled;
+          // The handle goes to the caller now; the record stays in progress until the task's end is recorded (./tasks.ts).
+          return { head: settled.reply, ended: follow.then((end) => ({ ...end, reply: settled.reply, after: () => {} })), abort: () => {} };
+        }
         case 'refused':
           return answer({ ...base, outcome: 'released' }, 'upstream-unavailable', {
             code: 'upstream-unavailable',
@@ -381,7 +462,14 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
  * response is recorded first and forwarded then (`after`), so the caller
  * never sees an answer that is not yet durable.
  */
-function streamed(x: Exchange, call: ToolCall, answer: StreamedAnswer, base: Base, timeoutMs: number): Streaming {
+function streamed(
+  x: Exchange,
+  call: ToolCall,
+  answer: StreamedAnswer,
+  base: Base,
+  timeoutMs: number,
+  following: (x: Exchange, call: ToolCall, stored: StoredResponse, base: Base, timeoutMs: number) => Promise<Omit<Settled, 'reply'>> | null,
+): Streaming {
   const route = x.route!;
   const caller = new CallerStream(route.maxResponseBytes);
   const left = Math.max(1, timeoutMs - (performance.now() - x.upstreamStarted));
@@ -392,7 +480,15 @@ function streamed(x: Exchange, call: ToolCall, answer: StreamedAnswer, base: Bas
     let settled: Omit<Settled, 'reply'>;
     let last: string;
     if (end.kind === 'final') {
-      settled = { finish: { ...base, outcome: 'completed', response: storedMessage(end.data), retentionMs: route.retention }, decision: 'forwarded' };
+      const stored = storedMessage(end.data);
+      const follow = following(x, call, stored, base, timeoutMs);
+      if (follow !== null) {
+        // A created task: its handle ends the caller's stream now; the record waits for the task's end (./tasks.ts).
+        caller.send(end.event.raw);
+        caller.close();
+        return { ...(await follow), reply: { status: head.status, headers: head.headers, body: null }, after() {} };
+      }
+      settled = { finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention }, decision: 'forwarded' };
       last = end.event.raw;
     } else if (end.kind === 'too-large') {
       const { stored, json } = tooLargeAnswer(answer.status, route.maxResponseBytes, call, x.requestId);

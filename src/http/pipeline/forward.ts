@@ -70,6 +70,7 @@ export function createForwardStage(deps: ForwardDeps) {
       maxResponseBytes: route.maxResponseBytes,
       ...(startBy !== undefined ? { startBy } : {}),
     };
+    x.sent = { url: request.url, headers: request.headers };
     let result: UpstreamResult | StreamedAnswer;
     try {
       result = await send(x, route, request, codec.streamIf);

@@ -51,6 +51,8 @@ export interface PipelineDeps {
   reconcileQuery?: ReconcileQuery;
   /** The Location poll of routes with `asyncReply` (./async-reply.ts); absent: none has one. */
   asyncPoll?: AsyncPoll;
+  /** Aborted when the gateway closes: work that outlives an answer (an MCP task followed, ../mcp/tasks.ts) ends and is recorded. */
+  closing?: AbortSignal;
 }
 
 /**
@@ -63,7 +65,7 @@ export interface PipelineDeps {
  *   4 body    ./body.ts     the body, and the codec's command (or a message to pass undecided: ./pass.ts)
  *   5 verify  ./verify.ts   a signed fence, once the entity is known
  *   6 admit   ./admit.ts    the store's one-transaction admission, with its bounded waits
- *     reconcile ./reconcile.ts  plain routes with `reconcile`: an outcome-unknown admission asks the upstream, then is decided again
+ *     reconcile ./reconcile.ts  routes with `reconcile`: an outcome-unknown admission asks the upstream, then is decided again
  *   7 forward ./forward.ts  the upstream request, only while the admission's lock lives
  *   8 settle  ./settle.ts   the outcome, recorded by the owner-token finish
  *
@@ -88,7 +90,14 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
   const signedFences = deps.checkSignedFence !== undefined;
   const codecs = {
     http: createHttpCodec({ problemBase, signedFences }),
-    mcp: createMcpCodec({ signedFences, canStream: deps.forwarder.forwardStreaming !== undefined }),
+    mcp: createMcpCodec({
+      signedFences,
+      canStream: deps.forwarder.forwardStreaming !== undefined,
+      forwarder: deps.forwarder,
+      // A followed MCP task keeps its record and serial slot alive (../mcp/tasks.ts, DESIGN §3.6).
+      extendLock: (input) => store.extendLock(input),
+      ...(deps.closing !== undefined ? { closing: deps.closing } : {}),
+    }),
   };
   /** A refusal before any codec has read the request: in the route's HTTP error shape. */
   const httpRender = (x: Exchange) => (r: Refusal) => httpRefusal(r, x.route?.errors ?? null, problemBase, x.requestId);
@@ -172,10 +181,8 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
       admitted = await asyncReply(x, command, admitted);
     const interim = x.route!.asyncReply !== undefined ? interimOfAdmission(admitted) : null;
     if (interim !== null) return observer.done(x, codec.replay(x, interim, state), 'interim-replayed');
-    // 6b. A lost answer, on a plain route with a status query (DESIGN §3.12). MCP routes have
-    // none yet: their codec would give the stage its own query and its reading of an answer.
-    if (reconcile !== null && admitted?.admission.outcome === 'outcome-unknown' && x.route!.protocol === 'http')
-      admitted = await reconcile(x, command, admitted);
+    // 6b. A lost answer, on a route with a status query (DESIGN §3.12): a status path, or an mcp route's status tool.
+    if (reconcile !== null && admitted?.admission.outcome === 'outcome-unknown') admitted = await reconcile(x, command, admitted);
     if (admitted === null) return refuse({ code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
     const { admission } = admitted;
     if (admission.outcome === 'replay') return observer.done(x, codec.replay(x, admission.response, state), 'replayed');
