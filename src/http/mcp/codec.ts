@@ -22,8 +22,9 @@ import {
   type Base,
 } from './outcome.js';
 import { ToolAnnotations, toolPolicy } from './policy.js';
+import { cancelledRequestId, follow, InFlightCalls, sessionOf, watchResumed, type CallWatch, type ResumeUpstream } from './resume.js';
 import { SseSplitter, type SseEvent } from './sse.js';
-import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, pump, sseMessage } from './stream.js';
+import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, sseMessage } from './stream.js';
 
 /** What the mcp codec keeps of one request: the JSON-RPC id refusals answer, and the call once read. */
 interface McpState {
@@ -34,6 +35,8 @@ interface McpState {
   /** The JSON-RPC code when it is not the refusal's own (e.g. -32600 for a message that is no Request object). */
   rpcCode?: number;
   call: ToolCall | null;
+  /** A decided call watched in flight (./resume.ts): its resumed streams and its cancels. */
+  watch?: CallWatch | null;
 }
 
 /**
@@ -47,8 +50,10 @@ interface McpState {
  * `readOnlyHint`s from the `tools/list` answers that pass, per endpoint
  * (path and query), as the call's decision reads them.
  */
-export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean }): Codec<McpState> {
+export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean; resume?: ResumeUpstream | undefined }): Codec<McpState> {
   const annotations = new ToolAnnotations();
+  /** The decided calls in flight (./resume.ts). */
+  const calls = new InFlightCalls();
   /** Each route's `toolAccess`, compiled once (null: every tool allowed, every list as it came). */
   const accessOf = new WeakMap<RouteConfig, ToolAccess | null>();
   const toolAccess = (route: RouteConfig): ToolAccess | null => {
@@ -64,6 +69,8 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     // What may carry a tools list to the agent: the answer to a tools/list, and the server's GET stream (a list's response replayed on resumption).
     const access = listId !== null || x.req.method === 'GET' ? toolAccess(route) : null;
     const refused = (refusal: Refusal, d: string) => ({ reply: refusalReply(refusal, id, x.requestId, { httpStatus }), decision: d });
+    // A GET that resumes a decided call's stream carries that call's answer (./resume.ts).
+    const tied = x.req.method === 'GET' && deps.canStream ? calls.tiedTo(sessionOf(x), x.req.headers.get('last-event-id')) : undefined;
     // Read whole, the server's GET stream would hang until the deadline: say there is none (MCP lets a server answer 405 here).
     const local: Reply | undefined =
       x.req.method === 'GET' && !deps.canStream
@@ -84,15 +91,18 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       answer(result) {
         switch (result.kind) {
           case 'stream': {
+            if (tied !== undefined && result.status !== 200) tied.clientResumes--;
+            const body = tied !== undefined && result.status === 200 ? watchResumed(result.body, tied, route.maxResponseBytes) : result.body;
             const stream =
               access !== null
-                ? filtering(result.body, route, endpoint, listId, access, x.requestId)
+                ? filtering(body, route, endpoint, listId, access, x.requestId)
                 : listId === null
-                  ? result.body
-                  : learning(result.body, route, endpoint, listId);
+                  ? body
+                  : learning(body, route, endpoint, listId);
             return { reply: passthrough(result.status, result.headers, stream), decision };
           }
           case 'response': {
+            if (tied !== undefined) tied.clientResumes--;
             if (listId !== null && result.status === 200) learnFrom(result.headers, result.body, route, endpoint, listId);
             let body: Uint8Array | null = result.status === 204 ? null : result.body;
             if (access !== null && result.status === 200) {
@@ -103,13 +113,16 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
             return { reply: passthrough(result.status, result.headers, body), decision };
           }
           case 'refused':
+            if (tied !== undefined) tied.clientResumes--;
             return refused(
               { code: 'upstream-unavailable', detail: `the message could not be sent to the upstream (${result.error}); nothing was sent` },
               'upstream-unavailable',
             );
           case 'unknown':
+            if (tied !== undefined) tied.clientResumes--;
             return refused({ code: 'upstream-timeout', detail: `no complete answer from the upstream (${result.error})` }, 'upstream-timeout');
           case 'too-large':
+            if (tied !== undefined) tied.clientResumes--;
             return refused(
               {
                 code: 'upstream-response-too-large',
@@ -270,6 +283,11 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
             state: { ...state, id: message.id },
           };
         }
+        // A cancel of a decided call in flight is not forwarded: the server would drop the call's answer, and its outcome would be unknown (./resume.ts).
+        const cancelled = cancelledRequestId(body);
+        if (cancelled !== undefined && calls.cancelled(sessionOf(x), cancelled) !== undefined) {
+          return { kind: 'pass', pass: { ...passing(x, message.id, null, 'cancel-withheld'), local: { status: 202, headers: [], body: null } } };
+        }
         return { kind: 'pass', pass: passing(x, message.id, message.listId) };
       }
 
@@ -318,17 +336,23 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
         // JSON-RPC id, not _meta (progress tokens, the fence), not the session (DESIGN §3.4).
         fingerprint: { method: 'POST', contentType: 'application/json', bodyDigest: sha256Hex(new TextEncoder().encode(`${tool}\u0000${message.argsDigest}`)) },
       };
+      called.watch = calls.open(sessionOf(x), message.id, policy.route.timeoutMs + policy.route.lockMarginMs);
       return { kind: 'command', state: called, command };
     },
 
-    render: (x, refusal, state) =>
-      refusalReply(refusal, state?.id ?? null, x.requestId, {
+    render: (x, refusal, state) => {
+      state?.watch?.close();
+      return refusalReply(refusal, state?.id ?? null, x.requestId, {
         ...(state?.httpStatus ? { httpStatus: true } : {}),
         ...(state?.rpcCode !== undefined ? { rpcCode: state.rpcCode } : {}),
-      }),
+      });
+    },
     presented: (x, code, state) => (state?.call ? presentedInCall(x.route!, state.call, code, x.req.headers) : null),
     entitySource: (x) => `_meta["${MCP_META.entity}"]${'json' in x.route!.entity ? ` or params${x.route!.entity.json}` : ''}`,
-    replay: (_x, stored, state) => replayReply(stored, state.id),
+    replay: (_x, stored, state) => {
+      state.watch?.close();
+      return replayReply(stored, state.id);
+    },
     upstreamHeaders: mcpUpstreamHeaders,
     // An event stream that holds the call's answer is read as it comes; anything else whole.
     streamIf: (status, headers) => status === 200 && isEventStream(headers) && !isEncoded(headers),
@@ -341,9 +365,12 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
         decision,
         reply: refusalReply(refusal, call.id, x.requestId),
       });
+      const watch = state.watch ?? null;
+      // Only a streamed answer can come on another stream; for any other the call is no longer watched.
+      if (result.kind !== 'stream') watch?.close();
       switch (result.kind) {
         case 'stream':
-          return streamed(x, call, result, base, timeoutMs);
+          return streamed(x, call, result, base, timeoutMs, watch, deps.resume);
         case 'response':
           return settleBuffered(result, call, route, base, route.maxResponseBytes);
         case 'refused':
@@ -381,13 +408,29 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
  * response is recorded first and forwarded then (`after`), so the caller
  * never sees an answer that is not yet durable.
  */
-function streamed(x: Exchange, call: ToolCall, answer: StreamedAnswer, base: Base, timeoutMs: number): Streaming {
+function streamed(
+  x: Exchange,
+  call: ToolCall,
+  answer: StreamedAnswer,
+  base: Base,
+  timeoutMs: number,
+  watch: CallWatch | null,
+  resume: ResumeUpstream | undefined,
+): Streaming {
   const route = x.route!;
   const caller = new CallerStream(route.maxResponseBytes);
   const left = Math.max(1, timeoutMs - (performance.now() - x.upstreamStarted));
   const head = passthrough(answer.status, answer.headers, caller.stream);
   const ended = (async () => {
-    const end = await pump(answer.body, call.id, { limit: route.maxResponseBytes, timeoutMs: left, forward: (e) => caller.send(e.raw) });
+    // Across the streams that may carry the answer: the POST's, a resuming GET of the client's, the gateway's own resume (./resume.ts).
+    const end = await follow(answer.body, call, {
+      limit: route.maxResponseBytes,
+      deadline: performance.now() + left,
+      forward: (e) => caller.send(e.raw),
+      watch,
+      resume: resume === undefined ? null : (lastEventId, ms) => resume(x, lastEventId, ms),
+      resumed: () => void (x.trace.resumes = (x.trace.resumes ?? 0) + 1),
+    });
     x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
     let settled: Omit<Settled, 'reply'>;
     let last: string;
@@ -406,12 +449,20 @@ function streamed(x: Exchange, call: ToolCall, answer: StreamedAnswer, base: Bas
       ...settled,
       reply: { status: head.status, headers: head.headers, body: null },
       after() {
+        watch?.close();
         caller.send(last);
         caller.close();
       },
     };
   })();
-  return { head, ended, abort: () => caller.close() };
+  return {
+    head,
+    ended,
+    abort: () => {
+      watch?.close();
+      caller.close();
+    },
+  };
 }
 
 /** Why a `tools/list` answer on a route with `toolAccess` is not passed on: it could not be read, so not filtered. */

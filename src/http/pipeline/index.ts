@@ -8,6 +8,7 @@ import type { Inbound, Reply } from '../inbound.js';
 import { warnGlobalKeys, type CredentialHashing } from '../key-scope.js';
 import type { Logger } from '../logger.js';
 import { createMcpCodec } from '../mcp/codec.js';
+import { createUpstreamResume } from '../mcp/resume.js';
 import type { RequestObservation } from '../metrics.js';
 import type { TokenVerifier } from '../middleware/auth/index.js';
 import { normalizePath } from '../path.js';
@@ -84,7 +85,11 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
   const signedFences = deps.checkSignedFence !== undefined;
   const codecs = {
     http: createHttpCodec({ problemBase, signedFences }),
-    mcp: createMcpCodec({ signedFences, canStream: deps.forwarder.forwardStreaming !== undefined }),
+    mcp: createMcpCodec({
+      signedFences,
+      canStream: deps.forwarder.forwardStreaming !== undefined,
+      resume: createUpstreamResume({ ...headerDeps, forwarder: deps.forwarder }),
+    }),
   };
   /** A refusal before any codec has read the request: in the route's HTTP error shape. */
   const httpRender = (x: Exchange) => (r: Refusal) => httpRefusal(r, x.route?.errors ?? null, problemBase, x.requestId);
