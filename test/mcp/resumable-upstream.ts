@@ -88,7 +88,9 @@ export async function startResumableUpstream(options: { retryMs?: number } = {})
           transport = t;
         }
         if (transport === undefined) {
-          res.writeHead(404, { 'content-type': 'application/json' }).end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32000, message: 'no session' } }));
+          res
+            .writeHead(404, { 'content-type': 'application/json' })
+            .end(JSON.stringify({ jsonrpc: '2.0', id: null, error: { code: -32000, message: 'no session' } }));
           return;
         }
         await transport.handleRequest(req, res, parsed);

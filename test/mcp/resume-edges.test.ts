@@ -60,7 +60,7 @@ describe('the gateway resuming a closed stream, against hostile servers', () => 
 
   it('a server that keeps closing without the answer is resumed only until the call deadline: -32009, then -32005', async () => {
     let n = 0;
-    const up = await rawUpstream((req, res) => {
+    const up = await rawUpstream((_req, res) => {
       res.writeHead(200, { 'content-type': 'text/event-stream', 'mcp-session-id': SESSION });
       res.end(`id: ev-${++n}\nretry: 10\ndata: \n\n`);
     });
@@ -108,7 +108,7 @@ describe('the gateway resuming a closed stream, against hostile servers', () => 
   it('a cancel on another session, or for another id, is forwarded', async () => {
     let release!: () => void;
     const held = new Promise<void>((r) => (release = r));
-    const up = await rawUpstream(async (req, res, body) => {
+    const up = await rawUpstream(async (_req, res, body) => {
       if (body.includes('tools/call')) {
         res.writeHead(200, { 'content-type': 'text/event-stream', 'mcp-session-id': SESSION });
         res.write('id: ev-1\ndata: \n\n');

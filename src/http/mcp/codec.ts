@@ -421,6 +421,7 @@ function streamed(
   const caller = new CallerStream(route.maxResponseBytes);
   const left = Math.max(1, timeoutMs - (performance.now() - x.upstreamStarted));
   const head = passthrough(answer.status, answer.headers, caller.stream);
+  watch?.extend(left + route.lockMarginMs);
   const ended = (async () => {
     // Across the streams that may carry the answer: the POST's, a resuming GET of the client's, the gateway's own resume (./resume.ts).
     const end = await follow(answer.body, call, {

@@ -56,9 +56,15 @@ export class CallWatch {
   constructor(
     readonly session: string,
     readonly id: JsonRpcId,
-    readonly expiresAt: number,
+    /** `performance.now()` past which the call is forgotten (its lock's end, at the latest). */
+    public expiresAt: number,
     private readonly calls: InFlightCalls,
   ) {}
+
+  /** Once the call is sent: watched until `ms` from now (what is left of its deadline and lock). */
+  extend(ms: number): void {
+    this.expiresAt = Math.max(this.expiresAt, performance.now() + ms);
+  }
 
   /** Stops the reading of the call's own stream once the answer came elsewhere. */
   get stop(): AbortSignal {
