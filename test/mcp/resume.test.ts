@@ -168,6 +168,22 @@ describe('a call the client cancels', () => {
     expect(up.tickets).toHaveLength(1);
   });
 
+  it('the client going away: the call is read on and recorded; a retry meanwhile is in progress, then the replay', async () => {
+    const { up, gw, url } = await setup();
+    const cut = await startCutProxy(gw.url);
+    cleanups.push(() => cut.close());
+    const open = gateOf(up);
+    const { client } = await agent(`${cut.url}/mcp`);
+    const result = client.callTool(call('create_ticket', 'job-7:create')).catch(() => 'cut');
+    await up.started;
+    cut.cutAll();
+    expect(await result).toBe('cut');
+    expect(await retryOutcome(url, 'create_ticket', 'job-7:create')).toBe(-32004);
+    open();
+    await until(async () => (await retryOutcome(url, 'create_ticket', 'job-7:create')) === 'T-1', 'the replay');
+    expect(up.tickets).toHaveLength(1);
+  });
+
   it('negative control: the cancel reaching the server leaves the key unknown', async () => {
     const { up, url } = await setup({ timeoutMs: 1500 });
     const open = gateOf(up);
