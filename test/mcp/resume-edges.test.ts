@@ -105,6 +105,46 @@ describe('the gateway resuming a closed stream, against hostile servers', () => 
     expect(up.seen.filter((s) => s.method === 'POST')).toHaveLength(1);
   });
 
+  it("a client's resuming GET the server refuses unties it: the gateway then resumes itself and records the answer", async () => {
+    let post: import('node:http').ServerResponse | null = null;
+    const up = await rawUpstream((req, res) => {
+      if (req.method === 'POST') {
+        post = res;
+        res.writeHead(200, { 'content-type': 'text/event-stream', 'mcp-session-id': SESSION });
+        res.write('id: ev-1\nretry: 10\ndata: \n\n');
+        return;
+      }
+      if (req.headers['x-test-client'] === '1') {
+        // An event store that refuses a second connection to a live stream (the SDK's 409), then the server closes the call's stream.
+        res.writeHead(409, { 'content-type': 'application/json' }).end('{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"Conflict"}}');
+        post!.end();
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(`id: ev-2\nevent: message\ndata: {"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"T-1"}]}}\n\n`);
+    });
+    cleanups.push(() => up.close());
+    const gw = await gateway(up, 5_000);
+    const res = await rawPost(`${gw.url}/mcp`, callBody('k-untie'), { 'mcp-session-id': SESSION });
+    const reader = res.body!.getReader();
+    // The priming event has passed the gateway (it saw ev-1).
+    await reader.read();
+    const get = await fetch(`${gw.url}/mcp`, {
+      headers: { accept: 'text/event-stream', 'mcp-session-id': SESSION, 'last-event-id': 'ev-1', 'x-test-client': '1' },
+    });
+    expect(get.status).toBe(409);
+    await get.text();
+    let rest = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      rest += new TextDecoder().decode(value);
+    }
+    expect(rest).toContain('"text":"T-1"');
+    const retry = await rawPost(`${gw.url}/mcp`, callBody('k-untie'), { 'mcp-session-id': SESSION });
+    expect(retry.headers.get('idempotent-replayed')).toBe('true');
+  });
+
   it('a cancel on another session, or for another id, is forwarded', async () => {
     let release!: () => void;
     const held = new Promise<void>((r) => (release = r));

@@ -89,10 +89,11 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       // An event stream as it comes, with no deadline past its head (a GET stream lives as long as the session); anything else read whole.
       streamIf: (_status, headers) => isEventStream(headers),
       answer(result) {
+        const resumed = tied !== undefined && result.kind === 'stream' && result.status === 200;
+        if (tied !== undefined && !resumed) tied.untie();
         switch (result.kind) {
           case 'stream': {
-            if (tied !== undefined && result.status !== 200) tied.clientResumes--;
-            const body = tied !== undefined && result.status === 200 ? watchResumed(result.body, tied, route.maxResponseBytes) : result.body;
+            const body = resumed ? watchResumed(result.body, tied!, route.maxResponseBytes) : result.body;
             const stream =
               access !== null
                 ? filtering(body, route, endpoint, listId, access, x.requestId)
@@ -102,7 +103,6 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
             return { reply: passthrough(result.status, result.headers, stream), decision };
           }
           case 'response': {
-            if (tied !== undefined) tied.clientResumes--;
             if (listId !== null && result.status === 200) learnFrom(result.headers, result.body, route, endpoint, listId);
             let body: Uint8Array | null = result.status === 204 ? null : result.body;
             if (access !== null && result.status === 200) {
@@ -113,16 +113,13 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
             return { reply: passthrough(result.status, result.headers, body), decision };
           }
           case 'refused':
-            if (tied !== undefined) tied.clientResumes--;
             return refused(
               { code: 'upstream-unavailable', detail: `the message could not be sent to the upstream (${result.error}); nothing was sent` },
               'upstream-unavailable',
             );
           case 'unknown':
-            if (tied !== undefined) tied.clientResumes--;
             return refused({ code: 'upstream-timeout', detail: `no complete answer from the upstream (${result.error})` }, 'upstream-timeout');
           case 'too-large':
-            if (tied !== undefined) tied.clientResumes--;
             return refused(
               {
                 code: 'upstream-response-too-large',

@@ -79,6 +79,11 @@ export class CallWatch {
     this.calls.index(this, event.id);
   }
 
+  /** A tied GET ended, or got no stream. */
+  untie(): void {
+    if (this.clientResumes > 0) this.clientResumes--;
+  }
+
   /** The answer, read on a tied GET: the first one counts. */
   deliver(answer: Answer): boolean {
     if (this.closed || this.answer !== null) return false;
@@ -131,7 +136,7 @@ export class InFlightCalls {
    * The live call `Last-Event-ID` resumes on this session, if this process
    * saw that id on one. The call counts the GET as live from now (the server
    * may move the call's stream to it before its head is back): the caller
-   * ends that with `watchResumed`'s end, or `untie` when no stream came.
+   * ends that with `watchResumed`'s end, or `CallWatch.untie` when no stream came.
    */
   tiedTo(session: string | null, lastEventId: string | null): CallWatch | undefined {
     if (session === null || lastEventId === null) return undefined;
@@ -335,7 +340,7 @@ export function watchResumed(body: ReadableStream<Uint8Array>, watch: CallWatch,
   // Counted from the GET's arrival (InFlightCalls.tiedTo) until the stream ends.
   let live = true;
   const leave = () => {
-    if (live) watch.clientResumes--;
+    if (live) watch.untie();
     live = false;
   };
   return new ReadableStream<Uint8Array>({
