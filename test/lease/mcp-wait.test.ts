@@ -6,6 +6,7 @@
 import { describe, expect, test } from 'vitest';
 import { LeaseLostError } from '../../src/lease/errors.js';
 import { fencedMcp, mcpReconcilingHint, McpRefusalError, ROUTE_ANSWER_MARGIN_MS, type McpClientLike } from '../../src/lease/mcp.js';
+import { renderMcpRefusal } from '../../src/protocol/mcp.js';
 import { fenceContext } from './helpers/fence-context.js';
 
 /** An McpError as the SDK raises it for a JSON-RPC error answer. */
@@ -91,6 +92,16 @@ describe('an outcome-unknown (-32005) with the route reconciling', () => {
     setTimeout(() => controller.abort(new LeaseLostError('lost')), 50);
     await expect(pending).rejects.toBeInstanceOf(LeaseLostError);
     expect(calls).toHaveLength(1);
+  });
+
+  test("the hint is the gateway's: an outcome-unknown refusal with the admission's reconciling extras, rendered for an mcp route", () => {
+    // The extras admissionRefusal gives a route with reconcile (src/http/pipeline/admit.ts), in the MCP shape.
+    const rendered = renderMcpRefusal({ code: 'outcome-unknown', detail: 'unknown', extras: { idempotency_key: 'k', reconciling: true, retry_after: 3 } }, 5);
+    const { error } = JSON.parse(rendered.body) as { error: { code: number; data: unknown } };
+    expect(mcpReconcilingHint(error)).toEqual({ retryAfterMs: 3000 });
+    // Without the extras (a route without reconcile): no hint.
+    const plain = JSON.parse(renderMcpRefusal({ code: 'outcome-unknown', detail: 'unknown', extras: { idempotency_key: 'k' } }, 5).body);
+    expect(mcpReconcilingHint(plain.error)).toBeUndefined();
   });
 
   test('the hint is read only from a -32005 whose data says outcome-unknown, reconciling, and a whole retry_after', () => {
