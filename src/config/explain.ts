@@ -15,7 +15,19 @@ import type { z } from 'zod';
  * schema itself, so a field added to schema.ts is suggested without an edit here.
  */
 export function explainIssues(issues: readonly z.core.$ZodIssue[], input: unknown, schema: z.ZodType): string[] {
-  return issues.map((issue) => `${fieldPath(issue.path) || '(root)'}: ${explainIssue(issue, input, schema)}`);
+  return issues.flatMap((issue) => {
+    // A union of objects where the value's keys fit one option alone (no unknown key there): that option's own complaints, with their fields.
+    const branch = issue.code === 'invalid_union' ? fittingBranch(issue, valueAt(input, issue.path as PropertyKey[]).value) : null;
+    if (branch !== null) return explainIssues(branch.map((i) => ({ ...i, path: [...issue.path, ...i.path] })) as z.core.$ZodIssue[], input, schema);
+    return [`${fieldPath(issue.path) || '(root)'}: ${explainIssue(issue, input, schema)}`];
+  });
+}
+
+/** The one option of a failed union that knows every key of the object `value` (the others refuse one as unknown), or null. */
+function fittingBranch(issue: z.core.$ZodIssueInvalidUnion, value: unknown): z.core.$ZodIssue[] | null {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) return null;
+  const fitting = issue.errors.filter((b) => b.length > 0 && !b.some((i) => i.code === 'unrecognized_keys' && i.path.length === 0));
+  return fitting.length === 1 ? fitting[0]! : null;
 }
 
 function explainIssue(issue: z.core.$ZodIssue, input: unknown, schema: z.ZodType): string {

@@ -211,6 +211,63 @@ export const ReconcileSchema = z
       });
   });
 
+/** A value a marker compares with: a JSON scalar. */
+const MarkerValue = z.union([z.string(), z.number(), z.boolean(), z.null()]);
+
+/** A test on a status tool's result: the value at `pointer` (into the CallToolResult, e.g. "/structuredContent/status") equals `equals`. */
+const ResultMarker = z.strictObject({ pointer: JsonPointer, equals: MarkerValue });
+
+/** The variables an mcp `reconcile.arguments` string may name: substituted as they are (no encoding). */
+export const MCP_RECONCILE_VARIABLES = ['key', 'entity', 'fence'] as const;
+
+/**
+ * An mcp route's status query (DESIGN §3.12, docs/mcp.md "Reconciling a lost
+ * answer"): a `tools/call` of a status tool of the same server, whose
+ * `arguments` name the command by its key. What its result means
+ * (../http/mcp/reconcile.ts): `notFound` matching → not found (trusted only
+ * as on plain routes); else `isError` not true, `structuredContent` an
+ * object and `found` (when given) matching → found, the result stored as the
+ * call's answer; anything else settles nothing.
+ */
+export const McpReconcileSchema = z
+  .strictObject({
+    /** The status tool: it must only read (it is called by the gateway, with no fence or key). */
+    tool: z.string().min(1).max(256),
+    /** The status tool's arguments; every string value may name {key}, {entity}, {fence}. */
+    arguments: z.record(z.string(), z.unknown()).default({}),
+    /** When the result says the command is unknown to the server. */
+    notFound: ResultMarker,
+    /** When the result says the command was performed (besides isError not true and structuredContent an object); absent: any such result. */
+    found: ResultMarker.optional(),
+    headers: z.record(HeaderName, UpstreamHeader).default({}),
+    settleTime: Duration.prefault('30s'),
+    interval: Duration.prefault('10s').pipe(z.number().min(100, 'must be at least 100ms')),
+    maxAge: Duration.prefault('24h'),
+    concurrency: z.number().int().min(1).max(64).default(4),
+  })
+  .superRefine((r, ctx) => {
+    const names: string[] = [];
+    const walk = (v: unknown): void => {
+      if (typeof v === 'string') for (const m of v.matchAll(/\{([^{}]*)\}/g)) names.push(m[1]!);
+      else if (Array.isArray(v)) v.forEach(walk);
+      else if (v !== null && typeof v === 'object') Object.values(v).forEach(walk);
+    };
+    walk(r.arguments);
+    for (const name of names)
+      if (!(MCP_RECONCILE_VARIABLES as readonly string[]).includes(name))
+        ctx.addIssue({
+          code: 'custom',
+          path: ['arguments'],
+          message: `unknown variable {${name}}: one of ${MCP_RECONCILE_VARIABLES.map((v) => `{${v}}`).join(', ')}`,
+        });
+    if (!names.includes('key'))
+      ctx.addIssue({
+        code: 'custom',
+        path: ['arguments'],
+        message: 'names no {key}: the status tool must be asked about the command by its idempotency key, or its answer could be about another call',
+      });
+  });
+
 /** What a route with `reconcile` may not be (called from ConfigSchema's checks): the field and why, or null. */
 export function reconcileConflict(
   route: {
@@ -237,7 +294,10 @@ export function reconcileConflict(
       'not available where idempotency keys are scoped by caller, tenant or credentials (auth, keyScope, credentialBinding "scope", credentialHeaders): the status query names the command by its key alone, so it could find another caller\'s command',
     ];
   }
-  if (route.protocol === 'mcp') return ['reconcile', 'not available on an mcp route yet: only plain HTTP routes have a status query'];
+  const form = typeof route.reconcile === 'object' && route.reconcile !== null && 'tool' in route.reconcile ? 'mcp' : 'http';
+  if (route.protocol === 'mcp' && form === 'http')
+    return ['reconcile', 'an mcp route asks a status tool: { "tool", "arguments" naming {key}, "notFound": { "pointer", "equals" } }, not a path'];
+  if (route.protocol !== 'mcp' && form === 'mcp') return ['reconcile', 'a status tool ("tool") is for an mcp route; a plain route has a status path ("path")'];
   // A takeover keeps the record's created_at, so the not-found rule (measured from the admission) would not hold;
   // and an upstream that honours Idempotency-Key is its own reconciliation.
   if (route.onUnknown === 'retry')
@@ -328,6 +388,12 @@ export const RouteSchema = z.strictObject({
   tools: z.record(z.string().min(1).max(256), McpToolSchema).default({}),
   /** `mcp` routes: which tools agents may call and are shown in `tools/list` answers. */
   toolAccess: ToolAccessSchema.optional(),
+  /**
+   * `mcp` routes: how long the gateway follows a task a call created (MCP
+   * tasks, docs/mcp.md "Tasks"), keeping its record and serial slot, and the
+   * bound on a `tasks/result` that passes (it blocks until the task ends).
+   */
+  taskTimeoutMs: ms(86_400_000).min(1).default(3_600_000),
   /** Longest key accepted (400 invalid-idempotency-key past it). */
   maxKeyLength: z.number().int().min(1).max(MAX_KEY_LENGTH_LIMIT).default(DEFAULT_MAX_KEY_LENGTH),
   /** Where the key is read when the request has no key header: a JSON pointer into the body. */
@@ -363,7 +429,7 @@ export const RouteSchema = z.strictObject({
    */
   credentialBinding: z.enum(['fingerprint', 'scope']).default('fingerprint'),
   /** The status query for a record whose outcome is unknown (ReconcileSchema above). Absent: an operator resolves it. */
-  reconcile: ReconcileSchema.optional(),
+  reconcile: z.union([ReconcileSchema, McpReconcileSchema]).optional(),
 });
 
 const StoreSchema = z.union([
@@ -687,5 +753,6 @@ export type Config = z.output<typeof ConfigSchema>;
 export type ConfigInput = z.input<typeof ConfigSchema>;
 export type RouteConfig = z.output<typeof RouteSchema>;
 export type ReconcileConfig = z.output<typeof ReconcileSchema>;
+export type McpReconcileConfig = z.output<typeof McpReconcileSchema>;
 export type AuthConfig = z.output<typeof AuthSchema>;
 export type SignedFenceConfig = z.output<typeof SignedFenceSchema>;

@@ -74,7 +74,13 @@ export type Admission =
   | { outcome: 'replay'; response: StoredResponse }
   | { outcome: 'idempotency-key-reused' }
   | { outcome: 'idempotency-in-progress'; retryAfterMs: number }
-  | { outcome: 'outcome-unknown' }
+  /**
+   * The record's outcome is unknown (DESIGN §3.5 f, g). `interim`: the interim
+   * answer the record keeps (a finish `unknown` with `interim`, DESIGN §3.7,
+   * e.g. a 202 Accepted with its Location, or an MCP CreateTaskResult whose
+   * task still runs), while its time lasts: a codec may replay it.
+   */
+  | { outcome: 'outcome-unknown'; interim?: StoredResponse }
   | { outcome: 'entity-busy'; retryAfterMs: number };
 
 interface FinishBase {
@@ -90,9 +96,38 @@ export type FinishInput = FinishBase &
     | { outcome: 'completed'; response: StoredResponse; retentionMs: number }
     /** Never reached the upstream (or it said "not processed"): the record is deleted, safe to retry. */
     | { outcome: 'released' }
-    /** May have reached the upstream: the record becomes `outcome_unknown`. */
-    | { outcome: 'unknown' }
+    /**
+     * May have reached the upstream: the record becomes `outcome_unknown`.
+     * `interim`: an answer that is not the outcome yet (a 202 Accepted with a
+     * Location from an async upstream, an MCP CreateTaskResult whose task
+     * still runs), kept in the record's response columns while the state
+     * stays `outcome_unknown`; every retry's admission answers
+     * `outcome-unknown` carrying it, until database now reaches the record's
+     * `expires_at`: now + `interimRetentionMs` when given, else the retention
+     * the admission set (now + `retentionMs`). Without `interim` the record
+     * keeps no answer (one kept before is dropped). An operator's or the
+     * reconciler's `completed` replaces it with the final answer; `released`
+     * deletes the record.
+     */
+    | { outcome: 'unknown'; interim?: StoredResponse; interimRetentionMs?: number }
   );
+
+/**
+ * DESIGN §3.6: keeps a live attempt's lock (and its serial slot) for `ms`
+ * more, measured by the database clock (G6): while a long upstream call
+ * still holds the connection, or an MCP task runs.
+ */
+export interface ExtendLockInput {
+  scope: string;
+  /** The record's key; null for a keyless request (then only its slot is extended). */
+  key: string | null;
+  /** The request's entity: its serial slot, when this owner holds it live, is extended with the record. Omitted or null: no slot. */
+  entity?: string | null;
+  /** The admission's owner token (`AdmitInput.ownerToken`, `FinishBase.ownerToken`). */
+  owner: string;
+  /** The lock ends at greatest(its current end, database now + `ms`): never shorter than it was. */
+  ms: number;
+}
 
 /** `recorded: false`: the record was taken over by a newer owner; the late finish was logged and discarded. */
 export interface FinishResult {

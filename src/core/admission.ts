@@ -1,4 +1,4 @@
-import type { Admission, AdmitInput, FinishInput, RecordState, StoredResponse } from './admission-types.js';
+import type { Admission, AdmitInput, ExtendLockInput, FinishInput, RecordState, StoredResponse } from './admission-types.js';
 
 /**
  * The admission rules (DESIGN §3.5 a–h) and the finish rules (DESIGN §3.7)
@@ -42,12 +42,27 @@ export interface IdempotencyRecord {
   owner: string;
   /** The owner's lock (ms); null once the record left `in_progress`. */
   lockedUntil: number | null;
+  /**
+   * The lock end of the attempt last sent (ms): written with every lock
+   * (admission, takeover, `extendLock`), kept when the record leaves
+   * `in_progress`, so that a reconciler's "not found" is weighed against the
+   * attempt's own lock (DESIGN §3.12). Null for a record written before it was kept.
+   */
+  attemptUntil: number | null;
+  /** The gateway's request id of the attempt last sent (`AuditInfo.requestId`); null for a record written before it was kept. */
+  requestId: string | null;
   entity: string | null;
   fence: bigint | null;
   createdAt: number;
-  /** Retention: a `completed` record is forgotten from here on (ms). */
+  /**
+   * Retention: a `completed` record is forgotten from here on (ms); an
+   * `outcome_unknown` record's interim answer is carried until then.
+   */
   expiresAt: number;
-  /** The stored answer of a `completed` record, else null. */
+  /**
+   * The stored answer of a `completed` record, the interim answer of an
+   * `outcome_unknown` one (DESIGN §3.7), else null. Never on `in_progress`.
+   */
   response: StoredResponse | null;
 }
 
@@ -64,9 +79,17 @@ export interface LoggedRejection {
   currentFence: bigint | null;
 }
 
-export type AdmitCommand = Pick<AdmitInput, 'key' | 'entity' | 'fence' | 'fingerprint' | 'mode' | 'ownerToken' | 'lockMs' | 'retentionMs' | 'onUnknown'>;
+export type AdmitCommand = Pick<AdmitInput, 'key' | 'entity' | 'fence' | 'fingerprint' | 'mode' | 'ownerToken' | 'lockMs' | 'retentionMs' | 'onUnknown'> & {
+  /** The request id the record keeps of the attempt it sends (`requestId`); absent: null. */
+  audit?: { requestId: string };
+};
 export type FinishCommand = Pick<FinishInput, 'key' | 'entity' | 'ownerToken'> &
-  ({ outcome: 'completed'; response: StoredResponse; retentionMs: number } | { outcome: 'released' } | { outcome: 'unknown' });
+  (
+    | { outcome: 'completed'; response: StoredResponse; retentionMs: number }
+    | { outcome: 'released' }
+    | { outcome: 'unknown'; interim?: StoredResponse; interimRetentionMs?: number }
+  );
+export type ExtendCommand = Pick<ExtendLockInput, 'key' | 'owner' | 'ms'> & { entity?: string | null };
 
 export interface Decision {
   admission: Admission;
@@ -131,9 +154,15 @@ export function decide(state: AdmissionState, cmd: AdmitCommand, now: number): D
         record = withState(record, 'outcome_unknown', null);
       }
       // g. outcome_unknown: never re-sent blindly unless the route says the
-      //    upstream is idempotent.
+      //    upstream is idempotent. An interim answer it keeps goes with the
+      //    refusal while its time lasts (DESIGN §3.7).
       if (cmd.onUnknown === 'reject') {
-        return answer({ outcome: 'outcome-unknown' }, { reason: 'outcome-unknown', presentedFence: cmd.fence, currentFence: null });
+        const interim = liveInterim(record, now);
+        return answer(interim === null ? { outcome: 'outcome-unknown' } : { outcome: 'outcome-unknown', interim }, {
+          reason: 'outcome-unknown',
+          presentedFence: cmd.fence,
+          currentFence: null,
+        });
       }
       takeoverFrom = record.owner;
     }
@@ -153,7 +182,8 @@ export function decide(state: AdmissionState, cmd: AdmitCommand, now: number): D
   }
 
   // b. A new record, or g. with onUnknown: retry, the unknown one taken over
-  //    (it keeps its fingerprint, creation and retention).
+  //    (it keeps its fingerprint, creation and retention; an interim answer
+  //    of the attempt before is dropped: this attempt is sent again).
   if (cmd.key !== null) {
     const taken = takeoverFrom !== null ? record! : null;
     record = {
@@ -161,6 +191,8 @@ export function decide(state: AdmissionState, cmd: AdmitCommand, now: number): D
       state: 'in_progress',
       owner: cmd.ownerToken,
       lockedUntil: now + cmd.lockMs,
+      attemptUntil: now + cmd.lockMs,
+      requestId: cmd.audit?.requestId ?? null,
       entity: cmd.entity,
       fence: cmd.fence,
       createdAt: taken?.createdAt ?? now,
@@ -194,7 +226,11 @@ export function finish(state: AdmissionState, cmd: FinishCommand, now: number): 
       // Never reached the upstream (or it said "not processed"): safe to retry.
       record = null;
     } else {
-      record = withState(record!, 'outcome_unknown', null);
+      // The interim answer, if any, replaces the one kept before; its time:
+      // interimRetentionMs from now, else the retention the admission set.
+      const interim = cmd.interim ?? null;
+      const until = interim !== null && cmd.interimRetentionMs !== undefined ? now + cmd.interimRetentionMs : record!.expiresAt;
+      record = withState(record!, 'outcome_unknown', null, interim, until);
     }
   }
   if (cmd.entity !== null && entity !== null && entity.slot?.owner === cmd.ownerToken)
@@ -212,6 +248,47 @@ export function sweepRecord(record: IdempotencyRecord, now: number): Idempotency
   if (record.state === 'completed' && record.expiresAt <= now) return null;
   if (record.state === 'in_progress' && record.lockedUntil !== null && record.lockedUntil <= now) return withState(record, 'outcome_unknown', null);
   return record;
+}
+
+/**
+ * DESIGN §3.6, a long attempt's lock kept alive: the record, when it is this
+ * owner's `in_progress` record and its lock is still live at `now`, gets
+ * its lock (and the attempt's lock end) at greatest(lock, now + ms); the
+ * entity's serial slot, when this owner holds it live, too, but only with
+ * the record (a keyless request: the slot alone). `extended` is the
+ * record's answer (the slot's for a keyless request): false once the record
+ * is no longer this owner's live attempt (taken over, finished, resolved,
+ * its lock already expired). An expired lock is never revived: a retry
+ * may have judged the attempt dead by it, and the gateway stops sending at
+ * its end (§3.6).
+ */
+export function extendLock(state: AdmissionState, cmd: ExtendCommand, now: number): { extended: boolean; next: AdmissionState } {
+  let { entity, record } = state;
+  const until = (t: number | null): number => Math.max(t ?? 0, now + cmd.ms);
+  let extended: boolean;
+  if (cmd.key !== null) {
+    const live = record !== null && record.owner === cmd.owner && record.state === 'in_progress' && record.lockedUntil !== null && record.lockedUntil > now;
+    extended = live;
+    if (live) {
+      const r = record!;
+      const lock = until(r.lockedUntil);
+      if (lock !== r.lockedUntil || lock !== r.attemptUntil) record = { ...r, lockedUntil: lock, attemptUntil: lock };
+    }
+  } else extended = false;
+  const slot = cmd.entity != null && entity !== null ? entity.slot : null;
+  const slotLive = slot !== null && slot.owner === cmd.owner && (slot.until === null || slot.until > now);
+  if (slotLive && (cmd.key === null || extended)) {
+    const e = entity!;
+    if (slot.until !== null && until(slot.until) !== slot.until)
+      entity = { fence: e.fence, acceptedAt: e.acceptedAt, slot: { owner: slot.owner, until: until(slot.until) } };
+    if (cmd.key === null) extended = true;
+  }
+  return { extended, next: entity === state.entity && record === state.record ? state : { entity, record } };
+}
+
+/** The interim answer an `outcome_unknown` record carries at `now` (DESIGN §3.7), or null. */
+export function liveInterim(record: IdempotencyRecord, now: number): StoredResponse | null {
+  return record.state === 'outcome_unknown' && record.response !== null && record.expiresAt > now ? record.response : null;
 }
 
 /** What the release of a lost admission is told: the parts of that admission's own input that decide it. */
@@ -293,7 +370,19 @@ function withState(
   response: StoredResponse | null = r.response,
   expiresAt: number = r.expiresAt,
 ): IdempotencyRecord {
-  return { fingerprint: r.fingerprint, state, owner: r.owner, lockedUntil, entity: r.entity, fence: r.fence, createdAt: r.createdAt, expiresAt, response };
+  return {
+    fingerprint: r.fingerprint,
+    state,
+    owner: r.owner,
+    lockedUntil,
+    attemptUntil: r.attemptUntil,
+    requestId: r.requestId,
+    entity: r.entity,
+    fence: r.fence,
+    createdAt: r.createdAt,
+    expiresAt,
+    response,
+  };
 }
 
 /** A completed record always carries its answer (the stores write both at once); this keeps `decide` total. */

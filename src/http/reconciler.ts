@@ -93,7 +93,8 @@ export function createBackgroundReconciler(deps: {
 }) {
   const { store, query, logger } = deps;
   const now = deps.now ?? Date.now;
-  const routes = deps.routes.filter((r): r is ReconcileRoute => r.reconcile !== undefined && r.protocol === 'http');
+  // Plain routes' status paths and mcp routes' status tools alike (the query tells them apart).
+  const routes = deps.routes.filter((r): r is ReconcileRoute => r.reconcile !== undefined);
   /** Per attempt (scope, key, createdAt): when it may be asked again, and how long the next wait is. */
   const backoff = new Map<string, { due: number; waitMs: number }>();
 

@@ -80,6 +80,18 @@ export interface FencedMcpOptions extends Pick<FenceOptions, 'fenceSigner'> {
   routeTimeoutMs?: number;
 }
 
+/**
+ * The marker on a tool result the gateway settled by reconciliation: the
+ * route's `_meta` member (src/http/mcp/reconcile.ts RECONCILED_META; the
+ * lease side does not import the gateway's code).
+ */
+export const MCP_RECONCILED_META = 'io.fencegate/reconciled';
+
+function reconciled(result: unknown): boolean {
+  const meta = (result as { _meta?: unknown } | null | undefined)?._meta;
+  return meta !== null && typeof meta === 'object' && (meta as Record<string, unknown>)[MCP_RECONCILED_META] === true;
+}
+
 /** What the SDK's timeout waits past the route's deadline for the gateway's answer to arrive. */
 export const ROUTE_ANSWER_MARGIN_MS = 2_000;
 /** The least SDK timeout fencedMcp sets (the SDK refuses none, but a zero one never sends). */
@@ -213,7 +225,12 @@ function afterResult(err: unknown): boolean {
  *   `fence-expired`: the lease is lost (`markLost`, then `LeaseLostError`,
  *   as `fencedFetch` does for a 409 stale-fence);
  * - the SDK's own timeout, or a connection broken after sending:
- *   `OutcomeUnknownError` (retry only under the same step);
+ *   `OutcomeUnknownError` (retry only under the same step); that timeout is
+ *   the route's plus a margin (`routeTimeoutMs`) or the lease's remaining
+ *   time, so the gateway's recorded answer at its deadline comes first;
+ * - an outcome-unknown (-32005) with the route's reconciling hint: waited
+ *   out within the lease and the same call sent again (as fencedFetch does
+ *   for the 409), `outcome_reconciled` on a result the route marks reconciled;
  * - any other JSON-RPC error: `McpRefusalError` with its `data`;
  * - a failure that proves nothing was sent (a refused connect, DNS: one list
  *   with the gateway, src/protocol/connect-errors.ts): the error as it is;
@@ -297,7 +314,8 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
         for (let waits = 0; ; waits++) {
           const answer = await send(waits);
           if ('result' in answer) {
-            if (waits > 0)
+            // An answer the gateway learned from the server's status tool (DESIGN §3.12), as fencedFetch reports `fencegate-reconciled`.
+            if (reconciled(answer.result)) {
               ctx.emit({
                 type: 'outcome_reconciled',
                 at: new Date(),
@@ -310,6 +328,7 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
                 requestId,
                 waits,
               });
+            }
             return answer.result;
           }
           try {

@@ -8,10 +8,21 @@
  * results; exceptions mean a fault (the gateway answers 503 store-unavailable).
  */
 
-import type { Admission, AdmitInput, AuditInfo, FinishInput, FinishResult, RecordState, StoredResponse } from '../core/admission-types.js';
+import type { Admission, AdmitInput, AuditInfo, ExtendLockInput, FinishInput, FinishResult, RecordState, StoredResponse } from '../core/admission-types.js';
 
 // The types of one admission and one finish belong to the pure rules (../core/admission-types.ts).
-export type { Admission, AdmitInput, AuditInfo, FinishInput, FinishResult, Mode, RecordState, StoredResponse, UnknownPolicy } from '../core/admission-types.js';
+export type {
+  Admission,
+  AdmitInput,
+  AuditInfo,
+  ExtendLockInput,
+  FinishInput,
+  FinishResult,
+  Mode,
+  RecordState,
+  StoredResponse,
+  UnknownPolicy,
+} from '../core/admission-types.js';
 
 /** Reasons written to the rejection log (DESIGN §2 G5), plus `late-finish`. */
 export type RejectionReason =
@@ -134,6 +145,19 @@ export interface RecordInfo {
   lockedUntil: Date | null;
   createdAt: Date;
   expiresAt: Date;
+  /**
+   * An `outcome_unknown` record that carries an interim answer now (a finish
+   * `unknown` with `interim`, DESIGN §3.7, before its `expiresAt`). Never
+   * the answer itself here: `getInterim` reads it.
+   */
+  interim: boolean;
+}
+
+/** One attempt of a record, as `listRecords` / `getRecords` gave its `createdAt` (ms precision). */
+export interface AttemptRef {
+  scope: string;
+  key: string;
+  createdAt: Date;
 }
 
 export interface SweepOptions {
@@ -331,6 +355,23 @@ export interface GatewayStore extends AuditStore {
    * record to its lock (DESIGN §8.2).
    */
   releaseUnsent?(input: AdmitInput): Promise<UnsentRelease>;
+  /**
+   * Keeps a live attempt's lock alive (DESIGN §3.6): the record, when it is
+   * still `input.owner`'s `in_progress` record with a live lock, gets
+   * `locked_until` = greatest(locked_until, database now + `ms`) (G6), and
+   * the entity's serial slot this owner holds, the same. One transaction.
+   * False once the record is no longer this owner's live attempt (taken
+   * over, finished, resolved, or its lock already expired: never revived);
+   * a keyless request answers for its slot.
+   */
+  extendLock(input: ExtendLockInput): Promise<boolean>;
+  /**
+   * The interim answer (DESIGN §3.7) of the `outcome_unknown` record of this
+   * attempt (`createdAt`, as `listRecords` gave it), while its time lasts
+   * (database clock); null otherwise (another attempt, another state, no
+   * interim, or past its time). For the reconciler.
+   */
+  getInterim(input: AttemptRef): Promise<StoredResponse | null>;
   /** Logs a refusal decided before admission (signature, expiry, auth). */
   recordRejection(input: RejectionInput): Promise<void>;
   /**

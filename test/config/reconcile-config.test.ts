@@ -43,7 +43,7 @@ describe('routes[].reconcile (docs/configuration.md)', () => {
       /routes\[0\]\.reconcile: not available where/,
     );
     // Control: the same route with keys per route alone is accepted.
-    expect(parseConfig(route(rc)).routes[0]!.reconcile?.path).toBe('/v1/charges/{key}');
+    expect((parseConfig(route(rc)).routes[0]!.reconcile as { path?: string } | undefined)?.path).toBe('/v1/charges/{key}');
   });
 
   it('absent: the route has none (nothing changes)', () => {

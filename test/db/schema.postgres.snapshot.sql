@@ -58,6 +58,10 @@ CREATE TABLE idempotency_records (
   body bytea,
   created_at timestamp with time zone NOT NULL,
   expires_at timestamp with time zone NOT NULL,
+  attempt_until timestamp with time zone,
+  request_id text,
+  reconcile_result text,
+  reconciled_at timestamp with time zone,
   CONSTRAINT idempotency_records_pkey PRIMARY KEY (scope, key),
   CONSTRAINT idempotency_records_state_check CHECK ((state = ANY (ARRAY['in_progress'::text, 'completed'::text, 'outcome_unknown'::text])))
 );
@@ -165,7 +169,7 @@ FUNCTION fencegate_admit(
   OUT headers jsonb,
   OUT body bytea
 ) RETURNS record LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
-  -- body sha256 b673a3087b44eca7
+  -- body sha256 827b125e70be1919
 
 FUNCTION fencegate_admit_many(
   p_scope text[],
@@ -191,6 +195,16 @@ FUNCTION fencegate_admit_many(
   p_budget_ms integer
 ) RETURNS TABLE(ord integer, outcome text, current_fence bigint, retry_after_ms bigint, takeover boolean, status integer, headers jsonb, body bytea, alone boolean, err_code text, err_message text) LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
   -- body sha256 98023adc55a4bd9f
+
+FUNCTION fencegate_extend_lock(
+  p_scope text,
+  p_key text,
+  p_entity text,
+  p_owner text,
+  p_ms bigint,
+  OUT extended boolean
+) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
+  -- body sha256 d7b5d23484f9ee43
 
 FUNCTION fencegate_finish(
   p_scope text,
@@ -237,7 +251,7 @@ FUNCTION fencegate_finish(
   p_log_key text,
   OUT recorded boolean
 ) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
-  -- body sha256 45dc908aca9c0dab
+  -- body sha256 7d07920ae63b42f0
 
 FUNCTION fencegate_finish_many(
   p_scope text[],

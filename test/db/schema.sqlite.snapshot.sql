@@ -66,7 +66,7 @@ CREATE TABLE "idempotency_records" (
   headers      TEXT,
   body         BLOB,
   created_at   INTEGER NOT NULL,
-  expires_at   INTEGER NOT NULL,
+  expires_at   INTEGER NOT NULL, attempt_until INTEGER, request_id TEXT, reconcile_result TEXT, reconciled_at INTEGER,
   PRIMARY KEY (key, scope)
 ) STRICT;
 

@@ -124,15 +124,17 @@ describe('the gateway and the lease module each migrate their own schema (SQLite
     expect(migrateSqliteAsReleased(raw)).toEqual(releasedMigrations('sqlite').map((m) => m.name));
     expect(raw.prepare('SELECT count(*) AS n FROM fencegate_migrations').get()).toEqual({ n: 7 });
     // Today's store writes the previous release's rows. Its rejection insert
-    // names the tool column (0009), so the column is there for the writes
-    // only and dropped again: the upgrade below starts from the released schema.
-    raw.exec('ALTER TABLE rejections ADD COLUMN tool TEXT');
+    // names the tool column (0009), its record writes the attempt columns
+    // (0010), so the columns are there for the writes only and dropped
+    // again: the upgrade below starts from the released schema.
+    const later = ['rejections ADD COLUMN tool TEXT', 'idempotency_records ADD COLUMN attempt_until INTEGER', 'idempotency_records ADD COLUMN request_id TEXT'];
+    for (const c of later) raw.exec(`ALTER TABLE ${c}`);
     const before = new SqliteGatewayStore({ path, migrate: false });
     const oldJobs = createSqliteJobStore({ path, migrate: false });
     const written = await writeState(before, oldJobs);
     await oldJobs.close();
     await before.close();
-    raw.exec('ALTER TABLE rejections DROP COLUMN tool');
+    for (const c of later) raw.exec(`ALTER TABLE ${c.replace(/ADD COLUMN (\w+) \w+$/, 'DROP COLUMN $1')}`);
     const ledgerBefore = raw.prepare('SELECT name, applied_at FROM fencegate_migrations ORDER BY name').all();
 
     // Only the gateway migrations after that release run; nothing runs twice.

@@ -10,6 +10,8 @@ export function delegate(inner: GatewayStore, overrides: Partial<GatewayStore>):
     kind: inner.kind,
     admit: (i) => inner.admit(i),
     finish: (i) => inner.finish(i),
+    extendLock: (i) => inner.extendLock(i),
+    getInterim: (i) => inner.getInterim(i),
     recordRejection: (i) => inner.recordRejection(i),
     waitForChange: (t, ms, s) => inner.waitForChange(t, ms, s),
     listRejections: (q) => inner.listRejections(q),

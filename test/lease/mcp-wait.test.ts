@@ -5,7 +5,7 @@
  */
 import { describe, expect, test } from 'vitest';
 import { LeaseLostError } from '../../src/lease/errors.js';
-import { fencedMcp, mcpReconcilingHint, McpRefusalError, ROUTE_ANSWER_MARGIN_MS, type McpClientLike } from '../../src/lease/mcp.js';
+import { fencedMcp, MCP_RECONCILED_META, mcpReconcilingHint, McpRefusalError, ROUTE_ANSWER_MARGIN_MS, type McpClientLike } from '../../src/lease/mcp.js';
 import { renderMcpRefusal } from '../../src/protocol/mcp.js';
 import { fenceContext } from './helpers/fence-context.js';
 
@@ -55,15 +55,24 @@ describe('the SDK request timeout', () => {
 describe('an outcome-unknown (-32005) with the route reconciling', () => {
   test('is waited out and the same call sent again; the answer is reported as outcome_reconciled', async () => {
     const { ctx, events } = fenceContext({ waitableMs: () => 60_000 });
-    const { client, calls } = scripted([hint(0), hint(0), { content: [{ type: 'text', text: 'T-1' }] }]);
+    const answer = { content: [{ type: 'text', text: 'T-1' }], _meta: { [MCP_RECONCILED_META]: true } };
+    const { client, calls } = scripted([hint(0), hint(0), answer]);
     const result = await fencedMcp(client, ctx).callTool({ name: 'create_ticket', arguments: { title: 'x' } });
-    expect(result).toEqual({ content: [{ type: 'text', text: 'T-1' }] });
+    expect(result).toEqual(answer);
     expect(calls).toHaveLength(3);
     // The same call each time: key, fence, entity, arguments.
     expect(calls[2]!.params).toEqual(calls[0]!.params);
     const reconciled = events.filter((e) => e.type === 'outcome_reconciled');
     expect(reconciled).toHaveLength(1);
     expect(reconciled[0]).toMatchObject({ step: 'mcp:create_ticket', idempotencyKey: 'tool-job:test:1:mcp:create_ticket', waits: 2 });
+  });
+
+  test('an answer after a wait without the marker (the record was released and the call ran) is no outcome_reconciled', async () => {
+    const { ctx, events } = fenceContext({ waitableMs: () => 60_000 });
+    const { client, calls } = scripted([hint(0), { content: [] }]);
+    await fencedMcp(client, ctx).callTool({ name: 'create_ticket' });
+    expect(calls).toHaveLength(2);
+    expect(events.some((e) => e.type === 'outcome_reconciled')).toBe(false);
   });
 
   test('negative control: without the hint (a route that does not reconcile) the handler gets the refusal at once', async () => {

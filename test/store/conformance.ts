@@ -431,6 +431,35 @@ export async function checkNotBeforeRelease(store: GatewayStore, h: ConformanceH
   return violations;
 }
 
+/**
+ * An extended lock (DESIGN §3.6, `extendLock`) keeps the attempt live past
+ * the lock its admission set: a retry of the key stays
+ * `idempotency-in-progress` (never marks it outcome_unknown, nor takes it
+ * over), another request for the serial entity stays `entity-busy`, and the
+ * owner's finish still lands. `extend: false` is the negative control (the
+ * same sequence without the extension): the retry meets an expired lock.
+ */
+export async function checkExtendedLock(store: GatewayStore, h: ConformanceHarness, extend = true): Promise<string[]> {
+  const v: string[] = [];
+  const input = command({ lockMs: 30_000 });
+  if ((await store.admit(input)).outcome !== 'forward') return ['the attempt was not forwarded'];
+  if (extend) {
+    const ok = await store.extendLock({ scope: input.scope, key: input.key, entity: input.entity, owner: input.ownerToken, ms: 600_000 });
+    if (!ok) v.push('extendLock of a live attempt answered false');
+  }
+  // A minute passes (the lock and the slot backdated in SQL, convention 2):
+  // past the admission's 30 s lock, within the extended 10 min.
+  await h.backdate('idempotency_records', 'locked_until', 60_000, { column: 'key', value: input.key! });
+  await h.backdate('fence_entities', 'inflight_until', 60_000, { column: 'entity', value: input.entity! });
+  const retry = await store.admit({ ...input, ownerToken: `owner-${uid()}`, audit: audit() });
+  if (retry.outcome !== 'idempotency-in-progress') v.push(`a retry after the admission's lock: expected idempotency-in-progress, got ${retry.outcome}`);
+  const other = await store.admit(command({ entity: input.entity, fence: input.fence }));
+  if (other.outcome !== 'entity-busy') v.push(`another request for the serial entity: expected entity-busy, got ${other.outcome}`);
+  const done = await store.finish(finishOf(input, 'completed'));
+  if (!done.recorded) v.push("the owner's finish after the extension was not recorded");
+  return v;
+}
+
 export function describeGatewayStoreConformance(name: string, makeHarness: HarnessFactory): void {
   describe(`GatewayStore conformance: ${name}`, () => {
     let h: ConformanceHarness;
@@ -895,6 +924,207 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       });
     });
 
+    describe('extendLock (DESIGN §3.6)', () => {
+      const extend = (input: AdmitInput, ms: number, over: { owner?: string; entity?: string | null } = {}) =>
+        store.extendLock({
+          scope: input.scope,
+          key: input.key,
+          entity: over.entity === undefined ? input.entity : over.entity,
+          owner: over.owner ?? input.ownerToken,
+          ms,
+        });
+
+      it("moves a live attempt's lock and its serial slot to database now + ms; never shortens them", async () => {
+        const input = command({ lockMs: 30_000 });
+        await store.admit(input);
+        const [before] = await store.getRecords(input.key!);
+        const slotBefore = (await store.getEntity(input.entity!))!.inflight!.until.getTime();
+        expect(await extend(input, 600_000)).toBe(true);
+        const [after] = await store.getRecords(input.key!);
+        expect(after!.state).toBe('in_progress');
+        expect(after!.lockedUntil!.getTime()).toBeGreaterThanOrEqual(before!.createdAt.getTime() + 600_000);
+        const slot = (await store.getEntity(input.entity!))!.inflight!.until.getTime();
+        expect(slot).toBeGreaterThanOrEqual(slotBefore + 500_000);
+        // A shorter extension keeps the longer lock: greatest of the two.
+        expect(await extend(input, 1)).toBe(true);
+        expect((await store.getRecords(input.key!))[0]!.lockedUntil!.getTime()).toBe(after!.lockedUntil!.getTime());
+        expect((await store.getEntity(input.entity!))!.inflight!.until.getTime()).toBe(slot);
+        // Only the lock: the record's retention and creation stay.
+        expect((await store.getRecords(input.key!))[0]).toMatchObject({ createdAt: before!.createdAt, expiresAt: before!.expiresAt });
+      });
+
+      it('false, and nothing moves, for another owner token', async () => {
+        const input = command({ lockMs: 30_000 });
+        await store.admit(input);
+        const [before] = await store.getRecords(input.key!);
+        const slot = (await store.getEntity(input.entity!))!.inflight!.until.getTime();
+        expect(await extend(input, 600_000, { owner: `owner-${uid()}` })).toBe(false);
+        expect((await store.getRecords(input.key!))[0]!.lockedUntil).toEqual(before!.lockedUntil);
+        expect((await store.getEntity(input.entity!))!.inflight!.until.getTime()).toBe(slot);
+      });
+
+      it('false once the attempt is finished (completed, unknown, released) or resolved', async () => {
+        for (const outcome of ['completed', 'unknown', 'released'] as const) {
+          const input = command();
+          await store.admit(input);
+          await store.finish(finishOf(input, outcome));
+          expect(await extend(input, 600_000), outcome).toBe(false);
+          if (outcome === 'unknown') expect((await store.getRecords(input.key!))[0]).toMatchObject({ state: 'outcome_unknown', lockedUntil: null });
+        }
+      });
+
+      it('false for the attempt taken over; true for the new owner', async () => {
+        const first = command({ lockMs: SHORT });
+        await store.admit(first);
+        await sleep(PAST_EXPIRY_MS);
+        const second = command({ entity: first.entity, key: first.key, onUnknown: 'retry' });
+        expect(await store.admit(second)).toEqual({ outcome: 'forward', takeover: true });
+        expect(await extend(first, 600_000)).toBe(false);
+        expect(await extend(second, 600_000)).toBe(true);
+      });
+
+      it('an expired lock is never revived: false, and a retry still finds the attempt dead', async () => {
+        const input = command({ lockMs: SHORT });
+        await store.admit(input);
+        await sleep(PAST_EXPIRY_MS);
+        expect(await extend(input, 600_000)).toBe(false);
+        expect(await store.admit(command({ entity: input.entity, key: input.key }))).toEqual({ outcome: 'outcome-unknown' });
+      });
+
+      it('a keyless serial request: its slot alone; another owner or no slot: false', async () => {
+        const input = command({ key: null, lockMs: 30_000 });
+        await store.admit(input);
+        const slot = (await store.getEntity(input.entity!))!.inflight!.until.getTime();
+        expect(await extend(input, 600_000, { owner: `owner-${uid()}` })).toBe(false);
+        expect(await extend(input, 600_000)).toBe(true);
+        expect((await store.getEntity(input.entity!))!.inflight!.until.getTime()).toBeGreaterThanOrEqual(slot + 500_000);
+        expect(await extend(input, 600_000, { entity: null })).toBe(false);
+        await store.finish(finishOf(input, 'completed'));
+        expect(await extend(input, 600_000)).toBe(false);
+      });
+
+      it('a retry and another request for the entity stay refused past the admission lock; the owner still finishes', async () => {
+        expect(await checkExtendedLock(store, h)).toEqual([]);
+      });
+    });
+
+    describe('an interim answer of an outcome_unknown record (DESIGN §3.7)', () => {
+      const interimOf = (text: string): StoredResponse => ({
+        status: 202,
+        headers: [
+          ['content-type', 'application/json'],
+          ['location', '/operations/op_1'],
+        ],
+        body: new TextEncoder().encode(text),
+      });
+      const text = (r: StoredResponse | null | undefined) => (r == null ? null : new TextDecoder().decode(r.body));
+
+      it('kept with the record: every retry answers outcome-unknown carrying it; getInterim reads it for that attempt only', async () => {
+        const input = command();
+        await store.admit(input);
+        const interim = interimOf('{"operation":"op_1","status":"running"}');
+        expect(await store.finish({ ...finishOf(input, 'unknown'), interim } as FinishInput)).toEqual({ recorded: true });
+        const [rec] = await store.getRecords(input.key!);
+        expect(rec).toMatchObject({ state: 'outcome_unknown', lockedUntil: null, interim: true });
+        expect(rec).not.toHaveProperty('body');
+        const listed = (await store.listRecords({ state: 'outcome_unknown', limit: 1000 })).items.find((r) => r.key === input.key);
+        expect(listed?.interim).toBe(true);
+        for (let i = 0; i < 2; i++) {
+          const again = await store.admit(command({ entity: input.entity, key: input.key }));
+          expect(again.outcome).toBe('outcome-unknown');
+          const got = (again as { interim?: StoredResponse }).interim;
+          expect(got?.status).toBe(202);
+          expect(got?.headers).toEqual(interim.headers);
+          expect(text(got)).toBe('{"operation":"op_1","status":"running"}');
+        }
+        // Still logged as outcome-unknown refusals (G5).
+        expect(await rejectionsOf(store, { entity: input.entity!, reason: 'outcome-unknown' })).toHaveLength(2);
+        const ref = { scope: input.scope, key: input.key!, createdAt: rec!.createdAt };
+        expect(text(await store.getInterim(ref))).toBe('{"operation":"op_1","status":"running"}');
+        expect(await store.getInterim({ ...ref, createdAt: new Date(rec!.createdAt.getTime() - 1) })).toBeNull();
+        expect(await store.getInterim({ ...ref, scope: 'elsewhere' })).toBeNull();
+      });
+
+      it('without an interim nothing is carried; an unknown finish without one drops one kept before', async () => {
+        const input = command({ entity: null, fence: null, mode: 'concurrent' });
+        await store.admit(input);
+        await store.finish(finishOf(input, 'unknown'));
+        const [rec] = await store.getRecords(input.key!);
+        expect(rec!.interim).toBe(false);
+        expect(await store.admit(command({ entity: null, fence: null, key: input.key }))).toEqual({ outcome: 'outcome-unknown' });
+        expect(await store.getInterim({ scope: input.scope, key: input.key!, createdAt: rec!.createdAt })).toBeNull();
+        // The owner's finish may still say more: first an interim, then none.
+        await store.finish({ ...finishOf(input, 'unknown'), interim: interimOf('x') } as FinishInput);
+        expect((await store.getRecords(input.key!))[0]!.interim).toBe(true);
+        await store.finish(finishOf(input, 'unknown'));
+        expect((await store.getRecords(input.key!))[0]!.interim).toBe(false);
+        expect(await store.admit(command({ entity: null, fence: null, key: input.key }))).toEqual({ outcome: 'outcome-unknown' });
+      });
+
+      it('carried only until interimRetentionMs (database clock); the record stays outcome_unknown', async () => {
+        const input = command();
+        await store.admit(input);
+        await store.finish({ ...finishOf(input, 'unknown'), interim: interimOf('soon gone'), interimRetentionMs: SHORT } as FinishInput);
+        await sleep(PAST_EXPIRY_MS);
+        const [rec] = await store.getRecords(input.key!);
+        expect(rec).toMatchObject({ state: 'outcome_unknown', interim: false });
+        expect(await store.admit(command({ entity: input.entity, key: input.key }))).toEqual({ outcome: 'outcome-unknown' });
+        expect(await store.getInterim({ scope: input.scope, key: input.key!, createdAt: rec!.createdAt })).toBeNull();
+        const long = command();
+        await store.admit(long);
+        await store.finish({ ...finishOf(long, 'unknown'), interim: interimOf('kept'), interimRetentionMs: 600_000 } as FinishInput);
+        const [kept] = await store.getRecords(long.key!);
+        expect(kept!.interim).toBe(true);
+        expect(kept!.expiresAt.getTime()).toBeGreaterThanOrEqual(kept!.createdAt.getTime() + 600_000 - 1);
+      });
+
+      it('resolved completed: the final answer replaces it; released: the record goes', async () => {
+        for (const resolution of ['completed', 'released'] as const) {
+          const input = command({ entity: null, fence: null, mode: 'concurrent' });
+          await store.admit(input);
+          await store.finish({ ...finishOf(input, 'unknown'), interim: interimOf('interim') } as FinishInput);
+          const [rec] = await store.getRecords(input.key!);
+          const resolved = await store.resolveRecord({
+            scope: input.scope,
+            key: input.key!,
+            createdAt: rec!.createdAt,
+            resolution:
+              resolution === 'completed' ? { outcome: 'completed', response: response({ status: 200 }), retentionMs: 60_000 } : { outcome: 'released' },
+            operator: 'ops',
+            note: null,
+            requestId: `req-${uid()}`,
+          });
+          expect(resolved.ok).toBe(true);
+          const next = await store.admit({ ...input, ownerToken: `owner-${uid()}`, audit: audit() });
+          if (resolution === 'completed') {
+            expect(next.outcome).toBe('replay');
+            const replayed = (next as { response: StoredResponse }).response;
+            expect([replayed.status, text(replayed)]).toEqual([200, '{"id":"ch_1"}']);
+            expect((await store.getRecords(input.key!))[0]).toMatchObject({ state: 'completed', interim: false });
+          } else expect(next).toEqual({ outcome: 'forward', takeover: false });
+          expect(await store.getInterim({ scope: input.scope, key: input.key!, createdAt: rec!.createdAt })).toBeNull();
+        }
+      });
+
+      it("the owner's late completed finish replaces it; a takeover drops it", async () => {
+        const input = command({ entity: null, fence: null, mode: 'concurrent' });
+        await store.admit(input);
+        await store.finish({ ...finishOf(input, 'unknown'), interim: interimOf('interim') } as FinishInput);
+        expect(await store.finish(finishOf(input, 'completed'))).toEqual({ recorded: true });
+        const replay = await store.admit(command({ entity: null, fence: null, key: input.key }));
+        expect(text((replay as { response: StoredResponse }).response)).toBe('{"id":"ch_1"}');
+
+        const first = command({ entity: null, fence: null, mode: 'concurrent' });
+        await store.admit(first);
+        await store.finish({ ...finishOf(first, 'unknown'), interim: interimOf('interim') } as FinishInput);
+        const taker = command({ entity: null, fence: null, key: first.key, onUnknown: 'retry' });
+        expect(await store.admit(taker)).toEqual({ outcome: 'forward', takeover: true });
+        expect((await store.getRecords(first.key!))[0]).toMatchObject({ state: 'in_progress', status: null, interim: false });
+        await store.finish(finishOf(taker, 'unknown'));
+        expect(await store.admit(command({ entity: null, fence: null, key: first.key }))).toEqual({ outcome: 'outcome-unknown' });
+      });
+    });
+
     describe('rejection log', () => {
       it('recordRejection keeps every field (refusals decided before admission)', async () => {
         const entity = `e-${uid()}`;
@@ -1064,7 +1294,19 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
           ['zeta', 'in_progress', null, 'fp-zeta'],
         ]);
         for (const r of recs)
-          expect(Object.keys(r).sort()).toEqual(['createdAt', 'entity', 'expiresAt', 'fence', 'fingerprint', 'key', 'lockedUntil', 'scope', 'state', 'status']);
+          expect(Object.keys(r).sort()).toEqual([
+            'createdAt',
+            'entity',
+            'expiresAt',
+            'fence',
+            'fingerprint',
+            'interim',
+            'key',
+            'lockedUntil',
+            'scope',
+            'state',
+            'status',
+          ]);
       });
     });
 
@@ -1562,6 +1804,12 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       it('a release without its notBeforeMs releases an attempt that may still be in flight', async () => {
         const v = await checkNotBeforeRelease(broken.withoutNotBefore(store), h);
         expect(v.some((x) => x.includes('was not refused too-early'))).toBe(true);
+      });
+
+      it('without the extension the retry meets an expired lock and the entity is free (the extended-lock check fails)', async () => {
+        const v = await checkExtendedLock(store, h, false);
+        expect(v.some((x) => x.includes('expected idempotency-in-progress'))).toBe(true);
+        expect(v.some((x) => x.includes('expected entity-busy'))).toBe(true);
       });
 
       it('dropping the key makes the single-forward check report duplicates', async () => {

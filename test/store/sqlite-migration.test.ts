@@ -21,14 +21,19 @@ afterEach(() => {
  * A database file at the schema before migration `next`, holding the state
  * `write` leaves through the store, as a gateway of an earlier release left it.
  *
- * The store is today's, and it writes `rejections.client_request_id` (0006)
- * and `rejections.tool` (0009), columns an earlier release's file does not
- * have: each exists while `write` runs and is dropped again, so that the file
- * is the earlier schema, rows included, when the migrations under test run.
+ * The store is today's, and it writes `rejections.client_request_id` (0006),
+ * `rejections.tool` (0009) and the record's attempt columns (0010), columns
+ * an earlier release's file does not have: each exists while `write` runs and
+ * is dropped again, so that the file is the earlier schema, rows included,
+ * when the migrations under test run.
  */
-const LATER_COLUMNS: [migration: string, column: string][] = [
-  ['0006', 'client_request_id'],
-  ['0009', 'tool'],
+const LATER_COLUMNS: [migration: string, table: string, column: string][] = [
+  ['0006', 'rejections', 'client_request_id TEXT'],
+  ['0009', 'rejections', 'tool TEXT'],
+  ['0010', 'idempotency_records', 'attempt_until INTEGER'],
+  ['0010', 'idempotency_records', 'request_id TEXT'],
+  ['0010', 'idempotency_records', 'reconcile_result TEXT'],
+  ['0010', 'idempotency_records', 'reconciled_at INTEGER'],
 ];
 
 async function databaseBefore(next: string, write: (store: SqliteGatewayStore) => Promise<void>): Promise<string> {
@@ -40,8 +45,8 @@ async function databaseBefore(next: string, write: (store: SqliteGatewayStore) =
     db,
     loadMigrations('sqlite').filter((m) => m.name < next),
   );
-  const shim = LATER_COLUMNS.filter(([m]) => next <= m).map(([, c]) => c);
-  for (const c of shim) db.exec(`ALTER TABLE rejections ADD COLUMN ${c} TEXT`);
+  const shim = LATER_COLUMNS.filter(([m]) => next <= m).map(([, t, c]) => [t, c] as const);
+  for (const [t, c] of shim) db.exec(`ALTER TABLE ${t} ADD COLUMN ${c}`);
   db.close();
   const store = new SqliteGatewayStore({ path, migrate: false });
   try {
@@ -51,7 +56,7 @@ async function databaseBefore(next: string, write: (store: SqliteGatewayStore) =
   }
   if (shim.length > 0) {
     const after = openSqlite(path);
-    for (const c of shim) after.exec(`ALTER TABLE rejections DROP COLUMN ${c}`);
+    for (const [t, c] of shim) after.exec(`ALTER TABLE ${t} DROP COLUMN ${c.split(' ')[0]}`);
     after.close();
   }
   return path;

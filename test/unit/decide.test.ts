@@ -42,6 +42,8 @@ function rec(over: Partial<IdempotencyRecord> = {}): IdempotencyRecord {
     state: 'in_progress',
     owner: 'owner-old',
     lockedUntil: NOW + 5_000,
+    attemptUntil: NOW + 5_000,
+    requestId: 'req-old',
     entity: 'job:1',
     fence: 5n,
     createdAt: EARLIER,
@@ -58,6 +60,9 @@ function fresh(over: Partial<IdempotencyRecord> = {}): IdempotencyRecord {
     state: 'in_progress',
     owner: 'owner-new',
     lockedUntil: NOW + LOCK,
+    // The attempt's lock end is the lock it is sent under.
+    attemptUntil: over.lockedUntil ?? NOW + LOCK,
+    requestId: null,
     entity: 'job:1',
     fence: 5n,
     createdAt: NOW,
@@ -312,7 +317,7 @@ const rows: Row[] = [
       admission: forward(true),
       next: {
         entity: row(6n, null, NOW + 10_000),
-        record: { ...RUNNING, owner: 'owner-new', lockedUntil: NOW + 10_000 + LOCK, fence: 6n },
+        record: { ...RUNNING, owner: 'owner-new', lockedUntil: NOW + 10_000 + LOCK, attemptUntil: NOW + 10_000 + LOCK, requestId: null, fence: 6n },
       },
       acceptedFence: 6n,
       rejection: null,
@@ -339,7 +344,19 @@ const rows: Row[] = [
     cmd: cmd({ entity: null, fence: null, onUnknown: 'retry' }),
     expected: {
       admission: forward(true),
-      next: { entity: null, record: { ...UNKNOWN, state: 'in_progress', owner: 'owner-new', lockedUntil: NOW + LOCK, entity: null, fence: null } },
+      next: {
+        entity: null,
+        record: {
+          ...UNKNOWN,
+          state: 'in_progress',
+          owner: 'owner-new',
+          lockedUntil: NOW + LOCK,
+          attemptUntil: NOW + LOCK,
+          requestId: null,
+          entity: null,
+          fence: null,
+        },
+      },
       acceptedFence: null,
       rejection: null,
     },

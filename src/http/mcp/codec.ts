@@ -8,7 +8,7 @@ import type { Codec, Command, Pass, Settled, Streaming } from '../pipeline/codec
 import { roundMs, type Exchange } from '../pipeline/exchange.js';
 import { compileToolAccess, filterMessage, filterToolsList, type ToolAccess } from './access.js';
 import { parseToolCommand, presentedInCall } from './command.js';
-import { readMessage, type ToolCall } from './message.js';
+import { readMessage, type TaskOp, type ToolCall } from './message.js';
 import {
   isEncoded,
   isEventStream,
@@ -22,9 +22,11 @@ import {
   type Base,
 } from './outcome.js';
 import { ToolAnnotations, toolPolicy } from './policy.js';
-import { cancelledRequestId, follow, InFlightCalls, sessionOf, watchResumed, type CallWatch, type ResumeUpstream } from './resume.js';
+import { cancelledRequestId, follow as followStreams, InFlightCalls, sessionOf, watchResumed, type CallWatch, type ResumeUpstream } from './resume.js';
 import { SseSplitter, type SseEvent } from './sse.js';
 import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, sseMessage } from './stream.js';
+import { createdTask, followTask, parseTaskOpCommand, settleTaskOp, TERMINAL_TASK_STATUSES, type ExtendLock } from './tasks.js';
+import type { Forwarder } from '../forward.js';
 
 /** What the mcp codec keeps of one request: the JSON-RPC id refusals answer, and the call once read. */
 interface McpState {
@@ -37,6 +39,8 @@ interface McpState {
   call: ToolCall | null;
   /** A decided call watched in flight (./resume.ts): its resumed streams and its cancels. */
   watch?: CallWatch | null;
+  /** A state-changing task method (`tasks/cancel`, ./tasks.ts), decided as a fence check. */
+  op?: TaskOp;
 }
 
 /**
@@ -50,7 +54,16 @@ interface McpState {
  * `readOnlyHint`s from the `tools/list` answers that pass, per endpoint
  * (path and query), as the call's decision reads them.
  */
-export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean; resume?: ResumeUpstream | undefined }): Codec<McpState> {
+export function createMcpCodec(deps: {
+  signedFences: boolean;
+  canStream: boolean;
+  /** Sends a task call's `tasks/get` and `tasks/result` (./tasks.ts followTask); absent: a created task is recorded as its handle. */
+  forwarder?: Forwarder;
+  /** The store's lock extension, when it has one: a followed task keeps its record for as long as it runs. */
+  extendLock?: ExtendLock | null;
+  /** The gateway's own resuming GET of a call's stream the server closed (./resume.ts); absent: not resumed. */
+  resume?: ResumeUpstream | undefined;
+}): Codec<McpState> {
   const annotations = new ToolAnnotations();
   /** The decided calls in flight (./resume.ts). */
   const calls = new InFlightCalls();
@@ -62,7 +75,7 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
   };
 
   /** A message forwarded undecided (see Pass). */
-  const passing = (x: Exchange, id: JsonRpcId, listId: string | number | null, decision = 'passed'): Pass => {
+  const passing = (x: Exchange, id: JsonRpcId, listId: string | number | null, decision = 'passed', timeoutMs?: number): Pass => {
     const route = x.route!;
     const endpoint = x.pathname + x.search;
     const httpStatus = x.req.method !== 'POST';
@@ -86,6 +99,7 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     return {
       decision,
       ...(local !== undefined ? { local } : {}),
+      ...(timeoutMs !== undefined ? { timeoutMs } : {}),
       // An event stream as it comes, with no deadline past its head (a GET stream lives as long as the session); anything else read whole.
       streamIf: (_status, headers) => isEventStream(headers),
       answer(result) {
@@ -244,6 +258,40 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
     for (const msg of messages) if (isResponseTo(msg, listId)) annotations.learn(route.name, endpoint, (msg as { result?: unknown }).result);
   }
 
+  /**
+   * A task call answered with a CreateTaskResult whose task is not over: the
+   * follow (./tasks.ts followTask) to the finish that records the task's
+   * result under the key. Null for anything else (a plain result, an error,
+   * a handle of a task already over, no forwarder): recorded as it came.
+   */
+  function following(x: Exchange, call: ToolCall, stored: { body: Uint8Array }, base: Base, timeoutMs: number): Promise<Omit<Settled, 'reply'>> | null {
+    if (call.task === null || deps.forwarder === undefined || x.sent === undefined || base.key === null) return null;
+    const task = createdTask(new TextDecoder().decode(stored.body));
+    if (task === null || TERMINAL_TASK_STATUSES.includes(task.status)) return null;
+    const route = x.route!;
+    const extendLock = deps.extendLock ?? null;
+    const key = base.key;
+    const followed = performance.now();
+    return followTask({
+      forwarder: deps.forwarder,
+      route,
+      url: x.sent.url,
+      headers: { ...x.sent.headers, 'content-type': 'application/json', accept: 'application/json, text/event-stream' },
+      taskId: task.taskId,
+      callId: call.id,
+      pollIntervalMs: task.pollInterval,
+      extend: extendLock === null ? null : (ms) => extendLock({ scope: base.scope, key, owner: base.ownerToken, ms }),
+      lockEnds: x.upstreamStarted + timeoutMs + route.lockMarginMs,
+      lockMs: route.timeoutMs + route.lockMarginMs,
+      deadline: followed + route.taskTimeoutMs,
+    }).then((end) => {
+      x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
+      if (end.kind === 'done')
+        return { finish: { ...base, outcome: 'completed', response: end.response, retentionMs: route.retention }, decision: `task-${end.status}` };
+      return { finish: { ...base, outcome: 'unknown' }, decision: end.kind === 'lost' ? 'task-lock-lost' : 'task-unknown' };
+    });
+  }
+
   return {
     // Everything of a call is in its body.
     head: (x) => ({ ok: true, state: { id: null, httpStatus: x.req.method !== 'POST', call: null } }),
@@ -285,7 +333,18 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
         if (cancelled !== undefined && calls.cancelled(sessionOf(x), cancelled) !== undefined) {
           return { kind: 'pass', pass: { ...passing(x, message.id, null, 'cancel-withheld'), local: { status: 202, headers: [], body: null } } };
         }
-        return { kind: 'pass', pass: passing(x, message.id, message.listId) };
+        // A tasks/result blocks until its task ends (MCP 2025-11-25): bounded by taskTimeoutMs, not the route's timeoutMs (./tasks.ts).
+        const blocking = message.method === 'tasks/result' ? Math.max(x.route!.timeoutMs, x.route!.taskTimeoutMs) : undefined;
+        return { kind: 'pass', pass: passing(x, message.id, message.listId, 'passed', blocking) };
+      }
+      if (message.kind === 'task-op') {
+        // A task method that changes state: fenced as a call is, no key (./tasks.ts parseTaskOpCommand).
+        hash();
+        const op = parseTaskOpCommand(x.route!, message, x.req.headers, { signedFences: deps.signedFences });
+        x.route = op.route;
+        const opState: McpState = { id: message.id, httpStatus: false, call: null, op: message };
+        if (!op.ok) return { kind: 'refused', refusal: op.refusal, state: opState };
+        return { kind: 'command', state: opState, command: op.command };
       }
 
       const route = x.route!;
@@ -344,7 +403,12 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
         ...(state?.rpcCode !== undefined ? { rpcCode: state.rpcCode } : {}),
       });
     },
-    presented: (x, code, state) => (state?.call ? presentedInCall(x.route!, state.call, code, x.req.headers) : null),
+    presented: (x, code, state) =>
+      state?.call
+        ? presentedInCall(x.route!, state.call, code, x.req.headers)
+        : state?.op
+          ? presentedInCall(x.route!, { ...state.op, params: state.op.params } as unknown as ToolCall, code, x.req.headers)
+          : null,
     entitySource: (x) => `_meta["${MCP_META.entity}"]${'json' in x.route!.entity ? ` or params${x.route!.entity.json}` : ''}`,
     replay: (_x, stored, state) => {
       state.watch?.close();
@@ -356,6 +420,14 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
 
     settle(x, state, result, base, timeoutMs): Settled | Streaming {
       const route = x.route!;
+      if (state.op !== undefined) {
+        const op = state.op;
+        return settleTaskOp(result, base, (refusal) => ({
+          finish: { ...base, outcome: 'released' },
+          decision: refusal.code,
+          reply: refusalReply(refusal, op.id, x.requestId),
+        }));
+      }
       const call = state.call!;
       const answer = (finish: Settled['finish'], decision: string, refusal: Refusal): Settled => ({
         finish,
@@ -367,9 +439,14 @@ export function createMcpCodec(deps: { signedFences: boolean; canStream: boolean
       if (result.kind !== 'stream') watch?.close();
       switch (result.kind) {
         case 'stream':
-          return streamed(x, call, result, base, timeoutMs, watch, deps.resume);
-        case 'response':
-          return settleBuffered(result, call, route, base, route.maxResponseBytes);
+          return streamed(x, call, result, base, timeoutMs, following, watch, deps.resume);
+        case 'response': {
+          const settled = settleBuffered(result, call, route, base, route.maxResponseBytes);
+          const follow = settled.finish.outcome === 'completed' ? following(x, call, settled.finish.response, base, timeoutMs) : null;
+          if (follow === null) return settled;
+          // The handle goes to the caller now; the record stays in progress until the task's end is recorded (./tasks.ts).
+          return { head: settled.reply, ended: follow.then((end) => ({ ...end, reply: settled.reply, after: () => {} })), abort: () => {} };
+        }
         case 'refused':
           return answer({ ...base, outcome: 'released' }, 'upstream-unavailable', {
             code: 'upstream-unavailable',
@@ -411,6 +488,7 @@ function streamed(
   answer: StreamedAnswer,
   base: Base,
   timeoutMs: number,
+  following: (x: Exchange, call: ToolCall, stored: { body: Uint8Array }, base: Base, timeoutMs: number) => Promise<Omit<Settled, 'reply'>> | null,
   watch: CallWatch | null,
   resume: ResumeUpstream | undefined,
 ): Streaming {
@@ -421,7 +499,7 @@ function streamed(
   watch?.extend(left + route.lockMarginMs);
   const ended = (async () => {
     // Across the streams that may carry the answer: the POST's, a resuming GET of the client's, the gateway's own resume (./resume.ts).
-    const end = await follow(answer.body, call, {
+    const end = await followStreams(answer.body, call, {
       limit: route.maxResponseBytes,
       deadline: performance.now() + left,
       forward: (e) => caller.send(e.raw),
@@ -433,7 +511,16 @@ function streamed(
     let settled: Omit<Settled, 'reply'>;
     let last: string;
     if (end.kind === 'final') {
-      settled = { finish: { ...base, outcome: 'completed', response: storedMessage(end.data), retentionMs: route.retention }, decision: 'forwarded' };
+      const stored = storedMessage(end.data);
+      const follow = following(x, call, stored, base, timeoutMs);
+      if (follow !== null) {
+        // A created task: its handle ends the caller's stream now; the record waits for the task's end (./tasks.ts).
+        watch?.close();
+        caller.send(end.event.raw);
+        caller.close();
+        return { ...(await follow), reply: { status: head.status, headers: head.headers, body: null }, after() {} };
+      }
+      settled = { finish: { ...base, outcome: 'completed', response: stored, retentionMs: route.retention }, decision: 'forwarded' };
       last = end.event.raw;
     } else if (end.kind === 'too-large') {
       const { stored, json } = tooLargeAnswer(answer.status, route.maxResponseBytes, call, x.requestId);

@@ -18,18 +18,45 @@ export interface ToolCall {
   params: Record<string, unknown>;
   /** `params._meta`, or an empty object. */
   meta: Record<string, unknown>;
+  /**
+   * `params.task` (MCP 2025-11-25 task augmentation, ./tasks.ts): the caller
+   * asks the server to run the call as a task and answer a CreateTaskResult.
+   * Null for a plain call. It is in the fingerprint (`argsDigest`): a plain
+   * call and a task call under one key are two commands.
+   */
+  task: Record<string, unknown> | null;
   /** The body as text, for the duplicate-name checks of pointers into it. */
   text: string;
 }
 
+/**
+ * A task method that changes a task's state (MCP 2025-11-25 tasks:
+ * `tasks/cancel`), decided like a call's fence (./tasks.ts): it must carry
+ * the fence and the entity, and a stale fence never reaches the upstream.
+ */
+export interface TaskOp {
+  kind: 'task-op';
+  id: string | number;
+  method: (typeof STATE_CHANGING_TASK_METHODS)[number];
+  taskId: string;
+  params: Record<string, unknown>;
+  /** `params._meta`, or an empty object. */
+  meta: Record<string, unknown>;
+  text: string;
+}
+
+/** The task methods that change a task's state; `tasks/get`, `tasks/list` and `tasks/result` read it and pass undecided. */
+export const STATE_CHANGING_TASK_METHODS = ['tasks/cancel'] as const;
+
 export type McpMessage =
   | ToolCall
+  | TaskOp
   /**
    * Anything else: forwarded as it came. `listId`: the id of a `tools/list` request, whose answer teaches the route's annotations.
    * `hiddenList`: a `tools/list` whose answer the route could not read as one (in a batch, or under another spelling of
    * the method that a lenient upstream answers as a list), which a route that filters lists refuses (./codec.ts).
    */
-  | { kind: 'pass'; id: JsonRpcId; listId: string | number | null; hiddenList?: true }
+  | { kind: 'pass'; id: JsonRpcId; listId: string | number | null; hiddenList?: true; method?: string }
   /** `rpcCode`: the JSON-RPC code when it is not the refusal's own (MCP_ERROR_CODES), e.g. -32600 for a message that is no Request object. */
   | { kind: 'refused'; id: JsonRpcId; refusal: Refusal; rpcCode?: number };
 
@@ -67,6 +94,8 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
       if (m !== null && typeof m === 'object' && (m.method === 'tools/call' || isCallVariant(m.method))) {
         return bad(null, 'a JSON-RPC batch may not carry tools/call: each call needs a decision and an answer of its own; send it as a single message');
       }
+      if (m !== null && typeof m === 'object' && looksLikeTaskOp(m.method))
+        return bad(null, 'a JSON-RPC batch may not carry tasks/cancel: it is fenced like a call and needs a decision of its own; send it as a single message');
       if (m !== null && typeof m === 'object' && looksLikeToolsList(m.method)) hiddenList = true;
     }
     return { kind: 'pass', id: null, listId: null, ...(hiddenList ? { hiddenList: true as const } : {}) };
@@ -92,8 +121,36 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
   // A list without a string or integer id (a notification, `"id": null`, `"id": 1.5`) is one whose answer cannot be told by its id.
   if (msg.method === 'tools/list') return isId(msg.id) ? { kind: 'pass', id, listId: msg.id } : { kind: 'pass', id, listId: null, hiddenList: true };
   if (looksLikeToolsList(msg.method)) return { kind: 'pass', id: typeof msg.method === 'string' ? id : null, listId: null, hiddenList: true };
+  const taskOp = STATE_CHANGING_TASK_METHODS.find((m) => m === msg.method);
+  if (taskOp === undefined && looksLikeTaskOp(msg.method))
+    return bad(
+      id,
+      `the method ${JSON.stringify(String(msg.method).slice(0, 64))} is not ${lettersOf(msg.method as string) === 'TASKSCANCEL' ? 'tasks/cancel' : 'a task method'} as written, but an upstream may read it as one; send the method exactly as written in MCP`,
+    );
+  if (taskOp !== undefined) {
+    if (!isId(msg.id)) return bad(null, `a ${taskOp} must be a request with a string or integer id`);
+    const params = msg.params;
+    if (!isObject(params)) return bad(id, `${taskOp} params must be an object`);
+    if (typeof params.taskId !== 'string' || params.taskId.length === 0) return bad(id, `${taskOp} params.taskId must be a non-empty string`);
+    if (params._meta !== undefined && !isObject(params._meta)) return bad(id, `${taskOp} params._meta must be an object`);
+    if (argumentsDigest(body) === null)
+      return bad(
+        id,
+        'the message repeats a member name in some object (names compared case-insensitively) or nests deeper than 128 levels, so parsers disagree on it',
+      );
+    return {
+      kind: 'task-op',
+      id: msg.id,
+      method: taskOp,
+      taskId: params.taskId,
+      params,
+      meta: (params._meta as Record<string, unknown>) ?? {},
+      text,
+    };
+  }
   // A response (the agent's answer to a server request) is not answered: its id is the server's.
-  if (msg.method !== 'tools/call') return { kind: 'pass', id: typeof msg.method === 'string' ? id : null, listId: null };
+  if (msg.method !== 'tools/call')
+    return typeof msg.method === 'string' ? { kind: 'pass', id, listId: null, method: msg.method } : { kind: 'pass', id: null, listId: null };
 
   if (!isId(msg.id)) return bad(null, 'a tools/call must be a request with a string or integer id (a notification cannot be answered or replayed)');
   const params = msg.params;
@@ -105,9 +162,12 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
     return bad(id, 'tools/call params.name must be at most 256 characters without control characters');
   if (params.arguments !== undefined && !isObject(params.arguments)) return bad(id, 'tools/call params.arguments must be an object');
   if (params._meta !== undefined && !isObject(params._meta)) return bad(id, 'tools/call params._meta must be an object');
+  if (params.task !== undefined && !isObject(params.task)) return bad(id, 'tools/call params.task must be an object (MCP task augmentation)');
+  // `Task` is the task request to a case-insensitive decoder, and no task here: the call would be decided as a plain one.
+  if (params.task === undefined && Object.keys(params).some((k) => k !== 'task' && foldName(k) === TASK)) return bad(id, caseVariantReason('params', 'task'));
   // One pass over the whole message finds every repeated name (argumentsDigest below);
   // the scans that name the object run only to word the refusal of one that did.
-  const argsDigest = argumentsDigest(body);
+  const argsDigest = argumentsDigest(body, params.task !== undefined);
   if (argsDigest === null) {
     // A lone `Arguments` is absent here and the arguments to a case-insensitive decoder: the digest is refused for it (bodyDigest's folded check); say so.
     if (params.arguments === undefined && Object.keys(params).some((k) => caseVariantOf(k, MCP_CALL_MEMBERS) === 'arguments')) {
@@ -131,12 +191,16 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
     argsDigest,
     params,
     meta: (params._meta as Record<string, unknown>) ?? {},
+    task: (params.task as Record<string, unknown> | undefined) ?? null,
     text,
   };
 }
 
+const TASK = foldName('task');
+
 /**
- * The digest of the call's `arguments` from the raw text (../../core/fingerprint.ts
+ * The digest of the call's `arguments` (and, for a task call, its `task`)
+ * from the raw text (../../core/fingerprint.ts
  * bodyDigest): members sorted and whitespace gone, so the same call written
  * with another key order or spacing has one fingerprint, but number literals
  * kept as written (JSON.parse reads 9007199254740993 and 9007199254740992,
@@ -145,9 +209,14 @@ export function readMessage(body: Uint8Array, isCallVariant: (method: unknown) =
  * and the session do not enter it. Null when an object anywhere in the
  * message repeats a member name (JSON.parse keeps the last copy, other
  * parsers the first: two calls would share one canonical form).
+ * A task call's digest covers `params.task` as written too, so a plain call
+ * and a task call under one key are two commands (`idempotency-key-reused`,
+ * never one's answer for the other: a plain call would get a task handle,
+ * a task call a result it did not ask for); a plain call's digest is the
+ * one it always was, so records stored before stay valid.
  */
-export function argumentsDigest(body: Uint8Array): string | null {
-  const digest = bodyDigest({ json: ['/params/arguments'] }, body, '');
+export function argumentsDigest(body: Uint8Array, task = false): string | null {
+  const digest = bodyDigest({ json: task ? ['/params/arguments', '/params/task'] : ['/params/arguments'] }, body, '');
   return digest.startsWith('json:') ? digest : null;
 }
 
@@ -172,6 +241,20 @@ function looksLikeToolsCall(method: unknown): boolean {
       .toUpperCase()
       .replace(/[^A-Z]/g, '') === 'TOOLSCALL'
   );
+}
+
+/** The letters of a method after compatibility and case folding (as looksLikeToolsCall reads them). */
+function lettersOf(method: string): string {
+  return method
+    .normalize('NFKC')
+    .toLowerCase()
+    .toUpperCase()
+    .replace(/[^A-Z]/g, '');
+}
+
+/** A state-changing task method (`tasks/cancel`) under any spelling a lenient upstream would answer as one. */
+function looksLikeTaskOp(method: unknown): boolean {
+  return typeof method === 'string' && lettersOf(method) === 'TASKSCANCEL';
 }
 
 /** `tools/list` under any spelling an upstream that folds case, width or trims would answer as one (as looksLikeToolsCall). */

@@ -67,6 +67,8 @@ export interface Pass {
   decision: string;
   /** Answers the message without sending it (e.g. a GET event stream on a forwarder that cannot stream). */
   local?: Reply;
+  /** The bound on its upstream exchange when not the route's `timeoutMs` (an mcp `tasks/result`, which blocks until its task ends). */
+  timeoutMs?: number;
   streamIf(status: number, headers: [string, string][]): boolean;
   answer(result: UpstreamResult | StreamedAnswer): { reply: Reply; decision: string };
 }

@@ -35,6 +35,8 @@ export interface Exchange {
   payloadSha256: string;
   /** Stage 7: `performance.now()` when the upstream request was started (0 before). */
   upstreamStarted: number;
+  /** Stage 7: where a decided request went and with which headers (an mcp task call's follow-up requests go the same way, ../mcp/tasks.ts). */
+  sent?: { url: string; headers: Record<string, string> };
   /** An mcp call's tool: in every rejection row of the call (DESIGN §4) and, bounded, in the metrics. */
   tool: { name: string; label: string } | null;
   /** Set by the reconcile stage (./reconcile.ts) when its status query said "not found" too soon: how long, by this process's clock, until it would be trusted. */

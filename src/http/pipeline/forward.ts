@@ -49,6 +49,7 @@ export function createForwardStage(deps: ForwardDeps) {
       maxResponseBytes: route.maxResponseBytes,
       ...(budget.startBy !== undefined ? { startBy: budget.startBy } : {}),
     };
+    x.sent = { url: request.url, headers: request.headers };
     return { result: await send(x, route, request, codec.streamIf), timeoutMs: budget.timeoutMs };
   };
 }

@@ -9,6 +9,7 @@ import { warnGlobalKeys, type CredentialHashing } from '../key-scope.js';
 import type { Logger } from '../logger.js';
 import { createMcpCodec } from '../mcp/codec.js';
 import { createUpstreamResume } from '../mcp/resume.js';
+import type { ExtendLock } from '../mcp/tasks.js';
 import type { RequestObservation } from '../metrics.js';
 import type { TokenVerifier } from '../middleware/auth/index.js';
 import { normalizePath } from '../path.js';
@@ -61,7 +62,7 @@ export interface PipelineDeps {
  *   4 body    ./body.ts     the body, and the codec's command (or a message to pass undecided: ./pass.ts)
  *   5 verify  ./verify.ts   a signed fence, once the entity is known
  *   6 admit   ./admit.ts    the store's one-transaction admission, with its bounded waits
- *     reconcile ./reconcile.ts  plain routes with `reconcile`: an outcome-unknown admission asks the upstream, then is decided again
+ *     reconcile ./reconcile.ts  routes with `reconcile`: an outcome-unknown admission asks the upstream, then is decided again
  *   7 forward ./forward.ts  the upstream request, only while the admission's lock lives
  *   8 settle  ./settle.ts   the outcome, recorded by the owner-token finish
  *
@@ -88,6 +89,10 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
     mcp: createMcpCodec({
       signedFences,
       canStream: deps.forwarder.forwardStreaming !== undefined,
+      forwarder: deps.forwarder,
+      // The store's lock extension (DESIGN §3.5), where the store has one: a followed MCP task keeps its record (../mcp/tasks.ts).
+      extendLock:
+        typeof (store as { extendLock?: unknown }).extendLock === 'function' ? (store as unknown as { extendLock: ExtendLock }).extendLock.bind(store) : null,
       resume: createUpstreamResume({ ...headerDeps, forwarder: deps.forwarder }),
     }),
   };
@@ -168,10 +173,8 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
 
     // 6. Admission, re-run after bounded waits (serial slot; Prefer: wait).
     let admitted = await admit(x, command);
-    // 6b. A lost answer, on a plain route with a status query (DESIGN §3.12). MCP routes have
-    // none yet: their codec would give the stage its own query and its reading of an answer.
-    if (reconcile !== null && admitted?.admission.outcome === 'outcome-unknown' && x.route!.protocol === 'http')
-      admitted = await reconcile(x, command, admitted);
+    // 6b. A lost answer, on a route with a status query (DESIGN §3.12): a status path, or an mcp route's status tool.
+    if (reconcile !== null && admitted?.admission.outcome === 'outcome-unknown') admitted = await reconcile(x, command, admitted);
     if (admitted === null) return refuse({ code: 'store-unavailable', detail: 'the gateway could not reach its store; nothing was sent upstream' });
     const { admission } = admitted;
     if (admission.outcome === 'replay') return observer.done(x, codec.replay(x, admission.response, state), 'replayed');

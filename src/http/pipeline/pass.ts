@@ -21,7 +21,7 @@ export function createPassStage(deps: UpstreamHeaderDeps & { send: ReturnType<ty
         method: x.req.method,
         headers: codec.upstreamHeaders(upstreamHeaders(x.req.headers, route, deps, { requestId: x.requestId, entity: null, fence: null })),
         body: body.byteLength > 0 ? body : null,
-        timeoutMs: route.timeoutMs,
+        timeoutMs: p.timeoutMs ?? route.timeoutMs,
         maxResponseBytes: route.maxResponseBytes,
         passThrough: true,
       },

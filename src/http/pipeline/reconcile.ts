@@ -7,16 +7,16 @@ import { joinUrl } from '../upstream-request.js';
 import type { Admitted } from './admit.js';
 import type { Command } from './codec.js';
 import type { Exchange } from './exchange.js';
+import { createMcpReconcileQuery } from '../mcp/reconcile.js';
 
-// After stage 6, for a plain route with `reconcile` (DESIGN §3.12): when the
+// After stage 6, for a route with `reconcile` (DESIGN §3.12): when the
 // admission answers outcome-unknown, the gateway asks the upstream once
 // whether the lost attempt was performed, then decides the admission again.
 // The same query serves the background reconciler (../reconciler.ts).
 //
-// MCP routes have no status query yet: the pipeline calls this stage only for
-// the plain codec. An MCP one would give its own `query` (a tools/call of a
-// status tool, say) and its own reading of a found answer; the store side
-// (resolveRecord with notBeforeMs) and the re-admission stay as they are.
+// A plain route asks a status path (below); an mcp route a status tool
+// (../mcp/reconcile.ts), with its own reading of the answer. The store side
+// (resolveRecord with notBeforeMs) and the re-admission are the same.
 
 /** What the status query said, as the metrics count it. */
 export type ReconcileResult =
@@ -95,8 +95,11 @@ export function reconcilePath(template: string, values: Record<string, string | 
 
 export function createReconcileQuery(deps: ReconcileDeps) {
   const { store, forwarder, logger } = deps;
+  // An mcp route asks a status tool instead (../mcp/reconcile.ts); the store side is the same.
+  const mcpQuery = createMcpReconcileQuery(deps);
   /** Asks the upstream about `t` within `timeoutMs` and settles the record as the answer allows. Never throws. */
   return async function query(t: ReconcileTarget, timeoutMs: number, requestId: string = newRequestId()): Promise<ReconcileOutcome> {
+    if (t.route.protocol === 'mcp') return mcpQuery(t, timeoutMs, requestId);
     const { route } = t;
     const rc = route.reconcile;
     const done = (result: ReconcileResult, changed = false): ReconcileOutcome => {
@@ -211,7 +214,7 @@ export function createReconcileStage(deps: { store: GatewayStore; query: Reconci
  */
 export function reconcileHint(x: Exchange, enabled: boolean): { retryAfterMs: number } | null {
   const rc = x.route?.reconcile;
-  if (!enabled || rc === undefined || x.route!.protocol !== 'http') return null;
+  if (!enabled || rc === undefined) return null;
   const trustedIn = x.reconcileTrustedInMs;
   return { retryAfterMs: trustedIn === undefined ? rc.interval : Math.max(0, Math.min(trustedIn, rc.interval)) };
 }

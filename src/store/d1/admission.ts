@@ -1,5 +1,6 @@
 import type { Admission, AdmitInput, StoredResponse } from '../types.js';
 import type { D1Bind, D1PreparedStatementLike } from './binding.js';
+import { toStoredResponse } from '../sqlite-dialect/rows.js';
 import {
   D1,
   expiredRecord,
@@ -110,26 +111,31 @@ const Q = {
     WHERE id = @id AND decision IS NULL
       AND NOT EXISTS (SELECT 1 FROM fence_entities WHERE entity = @entity AND inflight_owner = @owner)`,
   // g. @id @scope @key @owner @lock_ms @entity @fence — onUnknown: retry takes the record over.
+  //    @request_id — the attempt it sends; an interim answer of the attempt before is dropped.
   takeOver: `UPDATE idempotency_records SET owner_token = @owner, state = 'in_progress', locked_until = ${LOCK_UNTIL},
+      attempt_until = ${LOCK_UNTIL}, request_id = @request_id, status = NULL, headers = NULL, body = NULL,
       entity = @entity, fence = ${FENCE}
     WHERE scope = @scope AND key = @key AND state = 'outcome_unknown' AND ${UNDECIDED}
       AND owner_token = (SELECT takeover_from FROM admission_scratch WHERE id = @id)`,
-  // b. @id @scope @key @fingerprint @entity @fence @owner @lock_ms @retention_ms
+  // b. @id @scope @key @fingerprint @entity @fence @owner @lock_ms @retention_ms @request_id
   insertRecord: `INSERT INTO idempotency_records
-      (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, created_at, expires_at)
+      (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, created_at, expires_at, attempt_until, request_id)
     SELECT @scope, @key, @fingerprint, @entity, ${FENCE}, 'in_progress', @owner, ${LOCK_UNTIL}, now,
-      now + CAST(@retention_ms AS INTEGER)
+      now + CAST(@retention_ms AS INTEGER), ${LOCK_UNTIL}, @request_id
     FROM admission_scratch WHERE id = @id AND decision IS NULL AND takeover_from IS NULL`,
   // G5. @id @log_entity @fence and the audit values of rejectionParams — in
   // the decision's transaction.
   logRefusal: `INSERT INTO rejections (${REJECTION_COLUMNS})
     SELECT now, decision, @log_entity, ${FENCE}, current_fence, ${REJECTION_AUDIT_VALUES}
     FROM admission_scratch WHERE id = @id AND decision IN ${LOGGED}`,
-  // @id @scope @key — the answer; the stored response only for a replay.
+  // @id @scope @key — the answer; the stored response only for a replay, and
+  // for outcome-unknown the interim answer the record keeps while its time
+  // lasts (DESIGN §3.7; none on a record this batch just marked).
   decision: `SELECT s.decision, CAST(s.current_fence AS TEXT) AS current_fence, s.busy_until - s.now AS wait_ms,
       s.takeover_from IS NOT NULL AS takeover, r.status, r.headers, r.body
     FROM admission_scratch s
-    LEFT JOIN idempotency_records r ON s.decision = 'replay' AND r.scope = @scope AND r.key = @key
+    LEFT JOIN idempotency_records r ON r.scope = @scope AND r.key = @key AND (s.decision = 'replay'
+      OR (s.decision = 'outcome-unknown' AND s.rec_state = 'outcome_unknown' AND r.status IS NOT NULL AND r.expires_at > s.now))
     WHERE s.id = @id`,
   end: 'DELETE FROM admission_scratch WHERE id = @id',
 } as const;
@@ -190,7 +196,7 @@ export function toAdmission(row: DecisionRow): Admission {
     case 'idempotency-in-progress':
       return { outcome: 'idempotency-in-progress', retryAfterMs: Math.max(0, row.wait_ms ?? 0) };
     case 'outcome-unknown':
-      return { outcome: 'outcome-unknown' };
+      return row.status === null ? { outcome: 'outcome-unknown' } : { outcome: 'outcome-unknown', interim: toResponse(row) };
     case 'entity-busy':
       return { outcome: 'entity-busy', retryAfterMs: Math.max(0, row.wait_ms ?? 0) };
     default:
@@ -199,19 +205,5 @@ export function toAdmission(row: DecisionRow): Admission {
 }
 
 function toResponse(row: DecisionRow): StoredResponse {
-  return {
-    status: row.status ?? 200,
-    headers: JSON.parse(row.headers ?? '[]') as [string, string][],
-    body: toBytes(row.body),
-  };
-}
-
-/** D1 returns a BLOB as an array of numbers (or, in some versions, an ArrayBuffer). */
-function toBytes(v: unknown): Uint8Array {
-  if (v === null || v === undefined) return new Uint8Array(0);
-  if (v instanceof Uint8Array) return v;
-  if (v instanceof ArrayBuffer) return new Uint8Array(v);
-  if (ArrayBuffer.isView(v)) return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
-  if (Array.isArray(v)) return Uint8Array.from(v as number[]);
-  throw new Error(`d1 store: unexpected BLOB value of type ${typeof v}`);
+  return toStoredResponse(row as unknown as Record<string, unknown>);
 }

@@ -2,19 +2,22 @@ import { AuditDelegate } from '../audit-delegate.js';
 import { LocalNotifier } from '../notifier.js';
 import {
   type AdmitInput,
+  type AttemptRef,
   type AuditStore,
+  type ExtendLockInput,
   type FinishInput,
   type GatewayStore,
   type RejectionInput,
   type RejectionQuery,
+  type StoredResponse,
   type SweepOptions,
 } from '../types.js';
 import { createD1Audit } from './audit.js';
 import { admissionBatch, toAdmission, type DecisionRow } from './admission.js';
 import { d1Binder, type D1Bind, type D1DatabaseLike } from './binding.js';
-import { finishBatch } from './finish.js';
-import { toEntity, toPage, toRecord, toRejection } from '../sqlite-dialect/rows.js';
-import { D1, ENTITY_INFO, insertRejection, RECORDS_BY_KEY, rejectionParams, rejectionsPage, sweepStatements } from '../sqlite-dialect/statements.js';
+import { extendBatch, finishBatch } from './finish.js';
+import { toEntity, toPage, toRecord, toRejection, toStoredResponse } from '../sqlite-dialect/rows.js';
+import { D1, ENTITY_INFO, insertRejection, interimOf, RECORDS_BY_KEY, rejectionParams, rejectionsPage, sweepStatements } from '../sqlite-dialect/statements.js';
 import { sweepInBatches, sweepSteps } from '../sweep.js';
 
 export type { D1DatabaseLike, D1PreparedStatementLike, D1ResultLike } from './binding.js';
@@ -44,6 +47,7 @@ const MAX_POLL_INTERVAL_MS = 1000;
 
 const SWEEP = sweepStatements(D1);
 const INSERT_REJECTION = insertRejection(D1);
+const INTERIM_OF = interimOf(D1);
 
 /**
  * The gateway store on Cloudflare D1 (`fencegate/d1`): every decision is one
@@ -113,6 +117,18 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
       if (recordedAt !== null) recorded = results[recordedAt]?.meta?.changes === 1;
     }
     return { recorded };
+  }
+
+  async extendLock(input: ExtendLockInput): Promise<boolean> {
+    const { steps, answerAt } = extendBatch(this.st, input);
+    if (answerAt === null) return false;
+    const results = await this.db.batch(steps);
+    return results[answerAt]?.meta?.changes === 1;
+  }
+
+  async getInterim(input: AttemptRef): Promise<StoredResponse | null> {
+    const row = ((await this.st(INTERIM_OF, { scope: input.scope, key: input.key, created_at: input.createdAt.getTime() }).all()).results ?? [])[0];
+    return row === undefined ? null : toStoredResponse(row);
   }
 
   async recordRejection(input: RejectionInput): Promise<void> {

@@ -1,4 +1,4 @@
-import type { Admission, AdmitInput } from '../types.js';
+import type { Admission, AdmitInput, StoredResponse } from '../types.js';
 import { RoundTripGroup, type Settled } from './finish-group.js';
 import type { PgContext } from './query.js';
 import { logText } from './rejections.js';
@@ -155,16 +155,11 @@ function toAdmission(row: AdmitRow): Admission {
     case 'stale-fence':
       return { outcome: 'stale-fence', currentFence: BigInt(row.current_fence!) };
     case 'replay':
-      return {
-        outcome: 'replay',
-        response: {
-          status: row.status ?? 200,
-          headers: (row.headers ?? []).map(([n, v]) => [decodeText(n), decodeText(v)] as [string, string]),
-          body: bytes(row.body),
-        },
-      };
-    case 'idempotency-key-reused':
+      return { outcome: 'replay', response: storedResponse(row) };
     case 'outcome-unknown':
+      // With the interim answer the record keeps, while its time lasts (DESIGN §3.7).
+      return row.status === null ? { outcome: 'outcome-unknown' } : { outcome: 'outcome-unknown', interim: storedResponse(row) };
+    case 'idempotency-key-reused':
       return { outcome: row.outcome };
     case 'idempotency-in-progress':
     case 'entity-busy':
@@ -172,6 +167,15 @@ function toAdmission(row: AdmitRow): Admission {
     default:
       throw new Error(`fencegate_admit returned an unknown outcome: ${String(row.outcome)}`);
   }
+}
+
+/** A stored answer as the functions and reads return it: headers escaped (./text.ts), the body a Buffer. */
+export function storedResponse(row: { status: number | null; headers: [string, string][] | null; body: Buffer | null }): StoredResponse {
+  return {
+    status: row.status ?? 200,
+    headers: (row.headers ?? []).map(([n, v]) => [decodeText(n), decodeText(v)] as [string, string]),
+    body: bytes(row.body),
+  };
 }
 
 /** An exact-size copy: a Buffer from pg may be a view into a larger, shared ArrayBuffer. */

@@ -1,6 +1,6 @@
 import type { AuditStore, RecordState } from '../types.js';
 import type { PgContext } from './query.js';
-import { toAction, toRecord, type ActionRow, type RecordRow } from './rows.js';
+import { createdMs, RECORD_COLUMNS, toAction, toRecord, type ActionRow, type RecordRow } from './rows.js';
 import { decodeNullable, encodeNullable, encodeText } from './text.js';
 
 /** The largest bigint (2^63 - 1): no fence or id is above it. */
@@ -36,7 +36,7 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
       WHERE entity = $1 AND ($2::bigint IS NULL OR fence < $2::bigint) ORDER BY fence DESC LIMIT $3`,
     // $1 state $2 created_at in epoch microseconds (NULL on the first page) $3 scope $4 key $5 limit.
     // Keyset on (created_at, scope, key), newest first; microseconds so the cursor is exact.
-    records: `SELECT scope, key, state, fingerprint, entity, fence::text AS fence, status, locked_until, created_at, expires_at,
+    records: `SELECT ${RECORD_COLUMNS},
         ((extract(epoch FROM created_at) * 1000000)::bigint)::text AS created_us
       FROM ${records}
       WHERE state = $1 AND ($2::bigint IS NULL
@@ -167,13 +167,6 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
     },
   };
 }
-
-/**
- * A created_at as epoch ms, truncated as the driver's Date of it is (the
- * `createdAt` that listRecords and getRecords return, which a resolution
- * names its attempt by): timestamptz keeps µs, the Date only ms.
- */
-const createdMs = (column: string): string => `(extract(epoch FROM date_trunc('milliseconds', ${column})) * 1000)::bigint`;
 
 /** The operator_actions columns as the store returns them (bigints as text), from the alias `l`. */
 const ACTION_COLUMNS = `l.id::text AS id, l.at, l.action, l.scope, l.key, l.entity, l.fence::text AS fence, l.fingerprint, l.status,

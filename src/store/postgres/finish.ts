@@ -1,4 +1,4 @@
-import type { FinishInput, FinishResult } from '../types.js';
+import type { FinishInput, FinishResult, StoredResponse } from '../types.js';
 import { RoundTripGroup, type GroupLimits, type Settled } from './finish-group.js';
 import { unsentFault } from './health.js';
 import type { PgContext } from './query.js';
@@ -98,11 +98,19 @@ export function createFinish(
   return Object.assign(finish, { group });
 }
 
+/** The answer a finish stores: a completed one's, or an unknown one's interim answer (DESIGN §3.7). */
+function storedOf(input: FinishInput): { response: StoredResponse; retentionMs: number | null } | null {
+  if (input.outcome === 'completed') return { response: input.response, retentionMs: input.retentionMs };
+  if (input.outcome === 'unknown' && input.interim !== undefined) return { response: input.interim, retentionMs: input.interimRetentionMs ?? null };
+  return null;
+}
+
 /** The bytes a finish adds to its group's text parameters: its body (twice, in hex) dominates; its headers too. */
 function finishBytes(input: FinishInput): number {
-  if (input.outcome !== 'completed') return 0;
-  let n = input.response.body.byteLength;
-  for (const [name, value] of input.response.headers) n += name.length + value.length;
+  const stored = storedOf(input);
+  if (stored === null) return 0;
+  let n = stored.response.body.byteLength;
+  for (const [name, value] of stored.response.headers) n += name.length + value.length;
   return n;
 }
 
@@ -110,17 +118,18 @@ function finishBytes(input: FinishInput): number {
 function finishParams(input: FinishInput, channel: string | null): unknown[] {
   const a = logText({ entity: input.entity, idempotencyKey: input.key, audit: input.audit });
   const topics = decisionTopics(input);
-  const completed = input.outcome === 'completed' ? input : null;
+  // A completed answer, or an unknown finish's interim answer (its retention: NULL keeps the admission's).
+  const stored = storedOf(input);
   return [
     encodeText(input.scope),
     encodeNullable(input.key),
     encodeNullable(input.entity),
     encodeText(input.ownerToken),
     input.outcome,
-    completed?.response.status ?? null,
-    completed === null ? null : JSON.stringify(completed.response.headers.map(([n, v]) => [encodeText(n), encodeText(v)])),
-    completed === null ? null : completed.response.body,
-    completed === null ? null : Math.ceil(completed.retentionMs),
+    stored?.response.status ?? null,
+    stored === null ? null : JSON.stringify(stored.response.headers.map(([n, v]) => [encodeText(n), encodeText(v)])),
+    stored === null ? null : stored.response.body,
+    stored === null || stored.retentionMs === null ? null : Math.ceil(stored.retentionMs),
     a.caller,
     a.method,
     a.path,

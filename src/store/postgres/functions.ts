@@ -33,6 +33,7 @@ export const FUNCTION_FILES = [
   'group_finish.sql',
   'group_admit.sql',
   'release_unsent.sql',
+  'extend_lock.sql',
 ] as const;
 
 /**

@@ -2,8 +2,10 @@ import type pg from 'pg';
 import type {
   Admission,
   AdmitInput,
+  AttemptRef,
   AuditStore,
   EntityInfo,
+  ExtendLockInput,
   FinishInput,
   FinishResult,
   UnsentRelease,
@@ -12,12 +14,14 @@ import type {
   RejectionInput,
   RejectionPage,
   RejectionQuery,
+  StoredResponse,
   SweepOptions,
   SweepResult,
 } from '../types.js';
 import { createAdmit } from './admit.js';
 import { createRelease } from './release.js';
 import { createPostgresAudit } from './audit.js';
+import { createExtend } from './extend.js';
 import { createFinish } from './finish.js';
 import { RoundTripHealth } from './health.js';
 import { poolQuery, qualifier, type PgContext } from './query.js';
@@ -72,6 +76,7 @@ export class PostgresGatewayStore implements GatewayStore {
   private readonly finishing: ReturnType<typeof createFinish>;
   private readonly rejections: ReturnType<typeof createRejectionLog>;
   private readonly reads: ReturnType<typeof createReads>;
+  private readonly extend: ReturnType<typeof createExtend>;
   private readonly sweeper: ReturnType<typeof createSweep>;
   private readonly audit: AuditStore;
   /** Whether a failover would keep acknowledged decisions (./replication-check.ts); null when switched off. */
@@ -118,6 +123,7 @@ export class PostgresGatewayStore implements GatewayStore {
     this.finishing = createFinish({ ...ctx, query: poolQuery(this.pool, () => this.refusing, this.health) }, this.wakeups);
     this.rejections = createRejectionLog(ctx);
     this.reads = createReads(ctx);
+    this.extend = createExtend(ctx);
     this.sweeper = createSweep(ctx, () => this.closing !== null);
     this.audit = createPostgresAudit(ctx);
     this.notices = init.notices ?? [];
@@ -177,6 +183,14 @@ export class PostgresGatewayStore implements GatewayStore {
   /** One release of a lost admission now (GatewayStore.releaseUnsent); the background one after a failed admit() is ./release.ts. */
   releaseUnsent(input: AdmitInput): Promise<UnsentRelease> {
     return this.unsent.once(input);
+  }
+
+  extendLock(input: ExtendLockInput): Promise<boolean> {
+    return this.extend(input);
+  }
+
+  getInterim(input: AttemptRef): Promise<StoredResponse | null> {
+    return this.reads.getInterim(input);
   }
 
   recordRejection(r: RejectionInput): Promise<void> {

@@ -1,6 +1,7 @@
-import type { EntityInfo, RecordInfo } from '../types.js';
+import type { AttemptRef, EntityInfo, RecordInfo, StoredResponse } from '../types.js';
+import { storedResponse } from './admit.js';
 import type { PgContext } from './query.js';
-import { toRecord, type RecordRow } from './rows.js';
+import { createdMs, RECORD_COLUMNS, toRecord, type RecordRow } from './rows.js';
 import { decodeText, encodeText } from './text.js';
 
 /** The admin API's point reads: one entity's fence and slot, one key's records (in every scope). */
@@ -9,8 +10,11 @@ export function createReads(ctx: PgContext) {
   const entityInfo = `SELECT entity, fence, accepted_at, inflight_until, inflight_until > now() AS live
       FROM ${ctx.table('fence_entities')} WHERE entity = $1`;
   // $1 key
-  const recordsByKey = `SELECT scope, key, state, fingerprint, entity, fence, status, locked_until, created_at, expires_at
-      FROM ${ctx.table('idempotency_records')} WHERE key = $1`;
+  const recordsByKey = `SELECT ${RECORD_COLUMNS} FROM ${ctx.table('idempotency_records')} WHERE key = $1`;
+  // $1 scope $2 key $3 created_at in epoch ms — this attempt's interim answer, while its time lasts (DESIGN §3.7).
+  const interimOf = `SELECT status, headers, body FROM ${ctx.table('idempotency_records')}
+      WHERE scope = $1 AND key = $2 AND ${createdMs('created_at')} = $3::bigint
+        AND state = 'outcome_unknown' AND status IS NOT NULL AND expires_at > clock_timestamp()`;
 
   return {
     async getEntity(entity: string): Promise<EntityInfo | null> {
@@ -32,6 +36,15 @@ export function createReads(ctx: PgContext) {
      * Sorted by the decoded scope in JavaScript, as the SQLite stores' binary
      * `ORDER BY scope`: the database's collation and the escape would order differently.
      */
+    async getInterim(input: AttemptRef): Promise<StoredResponse | null> {
+      const { rows } = await ctx.query<{ status: number | null; headers: [string, string][] | null; body: Buffer | null }>(interimOf, [
+        encodeText(input.scope),
+        encodeText(input.key),
+        String(input.createdAt.getTime()),
+      ]);
+      return rows[0] === undefined ? null : storedResponse(rows[0]);
+    },
+
     async getRecords(key: string): Promise<RecordInfo[]> {
       const { rows } = await ctx.query<RecordRow>(recordsByKey, [encodeText(key)]);
       return rows.map(toRecord).sort((x, y) => (x.scope < y.scope ? -1 : x.scope > y.scope ? 1 : 0));

@@ -6,6 +6,14 @@ import { decodeNullable, decodeText } from './text.js';
  * column names, text in the escaped form of ./text.ts, bigints as text.
  */
 
+/**
+ * The record columns of every read (./reads.ts, ./audit.ts), never the body;
+ * `interim`: an outcome_unknown record that carries an interim answer now
+ * (DESIGN §3.7), by the database clock.
+ */
+export const RECORD_COLUMNS = `scope, key, state, fingerprint, entity, fence::text AS fence, status, locked_until, created_at, expires_at,
+  (state = 'outcome_unknown' AND status IS NOT NULL AND expires_at > clock_timestamp()) AS interim`;
+
 /** idempotency_records (the reads of ./reads.ts and the operator pages of ./audit.ts). */
 export type RecordRow = Omit<RecordInfo, 'lockedUntil' | 'createdAt' | 'expiresAt'> & {
   locked_until: Date | null;
@@ -28,6 +36,7 @@ export function toRecord(r: RecordRow): RecordInfo {
     lockedUntil: r.locked_until,
     createdAt: r.created_at,
     expiresAt: r.expires_at,
+    interim: r.interim === true,
   };
 }
 
@@ -47,3 +56,10 @@ export function toAction(r: ActionRow): OperatorAction {
     requestId: decodeNullable(r.request_id),
   };
 }
+
+/**
+ * A created_at as epoch ms, truncated as the driver's Date of it is (the
+ * `createdAt` that listRecords and getRecords return, which a resolution
+ * names its attempt by): timestamptz keeps µs, the Date only ms.
+ */
+export const createdMs = (column: string): string => `(extract(epoch FROM date_trunc('milliseconds', ${column})) * 1000)::bigint`;

@@ -1,4 +1,4 @@
-import type { EntityInfo, FenceHistoryPage, OperatorAction, RecordInfo, RecordPage, RecordState, RejectionRow } from '../types.js';
+import type { EntityInfo, FenceHistoryPage, OperatorAction, RecordInfo, RecordPage, RecordState, RejectionRow, StoredResponse } from '../types.js';
 
 /**
  * Row mapping for the SQLite dialect, shared by the better-sqlite3 store and
@@ -81,7 +81,23 @@ export function toRecord(r: Record<string, unknown>): RecordInfo {
     lockedUntil: r.locked_until === null || r.locked_until === undefined ? null : new Date(Number(r.locked_until)),
     createdAt: new Date(Number(r.created_at)),
     expiresAt: new Date(Number(r.expires_at)),
+    interim: Number(r.interim ?? 0) === 1,
   };
+}
+
+/** A row of `interimOf`: the stored answer (headers as JSON text, body as a BLOB). */
+export function toStoredResponse(r: Record<string, unknown>): StoredResponse {
+  return { status: Number(r.status ?? 200), headers: JSON.parse(String(r.headers ?? '[]')) as [string, string][], body: toBytes(r.body) };
+}
+
+/** better-sqlite3 returns a BLOB as a Buffer; D1 as an array of numbers or an ArrayBuffer. */
+export function toBytes(v: unknown): Uint8Array {
+  if (v === null || v === undefined) return new Uint8Array(0);
+  if (v instanceof Uint8Array) return new Uint8Array(v.buffer.slice(v.byteOffset, v.byteOffset + v.byteLength));
+  if (v instanceof ArrayBuffer) return new Uint8Array(v);
+  if (ArrayBuffer.isView(v)) return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
+  if (Array.isArray(v)) return Uint8Array.from(v as number[]);
+  throw new Error(`store: unexpected BLOB value of type ${typeof v}`);
 }
 
 export function toAction(r: Record<string, unknown>): OperatorAction {

@@ -101,12 +101,20 @@ export const insertFenceHistory = (rows: string): string =>
 
 // ── Reads ───────────────────────────────────────────────────────────────────
 
+/** An outcome_unknown record that carries an interim answer now (DESIGN §3.7): one kept, before its expires_at. */
+export const LIVE_INTERIM = `state = 'outcome_unknown' AND status IS NOT NULL AND expires_at > ${NOW_MS}`;
+
 /** The record columns of every read, fences as text (D1 returns integers as doubles). Never the body. */
-export const RECORD_COLUMNS = 'scope, key, state, fingerprint, entity, CAST(fence AS TEXT) AS fence, status, locked_until, created_at, expires_at';
+export const RECORD_COLUMNS = `scope, key, state, fingerprint, entity, CAST(fence AS TEXT) AS fence, status, locked_until, created_at, expires_at,
+  (${LIVE_INTERIM}) AS interim`;
 
 /** @entity — the entity's row, with the database time its slot is judged by. */
 export const ENTITY_INFO = `SELECT entity, CAST(fence AS TEXT) AS fence, accepted_at, inflight_until, ${NOW_MS} AS now
   FROM fence_entities WHERE entity = @entity`;
+
+/** @scope @key @created_at — the interim answer of this attempt's outcome_unknown record, while its time lasts. */
+export const interimOf = (d: Spelling): string => `SELECT status, headers, body FROM idempotency_records
+  WHERE scope = @scope AND key = @key AND created_at = ${d.int('created_at')} AND ${LIVE_INTERIM}`;
 
 /** @key — every record with the key, across scopes. */
 export const RECORDS_BY_KEY = `SELECT ${RECORD_COLUMNS} FROM idempotency_records WHERE key = @key ORDER BY scope`;

@@ -36,6 +36,8 @@ type RecordSqlRow = [
   body: Buffer | null,
   createdAt: bigint,
   expiresAt: bigint,
+  attemptUntil: bigint | null,
+  requestId: string | null,
 ];
 
 /** The columns `apply` may update, in bit order (bit i: column i). */
@@ -52,6 +54,8 @@ const RECORD_COLUMNS = [
   'body',
   'created_at',
   'expires_at',
+  'attempt_until',
+  'request_id',
 ] as const;
 
 const num = (v: bigint | null): number | null => (v === null ? null : Number(v));
@@ -59,12 +63,13 @@ const num = (v: bigint | null): number | null => (v === null ? null : Number(v))
 export function admissionRows(db: SqliteDatabase): AdmissionRows {
   const safe = (sql: string): Statement => db.prepare(sql).safeIntegers(true).raw(true);
   const entityRow = safe('SELECT fence, accepted_at, inflight_owner, inflight_until FROM fence_entities WHERE entity = ?');
-  const recordRow = safe(`SELECT fingerprint, state, owner_token, locked_until, entity, fence, status, headers, body, created_at, expires_at
+  const recordRow = safe(`SELECT fingerprint, state, owner_token, locked_until, entity, fence, status, headers, body, created_at, expires_at,
+      attempt_until, request_id
     FROM idempotency_records WHERE scope = ? AND key = ?`);
   const insertEntity = db.prepare('INSERT INTO fence_entities (entity, fence, accepted_at, inflight_owner, inflight_until) VALUES (?, ?, ?, ?, ?)');
   const insertRecord = db.prepare(`INSERT INTO idempotency_records
-    (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, status, headers, body, created_at, expires_at)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`);
+    (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, status, headers, body, created_at, expires_at, attempt_until, request_id)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`);
   const deleteRecord = db.prepare('DELETE FROM idempotency_records WHERE scope = ? AND key = ? AND owner_token = ? AND state = ?');
   // One UPDATE per set of changed columns, prepared on first use (a handful in
   // all), found by the set's bit mask; its parameters: the new values in
@@ -93,11 +98,14 @@ export function admissionRows(db: SqliteDatabase): AdmissionRows {
               state: r[1],
               owner: r[2],
               lockedUntil: num(r[3]),
+              attemptUntil: num(r[11]),
+              requestId: r[12],
               entity: r[4],
               fence: r[5],
               createdAt: Number(r[9]),
               expiresAt: Number(r[10]),
-              response: r[1] === 'completed' ? toResponse(r) : null,
+              // A completed record's answer, or an outcome_unknown one's interim answer (DESIGN §3.7).
+              response: r[1] === 'completed' || (r[1] === 'outcome_unknown' && r[6] !== null) ? toResponse(r) : null,
             },
     };
   }
@@ -141,6 +149,8 @@ export function admissionRows(db: SqliteDatabase): AdmissionRows {
         body,
         next.createdAt,
         next.expiresAt,
+        next.attemptUntil,
+        next.requestId,
       ).changes;
     }
     let mask = 0;
@@ -155,6 +165,8 @@ export function admissionRows(db: SqliteDatabase): AdmissionRows {
     if (res !== was.response) put(64, status), put(128, headers), put(256, body);
     if (next.createdAt !== was.createdAt) put(512, next.createdAt);
     if (next.expiresAt !== was.expiresAt) put(1024, next.expiresAt);
+    if (next.attemptUntil !== was.attemptUntil) put(2048, next.attemptUntil);
+    if (next.requestId !== was.requestId) put(4096, next.requestId);
     if (mask === 0) return 1;
     values.push(scope, key, was.owner, was.state);
     return update('idempotency_records', RECORD_COLUMNS, mask, 'scope = ? AND key = ? AND owner_token = ? AND state = ?').run(values).changes;

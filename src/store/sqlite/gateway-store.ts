@@ -7,12 +7,15 @@ import {
   recordTopic,
   type Admission,
   type AdmitInput,
+  type AttemptRef,
   type AuditStore,
+  type ExtendLockInput,
   type FinishInput,
   type FinishResult,
   type GatewayStore,
   type RejectionInput,
   type RejectionQuery,
+  type StoredResponse,
   type SweepKind,
   type SweepOptions,
   type UnsentRelease,
@@ -24,11 +27,12 @@ import { walSyncer } from './wal-sync.js';
 import { WriteLock } from './write-lock.js';
 import { migrateSqlite } from './migrate.js';
 import { openSqlite, type OpenSqliteOptions, type SqliteDatabase } from '../../db/sqlite-open.js';
-import { toEntity, toPage, toRecord, toRejection } from '../sqlite-dialect/rows.js';
+import { toEntity, toPage, toRecord, toRejection, toStoredResponse } from '../sqlite-dialect/rows.js';
 import {
   ENTITY_INFO,
   insertFenceHistory,
   insertRejection,
+  interimOf,
   NOW_MS,
   RECORDS_BY_KEY,
   rejectionParams,
@@ -36,7 +40,7 @@ import {
   SQLITE,
   sweepStatements,
 } from '../sqlite-dialect/statements.js';
-import { decide, finish, releaseUnsent } from '../../core/admission.js';
+import { decide, extendLock, finish, releaseUnsent } from '../../core/admission.js';
 import { admissionRows, type AdmissionRows } from './admission-rows.js';
 import { sweepInBatches, sweepSteps } from '../sweep.js';
 
@@ -95,6 +99,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
   private readonly finishTx: (input: FinishInput) => FinishResult | Promise<FinishResult>;
   private readonly rejectTx: (input: RejectionInput) => void | Promise<void>;
   private readonly releaseTx: (input: AdmitInput) => UnsentRelease | Promise<UnsentRelease>;
+  private readonly extendTx: (input: ExtendLockInput) => boolean | Promise<boolean>;
   /** The database clock (ms) read at the start of the current write transaction. */
   private txNow = 0;
   /** The group committer, when `groupCommit` is on. */
@@ -134,6 +139,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
       this.finishTx = (input) => group.run(() => this.finishIn(input));
       this.rejectTx = (input) => group.run(() => this.reject(input, this.txNow));
       this.releaseTx = (input) => group.run(() => this.releaseIn(input));
+      this.extendTx = (input) => group.run(() => this.extendIn(input));
     } else {
       // One BEGIN IMMEDIATE transaction each (./write-lock.ts).
       const inTx =
@@ -144,6 +150,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
       this.finishTx = inTx((input: FinishInput) => this.finishIn(input));
       this.rejectTx = inTx((input: RejectionInput) => this.reject(input, this.txNow));
       this.releaseTx = inTx((input: AdmitInput) => this.releaseIn(input));
+      this.extendTx = inTx((input: ExtendLockInput) => this.extendIn(input));
     }
     this.audit = createSqliteAudit(this.db, this.lock);
     const ckpt = options.backgroundCheckpoint ?? true;
@@ -182,6 +189,17 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     if (result.slot && input.entity !== null) this.notifier.notify(entityTopic(input.entity));
     if (result.record && input.key !== null) this.notifier.notify(recordTopic(input.scope, input.key));
     return result;
+  }
+
+  async extendLock(input: ExtendLockInput): Promise<boolean> {
+    return this.extendTx(input);
+  }
+
+  async getInterim(input: AttemptRef): Promise<StoredResponse | null> {
+    const row = this.q.interimOf.get({ scope: input.scope, key: input.key, created_at: BigInt(input.createdAt.getTime()) }) as
+      | Record<string, unknown>
+      | undefined;
+    return row === undefined ? null : toStoredResponse(row);
   }
 
   async recordRejection(input: RejectionInput): Promise<void> {
@@ -233,6 +251,15 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     const r = releaseUnsent(state, input);
     this.rows.apply(input.scope, input.key, input.entity, state, r.next);
     return { slot: r.slot, record: r.record };
+  }
+
+  /** `extendLock` (../../core/admission.ts) inside the immediate transaction: read, extend, write. */
+  private extendIn(input: ExtendLockInput): boolean {
+    const entity = input.entity ?? null;
+    const state = this.rows.read(input.scope, input.key, entity);
+    const x = extendLock(state, input, this.txNow);
+    this.rows.apply(input.scope, input.key, entity, state, x.next);
+    return x.extended;
   }
 
   async listRejections(query: RejectionQuery) {
@@ -312,6 +339,7 @@ function prepare(db: SqliteDatabase) {
     // @entity @fence @now @caller @request_id
     fenceHistory: s(insertFenceHistory('VALUES (@entity, @fence, @now, @caller, @request_id)')),
     recordsByKey: s(RECORDS_BY_KEY, true),
+    interimOf: s(interimOf(SQLITE)),
     sweep: Object.fromEntries(sweep) as Record<SweepKind, { run: Statement; count: Statement }>,
   };
 }

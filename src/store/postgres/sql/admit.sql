@@ -15,9 +15,15 @@
 -- Text parameters arrive already escaped by the store (NUL cannot live in
 -- PostgreSQL text; see src/store/postgres/text.ts).
 --
--- The current definitions (migration 0009; 0003, 0005 and 0006 hold the
--- earlier ones, as history). Applied by the migrator when this file's sha256
--- changes (see ./README.md).
+-- The current definitions (0003, 0005, 0006 and 0009 hold earlier ones, as
+-- history). Applied by the migrator when this file's sha256 changes (see
+-- ./README.md).
+--
+-- Since 0010 a record keeps its attempt's lock end (attempt_until, with
+-- every lock written) and request id (request_id, p_request_id), and an
+-- outcome-unknown answer carries the interim answer an outcome_unknown
+-- record keeps (status, headers, body: DESIGN §3.7) while its expires_at is
+-- ahead; a takeover drops it. Same signature.
 --
 -- 0009 added p_tool, the MCP tool of a tools/call (NULL for a plain route),
 -- kept in the rejection row. It has a DEFAULT, so a replica of the previous
@@ -175,6 +181,12 @@ BEGIN
           PERFORM fencegate_log_rejection(v_now, 'outcome-unknown', p_log_entity, p_fence, NULL, p_log_key,
             p_caller, p_method, p_path, p_payload_sha256, p_request_id, p_client_request_id, p_tool);
           outcome := 'outcome-unknown';
+          -- The interim answer the record keeps, while its time lasts (DESIGN §3.7).
+          IF v_rec.state = 'outcome_unknown' AND v_rec.status IS NOT NULL AND v_rec.expires_at > v_now THEN
+            status := v_rec.status;
+            headers := v_rec.headers;
+            body := v_rec.body;
+          END IF;
           EXIT decide;
         END IF;
         v_from := v_rec.owner_token;
@@ -200,7 +212,9 @@ BEGIN
       EXIT decide;
     ELSIF v_from IS NOT NULL THEN
       -- g. with onUnknown: retry. We hold the row lock, so this always matches.
+      --    A new attempt: its lock end and request id; the one before's interim answer is dropped.
       UPDATE idempotency_records r SET owner_token = p_owner, state = 'in_progress', locked_until = v_until,
+          attempt_until = v_until, request_id = p_request_id, status = NULL, headers = NULL, body = NULL,
           entity = p_entity, fence = p_fence
         WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = v_from AND r.state = 'outcome_unknown';
       takeover := true;
@@ -208,9 +222,9 @@ BEGIN
     ELSE
       -- b.
       INSERT INTO idempotency_records
-        (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, created_at, expires_at)
+        (scope, key, fingerprint, entity, fence, state, owner_token, locked_until, created_at, expires_at, attempt_until, request_id)
       VALUES (p_scope, p_key, p_fingerprint, p_entity, p_fence, 'in_progress', p_owner, v_until, v_now,
-        v_now + p_retention_ms * interval '1 millisecond')
+        v_now + p_retention_ms * interval '1 millisecond', v_until, p_request_id)
       ON CONFLICT (scope, key) DO NOTHING;
       EXIT decide WHEN FOUND;
       -- A concurrent admission of the same key committed first (it was not

@@ -12,6 +12,13 @@
 -- a completed record's retention runs from once its row is locked (the
 -- finish may wait for an admission of a retry that holds it), and the
 -- late-finish row takes the bounded text.
+--
+-- Since 0010, p_outcome 'unknown' keeps the interim answer it is given
+-- (p_status, p_headers, p_body; all NULL: none, one kept before is dropped)
+-- in the record's response columns (DESIGN §3.7), and p_retention_ms, when
+-- given, sets the time it is carried (expires_at) from once the row is
+-- locked. A previous release's replica passes NULLs for an unknown finish:
+-- no interim, as before. Same signature.
 CREATE OR REPLACE FUNCTION fencegate_finish(
   p_scope text, p_key text, p_entity text, p_owner text, p_outcome text,
   p_status integer, p_headers jsonb, p_body bytea, p_retention_ms bigint,
@@ -48,7 +55,13 @@ BEGIN
       DELETE FROM idempotency_records r
         WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = p_owner AND r.state IN ('in_progress', 'outcome_unknown');
     ELSIF p_outcome = 'unknown' THEN
-      UPDATE idempotency_records r SET state = 'outcome_unknown', locked_until = NULL
+      IF p_retention_ms IS NOT NULL THEN
+        PERFORM 1 FROM idempotency_records r WHERE r.scope = p_scope AND r.key = p_key FOR UPDATE;
+        v_now := clock_timestamp();
+      END IF;
+      UPDATE idempotency_records r SET state = 'outcome_unknown', locked_until = NULL,
+          status = p_status, headers = p_headers, body = p_body,
+          expires_at = CASE WHEN p_retention_ms IS NULL THEN r.expires_at ELSE v_now + p_retention_ms * interval '1 millisecond' END
         WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = p_owner AND r.state IN ('in_progress', 'outcome_unknown');
     ELSE
       RAISE EXCEPTION 'fencegate_finish: unknown outcome %', p_outcome;
