@@ -78,9 +78,9 @@ describe('an outcome-unknown (-32005) with the route reconciling', () => {
   test('negative control: without the hint (a route that does not reconcile) the handler gets the refusal at once', async () => {
     const { ctx, events } = fenceContext({ waitableMs: () => 60_000 });
     const { client, calls } = scripted([mcpError(-32005, { type: 'outcome-unknown' }), { content: [] }]);
-    const err = await fencedMcp(client, ctx)
+    const err = (await fencedMcp(client, ctx)
       .callTool({ name: 'create_ticket' })
-      .catch((e) => e);
+      .catch((e: unknown) => e)) as McpRefusalError;
     expect(err).toBeInstanceOf(McpRefusalError);
     expect(err.code).toBe('outcome-unknown');
     expect(calls).toHaveLength(1);

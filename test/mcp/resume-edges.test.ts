@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { cancelledRequestId, InFlightCalls, MAX_EVENT_IDS } from '../../src/http/mcp/resume.js';
 import { SseSplitter } from '../../src/http/mcp/sse.js';
+import { decisionOutcomeOf, outcomeOf, rejectionReasonOf } from '../../src/http/metrics-spec.js';
 import { fenced, mcpRoute, rawPost, startMcpGateway } from './harness.js';
 import { rawUpstream, type RawUpstream } from './raw-upstream.js';
 
@@ -200,6 +201,12 @@ describe('pieces', () => {
     expect(calls.size).toBe(0);
     expect(calls.cancelled('s', 1)).toBeUndefined();
     expect(calls.tiedTo('s', `e${MAX_EVENT_IDS + 4}`)).toBeUndefined();
+  });
+
+  it('a withheld cancel is counted as passed, never as a rejection', () => {
+    expect(decisionOutcomeOf('cancel-withheld')).toBe('passed');
+    expect(outcomeOf('cancel-withheld')).toBe('passed');
+    expect(rejectionReasonOf('cancel-withheld')).toBeNull();
   });
 
   it('cancelledRequestId reads a single cancel notification only', () => {
