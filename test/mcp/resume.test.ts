@@ -111,10 +111,11 @@ describe('a client that resumes its stream with GET and Last-Event-ID', () => {
     cleanups.push(() => cut.close());
     const open = gateOf(up);
     const { client } = await agent(`${cut.url}/mcp`, 3);
-    const result = client.callTool(call('create_ticket', 'job-3:create'));
+    let lastEventId: string | undefined;
+    const result = client.callTool(call('create_ticket', 'job-3:create'), undefined, { onresumptiontoken: (t: string) => void (lastEventId = t) });
     await up.started;
     // The priming event (its id) has reached the client: its connection breaks, it resumes with GET + Last-Event-ID.
-    await new Promise((r) => setTimeout(r, 200));
+    await until(() => lastEventId !== undefined, 'an event id');
     cut.cutAll();
     await until(() => up.resumes().length > 0, 'a resuming GET');
     open();
