@@ -139,6 +139,8 @@ const COARSE: Record<string, string> = {
   'task-lock-lost': 'upstream_error',
   passed: 'passed',
   'passed-read-only': 'passed',
+  // An mcp client's cancel of a call in flight, answered by the gateway (../mcp/resume.ts).
+  'cancel-withheld': 'passed',
   'upstream-no-response': 'upstream_error',
   replayed: 'replayed',
   'stale-fence': 'stale',
@@ -180,6 +182,7 @@ const FINE: Record<string, [string, number | null]> = {
   'task-lock-lost': ['unknown_504', null],
   passed: ['passed', null],
   'passed-read-only': ['passed', null],
+  'cancel-withheld': ['passed', null],
   replayed: ['replayed', null],
   'stale-fence': ['stale', 409],
   'idempotency-key-reused': ['mismatch', 422],
@@ -216,7 +219,7 @@ export function decisionOutcomeOf(decision: string): string {
 }
 
 /** The decisions that let the request through (or answered it from the record): not rejections. */
-const NOT_REJECTED = new Set(['forwarded', 'forwarded-released', 'forwarded-interim', 'passed', 'passed-read-only', 'replayed', 'interim-replayed']);
+const NOT_REJECTED = new Set(['forwarded', 'forwarded-released', 'forwarded-interim', 'passed', 'passed-read-only', 'cancel-withheld', 'replayed', 'interim-replayed']);
 
 /**
  * A refusal code, as the `reason` of fencegate_rejections_total, or null

@@ -75,7 +75,7 @@ export interface LeaseEventMap {
     step: string;
     idempotencyKey: string;
     requestId: string;
-    /** How many 409 outcome-unknown answers with the gateway's hint `fencedFetch` waited out first (0: reconciled on the first send). */
+    /** How many outcome-unknown answers with the gateway's hint `fencedFetch` (409) or `fencedMcp` (-32005) waited out first (0: reconciled on the first send). */
     waits: number;
   };
   result_committed: JobFields & { resultSha256: string };

@@ -130,7 +130,7 @@ function idempotencyKey(ctx: FenceContext, step: string): string {
   return `${ctx.jobKey}:${step}`;
 }
 
-async function fenceValue(ctx: FenceContext, signer: FenceSigner | undefined): Promise<string> {
+export async function fenceValue(ctx: FenceContext, signer: FenceSigner | undefined): Promise<string> {
   if (!signer) return String(ctx.fencingToken);
   return signer({
     ent: ctx.fenceKey,

@@ -8,7 +8,16 @@
  * `@modelcontextprotocol/sdk` `Client`, or anything shaped like it, fits.
  */
 import { LeaseError, LeaseLostError, OutcomeUnknownError } from './errors.js';
-import { createStep, fenceRefusalText, type FenceContext, type FenceOptions, type FenceRefusal } from './fenced-fetch.js';
+import {
+  createStep,
+  fenceRefusalText,
+  fenceValue,
+  MAX_RECONCILE_WAIT_MS,
+  MAX_RECONCILE_WAITS,
+  type FenceContext,
+  type FenceOptions,
+  type FenceRefusal,
+} from './fenced-fetch.js';
 // One table for both sides of the wire: the gateway's MCP route reads these names and sends these codes.
 import { caseVariantOf, MCP_CALL_MEMBERS, MCP_META, MCP_META_MEMBERS } from '../protocol/mcp.js';
 import { neverConnected } from '../protocol/connect-errors.js';
@@ -28,6 +37,8 @@ export interface McpToolCallParams {
 export interface McpRequestOptionsLike {
   signal?: AbortSignal;
   timeout?: number;
+  maxTotalTimeout?: number;
+  resetTimeoutOnProgress?: boolean;
   [extra: string]: unknown;
 }
 
@@ -57,7 +68,68 @@ export interface FencedMcp<C extends McpClientLike = McpClientLike> {
   ): Promise<Awaited<ReturnType<C['callTool']>>>;
 }
 
-export type FencedMcpOptions = Pick<FenceOptions, 'fenceSigner'>;
+export interface FencedMcpOptions extends Pick<FenceOptions, 'fenceSigner'> {
+  /**
+   * The route's `timeoutMs` for the tool (docs/mcp.md): the SDK's request
+   * timeout becomes this plus `ROUTE_ANSWER_MARGIN_MS`, so the gateway's own
+   * answer at its deadline (-32009, recorded) reaches the client before the
+   * client gives up by itself (an SDK timeout tells the handler nothing the
+   * gateway knows). Without it: the lease's remaining time. Never past the
+   * lease either way; a `timeout` in the call's options wins.
+   */
+  routeTimeoutMs?: number;
+}
+
+/**
+ * The marker on a tool result the gateway settled by reconciliation: the
+ * route's `_meta` member (src/http/mcp/reconcile.ts RECONCILED_META; the
+ * lease side does not import the gateway's code).
+ */
+export const MCP_RECONCILED_META = 'io.fencegate/reconciled';
+
+function reconciled(result: unknown): boolean {
+  const meta = (result as { _meta?: unknown } | null | undefined)?._meta;
+  return meta !== null && typeof meta === 'object' && (meta as Record<string, unknown>)[MCP_RECONCILED_META] === true;
+}
+
+/** What the SDK's timeout waits past the route's deadline for the gateway's answer to arrive. */
+export const ROUTE_ANSWER_MARGIN_MS = 2_000;
+/** The least SDK timeout fencedMcp sets (the SDK refuses none, but a zero one never sends). */
+const MIN_SDK_TIMEOUT_MS = 1_000;
+const MAX_TIMER_MS = 2_147_483_647;
+
+/**
+ * The gateway's hint on an MCP `outcome-unknown` (-32005) of a route that
+ * reconciles (DESIGN §3.12): `data.reconciling: true` and `data.retry_after`
+ * in seconds, the members a plain route's 409 carries. Undefined for any
+ * other error, a -32005 without the hint included (a route without
+ * reconcile: the handler gets the McpRefusalError as before).
+ */
+export function mcpReconcilingHint(e: { code: number; data?: unknown }): { retryAfterMs: number } | undefined {
+  if (e.code !== -32005) return undefined;
+  const d = e.data as { type?: unknown; reconciling?: unknown; retry_after?: unknown } | null | undefined;
+  if (d == null || d.type !== 'outcome-unknown' || d.reconciling !== true) return undefined;
+  const after = d.retry_after;
+  if (typeof after !== 'number' || !Number.isInteger(after) || after < 0 || after > 999_999_999) return undefined;
+  return { retryAfterMs: after * 1000 };
+}
+
+/** Sleeps `ms`, or rejects with the first of `signals` to abort. */
+function sleep(ms: number, signals: AbortSignal[]): Promise<void> {
+  const signal = AbortSignal.any(signals);
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
+}
 
 /**
  * The server (the gateway's MCP route, or the tool server behind it) refused
@@ -153,7 +225,12 @@ function afterResult(err: unknown): boolean {
  *   `fence-expired`: the lease is lost (`markLost`, then `LeaseLostError`,
  *   as `fencedFetch` does for a 409 stale-fence);
  * - the SDK's own timeout, or a connection broken after sending:
- *   `OutcomeUnknownError` (retry only under the same step);
+ *   `OutcomeUnknownError` (retry only under the same step); that timeout is
+ *   the route's plus a margin (`routeTimeoutMs`) or the lease's remaining
+ *   time, so the gateway's recorded answer at its deadline comes first;
+ * - an outcome-unknown (-32005) with the route's reconciling hint: waited
+ *   out within the lease and the same call sent again (as fencedFetch does
+ *   for the 409), `outcome_reconciled` on a result the route marks reconciled;
  * - any other JSON-RPC error: `McpRefusalError` with its `data`;
  * - a failure that proves nothing was sent (a refused connect, DNS: one list
  *   with the gateway, src/protocol/connect-errors.ts): the error as it is;
@@ -170,6 +247,19 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
   // The step gives the same lease gate, key, signed fence, event and in-flight
   // record as fencedFetch: one rule for both.
   const step = createStep(ctx, options.fenceSigner ? { fenceSigner: options.fenceSigner } : {});
+  /** How long the attempt may still wait (FenceContext.waitableMs), as fencedFetch reads it. */
+  const waitable = () => ctx.waitableMs?.() ?? ctx.leaseUntil().getTime() - Date.now();
+  /**
+   * The SDK's request options: its timeout aligned with the route's (or the
+   * lease's remaining time), reset by progress, never past the lease; the
+   * caller's own values win.
+   */
+  const sdkTimeouts = (): Pick<McpRequestOptionsLike, 'timeout' | 'maxTotalTimeout' | 'resetTimeoutOnProgress'> => {
+    // A timer longer than 2^31 - 1 ms fires at once (the SDK's is a setTimeout).
+    const lease = Math.min(MAX_TIMER_MS, Math.max(MIN_SDK_TIMEOUT_MS, Math.floor(waitable())));
+    const timeout = options.routeTimeoutMs !== undefined ? Math.min(options.routeTimeoutMs + ROUTE_ANSWER_MARGIN_MS, lease) : lease;
+    return { timeout: Math.max(MIN_SDK_TIMEOUT_MS, timeout), maxTotalTimeout: lease, resetTimeoutOnProgress: true };
+  };
 
   return {
     async callTool(params, resultSchema, requestOptions): Promise<Awaited<ReturnType<C['callTool']>>> {
@@ -205,7 +295,7 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
       }
       const name = stepName ?? `mcp:${wire.name}`;
       type Result = Awaited<ReturnType<C['callTool']>>;
-      return step<Result>(name, async ({ idempotencyKey, fence, fenceKey, signal }): Promise<Result> => {
+      return step<Result>(name, async ({ idempotencyKey, fence, fenceKey, signal, requestId }): Promise<Result> => {
         const callerOptions = (requestOptions ?? {}) as McpRequestOptionsLike;
         const callerSignal = callerOptions.signal;
         const signals = [signal, callerSignal].filter((s): s is AbortSignal => s != null);
@@ -219,50 +309,89 @@ export function fencedMcp<C extends McpClientLike>(client: C, ctx: FenceContext,
             [MCP_META.idempotencyKey]: idempotencyKey,
           },
         };
-        try {
-          return (await client.callTool(sent, resultSchema, { ...callerOptions, signal: AbortSignal.any(signals) })) as Result;
-        } catch (err) {
-          if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new LeaseLostError('the lease ended', { cause: err });
-          if (callerSignal?.aborted) throw err;
-          // The SDK's own check of the result against the tool's output
-          // schema fails after the call ran: not a refusal.
-          if (afterResult(err)) {
-            throw new OutcomeUnknownError(
-              `step ${name}: tools/call ${wire.name} ran, but its result did not pass the client's output-schema check; retry only with the same step`,
-              {
+        // An outcome-unknown with the gateway's hint is waited out and the same call (key, fence,
+        // entity, arguments) sent again, as fencedFetch does (DESIGN §3.12, §6.4).
+        for (let waits = 0; ; waits++) {
+          const answer = await send(waits);
+          if ('result' in answer) {
+            // An answer the gateway learned from the server's status tool (DESIGN §3.12), as fencedFetch reports `fencegate-reconciled`.
+            if (reconciled(answer.result)) {
+              ctx.emit({
+                type: 'outcome_reconciled',
+                at: new Date(),
+                workerId: ctx.workerId,
+                jobId: ctx.jobId,
+                kind: ctx.kind,
+                fencingToken: ctx.fencingToken,
+                step: name,
+                idempotencyKey,
+                requestId,
+                waits,
+              });
+            }
+            return answer.result;
+          }
+          try {
+            await sleep(answer.retryAfterMs, signals);
+          } catch (err) {
+            if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new LeaseLostError('the lease ended', { cause: err });
+            throw err;
+          }
+          // The resend is a new external action: the same gate as the first; a signed fence is minted again.
+          ctx.assertCanStart();
+          if (options.fenceSigner) {
+            const again = await fenceValue(ctx, options.fenceSigner);
+            ctx.assertCanStart();
+            sent._meta = { ...sent._meta, [MCP_META.fence]: again };
+          }
+        }
+
+        /** One send: the result, or the hint to wait (an outcome-unknown the gateway is reconciling); anything else thrown, mapped. */
+        async function send(waits: number): Promise<{ result: Result } | { retryAfterMs: number }> {
+          try {
+            return { result: (await client.callTool(sent, resultSchema, { ...sdkTimeouts(), ...callerOptions, signal: AbortSignal.any(signals) })) as Result };
+          } catch (err) {
+            if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new LeaseLostError('the lease ended', { cause: err });
+            if (callerSignal?.aborted) throw err;
+            // The SDK's own check of the result against the tool's output
+            // schema fails after the call ran: not a refusal.
+            if (afterResult(err)) {
+              throw new OutcomeUnknownError(
+                `step ${name}: tools/call ${wire.name} ran, but its result did not pass the client's output-schema check; retry only with the same step`,
+                {
+                  cause: err,
+                },
+              );
+            }
+            const rpc = asRpcError(err);
+            if (rpc && isFenceLost(rpc)) {
+              const refusal = dataType(rpc.data) as FenceRefusal;
+              ctx.markLost('stale_fence', refusal);
+              throw new LeaseLostError(fenceRefusalText(ctx.fencingToken, ctx.fenceKey, refusal), { cause: err });
+            }
+            // -32000 is the SDK's ConnectionClosed: the request may have landed.
+            if (rpc && (isLocalTimeout(rpc) || rpc.code === -32000)) {
+              throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} got no answer; it may have taken effect, retry only with the same step`, {
                 cause: err,
-              },
-            );
+              });
+            }
+            // Reconciliation (DESIGN §3.12): a -32005 whose data carries the route's hint is waited
+            // out within the lease, with fencedFetch's bounds; without the hint (a route that does
+            // not reconcile) it is the handler's, as an McpRefusalError.
+            const hint = rpc && waits < MAX_RECONCILE_WAITS ? mcpReconcilingHint(rpc) : undefined;
+            if (hint !== undefined && hint.retryAfterMs <= MAX_RECONCILE_WAIT_MS && hint.retryAfterMs < waitable()) return hint;
+            if (rpc) {
+              throw new McpRefusalError(`step ${name}: tools/call ${wire.name} refused: ${rpc.message ?? `JSON-RPC error ${rpc.code}`}`, rpc.code, rpc.data, {
+                cause: err,
+              });
+            }
+            // Passed on as it is only when it proves the call never left this
+            // machine (a retry under a new step is then safe). Anything else
+            // may have reached the server: a reset, an HTTP error status from
+            // something in between, a cut or unreadable answer.
+            if (neverConnected(err)) throw err;
+            throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} failed after it may have been sent`, { cause: err });
           }
-          const rpc = asRpcError(err);
-          if (rpc && isFenceLost(rpc)) {
-            const refusal = dataType(rpc.data) as FenceRefusal;
-            ctx.markLost('stale_fence', refusal);
-            throw new LeaseLostError(fenceRefusalText(ctx.fencingToken, ctx.fenceKey, refusal), { cause: err });
-          }
-          // -32000 is the SDK's ConnectionClosed: the request may have landed.
-          if (rpc && (isLocalTimeout(rpc) || rpc.code === -32000)) {
-            throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} got no answer; it may have taken effect, retry only with the same step`, {
-              cause: err,
-            });
-          }
-          // The seam for waiting on reconciliation (DESIGN §3.12): MCP routes have no status
-          // query yet, so their outcome-unknown (-32005) carries no hint and is passed on as
-          // McpRefusalError. Once the route sends one (say `data.reconciling` and
-          // `data.retry_after`), the wait goes here: the same rule and bounds as fencedFetch's
-          // (MAX_RECONCILE_WAITS, MAX_RECONCILE_WAIT_MS, ctx.waitableMs), the same `sent`
-          // params, and `outcome_reconciled` on an answer the gateway reconciled.
-          if (rpc) {
-            throw new McpRefusalError(`step ${name}: tools/call ${wire.name} refused: ${rpc.message ?? `JSON-RPC error ${rpc.code}`}`, rpc.code, rpc.data, {
-              cause: err,
-            });
-          }
-          // Passed on as it is only when it proves the call never left this
-          // machine (a retry under a new step is then safe). Anything else
-          // may have reached the server: a reset, an HTTP error status from
-          // something in between, a cut or unreadable answer.
-          if (neverConnected(err)) throw err;
-          throw new OutcomeUnknownError(`step ${name}: tools/call ${wire.name} failed after it may have been sent`, { cause: err });
         }
       });
     },

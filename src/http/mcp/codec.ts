@@ -23,8 +23,9 @@ import {
   type Base,
 } from './outcome.js';
 import { ToolAnnotations, toolPolicy } from './policy.js';
+import { cancelledRequestId, follow as followStreams, InFlightCalls, sessionOf, watchResumed, type CallWatch, type ResumeUpstream } from './resume.js';
 import { SseSplitter, type SseEvent } from './sse.js';
-import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, pump, sseMessage } from './stream.js';
+import { CallerStream, eventsOf, isResponseTo, messageOf, parseData, sseMessage } from './stream.js';
 import { createdTask, followTask, parseTaskOpCommand, settleTaskOp, TERMINAL_TASK_STATUSES, type ExtendLock } from './tasks.js';
 import type { Forwarder } from '../forward.js';
 
@@ -37,6 +38,8 @@ interface McpState {
   /** The JSON-RPC code when it is not the refusal's own (e.g. -32600 for a message that is no Request object). */
   rpcCode?: number;
   call: ToolCall | null;
+  /** A decided call watched in flight (./resume.ts): its resumed streams and its cancels. */
+  watch?: CallWatch | null;
   /** A state-changing task method (`tasks/cancel`, ./tasks.ts), decided as a fence check. */
   op?: TaskOp;
 }
@@ -61,8 +64,12 @@ export function createMcpCodec(deps: {
   extendLock?: ExtendLock | null;
   /** Aborted when the gateway closes: a followed task is then recorded unknown, with its handle as the interim answer. */
   closing?: AbortSignal;
+  /** The gateway's own resuming GET of a call's stream the server closed (./resume.ts); absent: not resumed. */
+  resume?: ResumeUpstream | undefined;
 }): Codec<McpState> {
   const annotations = new ToolAnnotations();
+  /** The decided calls in flight (./resume.ts). */
+  const calls = new InFlightCalls();
   /** Each route's `toolAccess`, compiled once (null: every tool allowed, every list as it came). */
   const accessOf = new WeakMap<RouteConfig, ToolAccess | null>();
   const toolAccess = (route: RouteConfig): ToolAccess | null => {
@@ -78,6 +85,8 @@ export function createMcpCodec(deps: {
     // What may carry a tools list to the agent: the answer to a tools/list, and the server's GET stream (a list's response replayed on resumption).
     const access = listId !== null || x.req.method === 'GET' ? toolAccess(route) : null;
     const refused = (refusal: Refusal, d: string) => ({ reply: refusalReply(refusal, id, x.requestId, { httpStatus }), decision: d });
+    // A GET that resumes a decided call's stream carries that call's answer (./resume.ts).
+    const tied = x.req.method === 'GET' && deps.canStream ? calls.tiedTo(sessionOf(x), x.req.headers.get('last-event-id')) : undefined;
     // Read whole, the server's GET stream would hang until the deadline: say there is none (MCP lets a server answer 405 here).
     const local: Reply | undefined =
       x.req.method === 'GET' && !deps.canStream
@@ -97,14 +106,17 @@ export function createMcpCodec(deps: {
       // An event stream as it comes, with no deadline past its head (a GET stream lives as long as the session); anything else read whole.
       streamIf: (_status, headers) => isEventStream(headers),
       answer(result) {
+        const resumed = tied !== undefined && result.kind === 'stream' && result.status === 200;
+        if (tied !== undefined && !resumed) tied.untie();
         switch (result.kind) {
           case 'stream': {
+            const body = resumed ? watchResumed(result.body, tied!, route.maxResponseBytes) : result.body;
             const stream =
               access !== null
-                ? filtering(result.body, route, endpoint, listId, access, x.requestId)
+                ? filtering(body, route, endpoint, listId, access, x.requestId)
                 : listId === null
-                  ? result.body
-                  : learning(result.body, route, endpoint, listId);
+                  ? body
+                  : learning(body, route, endpoint, listId);
             return { reply: passthrough(result.status, result.headers, stream), decision };
           }
           case 'response': {
@@ -322,6 +334,11 @@ export function createMcpCodec(deps: {
             state: { ...state, id: message.id },
           };
         }
+        // A cancel of a decided call in flight is not forwarded: the server would drop the call's answer, and its outcome would be unknown (./resume.ts).
+        const cancelled = cancelledRequestId(body);
+        if (cancelled !== undefined && calls.cancelled(sessionOf(x), cancelled) !== undefined) {
+          return { kind: 'pass', pass: { ...passing(x, message.id, null, 'cancel-withheld'), local: { status: 202, headers: [], body: null } } };
+        }
         // A tasks/result blocks until its task ends (MCP 2025-11-25): bounded by taskTimeoutMs, not the route's timeoutMs (./tasks.ts).
         const blocking = message.method === 'tasks/result' ? Math.max(x.route!.timeoutMs, x.route!.taskTimeoutMs) : undefined;
         return { kind: 'pass', pass: passing(x, message.id, message.listId, 'passed', blocking) };
@@ -381,14 +398,17 @@ export function createMcpCodec(deps: {
         // JSON-RPC id, not _meta (progress tokens, the fence), not the session (DESIGN §3.4).
         fingerprint: { method: 'POST', contentType: 'application/json', bodyDigest: sha256Hex(new TextEncoder().encode(`${tool}\u0000${message.argsDigest}`)) },
       };
+      called.watch = calls.open(sessionOf(x), message.id, policy.route.timeoutMs + policy.route.lockMarginMs);
       return { kind: 'command', state: called, command };
     },
 
-    render: (x, refusal, state) =>
-      refusalReply(refusal, state?.id ?? null, x.requestId, {
+    render: (x, refusal, state) => {
+      state?.watch?.close();
+      return refusalReply(refusal, state?.id ?? null, x.requestId, {
         ...(state?.httpStatus ? { httpStatus: true } : {}),
         ...(state?.rpcCode !== undefined ? { rpcCode: state.rpcCode } : {}),
-      }),
+      });
+    },
     presented: (x, code, state) =>
       state?.call
         ? presentedInCall(x.route!, state.call, code, x.req.headers)
@@ -396,7 +416,10 @@ export function createMcpCodec(deps: {
           ? presentedInCall(x.route!, { ...state.op, params: state.op.params } as unknown as ToolCall, code, x.req.headers)
           : null,
     entitySource: (x) => `_meta["${MCP_META.entity}"]${'json' in x.route!.entity ? ` or params${x.route!.entity.json}` : ''}`,
-    replay: (_x, stored, state) => replayReply(stored, state.id),
+    replay: (_x, stored, state) => {
+      state.watch?.close();
+      return replayReply(stored, state.id);
+    },
     upstreamHeaders: mcpUpstreamHeaders,
     // An event stream that holds the call's answer is read as it comes; anything else whole.
     streamIf: (status, headers) => status === 200 && isEventStream(headers) && !isEncoded(headers),
@@ -417,9 +440,12 @@ export function createMcpCodec(deps: {
         decision,
         reply: refusalReply(refusal, call.id, x.requestId),
       });
+      const watch = state.watch ?? null;
+      // Only a streamed answer can come on another stream; for any other the call is no longer watched.
+      if (result.kind !== 'stream') watch?.close();
       switch (result.kind) {
         case 'stream':
-          return streamed(x, call, result, base, timeoutMs, following);
+          return streamed(x, call, result, base, timeoutMs, following, watch, deps.resume);
         case 'response': {
           const settled = settleBuffered(result, call, route, base, route.maxResponseBytes);
           const follow = settled.finish.outcome === 'completed' ? following(x, call, settled.finish.response, base, timeoutMs) : null;
@@ -469,13 +495,24 @@ function streamed(
   base: Base,
   timeoutMs: number,
   following: (x: Exchange, call: ToolCall, stored: StoredResponse, base: Base, timeoutMs: number) => Promise<Omit<Settled, 'reply'>> | null,
+  watch: CallWatch | null,
+  resume: ResumeUpstream | undefined,
 ): Streaming {
   const route = x.route!;
   const caller = new CallerStream(route.maxResponseBytes);
   const left = Math.max(1, timeoutMs - (performance.now() - x.upstreamStarted));
   const head = passthrough(answer.status, answer.headers, caller.stream);
+  watch?.extend(left + route.lockMarginMs);
   const ended = (async () => {
-    const end = await pump(answer.body, call.id, { limit: route.maxResponseBytes, timeoutMs: left, forward: (e) => caller.send(e.raw) });
+    // Across the streams that may carry the answer: the POST's, a resuming GET of the client's, the gateway's own resume (./resume.ts).
+    const end = await followStreams(answer.body, call, {
+      limit: route.maxResponseBytes,
+      deadline: performance.now() + left,
+      forward: (e) => caller.send(e.raw),
+      watch,
+      resume: resume === undefined ? null : (lastEventId, ms) => resume(x, lastEventId, ms),
+      resumed: () => void (x.trace.resumes = (x.trace.resumes ?? 0) + 1),
+    });
     x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
     let settled: Omit<Settled, 'reply'>;
     let last: string;
@@ -484,6 +521,7 @@ function streamed(
       const follow = following(x, call, stored, base, timeoutMs);
       if (follow !== null) {
         // A created task: its handle ends the caller's stream now; the record waits for the task's end (./tasks.ts).
+        watch?.close();
         caller.send(end.event.raw);
         caller.close();
         return { ...(await follow), reply: { status: head.status, headers: head.headers, body: null }, after() {} };
@@ -502,12 +540,20 @@ function streamed(
       ...settled,
       reply: { status: head.status, headers: head.headers, body: null },
       after() {
+        watch?.close();
         caller.send(last);
         caller.close();
       },
     };
   })();
-  return { head, ended, abort: () => caller.close() };
+  return {
+    head,
+    ended,
+    abort: () => {
+      watch?.close();
+      caller.close();
+    },
+  };
 }
 
 /** Why a `tools/list` answer on a route with `toolAccess` is not passed on: it could not be read, so not filtered. */

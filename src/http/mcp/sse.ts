@@ -18,6 +18,14 @@ export interface SseEvent {
    * event of another type is no message of the session (./stream.ts).
    */
   type: string;
+  /**
+   * The event's own `id:` field (the last one, when it has several); null
+   * when it has none. An id with a NUL is ignored, as an EventSource does.
+   * What a client resumes from (`Last-Event-ID`, ./resume.ts).
+   */
+  id: string | null;
+  /** The event's `retry:` field in milliseconds (ASCII digits only); null when it has none: the reconnection time the server asks for. */
+  retry: number | null;
 }
 
 export class SseSplitter {
@@ -27,6 +35,8 @@ export class SseSplitter {
   private scanned = 0;
   private data: string[] = [];
   private type = '';
+  private id: string | null = null;
+  private retry: number | null = null;
   private ended = false;
 
   constructor(private readonly limit: number) {}
@@ -56,19 +66,30 @@ export class SseSplitter {
         if (utf8Length(raw) > this.limit) return null;
         this.buffer = this.buffer.slice(line.end);
         this.scanned = 0;
-        out.push({ raw, data: this.data.length > 0 ? this.data.join('\n') : null, type: this.type === '' ? 'message' : this.type });
+        out.push({
+          raw,
+          data: this.data.length > 0 ? this.data.join('\n') : null,
+          type: this.type === '' ? 'message' : this.type,
+          id: this.id,
+          retry: this.retry,
+        });
         this.data = [];
         this.type = '';
+        this.id = null;
+        this.retry = null;
         continue;
       }
       this.scanned = line.end;
       const colon = line.text.indexOf(':');
       const field = colon === -1 ? line.text : line.text.slice(0, colon);
-      if (field !== 'data' && field !== 'event') continue;
+      if (field !== 'data' && field !== 'event' && field !== 'id' && field !== 'retry') continue;
       let value = colon === -1 ? '' : line.text.slice(colon + 1);
       if (value.startsWith(' ')) value = value.slice(1);
       if (field === 'event') this.type = value;
-      else this.data.push(value);
+      else if (field === 'data') this.data.push(value);
+      else if (field === 'id') {
+        if (!value.includes('\u0000')) this.id = value;
+      } else if (/^[0-9]{1,9}$/.test(value)) this.retry = Number(value);
     }
     if (this.buffer.length > this.limit) return null;
     return out;

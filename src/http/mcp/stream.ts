@@ -69,7 +69,16 @@ export type PumpEnd =
 export async function pump(
   body: ReadableStream<Uint8Array>,
   id: JsonRpcId,
-  options: { limit: number; timeoutMs: number; forward: (event: SseEvent) => void; observe?: (message: unknown) => void },
+  options: {
+    limit: number;
+    timeoutMs: number;
+    forward: (event: SseEvent) => void;
+    observe?: (message: unknown) => void;
+    /** Every whole event, first (its `id:` and `retry:`: where a resumed stream starts, ./resume.ts). */
+    seen?: (event: SseEvent) => void;
+    /** Stops the reading (the answer came on another stream, ./resume.ts): the end is `ended` with error `stopped`. */
+    stop?: AbortSignal;
+  },
 ): Promise<PumpEnd> {
   const splitter = new SseSplitter(options.limit);
   const reader = body.getReader();
@@ -78,13 +87,17 @@ export async function pump(
     timedOut = true;
     void reader.cancel().catch(() => {});
   }, options.timeoutMs);
+  const stop = () => void reader.cancel().catch(() => {});
+  options.stop?.addEventListener('abort', stop, { once: true });
+  if (options.stop?.aborted) stop();
+  const failure = (err: unknown) => (timedOut ? 'timeout' : options.stop?.aborted ? 'stopped' : errorName(err));
   try {
     for (;;) {
       let next: Awaited<ReturnType<typeof reader.read>>;
       try {
         next = await reader.read();
       } catch (err) {
-        return { kind: 'ended', error: timedOut ? 'timeout' : errorName(err), timedOut };
+        return { kind: 'ended', error: failure(err), timedOut };
       }
       const events = next.done ? splitter.end() : splitter.push(next.value);
       if (events === null) {
@@ -92,6 +105,7 @@ export async function pump(
         return { kind: 'too-large' };
       }
       for (const event of events) {
+        options.seen?.(event);
         // Parsed once: what observe sees and what decides the event's role.
         const data = parseData(event.data);
         const message = messageOf(event, data);
@@ -104,10 +118,11 @@ export async function pump(
         }
         if (role === 'other') options.forward(event);
       }
-      if (next.done) return { kind: 'ended', error: timedOut ? 'timeout' : 'stream-ended-without-response', timedOut };
+      if (next.done) return { kind: 'ended', error: timedOut || options.stop?.aborted ? failure(null) : 'stream-ended-without-response', timedOut };
     }
   } finally {
     clearTimeout(timer);
+    options.stop?.removeEventListener('abort', stop);
   }
 }
 

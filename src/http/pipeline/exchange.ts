@@ -61,6 +61,8 @@ export interface Trace {
   decision?: string;
   status?: number;
   upstream_ms?: number;
+  /** An mcp call whose stream the server closed before the answer: how often the gateway resumed it (../mcp/resume.ts). */
+  resumes?: number;
   total_ms?: number;
 }
 

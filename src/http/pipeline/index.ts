@@ -8,6 +8,7 @@ import type { Inbound, Reply } from '../inbound.js';
 import { warnGlobalKeys, type CredentialHashing } from '../key-scope.js';
 import type { Logger } from '../logger.js';
 import { createMcpCodec } from '../mcp/codec.js';
+import { createUpstreamResume } from '../mcp/resume.js';
 import type { RequestObservation } from '../metrics.js';
 import type { TokenVerifier } from '../middleware/auth/index.js';
 import { normalizePath } from '../path.js';
@@ -97,6 +98,7 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
       // A followed MCP task keeps its record and serial slot alive (../mcp/tasks.ts, DESIGN §3.6).
       extendLock: (input) => store.extendLock(input),
       ...(deps.closing !== undefined ? { closing: deps.closing } : {}),
+      resume: createUpstreamResume({ ...headerDeps, forwarder: deps.forwarder }),
     }),
   };
   /** A refusal before any codec has read the request: in the route's HTTP error shape. */
