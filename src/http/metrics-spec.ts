@@ -219,7 +219,16 @@ export function decisionOutcomeOf(decision: string): string {
 }
 
 /** The decisions that let the request through (or answered it from the record): not rejections. */
-const NOT_REJECTED = new Set(['forwarded', 'forwarded-released', 'forwarded-interim', 'passed', 'passed-read-only', 'cancel-withheld', 'replayed', 'interim-replayed']);
+const NOT_REJECTED = new Set([
+  'forwarded',
+  'forwarded-released',
+  'forwarded-interim',
+  'passed',
+  'passed-read-only',
+  'cancel-withheld',
+  'replayed',
+  'interim-replayed',
+]);
 
 /**
  * A refusal code, as the `reason` of fencegate_rejections_total, or null
