@@ -88,6 +88,32 @@ Filters:
   --until T         same
   --limit N         at most N rows (default: all)
   --admin-prefix P  the gateway's adminPrefix (default /_fencegate, or the config's)
+
+The command log (accepted commands and how each ended): fencegate audit commands --help
+`;
+
+export const AUDIT_COMMANDS_HELP = `fencegate audit commands — read the command log
+
+Usage:
+  fencegate audit commands --url URL [--token T] [filters] [--format table|csv|ndjson]
+  fencegate audit commands (--db PATH | --config FILE) [filters] [--format table|csv|ndjson]
+
+One row per outcome of a request the gateway decided on: completed, released
+or outcome_unknown (with the status the caller got: the upstream's, or 502,
+503, 504), late-finish, and the transient refusals entity-busy,
+idempotency-in-progress and payload-too-large. Refusals are in the rejection
+log (fencegate audit). Against a running gateway (--url, with the
+fencegate:audit scope) or straight against its store; newest first.
+
+Filters:
+  --entity E        only this entity
+  --key K           only this idempotency key
+  --route NAME      only this route
+  --caller C        only this caller (token sub)
+  --since T         ISO 8601 time, or a duration back from now (2h, 30m, 7d)
+  --until T         same
+  --limit N         at most N rows (default: all)
+  --admin-prefix P  the gateway's adminPrefix (default /_fencegate, or the config's)
 `;
 
 export const TOKEN_HELP = `fencegate token — mint a development JWT from the configured HS256 secret

@@ -9,6 +9,7 @@ import { EXPORT_MEDIA_TYPES, exportFormatOf, rejectionExport } from './audit/exp
 import { rejectionJson } from './audit/format.js';
 import { latestHistory, recordJson, registerAuditRoutes } from './audit/routes.js';
 import { consoleResponse, type ConsoleMode } from './console/page.js';
+import { registerCommandRoutes } from './audit/commands.js';
 
 export { rejectionJson };
 
@@ -108,6 +109,9 @@ export function createAdminApp(options: AdminOptions): Hono {
     return c.json({ items: page.items.map(rejectionJson), next_cursor: page.nextCursor });
   });
 
+  // The command log (DESIGN §4.1 `commands`): its pages and exports, as the rejection log's.
+  registerCommandRoutes(app, { store, problem });
+
   app.get('/v1/entities/:entity', async (c) => {
     const info = await store.getEntity(c.req.param('entity'));
     if (info === null) return problem({ code: 'not-found', detail: 'no such entity' });
@@ -178,7 +182,7 @@ export function parseRejectionQuery(params: URLSearchParams, now = Date.now()): 
   return q;
 }
 
-function parseTime(v: string, now: number): Date | null {
+export function parseTime(v: string, now: number): Date | null {
   const ago = parseDuration(v);
   if (ago !== null) return new Date(now - ago);
   if (!/^\d{4}-\d{2}-\d{2}/.test(v)) return null;

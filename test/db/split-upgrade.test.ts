@@ -36,7 +36,7 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-const GATEWAY_TABLES = ['fence_entities', 'fence_history', 'idempotency_records', 'operator_actions', 'rejections'];
+const GATEWAY_TABLES = ['commands', 'fence_entities', 'fence_history', 'idempotency_records', 'operator_actions', 'rejections'];
 const LEASE_TABLES = ['tool_job_store', 'tool_jobs'];
 const LEASE_MIGRATIONS = ['0002_tool_jobs.sql', '0007_tool_job_store.sql'];
 
@@ -127,12 +127,17 @@ describe('the gateway and the lease module each migrate their own schema (SQLite
     // names the tool column (0009), so the column is there for the writes
     // only and dropped again: the upgrade below starts from the released schema.
     raw.exec('ALTER TABLE rejections ADD COLUMN tool TEXT');
+    // And its command-log insert names the commands table (0011): there for the writes only too.
+    raw.exec(
+      'CREATE TABLE commands (id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, outcome TEXT NOT NULL, route TEXT, method TEXT, path TEXT, entity TEXT, fence INTEGER, idempotency_key TEXT, scope TEXT, caller TEXT, tool TEXT, decision TEXT, status INTEGER, upstream_ms REAL, request_id TEXT, client_request_id TEXT, payload_sha256 TEXT)',
+    );
     const before = new SqliteGatewayStore({ path, migrate: false });
     const oldJobs = createSqliteJobStore({ path, migrate: false });
     const written = await writeState(before, oldJobs);
     await oldJobs.close();
     await before.close();
     raw.exec('ALTER TABLE rejections DROP COLUMN tool');
+    raw.exec('DROP TABLE commands');
     const ledgerBefore = raw.prepare('SELECT name, applied_at FROM fencegate_migrations ORDER BY name').all();
 
     // Only the gateway migrations after that release run; nothing runs twice.

@@ -11,6 +11,8 @@ export function delegate(inner: GatewayStore, overrides: Partial<GatewayStore>):
     admit: (i) => inner.admit(i),
     finish: (i) => inner.finish(i),
     recordRejection: (i) => inner.recordRejection(i),
+    recordCommand: (i) => inner.recordCommand(i),
+    listCommands: (q) => inner.listCommands(q),
     waitForChange: (t, ms, s) => inner.waitForChange(t, ms, s),
     listRejections: (q) => inner.listRejections(q),
     getEntity: (e) => inner.getEntity(e),

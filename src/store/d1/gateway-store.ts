@@ -3,6 +3,8 @@ import { LocalNotifier } from '../notifier.js';
 import {
   type AdmitInput,
   type AuditStore,
+  type CommandInput,
+  type CommandQuery,
   type FinishInput,
   type GatewayStore,
   type RejectionInput,
@@ -16,6 +18,7 @@ import { finishBatch } from './finish.js';
 import { toEntity, toPage, toRecord, toRejection } from '../sqlite-dialect/rows.js';
 import { D1, ENTITY_INFO, insertRejection, RECORDS_BY_KEY, rejectionParams, rejectionsPage, sweepStatements } from '../sqlite-dialect/statements.js';
 import { sweepInBatches, sweepSteps } from '../sweep.js';
+import { commandParams, commandsPage, insertCommand, toCommand } from '../sqlite-dialect/commands.js';
 
 export type { D1DatabaseLike, D1PreparedStatementLike, D1ResultLike } from './binding.js';
 
@@ -44,6 +47,7 @@ const MAX_POLL_INTERVAL_MS = 1000;
 
 const SWEEP = sweepStatements(D1);
 const INSERT_REJECTION = insertRejection(D1);
+const INSERT_COMMAND = insertCommand(D1);
 
 /**
  * The gateway store on Cloudflare D1 (`fencegate/d1`): every decision is one
@@ -117,6 +121,15 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
 
   async recordRejection(input: RejectionInput): Promise<void> {
     await this.st(INSERT_REJECTION, { reason: input.reason, presented: input.presentedFence, current: input.currentFence, ...rejectionParams(input) }).run();
+  }
+
+  async recordCommand(input: CommandInput): Promise<void> {
+    await this.st(INSERT_COMMAND, commandParams(input)).run();
+  }
+
+  async listCommands(query: CommandQuery) {
+    const { sql, params } = commandsPage(D1, query);
+    return toPage((await this.st(sql, params).all()).results ?? [], query.limit, toCommand);
   }
 
   /**

@@ -8,6 +8,8 @@ import {
   type Admission,
   type AdmitInput,
   type AuditStore,
+  type CommandInput,
+  type CommandQuery,
   type FinishInput,
   type FinishResult,
   type GatewayStore,
@@ -39,6 +41,8 @@ import {
 import { decide, finish, releaseUnsent } from '../../core/admission.js';
 import { admissionRows, type AdmissionRows } from './admission-rows.js';
 import { sweepInBatches, sweepSteps } from '../sweep.js';
+import { finishedOutcome } from '../commands.js';
+import { commandParams, commandsPage, insertCommand, toCommand } from '../sqlite-dialect/commands.js';
 
 export interface SqliteStoreOptions extends OpenSqliteOptions {
   /** Path of the database file (created if missing), or `:memory:`. */
@@ -94,6 +98,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
   private readonly admitTx: (input: AdmitInput) => Admission | Promise<Admission>;
   private readonly finishTx: (input: FinishInput) => FinishResult | Promise<FinishResult>;
   private readonly rejectTx: (input: RejectionInput) => void | Promise<void>;
+  private readonly commandTx: (input: CommandInput) => void | Promise<void>;
   private readonly releaseTx: (input: AdmitInput) => UnsentRelease | Promise<UnsentRelease>;
   /** The database clock (ms) read at the start of the current write transaction. */
   private txNow = 0;
@@ -133,6 +138,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
       this.admitTx = (input) => group.run(() => this.admitIn(input));
       this.finishTx = (input) => group.run(() => this.finishIn(input));
       this.rejectTx = (input) => group.run(() => this.reject(input, this.txNow));
+      this.commandTx = (input) => group.run(() => this.logCommand(input, input.outcome, this.txNow));
       this.releaseTx = (input) => group.run(() => this.releaseIn(input));
     } else {
       // One BEGIN IMMEDIATE transaction each (./write-lock.ts).
@@ -143,6 +149,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
       this.admitTx = inTx((input: AdmitInput) => this.admitIn(input));
       this.finishTx = inTx((input: FinishInput) => this.finishIn(input));
       this.rejectTx = inTx((input: RejectionInput) => this.reject(input, this.txNow));
+      this.commandTx = inTx((input: CommandInput) => this.logCommand(input, input.outcome, this.txNow));
       this.releaseTx = inTx((input: AdmitInput) => this.releaseIn(input));
     }
     this.audit = createSqliteAudit(this.db, this.lock);
@@ -188,6 +195,16 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     await this.rejectTx(input);
   }
 
+  async recordCommand(input: CommandInput): Promise<void> {
+    await this.commandTx(input);
+  }
+
+  async listCommands(query: CommandQuery) {
+    const { sql, params } = commandsPage(SQLITE, query);
+    if (query.cursor !== undefined) params.cursor = BigInt(query.cursor);
+    return toPage(this.db.prepare(sql).safeIntegers(true).all(params) as Record<string, unknown>[], query.limit, toCommand);
+  }
+
   waitForChange(topic: string, timeoutMs: number, signal?: AbortSignal): Promise<void> {
     return this.notifier.wait(topic, timeoutMs, signal);
   }
@@ -224,6 +241,8 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     // Taken over by a newer owner (onUnknown: retry) or resolved by an
     // operator: this owner's outcome no longer decides anything.
     if (f.rejection !== null) this.reject({ ...f.rejection, entity: input.entity, idempotencyKey: input.key, audit: input.audit }, now);
+    // The command log's row of this outcome, in the same transaction (DESIGN §4.1 `commands`).
+    if (input.command !== undefined) this.logCommand(input.command, finishedOutcome(input.command.outcome, f.recorded), now);
     return { recorded: f.recorded };
   }
 
@@ -292,6 +311,11 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     return (this.q.now.get() as { now: number }).now;
   }
 
+  /** Every command-log row of this store is written here, its text bounded (../commands.ts). */
+  private logCommand(c: CommandInput, outcome: CommandInput['outcome'], now: number): void {
+    this.q.insertCommand.run({ now, ...commandParams(c), c_outcome: outcome });
+  }
+
   /** Every rejection row of this store is written here, its text bounded (../bounds.ts). */
   private reject(r: RejectionInput, now: number): void {
     this.q.insertRejection.run({ now, reason: r.reason, presented: r.presentedFence, current: r.currentFence, ...rejectionParams(r) });
@@ -309,6 +333,7 @@ function prepare(db: SqliteDatabase) {
     now: s(`SELECT ${NOW_MS} AS now`),
     entityInfo: s(ENTITY_INFO, true),
     insertRejection: s(insertRejection(SQLITE)),
+    insertCommand: s(insertCommand(SQLITE)),
     // @entity @fence @now @caller @request_id
     fenceHistory: s(insertFenceHistory('VALUES (@entity, @fence, @now, @caller, @request_id)')),
     recordsByKey: s(RECORDS_BY_KEY, true),
