@@ -23,8 +23,6 @@ export { REJECTION_REASONS };
 
 /** `fencegate audit`. Returns the exit code. */
 export async function auditCommand(argv: string[]): Promise<number> {
-  // `fencegate audit commands …`: the command log (./cli-audit-commands.ts).
-  if (argv[0] === 'commands') return (await import('./cli-audit-commands.js')).auditCommandsCommand(argv.slice(1));
   const { values } = parseArgs({
     args: argv,
     options: {

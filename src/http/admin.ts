@@ -1,7 +1,6 @@
 import { Hono, type MiddlewareHandler } from 'hono';
 import { basePath } from 'hono/route';
 import type { RouteConfig } from '../config/schema.js';
-import { parseDuration } from '../core/duration.js';
 import { ERROR_CODES, type ErrorCode } from '../protocol/codes.js';
 import { renderProblem, type Refusal } from '../protocol/problem.js';
 import type { GatewayStore, RejectionQuery } from '../store/types.js';
@@ -10,6 +9,7 @@ import { rejectionJson } from './audit/format.js';
 import { latestHistory, recordJson, registerAuditRoutes } from './audit/routes.js';
 import { consoleResponse, type ConsoleMode } from './console/page.js';
 import { registerCommandRoutes } from './audit/commands.js';
+import { parseTime } from './audit/time.js';
 
 export { rejectionJson };
 
@@ -180,12 +180,4 @@ export function parseRejectionQuery(params: URLSearchParams, now = Date.now()): 
     q.cursor = cursor;
   }
   return q;
-}
-
-export function parseTime(v: string, now: number): Date | null {
-  const ago = parseDuration(v);
-  if (ago !== null) return new Date(now - ago);
-  if (!/^\d{4}-\d{2}-\d{2}/.test(v)) return null;
-  const d = new Date(v);
-  return Number.isNaN(d.getTime()) ? null : d;
 }

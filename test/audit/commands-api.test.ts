@@ -71,7 +71,7 @@ async function tellStory(gw: TestGateway, up: FakeUpstream, entity: string): Pro
 async function story(gw: TestGateway, entity: string, headers: Record<string, string> = {}): Promise<any[]> {
   const res = await v1(gw, `/commands?entity=${encodeURIComponent(entity)}`, { headers });
   expect(res.status, await res.clone().text()).toBe(200);
-  return (await res.json()).items;
+  return ((await res.json()) as any).items;
 }
 
 describe('GET /v1/commands: an entity whole story', () => {
@@ -97,8 +97,8 @@ describe('GET /v1/commands: an entity whole story', () => {
     // Never the query string.
     expect(JSON.stringify(items)).not.toContain('s3');
     // Filters: by key, by route.
-    expect((await (await v1(gw, '/commands?key=k2')).json()).items.map((r: any) => r.status)).toEqual([504]);
-    expect((await (await v1(gw, '/commands?entity=acct:1&route=dead')).json()).items).toHaveLength(1);
+    expect(((await (await v1(gw, '/commands?key=k2')).json()) as any).items.map((r: any) => r.status)).toEqual([504]);
+    expect(((await (await v1(gw, '/commands?entity=acct:1&route=dead')).json()) as any).items).toHaveLength(1);
   });
 
   it('negative control: a finish that drops its row leaves the 504 out of the story', async () => {
@@ -127,8 +127,8 @@ describe('GET /v1/commands: an entity whole story', () => {
       .split('\n')
       .map((l) => JSON.parse(l));
     expect(rows.map((r) => r.idempotency_key)).toEqual(['k4', 'k3', 'k2', 'k1', 'k0']);
-    const p1 = await (await v1(gw, '/commands?entity=acct:3&limit=2')).json();
-    const p2 = await (await v1(gw, `/commands?entity=acct:3&limit=2&cursor=${p1.next_cursor}`)).json();
+    const p1: any = await (await v1(gw, '/commands?entity=acct:3&limit=2')).json();
+    const p2: any = await (await v1(gw, `/commands?entity=acct:3&limit=2&cursor=${p1.next_cursor}`)).json();
     expect([...p1.items, ...p2.items].map((r: any) => r.idempotency_key)).toEqual(['k4', 'k3', 'k2', 'k1']);
     await expectProblem(await v1(gw, '/commands?since=yesterday'), 400, 'invalid-request');
     await expectProblem(await v1(gw, '/commands?cursor=abc'), 400, 'invalid-request');

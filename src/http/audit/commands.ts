@@ -1,7 +1,7 @@
 import type { Hono } from 'hono';
 import type { Refusal } from '../../protocol/problem.js';
 import type { CommandQuery, CommandRow, GatewayStore } from '../../store/types.js';
-import { parseTime } from '../admin.js';
+import { parseTime } from './time.js';
 import { EXPORT_MEDIA_TYPES, exportFormatOf, type ExportFormat } from './export.js';
 import { csvCell, ndjsonLine, pad } from './format.js';
 
