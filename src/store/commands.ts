@@ -15,17 +15,6 @@ export const COMMAND_TEXT_LIMITS = {
   decision: 64,
 } as const;
 
-/** Every outcome a row may carry (the API's and the CLI's `outcome` values). */
-export const COMMAND_OUTCOMES: readonly CommandOutcome[] = [
-  'completed',
-  'released',
-  'outcome_unknown',
-  'late-finish',
-  'entity-busy',
-  'idempotency-in-progress',
-  'payload-too-large',
-];
-
 /** The bounded values of one command row, as every store binds them. */
 export interface CommandText {
   route: string;

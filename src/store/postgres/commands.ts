@@ -105,6 +105,30 @@ export function finishManyWithCommands(ctx: PgContext, many: string, n: number):
     SELECT ord, recorded, err_code, err_message FROM f ORDER BY ord`;
 }
 
+/**
+ * Runs a finish statement with its command-log rows; on a schema without
+ * the `commands` table (a replica of this release started with `migrate:
+ * false` before `fencegate migrate` ran) the same finish without them: the
+ * statement failed while being parsed, so nothing of it ran, and a finish
+ * that fails would leave its record to become outcome_unknown although the
+ * upstream answered. The rows are what is lost until the migration runs.
+ */
+export async function finishWithRows<R>(
+  run: (text: string, values: unknown[]) => Promise<R>,
+  withRows: string,
+  withoutRows: string,
+  values: unknown[],
+  finishValues: number,
+): Promise<R> {
+  try {
+    return await run(withRows, values);
+  } catch (err) {
+    const e = err as { code?: string; message?: string };
+    if (e.code !== '42P01' || !/\bcommands\b/.test(e.message ?? '')) throw err;
+    return run(withoutRows, values.slice(0, finishValues));
+  }
+}
+
 /** The standalone rows (outcomes with no finish) and the log's filtered pages. */
 export function createCommandLog(ctx: PgContext) {
   const table = ctx.table('commands');

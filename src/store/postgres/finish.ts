@@ -5,7 +5,7 @@ import type { PgContext } from './query.js';
 import { logText } from './rejections.js';
 import { encodeNullable, encodeText } from './text.js';
 import { decisionTopics, wakeLocal, type PgWakeups } from './wakeups.js';
-import { commandValues, finishManyWithCommands, finishOneWithCommand } from './commands.js';
+import { commandValues, finishManyWithCommands, finishOneWithCommand, finishWithRows } from './commands.js';
 
 /** The channel's place among fencegate_finish's parameters: one value for a whole group. */
 const CHANNEL = 14;
@@ -60,13 +60,16 @@ export function createFinish(
   const group = new RoundTripGroup<FinishInput, boolean>(
     {
       async one(input) {
-        const { rows } = await ctx.query<{ recorded: boolean }>(one, finishParams(input, wakeups.notifyChannel));
+        const query = (text: string, values: unknown[]) => ctx.query<{ recorded: boolean }>(text, values);
+        const { rows } = await finishWithRows(query, one, lone, finishParams(input, wakeups.notifyChannel), FINISH_PARAMS);
         return rows[0]!.recorded;
       },
       async many(inputs) {
         const params = inputs.map((input) => finishParams(input, wakeups.notifyChannel));
         const columns = params[0]!.map((_, c) => (c === CHANNEL ? wakeups.notifyChannel : params.map((p) => p[c])));
-        const { rows } = await ctx.query<{ recorded: boolean | null; err_code: string | null; err_message: string | null }>(many, columns);
+        const query = (text: string, values: unknown[]) =>
+          ctx.query<{ recorded: boolean | null; err_code: string | null; err_message: string | null }>(text, values);
+        const { rows } = await finishWithRows(query, many, grouped, columns, FINISH_PARAMS);
         return Promise.all(
           rows.map(async (r, i): Promise<Settled<boolean>> => {
             if (r.err_code === null) return { ok: true, value: r.recorded! };
