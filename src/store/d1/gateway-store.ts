@@ -109,7 +109,20 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
     return toAdmission(row);
   }
 
-  async finish(input: FinishInput) {
+  async finish(input: FinishInput): Promise<{ recorded: boolean }> {
+    try {
+      return await this.finishOnce(input);
+    } catch (err) {
+      // A database the Worker reached before `wrangler d1 migrations apply`
+      // created the command log (0011): the batch rolled back whole, so the
+      // finish goes again without its row rather than fail (a failed finish
+      // leaves its record to become outcome_unknown although the upstream answered).
+      if (input.command === undefined || !/no such table: commands/.test(String((err as Error)?.message))) throw err;
+      return this.finishOnce({ ...input, command: undefined });
+    }
+  }
+
+  private async finishOnce(input: FinishInput) {
     const { steps, recordedAt } = finishBatch(this.st, input);
     let recorded = true;
     if (steps.length > 0) {
