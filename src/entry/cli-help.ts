@@ -9,6 +9,8 @@ Usage:
   fencegate migrate (--config FILE | --db PATH | --database-url URL) [--lease]
   fencegate audit   (--url URL [--token T] | --db PATH | --config FILE) [--entity E] [--reason R]
                     [--caller C] [--since 2h] [--until T] [--limit N] [--format table|csv|ndjson]
+  fencegate audit commands (same sources) [--entity E] [--key K] [--route NAME] [--caller C] [--since 2h]
+                    [--until T] [--limit N] [--format table|csv|ndjson]
   fencegate token   --config FILE --sub NAME [--scope "fencegate:proxy"] [--ttl 1h]
   fencegate resolve-unknown --url URL [--token T] --route NAME --from T --to T [--note TEXT] [--dry-run]
   fencegate config  (schema | check [--config FILE])
