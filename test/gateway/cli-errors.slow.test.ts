@@ -131,7 +131,13 @@ describe('one-line errors with an exit code', () => {
     // Control: WARN passes the check (the next one, --port's, is what stops it).
     const r = await runNode([CLI, 'serve', '--config', noAuth, '--port', 'x'], { FENCEGATE_LOG_LEVEL: 'WARN' });
     expect(r.stderr).toBe('fencegate: --port must be a number from 0 to 65535 (fencegate serve --help)\n');
-    expect([parseLogLevel('WARN'), parseLogLevel(' error '), parseLogLevel('Silent'), parseLogLevel('DEBUG'), parseLogLevel('verbose')]).toEqual(['warn', 'error', 'silent', 'debug', null]);
+    expect([parseLogLevel('WARN'), parseLogLevel(' error '), parseLogLevel('Silent'), parseLogLevel('DEBUG'), parseLogLevel('verbose')]).toEqual([
+      'warn',
+      'error',
+      'silent',
+      'debug',
+      null,
+    ]);
   });
 
   it('--version prints the package version', async () => {
