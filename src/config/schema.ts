@@ -687,6 +687,12 @@ export const ConfigSchema = z
     entityRetention: Duration.prefault('90d').pipe(z.number().min(3_600_000, 'must be at least 1h: forgetting a fence re-opens the entity to older tokens')),
     /** How long the operator-action log keeps a row: over a year, for yearly audits. */
     operatorActionRetention: Duration.prefault('400d'),
+    /**
+     * How long the command log (DESIGN §4.1 `commands`: one row per outcome
+     * of every request the gateway decided on) keeps a row. It grows with the
+     * traffic, one row a request, so shorter than the rejection log by default.
+     */
+    commandRetention: Duration.prefault('30d'),
     /** Base of problem `type` URIs; default `<adminPrefix>/problems/`, served by the gateway. */
     problemTypeBase: z.string().min(1).optional(),
     auth: AuthSchema.optional(),

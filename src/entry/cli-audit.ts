@@ -158,7 +158,7 @@ export async function tokenCommand(argv: string[]): Promise<number> {
   return out(`${token}\n`, 0);
 }
 
-async function openAuditStore(values: { db?: string; config?: string }): Promise<GatewayStore | null> {
+export async function openAuditStore(values: { db?: string; config?: string }): Promise<GatewayStore | null> {
   let store: Config['store'] | null = null;
   if (values.db !== undefined) store = { sqlite: values.db, synchronous: 'FULL' };
   else if (values.config !== undefined) store = readConfig(values.config).store;
@@ -169,7 +169,7 @@ async function openAuditStore(values: { db?: string; config?: string }): Promise
 }
 
 /** Writes to stdout, waiting when the pipe is full (`| head`, a slow terminal). */
-async function write(text: string): Promise<void> {
+export async function write(text: string): Promise<void> {
   if (text === '') return;
   if (!process.stdout.write(text)) await once(process.stdout, 'drain');
 }

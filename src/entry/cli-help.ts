@@ -9,6 +9,8 @@ Usage:
   fencegate migrate (--config FILE | --db PATH | --database-url URL) [--lease]
   fencegate audit   (--url URL [--token T] | --db PATH | --config FILE) [--entity E] [--reason R]
                     [--caller C] [--since 2h] [--until T] [--limit N] [--format table|csv|ndjson]
+  fencegate audit commands (same sources) [--entity E] [--key K] [--route NAME] [--caller C] [--since 2h]
+                    [--until T] [--limit N] [--format table|csv|ndjson]
   fencegate token   --config FILE --sub NAME [--scope "fencegate:proxy"] [--ttl 1h]
   fencegate resolve-unknown --url URL [--token T] --route NAME --from T --to T [--note TEXT] [--dry-run]
   fencegate config  (schema | check [--config FILE])
@@ -84,6 +86,32 @@ Filters:
   --reason R        ${reasonLines('                    ')}
   --caller C        only this caller (token sub)
   --tool NAME       only refused calls of this MCP tool (tools/call)
+  --since T         ISO 8601 time, or a duration back from now (2h, 30m, 7d)
+  --until T         same
+  --limit N         at most N rows (default: all)
+  --admin-prefix P  the gateway's adminPrefix (default /_fencegate, or the config's)
+
+The command log (accepted commands and how each ended): fencegate audit commands --help
+`;
+
+export const AUDIT_COMMANDS_HELP = `fencegate audit commands — read the command log
+
+Usage:
+  fencegate audit commands --url URL [--token T] [filters] [--format table|csv|ndjson]
+  fencegate audit commands (--db PATH | --config FILE) [filters] [--format table|csv|ndjson]
+
+One row per outcome of a request the gateway decided on: completed, released
+or outcome_unknown (with the status the caller got: the upstream's, or 502,
+503, 504), late-finish, and the transient refusals entity-busy,
+idempotency-in-progress and payload-too-large. Refusals are in the rejection
+log (fencegate audit). Against a running gateway (--url, with the
+fencegate:audit scope) or straight against its store; newest first.
+
+Filters:
+  --entity E        only this entity
+  --key K           only this idempotency key
+  --route NAME      only this route
+  --caller C        only this caller (token sub)
   --since T         ISO 8601 time, or a duration back from now (2h, 30m, 7d)
   --until T         same
   --limit N         at most N rows (default: all)

@@ -10,6 +10,7 @@ import { migrateLeasePostgresUrl, migrateLeaseSqlite } from '../lease/migrate.js
 import { DEFAULT_QUERY_TIMEOUT_MS } from '../store/query-timeout.js';
 import { migrateSqlite, openSqlite } from '../store/sqlite/index.js';
 import { auditCommand, tokenCommand } from './cli-audit.js';
+import { auditCommandsCommand } from './cli-audit-commands.js';
 import { reportError, UsageError } from './cli-errors.js';
 import { CONFIG_HELP, HELP, MIGRATE_HELP, SERVE_HELP } from './cli-help.js';
 import { resolveUnknownCommand } from './cli-resolve.js';
@@ -17,6 +18,8 @@ import { startGateway } from './node.js';
 
 async function main(argv: string[]): Promise<number> {
   // Subcommands with options of their own.
+  // `fencegate audit commands …`: the command log (./cli-audit-commands.ts).
+  if (argv[0] === 'audit' && argv[1] === 'commands') return auditCommandsCommand(argv.slice(2));
   if (argv[0] === 'audit') return auditCommand(argv.slice(1));
   if (argv[0] === 'token') return tokenCommand(argv.slice(1));
   if (argv[0] === 'resolve-unknown') return resolveUnknownCommand(argv.slice(1));

@@ -1,7 +1,6 @@
 import { Hono, type MiddlewareHandler } from 'hono';
 import { basePath } from 'hono/route';
 import type { RouteConfig } from '../config/schema.js';
-import { parseDuration } from '../core/duration.js';
 import { ERROR_CODES, type ErrorCode } from '../protocol/codes.js';
 import { renderProblem, type Refusal } from '../protocol/problem.js';
 import type { GatewayStore, RejectionQuery } from '../store/types.js';
@@ -9,6 +8,8 @@ import { EXPORT_MEDIA_TYPES, exportFormatOf, rejectionExport } from './audit/exp
 import { rejectionJson } from './audit/format.js';
 import { latestHistory, recordJson, registerAuditRoutes } from './audit/routes.js';
 import { consoleResponse, type ConsoleMode } from './console/page.js';
+import { registerCommandRoutes } from './audit/commands.js';
+import { parseTime } from './audit/time.js';
 
 export { rejectionJson };
 
@@ -108,6 +109,9 @@ export function createAdminApp(options: AdminOptions): Hono {
     return c.json({ items: page.items.map(rejectionJson), next_cursor: page.nextCursor });
   });
 
+  // The command log (DESIGN §4.1 `commands`): its pages and exports, as the rejection log's.
+  registerCommandRoutes(app, { store, problem });
+
   app.get('/v1/entities/:entity', async (c) => {
     const info = await store.getEntity(c.req.param('entity'));
     if (info === null) return problem({ code: 'not-found', detail: 'no such entity' });
@@ -176,12 +180,4 @@ export function parseRejectionQuery(params: URLSearchParams, now = Date.now()): 
     q.cursor = cursor;
   }
   return q;
-}
-
-function parseTime(v: string, now: number): Date | null {
-  const ago = parseDuration(v);
-  if (ago !== null) return new Date(now - ago);
-  if (!/^\d{4}-\d{2}-\d{2}/.test(v)) return null;
-  const d = new Date(v);
-  return Number.isNaN(d.getTime()) ? null : d;
 }

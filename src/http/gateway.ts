@@ -243,6 +243,7 @@ export function createGateway(options: GatewayOptions): Gateway {
     rejectionRetentionMs: config.rejectionRetention,
     entityRetentionMs: config.entityRetention,
     operatorActionRetentionMs: config.operatorActionRetention,
+    commandRetentionMs: config.commandRetention,
     timeBudgetMs: sweepBudgetMs(config.sweepInterval),
   };
   let sweeping: Promise<SweepResult> | null = null;

@@ -18,6 +18,7 @@ const SWEEP_LABELS: Record<SweepKind, string> = {
   oldEntities: 'fence_entities',
   oldFenceHistory: 'fence_history',
   oldOperatorActions: 'operator_actions',
+  oldCommands: 'commands',
 };
 
 export interface RequestObservation {

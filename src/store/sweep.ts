@@ -26,6 +26,7 @@ export function sweepSteps(options: SweepOptions, step: (kind: SweepKind, retent
   const retentions: Partial<Record<SweepKind, number | null>> = { expiredRecords: null, unknownRecords: null, oldRejections: ms(options.rejectionRetentionMs) };
   if (options.entityRetentionMs !== undefined) retentions.oldEntities = retentions.oldFenceHistory = ms(options.entityRetentionMs);
   if (options.operatorActionRetentionMs !== undefined) retentions.oldOperatorActions = ms(options.operatorActionRetentionMs);
+  if (options.commandRetentionMs !== undefined) retentions.oldCommands = ms(options.commandRetentionMs);
   const steps: Partial<Record<SweepKind, SweepStep>> = {};
   for (const kind of SWEEP_KINDS) if (retentions[kind] !== undefined) steps[kind] = step(kind, retentions[kind]!);
   return steps;
@@ -68,7 +69,8 @@ export async function sweepInBatches(steps: Partial<Record<SweepKind, SweepStep>
     oldEntities: 0,
     oldFenceHistory: 0,
     oldOperatorActions: 0,
-    backlog: { expiredRecords: 0, unknownRecords: 0, oldRejections: 0, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0 },
+    oldCommands: 0,
+    backlog: { expiredRecords: 0, unknownRecords: 0, oldRejections: 0, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0, oldCommands: 0 },
     batches: 0,
   };
   let active = SWEEP_KINDS.filter((k) => steps[k] !== undefined);

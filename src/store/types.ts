@@ -8,7 +8,16 @@
  * results; exceptions mean a fault (the gateway answers 503 store-unavailable).
  */
 
-import type { Admission, AdmitInput, AuditInfo, ExtendLockInput, FinishInput, FinishResult, RecordState, StoredResponse } from '../core/admission-types.js';
+import type {
+  Admission,
+  AdmitInput,
+  AuditInfo,
+  FinishInput as CoreFinishInput,
+  ExtendLockInput,
+  FinishResult,
+  RecordState,
+  StoredResponse,
+} from '../core/admission-types.js';
 
 // The types of one admission and one finish belong to the pure rules (../core/admission-types.ts).
 export type {
@@ -16,13 +25,19 @@ export type {
   AdmitInput,
   AuditInfo,
   ExtendLockInput,
-  FinishInput,
   FinishResult,
   Mode,
   RecordState,
   StoredResponse,
   UnknownPolicy,
 } from '../core/admission-types.js';
+
+/**
+ * The finish of the pure rules, and the command-log row of its outcome
+ * (DESIGN §4.1 `commands`): given, the store writes it in the finish's
+ * transaction, so the outcome and its row exist together. The rules ignore it.
+ */
+export type FinishInput = CoreFinishInput & { command?: CommandInput };
 
 /** Reasons written to the rejection log (DESIGN §2 G5), plus `late-finish`. */
 export type RejectionReason =
@@ -172,6 +187,8 @@ export interface SweepOptions {
   entityRetentionMs?: number;
   /** Operator-action rows older than this are deleted. Omitted: kept. */
   operatorActionRetentionMs?: number;
+  /** Command-log rows (DESIGN §4.1 `commands`) older than this are deleted. Omitted: kept. */
+  commandRetentionMs?: number;
   /** Rows per batch: one short write transaction each. Default 1000 (`SWEEP_BATCH`). */
   batch?: number;
   /**
@@ -188,7 +205,15 @@ export interface SweepOptions {
 }
 
 /** What a sweep deletes (or, for `deadRecords`, marks outcome_unknown), one kind of row each. */
-export const SWEEP_KINDS = ['expiredRecords', 'unknownRecords', 'oldRejections', 'oldEntities', 'oldFenceHistory', 'oldOperatorActions'] as const;
+export const SWEEP_KINDS = [
+  'expiredRecords',
+  'unknownRecords',
+  'oldRejections',
+  'oldEntities',
+  'oldFenceHistory',
+  'oldOperatorActions',
+  'oldCommands',
+] as const;
 export type SweepKind = (typeof SWEEP_KINDS)[number];
 
 export interface SweepResult {
@@ -200,6 +225,8 @@ export interface SweepResult {
   oldEntities: number;
   oldFenceHistory: number;
   oldOperatorActions: number;
+  /** Command-log rows deleted (`commandRetention`). */
+  oldCommands: number;
   /**
    * Rows of each kind still past their retention when the sweep stopped:
    * 0 for a kind whose last batch came back short; counted (up to
@@ -328,6 +355,83 @@ export interface AuditStore {
   auditStats(): Promise<AuditStats>;
 }
 
+/**
+ * How a request the gateway decided on ended, as the command log keeps it:
+ * the record's outcome of an admitted request (`completed`, `released`,
+ * `outcome_unknown`; `late-finish` when its finish found the record taken
+ * over or resolved), or the transient refusal that has no finish.
+ */
+export type CommandOutcome = 'completed' | 'released' | 'outcome_unknown' | 'late-finish' | 'entity-busy' | 'idempotency-in-progress' | 'payload-too-large';
+
+/**
+ * One row of the command log (DESIGN §4.1 `commands`): ids, hashes and
+ * bounded text of the request (`audit`), never a body, a token or a query.
+ * Stores bound its text as the rejection log's (../bounds.ts).
+ */
+export interface CommandInput {
+  /** The route's name. */
+  route: string;
+  /** The record's key scope (route, caller, …: DESIGN §4.1); null for a row with no admission (413). */
+  scope: string | null;
+  entity: string | null;
+  fence: bigint | null;
+  idempotencyKey: string | null;
+  /**
+   * For a finish's row, the outcome the gateway finished with (`completed`,
+   * `released`, `outcome_unknown`); the store writes `late-finish` instead
+   * when the finish was not recorded.
+   */
+  outcome: CommandOutcome;
+  /** The decision log line's decision (`forwarded`, `upstream-timeout`, `entity-busy`, …). */
+  decision: string;
+  /** The status the caller was answered (the upstream's, or the gateway's 502, 503, 504, 409, 413). */
+  status: number;
+  /** Milliseconds the upstream took; null when nothing was sent. */
+  upstreamMs: number | null;
+  audit: AuditInfo;
+}
+
+export interface CommandRow {
+  id: string;
+  at: Date;
+  route: string | null;
+  method: string | null;
+  path: string | null;
+  entity: string | null;
+  fence: string | null;
+  idempotencyKey: string | null;
+  scope: string | null;
+  caller: string | null;
+  tool: string | null;
+  outcome: string;
+  decision: string | null;
+  status: number | null;
+  upstreamMs: number | null;
+  requestId: string | null;
+  clientRequestId: string | null;
+  payloadSha256: string | null;
+}
+
+export interface CommandQuery {
+  entity?: string;
+  /** The idempotency key. */
+  key?: string;
+  route?: string;
+  caller?: string;
+  since?: Date;
+  until?: Date;
+  /** 1…1000. */
+  limit: number;
+  /** Opaque keyset cursor from a previous page (`nextCursor`). */
+  cursor?: string;
+}
+
+export interface CommandPage {
+  /** Newest first (by id). */
+  items: CommandRow[];
+  nextCursor: string | null;
+}
+
 /** What a release of a lost admission freed (DESIGN §8.2): its entity's slot, its record. */
 export interface UnsentRelease {
   slot: boolean;
@@ -374,6 +478,15 @@ export interface GatewayStore extends AuditStore {
   getInterim(input: AttemptRef): Promise<StoredResponse | null>;
   /** Logs a refusal decided before admission (signature, expiry, auth). */
   recordRejection(input: RejectionInput): Promise<void>;
+  /**
+   * Writes one row of the command log (DESIGN §4.1 `commands`) for an
+   * outcome that has no finish: a request refused `entity-busy`,
+   * `idempotency-in-progress` or `payload-too-large`. An admitted request's
+   * row is written by `finish` itself (`FinishInput.command`), in its transaction.
+   */
+  recordCommand(input: CommandInput): Promise<void>;
+  /** The command log, newest first (by id), filtered by what `query` names. */
+  listCommands(query: CommandQuery): Promise<CommandPage>;
   /**
    * Resolves when `topic` (see `entityTopic` / `recordTopic`) may have changed,
    * or after `timeoutMs`, or when `signal` aborts; never rejects. The gateway

@@ -125,3 +125,42 @@ describe('fencegate audit', () => {
     expect([bad.code, bad.stderr]).toEqual([2, expect.stringMatching(/--since: expected an ISO 8601 time/)]);
   });
 });
+
+describe('fencegate audit commands', () => {
+  it('reads the command log from the gateway (--url) and from its store (--db), filtered, in each format', async () => {
+    const { gw, configPath } = await setup();
+    const t = await mint(configPath, '--sub', 'billing', '--scope', 'fencegate:proxy fencegate:audit');
+    for (const k of ['c1', 'c2', 'c3'])
+      expect((await command(gw.url, '/payments/x', { fence: 2, entity: 'acct:9', key: k, headers: bearer(t) })).status).toBe(201);
+    expect((await command(gw.url, '/payments/x', { fence: 2, entity: 'acct:8', key: 'other', headers: bearer(t) })).status).toBe(201);
+
+    const url = await runNode([CLI, 'audit', 'commands', '--url', gw.url, '--token', t, '--entity', 'acct:9', '--format', 'ndjson'], ENV);
+    expect(url.code, url.stderr).toBe(0);
+    const rows = url.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    expect(rows.map((r) => [r.idempotency_key, r.outcome, r.status, r.caller])).toEqual([
+      ['c3', 'completed', 201, 'billing'],
+      ['c2', 'completed', 201, 'billing'],
+      ['c1', 'completed', 201, 'billing'],
+    ]);
+
+    const db = await runNode([CLI, 'audit', 'commands', '--db', gw.dbPath, '--key', 'other', '--format', 'csv']);
+    expect(db.code, db.stderr).toBe(0);
+    const lines = db.stdout.trimEnd().split('\r\n');
+    expect(lines[0]).toMatch(/^id,at,route,method,path,entity,fence,idempotency_key,/);
+    expect(lines).toHaveLength(2);
+    expect(lines[1]).toContain(',acct:8,2,other,');
+
+    const table = await runNode([CLI, 'audit', 'commands', '--db', gw.dbPath, '--entity', 'acct:9', '--limit', '1']);
+    expect(table.code, table.stderr).toBe(0);
+    expect(table.stdout.split('\n')[0]).toMatch(/^id\s+at\s+route\s+entity/);
+    expect(table.stdout.trim().split('\n')).toHaveLength(2);
+
+    const bad = await runNode([CLI, 'audit', 'commands', '--db', gw.dbPath, '--since', 'yesterday']);
+    expect([bad.code, bad.stderr]).toEqual([2, expect.stringMatching(/--since/)]);
+    const help = await runNode([CLI, 'audit', 'commands', '--help']);
+    expect(help.stdout).toMatch(/^fencegate audit commands/);
+  });
+});

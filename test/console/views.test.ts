@@ -311,6 +311,7 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
       const e = (await gw.admin(`/v1/entities/${encodeURIComponent(entity)}`)).body;
       const refusals = await log(`&entity=${encodeURIComponent(entity)}`);
       const unknown = ((await gw.admin('/v1/idempotency?state=outcome_unknown')).body.items as any[]).filter((r) => r.entity === entity);
+      const commands = (await gw.admin(`/v1/commands?limit=1000&entity=${encodeURIComponent(entity)}`)).body.items as any[];
       await page.fill('#ent-input', entity);
       await page.click('#ent-go');
       await page.waitForFunction(
@@ -325,8 +326,9 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
       // The store agrees: a refused retry did not move accepted_at.
       expect(e.accepted_at).toBe(accepted);
       expect(await page.isVisible('#ent-last-row')).toBe(false);
-      // Every fence, refusal and unknown record of the entity, oldest first.
+      // Every command, fence, refusal and unknown record of the entity, oldest first.
       const expected = [
+        ...commands.map((c: any) => ({ at: c.at, kind: 'command' })),
         ...e.history.map((h: any) => ({ at: h.at, kind: 'fence' })),
         ...refusals.map((r) => ({ at: r.at, kind: 'refusal' })),
         ...unknown.map((r) => ({ at: r.created_at, kind: 'unknown' })),
@@ -341,6 +343,8 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
         refusals.map((r) => r.id).sort(),
       );
     }
+    // job:2's 504 is in its story, as the command it was, beside its unknown record.
+    expect(await page.textContent('#ent-story tr[data-kind="command"][data-status="504"]')).toContain('outcome unknown: 504 upstream-timeout');
     // job:2's unknown record is in its story, with a way to resolve it.
     expect(await page.textContent('#ent-story tr[data-kind="unknown"]')).toContain('pay-9');
     await browser.screenshot(page, 'open-entity-story');
@@ -358,6 +362,34 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     expect(story3).toEqual([['refusal', 'refused: fence-expired']]);
     // The browser logs the expected 404 of the entity as a failed resource; nothing else went wrong.
     expect(problems.splice(0)).toEqual([expect.stringMatching(/status of 404/)]);
+  });
+
+  it("the story is the entity's whole story: each command with the status its caller got (504 too) and what the reconciler settled", {
+    timeout: 60_000,
+  }, async () => {
+    up.behave(() => ({ kind: 'reset' }));
+    await expectProblem(await command(gw.url, '/payments/charges', { fence: 3, entity: 'job:4', key: 'lost-1' }), 504, 'upstream-timeout');
+    up.behave(null);
+    const resolved = await gw.sqlite.resolveRecord({
+      scope: 'payments',
+      key: 'lost-1',
+      resolution: { outcome: 'released' },
+      operator: 'reconciler',
+      note: 'the status endpoint has no such charge',
+      requestId: 'reconcile-1',
+    });
+    expect(resolved.ok).toBe(true);
+    await page.fill('#ent-input', 'job:4');
+    await page.click('#ent-go');
+    await page.waitForFunction(() => document.getElementById('ent-name').textContent === 'job:4' && !document.getElementById('ent-info').hidden);
+    const shown = await page.$$eval('#ent-story tbody tr', (trs: HTMLElement[]) =>
+      trs.map((tr) => [tr.getAttribute('data-kind'), tr.getAttribute('data-status'), tr.cells[1].textContent, tr.cells[4].textContent]),
+    );
+    expect(shown).toEqual([
+      ['fence', null, 'fence 3 accepted', ''],
+      ['command', '504', 'outcome unknown: 504 upstream-timeout', 'payments'],
+      ['reconciled', null, 'reconciled: released', 'reconciler'],
+    ]);
   });
 
   it("accepted at: the current fence's history row even when the entity's accepted_at is later (negative control: the field as it was shown)", {

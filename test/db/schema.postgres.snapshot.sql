@@ -4,6 +4,32 @@
 
 -- ===== gateway schema (migrations/gateway/postgres, then src/store/postgres/sql) =====
 
+CREATE TABLE commands (
+  id bigint NOT NULL GENERATED ALWAYS AS IDENTITY,
+  at timestamp with time zone NOT NULL,
+  route text,
+  method text,
+  path text,
+  entity text,
+  fence bigint,
+  idempotency_key text,
+  scope text,
+  caller text,
+  tool text,
+  outcome text NOT NULL,
+  decision text,
+  status integer,
+  upstream_ms double precision,
+  request_id text,
+  client_request_id text,
+  payload_sha256 text,
+  CONSTRAINT commands_pkey PRIMARY KEY (id)
+);
+CREATE INDEX commands_at ON commands USING btree (at);
+CREATE INDEX commands_entity ON commands USING btree (entity, id);
+CREATE INDEX commands_key ON commands USING btree (idempotency_key, id);
+CREATE UNIQUE INDEX commands_pkey ON commands USING btree (id);
+
 CREATE TABLE fence_entities (
   entity text NOT NULL,
   fence bigint,

@@ -27,6 +27,33 @@ CREATE TABLE admission_scratch (
   busy_until       INTEGER
 ) STRICT;
 
+CREATE TABLE commands (
+  id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+  at                 INTEGER NOT NULL,
+  route              TEXT,
+  method             TEXT,
+  path               TEXT,
+  entity             TEXT,
+  fence              INTEGER,
+  idempotency_key    TEXT,
+  scope              TEXT,
+  caller             TEXT,
+  tool               TEXT,
+  outcome            TEXT    NOT NULL,
+  decision           TEXT,
+  status             INTEGER,
+  upstream_ms        REAL,
+  request_id         TEXT,
+  client_request_id  TEXT,
+  payload_sha256     TEXT
+) STRICT;
+
+CREATE INDEX commands_at ON commands (at);
+
+CREATE INDEX commands_entity ON commands (entity, id);
+
+CREATE INDEX commands_key ON commands (idempotency_key, id);
+
 CREATE TABLE "fence_entities" (
   entity          TEXT    PRIMARY KEY NOT NULL,
   fence           INTEGER,

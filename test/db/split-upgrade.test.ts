@@ -36,7 +36,7 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-const GATEWAY_TABLES = ['fence_entities', 'fence_history', 'idempotency_records', 'operator_actions', 'rejections'];
+const GATEWAY_TABLES = ['commands', 'fence_entities', 'fence_history', 'idempotency_records', 'operator_actions', 'rejections'];
 const LEASE_TABLES = ['tool_job_store', 'tool_jobs'];
 const LEASE_MIGRATIONS = ['0002_tool_jobs.sql', '0007_tool_job_store.sql'];
 
@@ -129,12 +129,17 @@ describe('the gateway and the lease module each migrate their own schema (SQLite
     // again: the upgrade below starts from the released schema.
     const later = ['rejections ADD COLUMN tool TEXT', 'idempotency_records ADD COLUMN attempt_until INTEGER', 'idempotency_records ADD COLUMN request_id TEXT'];
     for (const c of later) raw.exec(`ALTER TABLE ${c}`);
+    // And its command-log insert names the commands table (0011): there for the writes only too.
+    raw.exec(
+      'CREATE TABLE commands (id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, outcome TEXT NOT NULL, route TEXT, method TEXT, path TEXT, entity TEXT, fence INTEGER, idempotency_key TEXT, scope TEXT, caller TEXT, tool TEXT, decision TEXT, status INTEGER, upstream_ms REAL, request_id TEXT, client_request_id TEXT, payload_sha256 TEXT)',
+    );
     const before = new SqliteGatewayStore({ path, migrate: false });
     const oldJobs = createSqliteJobStore({ path, migrate: false });
     const written = await writeState(before, oldJobs);
     await oldJobs.close();
     await before.close();
     for (const c of later) raw.exec(`ALTER TABLE ${c.replace(/ADD COLUMN (\w+) \w+$/, 'DROP COLUMN $1')}`);
+    raw.exec('DROP TABLE commands');
     const ledgerBefore = raw.prepare('SELECT name, applied_at FROM fencegate_migrations ORDER BY name').all();
 
     // Only the gateway migrations after that release run; nothing runs twice.
@@ -205,11 +210,16 @@ describe.skipIf(!POSTGRES_URL)('the gateway and the lease module each migrate th
     const shared = await schemaOf('fg_split_old');
     expect(await migratePostgresAsReleased(shared.pool)).toEqual(releasedMigrations('postgres').map((m) => m.name));
     expect((await shared.pool.query('SELECT count(*)::int AS n FROM fencegate_migrations')).rows[0]).toEqual({ n: 7 });
+    // Today's finish statement writes its command-log row (0011): the table is there for the writes only.
+    await shared.pool.query(
+      'CREATE TABLE commands (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at timestamptz NOT NULL, route text, method text, path text, entity text, fence bigint, idempotency_key text, scope text, caller text, tool text, outcome text NOT NULL, decision text, status integer, upstream_ms double precision, request_id text, client_request_id text, payload_sha256 text)',
+    );
     const before = await createPostgresStore({ connectionString: shared.url, migrate: false, listen: false });
     const oldJobs = await createPostgresJobStore({ connectionString: shared.url, migrate: false });
     const written = await writeState(before, oldJobs, releasedPostgresAdmit(shared.pool));
     await oldJobs.close();
     await before.close();
+    await shared.pool.query('DROP TABLE commands');
     const ledger = 'SELECT name, applied_at::text AS at FROM fencegate_migrations ORDER BY name';
     const ledgerBefore = (await shared.pool.query(ledger)).rows;
 

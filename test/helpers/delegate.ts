@@ -13,6 +13,8 @@ export function delegate(inner: GatewayStore, overrides: Partial<GatewayStore>):
     extendLock: (i) => inner.extendLock(i),
     getInterim: (i) => inner.getInterim(i),
     recordRejection: (i) => inner.recordRejection(i),
+    recordCommand: (i) => inner.recordCommand(i),
+    listCommands: (q) => inner.listCommands(q),
     waitForChange: (t, ms, s) => inner.waitForChange(t, ms, s),
     listRejections: (q) => inner.listRejections(q),
     getEntity: (e) => inner.getEntity(e),

@@ -23,6 +23,9 @@ import {
   type Admission,
   type AdmitInput,
   type AuditInfo,
+  type CommandInput,
+  type CommandQuery,
+  type CommandRow,
   type FinishInput,
   type GatewayStore,
   type RejectionRow,
@@ -47,7 +50,7 @@ export interface ConformanceHarness {
 }
 
 export type HarnessFactory = () => Promise<ConformanceHarness>;
-export type BackdateTable = 'idempotency_records' | 'fence_entities' | 'fence_history' | 'operator_actions' | 'rejections';
+export type BackdateTable = 'idempotency_records' | 'fence_entities' | 'fence_history' | 'operator_actions' | 'rejections' | 'commands';
 
 // ---------------------------------------------------------------------------
 // Small helpers (portable: no Node APIs)
@@ -105,6 +108,34 @@ export function finishOf(input: AdmitInput, outcome: Outcome, res: StoredRespons
   const base = { scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, audit: input.audit };
   if (outcome === 'completed') return { ...base, outcome, response: res, retentionMs: input.retentionMs };
   return { ...base, outcome };
+}
+
+/** The command-log row of `input`'s outcome (DESIGN §4.1 `commands`), as the gateway's settle stage builds it. */
+export function commandRowOf(input: AdmitInput, over: Partial<CommandInput> = {}): CommandInput {
+  return {
+    route: 'payments',
+    scope: input.scope,
+    entity: input.entity,
+    fence: input.fence,
+    idempotencyKey: input.key,
+    outcome: 'completed',
+    decision: 'forwarded',
+    status: 201,
+    upstreamMs: 12.5,
+    audit: input.audit,
+    ...over,
+  };
+}
+
+async function commandsOf(store: GatewayStore, filter: Omit<CommandQuery, 'limit' | 'cursor'>): Promise<CommandRow[]> {
+  const all: CommandRow[] = [];
+  let cursor: string | undefined;
+  for (;;) {
+    const page = await store.listCommands({ ...filter, limit: 1000, cursor });
+    all.push(...page.items);
+    if (page.nextCursor === null) return all;
+    cursor = page.nextCursor;
+  }
 }
 
 async function rejectionsOf(store: GatewayStore, filter: { entity?: string; reason?: string; caller?: string; tool?: string }): Promise<RejectionRow[]> {
@@ -1125,6 +1156,160 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       });
     });
 
+    describe('command log (DESIGN §4.1 commands)', () => {
+      it('a finish writes its row with every field, in its transaction; the outcome names the record', async () => {
+        const input = command({ fence: 42n, audit: audit({ caller: 'alice', clientRequestId: 'client-1', tool: null }) });
+        await store.admit(input);
+        const finish = finishOf(input, 'completed');
+        finish.command = commandRowOf(input);
+        expect(await store.finish(finish)).toEqual({ recorded: true });
+        const rows = await commandsOf(store, { entity: input.entity! });
+        expect(rows).toHaveLength(1);
+        expect(rows[0]).toMatchObject({
+          route: 'payments',
+          method: 'POST',
+          // Never the query string: the gateway hands the normal path; the store keeps what it is given, bounded.
+          path: input.audit.path,
+          entity: input.entity,
+          fence: '42',
+          idempotencyKey: input.key,
+          scope: input.scope,
+          caller: 'alice',
+          tool: null,
+          outcome: 'completed',
+          decision: 'forwarded',
+          status: 201,
+          upstreamMs: 12.5,
+          requestId: input.audit.requestId,
+          clientRequestId: 'client-1',
+          payloadSha256: input.audit.payloadSha256,
+        });
+        expect(rows[0]!.at).toBeInstanceOf(Date);
+        expect(Math.abs(rows[0]!.at.getTime() - Date.now())).toBeLessThan(60_000);
+      });
+
+      it('released (502 upstream-unavailable) and outcome_unknown (504 upstream-timeout) rows carry their status', async () => {
+        const entity = `e-${uid()}`;
+        const a = command({ entity });
+        await store.admit(a);
+        const fa = finishOf(a, 'released');
+        fa.command = commandRowOf(a, { outcome: 'released', decision: 'upstream-unavailable', status: 502, upstreamMs: null });
+        await store.finish(fa);
+        const b = command({ entity });
+        await store.admit(b);
+        const fb = finishOf(b, 'unknown');
+        fb.command = commandRowOf(b, { outcome: 'outcome_unknown', decision: 'upstream-timeout', status: 504 });
+        await store.finish(fb);
+        const rows = await commandsOf(store, { entity });
+        // Newest first.
+        expect(rows.map((r) => [r.outcome, r.status, r.decision, r.upstreamMs])).toEqual([
+          ['outcome_unknown', 504, 'upstream-timeout', 12.5],
+          ['released', 502, 'upstream-unavailable', null],
+        ]);
+      });
+
+      it('a late finish (taken over or resolved) writes its row as late-finish, beside its rejection', async () => {
+        const input = command();
+        await store.admit(input);
+        const impostor = { ...input, ownerToken: `owner-${uid()}` };
+        const f = finishOf(impostor, 'completed');
+        f.command = commandRowOf(impostor);
+        expect(await store.finish(f)).toEqual({ recorded: false });
+        const rows = await commandsOf(store, { key: input.key! });
+        expect(rows.map((r) => r.outcome)).toEqual(['late-finish']);
+      });
+
+      it('a keyless finish writes its row too; a finish without a row writes none', async () => {
+        const keyless = command({ key: null });
+        await store.admit(keyless);
+        const f = finishOf(keyless, 'completed');
+        f.command = commandRowOf(keyless, { scope: keyless.scope });
+        await store.finish(f);
+        expect((await commandsOf(store, { entity: keyless.entity! })).map((r) => [r.outcome, r.idempotencyKey])).toEqual([['completed', null]]);
+        const silent = command();
+        await store.admit(silent);
+        await store.finish(finishOf(silent, 'completed'));
+        expect(await commandsOf(store, { entity: silent.entity! })).toEqual([]);
+      });
+
+      it('finishes that arrive together (one group) each write their own row', async () => {
+        const entity = `e-${uid()}`;
+        const inputs = Array.from({ length: 12 }, (_, i) => command({ entity, mode: 'concurrent', fence: BigInt(i + 1) }));
+        for (const i of inputs) expect((await store.admit(i)).outcome).toBe('forward');
+        await Promise.all(
+          inputs.map((i, n) => {
+            const f = finishOf(i, n % 3 === 0 ? 'unknown' : 'completed');
+            f.command = commandRowOf(i, n % 3 === 0 ? { outcome: 'outcome_unknown', decision: 'upstream-timeout', status: 504 } : {});
+            return store.finish(f);
+          }),
+        );
+        const rows = await commandsOf(store, { entity });
+        expect(rows).toHaveLength(12);
+        expect(new Set(rows.map((r) => r.requestId))).toEqual(new Set(inputs.map((i) => i.audit.requestId)));
+        expect(rows.filter((r) => r.status === 504)).toHaveLength(4);
+      });
+
+      it('recordCommand writes a row of its own (entity-busy, payload-too-large: no finish)', async () => {
+        const entity = `e-${uid()}`;
+        const busy = command({ entity });
+        await store.recordCommand(commandRowOf(busy, { scope: null, outcome: 'entity-busy', decision: 'entity-busy', status: 409, upstreamMs: null }));
+        const big = command({ entity, key: null, fence: null });
+        await store.recordCommand(
+          commandRowOf(big, { scope: null, outcome: 'payload-too-large', decision: 'payload-too-large', status: 413, upstreamMs: null }),
+        );
+        const rows = await commandsOf(store, { entity });
+        expect(rows.map((r) => [r.outcome, r.status, r.scope, r.fence])).toEqual([
+          ['payload-too-large', 413, null, null],
+          ['entity-busy', 409, null, '1'],
+        ]);
+      });
+
+      it('filters by entity, key, route, caller and time, and pages newest first by a cursor', async () => {
+        const entity = `e-${uid()}`;
+        const inputs = Array.from({ length: 5 }, (_, i) => command({ entity, audit: audit({ caller: i % 2 === 0 ? 'even' : 'odd' }) }));
+        for (const [n, i] of inputs.entries()) await store.recordCommand(commandRowOf(i, { route: n < 2 ? 'refunds' : 'payments' }));
+        expect(await commandsOf(store, { entity })).toHaveLength(5);
+        expect((await commandsOf(store, { key: inputs[3]!.key! })).map((r) => r.requestId)).toEqual([inputs[3]!.audit.requestId]);
+        expect(await commandsOf(store, { entity, route: 'refunds' })).toHaveLength(2);
+        expect(await commandsOf(store, { entity, caller: 'even' })).toHaveLength(3);
+        expect(await commandsOf(store, { entity, since: new Date(Date.now() + 3_600_000) })).toHaveLength(0);
+        expect(await commandsOf(store, { entity, until: new Date(Date.now() + 3_600_000) })).toHaveLength(5);
+        const first = await store.listCommands({ entity, limit: 2 });
+        expect(first.items.map((r) => r.requestId)).toEqual([inputs[4]!.audit.requestId, inputs[3]!.audit.requestId]);
+        const second = await store.listCommands({ entity, limit: 2, cursor: first.nextCursor! });
+        expect(second.items.map((r) => r.requestId)).toEqual([inputs[2]!.audit.requestId, inputs[1]!.audit.requestId]);
+        const last = await store.listCommands({ entity, limit: 2, cursor: second.nextCursor! });
+        expect(last.items).toHaveLength(1);
+        expect(last.nextCursor).toBeNull();
+      });
+
+      it('keeps NUL in an entity and a scope (entityScope caller, keyScope) as it was given, and bounds the text', async () => {
+        const entity = `alice\u0000e-${uid()}`;
+        const input = command({ entity, scope: 'payments\u0000alice', audit: audit({ path: `/p/${'x'.repeat(5000)}` }) });
+        await store.recordCommand(commandRowOf(input));
+        const [row] = await commandsOf(store, { entity });
+        expect(row).toMatchObject({ entity, scope: 'payments\u0000alice' });
+        expect(row!.path).toHaveLength(LIMITS.path);
+        expect(row!.path!.endsWith(CUT_MARKER)).toBe(true);
+      });
+
+      it('the sweeper deletes rows older than commandRetention, and only with it', async () => {
+        const entity = `e-${uid()}`;
+        for (let i = 0; i < 3; i++) await store.recordCommand(commandRowOf(command({ entity })));
+        const keep = `e-${uid()}`;
+        await store.recordCommand(commandRowOf(command({ entity: keep })));
+        await h.backdate('commands', 'at', 7_200_000, { column: 'entity', value: entity });
+        // Without a command retention the log is kept.
+        await store.sweep({ rejectionRetentionMs: 3_600_000 });
+        expect(await commandsOf(store, { entity })).toHaveLength(3);
+        const r = await store.sweep({ rejectionRetentionMs: 3_600_000, commandRetentionMs: 3_600_000, batch: 2 });
+        expect(r.oldCommands).toBeGreaterThanOrEqual(3);
+        expect(r.backlog.oldCommands).toBe(0);
+        expect(await commandsOf(store, { entity })).toEqual([]);
+        expect(await commandsOf(store, { entity: keep })).toHaveLength(1);
+      });
+    });
+
     describe('rejection log', () => {
       it('recordRejection keeps every field (refusals decided before admission)', async () => {
         const entity = `e-${uid()}`;
@@ -1408,7 +1593,15 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect(r.unknownRecords).toBeGreaterThanOrEqual(25);
         expect(r.oldRejections).toBeGreaterThanOrEqual(25);
         expect(r.batches).toBeGreaterThanOrEqual(9);
-        expect(r.backlog).toEqual({ expiredRecords: 0, unknownRecords: 0, oldRejections: 0, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0 });
+        expect(r.backlog).toEqual({
+          expiredRecords: 0,
+          unknownRecords: 0,
+          oldRejections: 0,
+          oldEntities: 0,
+          oldFenceHistory: 0,
+          oldOperatorActions: 0,
+          oldCommands: 0,
+        });
         for (const c of expired) expect(await store.getRecords(c.key!)).toEqual([]);
         for (const c of dead) expect((await store.getRecords(c.key!))[0]!.state).toBe('outcome_unknown');
         expect(await rejectionsOf(store, { entity })).toEqual([]);
@@ -1424,7 +1617,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect(await rejectionsOf(store, { entity })).toHaveLength(15);
         // The next full sweep catches up.
         const rest = await store.sweep({ rejectionRetentionMs: HOUR, batch: 10 });
-        expect(Object.values(rest.backlog)).toEqual([0, 0, 0, 0, 0, 0]);
+        expect(Object.values(rest.backlog)).toEqual([0, 0, 0, 0, 0, 0, 0]);
         expect(await rejectionsOf(store, { entity })).toEqual([]);
       });
 

@@ -109,6 +109,69 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL finish group commit', () => {
     await expect(store.finish(completed(cmds[2]!))).resolves.toEqual({ recorded: true });
   });
 
+  it('command-log rows ride on the group: one per committed element, none for the element that failed (DESIGN §4.1 commands)', async () => {
+    const cmds = await admitted(5);
+    const withRow = (f: FinishInput, c: AdmitInput): FinishInput => ({
+      ...f,
+      command: {
+        route: 'payments',
+        scope: c.scope,
+        entity: c.entity,
+        fence: c.fence,
+        idempotencyKey: c.key,
+        outcome: 'completed',
+        decision: 'forwarded',
+        status: 201,
+        upstreamMs: 3,
+        audit: c.audit,
+      },
+    });
+    const before = { ...groupOf(store).stats };
+    const settled = await Promise.allSettled(cmds.map((c, i) => store.finish(withRow(i === 2 ? faulty(c) : completed(c), c))));
+    expect(groupOf(store).stats.grouped - before.grouped).toBe(5);
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'rejected', 'fulfilled', 'fulfilled']);
+    const rows = async (c: AdmitInput) => (await store.listCommands({ key: c.key!, limit: 10 })).items.map((r) => [r.outcome, r.status, r.requestId]);
+    for (const [i, c] of cmds.entries()) expect(await rows(c)).toEqual(i === 2 ? [] : [['completed', 201, c.audit.requestId]]);
+    // The failed element's owner finishes it alone: its row comes with that finish.
+    await store.finish(withRow(completed(cmds[2]!), cmds[2]!));
+    expect(await rows(cmds[2]!)).toEqual([['completed', 201, cmds[2]!.audit.requestId]]);
+  });
+
+  it('a schema without the commands table (a replica started before the migration) still finishes, alone and grouped; only the rows are missing', async () => {
+    const s = await createTestSchema('fg_fgroup_nocmd');
+    const st = await createPostgresStore({ connectionString: s.url, poolSize: 4 });
+    try {
+      await s.pool.query('DROP TABLE commands');
+      const cmds = Array.from({ length: 4 }, () => fresh());
+      for (const c of cmds) expect((await st.admit(c)).outcome).toBe('forward');
+      const row = (c: AdmitInput): FinishInput => ({
+        ...completed(c),
+        command: {
+          route: 'payments',
+          scope: c.scope,
+          entity: c.entity,
+          fence: c.fence,
+          idempotencyKey: c.key,
+          outcome: 'completed',
+          decision: 'forwarded',
+          status: 201,
+          upstreamMs: 1,
+          audit: c.audit,
+        },
+      });
+      await expect(st.finish(row(cmds[0]!))).resolves.toEqual({ recorded: true });
+      const rest = await Promise.all(cmds.slice(1).map((c) => st.finish(row(c))));
+      expect(rest.every((r) => r.recorded)).toBe(true);
+      for (const c of cmds) {
+        const rec = await s.pool.query<{ state: string }>('SELECT state FROM idempotency_records WHERE key = $1', [c.key]);
+        expect(rec.rows[0]?.state).toBe('completed');
+      }
+    } finally {
+      await st.close();
+      await s.drop();
+    }
+  });
+
   it('negative control: without the subtransaction per element, one fault fails its whole group and the check sees it', async () => {
     // The shipped function with its EXCEPTION clause cut out, under another name.
     const shipped = readFileSync(join(FUNCTIONS_DIR, 'group_finish.sql'), 'utf8');

@@ -36,6 +36,9 @@ const LATER_COLUMNS: [migration: string, table: string, column: string][] = [
   ['0010', 'idempotency_records', 'reconciled_at INTEGER'],
 ];
 
+const COMMANDS_TABLE =
+  'CREATE TABLE commands (id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, route TEXT, method TEXT, path TEXT, entity TEXT, fence INTEGER, idempotency_key TEXT, scope TEXT, caller TEXT, tool TEXT, outcome TEXT NOT NULL, decision TEXT, status INTEGER, upstream_ms REAL, request_id TEXT, client_request_id TEXT, payload_sha256 TEXT)';
+
 async function databaseBefore(next: string, write: (store: SqliteGatewayStore) => Promise<void>): Promise<string> {
   const dir = tempDir('fencegate-migration-').dir;
   dirs.push(dir);
@@ -47,6 +50,9 @@ async function databaseBefore(next: string, write: (store: SqliteGatewayStore) =
   );
   const shim = LATER_COLUMNS.filter(([m]) => next <= m).map(([, t, c]) => [t, c] as const);
   for (const [t, c] of shim) db.exec(`ALTER TABLE ${t} ADD COLUMN ${c}`);
+  // Today's store prepares its command-log insert (0011): the table exists while `write` runs.
+  const commands = next <= '0011';
+  if (commands) db.exec(COMMANDS_TABLE);
   db.close();
   const store = new SqliteGatewayStore({ path, migrate: false });
   try {
@@ -54,9 +60,10 @@ async function databaseBefore(next: string, write: (store: SqliteGatewayStore) =
   } finally {
     await store.close();
   }
-  if (shim.length > 0) {
+  if (shim.length > 0 || commands) {
     const after = openSqlite(path);
     for (const [t, c] of shim) after.exec(`ALTER TABLE ${t} DROP COLUMN ${c.split(' ')[0]}`);
+    if (commands) after.exec('DROP TABLE commands');
     after.close();
   }
   return path;

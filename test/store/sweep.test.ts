@@ -16,8 +16,8 @@ import { paymentsRoute, startTestGateway, tempDir, type TestGateway } from '../h
 
 const HOUR = 3_600_000;
 const N = 3 * SWEEP_BATCH + 500;
-const RETENTIONS = { rejectionRetentionMs: HOUR, entityRetentionMs: HOUR, operatorActionRetentionMs: HOUR };
-const ALL_KINDS = ['expiredRecords', 'unknownRecords', 'oldRejections', 'oldEntities', 'oldFenceHistory', 'oldOperatorActions'] as const;
+const RETENTIONS = { rejectionRetentionMs: HOUR, entityRetentionMs: HOUR, operatorActionRetentionMs: HOUR, commandRetentionMs: HOUR };
+const ALL_KINDS = ['expiredRecords', 'unknownRecords', 'oldRejections', 'oldEntities', 'oldFenceHistory', 'oldOperatorActions', 'oldCommands'] as const;
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -38,6 +38,7 @@ function pastRetention(store: SqliteGatewayStore, n: number, tag: string): void 
     db.prepare(`${seq} INSERT INTO fence_entities (entity, fence, accepted_at) SELECT '${tag}-' || i, 1, @old FROM n`).run({ old });
     db.prepare(`${seq} INSERT INTO fence_history (entity, fence, at) SELECT '${tag}-' || i, 1, @old FROM n`).run({ old });
     db.prepare(`${seq} INSERT INTO operator_actions (at, action, scope, key) SELECT @old, 'resolve-released', 'bulk', '${tag}-' || i FROM n`).run({ old });
+    db.prepare(`${seq} INSERT INTO commands (at, outcome, entity) SELECT @old, 'completed', '${tag}-' || i FROM n`).run({ old });
   })();
 }
 
@@ -50,6 +51,7 @@ function counts(store: SqliteGatewayStore, tag: string) {
     oldEntities: n('SELECT count(*) AS n FROM fence_entities WHERE entity LIKE ?'),
     oldFenceHistory: n('SELECT count(*) AS n FROM fence_history WHERE entity LIKE ?'),
     oldOperatorActions: n('SELECT count(*) AS n FROM operator_actions WHERE key LIKE ?'),
+    oldCommands: n('SELECT count(*) AS n FROM commands WHERE entity LIKE ?'),
   };
 }
 
@@ -87,7 +89,7 @@ describe.each([
     const { value: r, turns } = await turnsDuring(() => store.sweep(RETENTIONS));
     for (const k of ALL_KINDS) expect(r[k], k).toBe(N);
     expect(r.backlog).toEqual(zeros);
-    // Four batches per kind (three full, one short): 24 transactions, each its own turn.
+    // Four batches per kind (three full, one short): 28 transactions, each its own turn.
     expect(r.batches).toBe(4 * ALL_KINDS.length);
     expect(turns).toBeGreaterThanOrEqual(r.batches - 1);
     expect(counts(store, 'a')).toEqual(zeros);
@@ -179,7 +181,17 @@ describe("/metrics: the sweeper's rows and backlog", () => {
     const m = createMetrics();
     const backlog = { ...zeros, oldRejections: 7 } as Record<(typeof ALL_KINDS)[number], number>;
     m.swept(
-      { expiredRecords: 3, unknownRecords: 0, oldRejections: 1000, oldEntities: 0, oldFenceHistory: 0, oldOperatorActions: 0, backlog, batches: 2 },
+      {
+        expiredRecords: 3,
+        unknownRecords: 0,
+        oldRejections: 1000,
+        oldEntities: 0,
+        oldFenceHistory: 0,
+        oldOperatorActions: 0,
+        oldCommands: 0,
+        backlog,
+        batches: 2,
+      },
       1500,
     );
     m.sweepFailed();

@@ -79,7 +79,7 @@ export function csvLine(row: RejectionJson): string {
   return CSV_COLUMNS.map((c) => csvCell(row[c])).join(',') + '\r\n';
 }
 
-function csvCell(v: string | null | undefined): string {
+export function csvCell(v: string | null | undefined): string {
   if (v === null || v === undefined) return '';
   let s = visibleText(v);
   // Tab and CR, formula starters too, are already `\u0009` / `\u000d` here.
@@ -93,7 +93,7 @@ function csvCell(v: string | null | undefined): string {
  * is the same JSON value, so the line stays exact and cannot drive a
  * terminal it is printed to.
  */
-export function ndjsonLine(row: RejectionJson): string {
+export function ndjsonLine(row: object): string {
   return JSON.stringify(row).replace(CONTROL, escapeControl) + '\n';
 }
 
@@ -131,7 +131,7 @@ export function tableLine(row: RejectionJson): string {
 }
 
 /** Control characters become `?` in the table: it is for eyes, the exact values are in JSON. */
-function pad(s: string, w: number): string {
+export function pad(s: string, w: number): string {
   const clean = s.replace(CONTROL, '?');
   return clean.length > w ? clean.slice(0, w - 1) + '…' : clean.padEnd(w);
 }

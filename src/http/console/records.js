@@ -1,7 +1,10 @@
 (function () {
   'use strict';
   // The entity view (current fence, fence history as a timeline, in flight,
-  // and its story: fences, refusals and unknown outcomes in time order), the
+  // and its whole story in time order: fences accepted, commands and how each
+  // ended (the command log, with its status: 502, 504, 413, entity-busy
+  // included), refusals, unknown outcomes, and what operators and the
+  // reconciler settled), the
   // records waiting for an operator with their resolve form and its
   // confirmation, and the operator-action log.
   var fg = (window.fencegateConsole = window.fencegateConsole || { init: [], load: [] });
@@ -30,9 +33,10 @@
     fg.clear(tbody);
     fg.clear($('ent-story').tBodies[0]);
     $('ent-info').hidden = true;
-    // The entity, its refusals (the rejection log filtered by entity) and
-    // the records of it that wait for an operator (filtered here: the API
-    // lists them for every entity).
+    // The entity, its commands (the command log filtered by entity), its
+    // refusals (the rejection log filtered by entity), the records of it that
+    // wait for an operator and the operator actions on it (both filtered
+    // here: the API lists them for every entity).
     return Promise.all([
       // Unknown to the gateway (no fence ever accepted, or forgotten after
       // its retention): its refusals and records may still tell its story.
@@ -42,12 +46,18 @@
       }),
       pages('rejections?limit=1000&entity=' + encodeURIComponent(entity), 1, [], null),
       pages('idempotency?state=outcome_unknown&limit=1000', 5, [], null),
+      pages('commands?limit=1000&entity=' + encodeURIComponent(entity), 1, [], null),
+      pages('operator-actions?limit=1000', 2, [], null),
     ])
       .then(function (got) {
         var e = got[0],
           refusals = got[1],
           unknown = got[2].items.filter(function (r) {
             return r.entity === e.entity;
+          }),
+          commands = got[3],
+          actions = got[4].items.filter(function (a) {
+            return a.entity === e.entity;
           });
         var history = e.history || [];
         // When the current fence was accepted: its row in the fence history.
@@ -73,8 +83,9 @@
           tbody.appendChild(tr);
         });
         fg.chart.timeline($('ent-timeline'), history, refusals.items);
-        story(e, history, refusals.items, unknown);
+        story(e, history, refusals.items, unknown, commands.items, actions);
         var notes = [];
+        if (commands.more) notes.push('the latest ' + commands.items.length + ' commands');
         if (e.history_next_cursor) notes.push('the latest ' + history.length + ' fences');
         if (refusals.more) notes.push('the latest ' + refusals.items.length + ' refusals');
         fg.setStatus(notes.length ? 'showing ' + notes.join(' and ') + ' of ' + e.entity : '');
@@ -82,10 +93,52 @@
       .catch(fg.fail);
   }
 
-  // The entity's story in time order, oldest first: fences accepted, requests
-  // refused, requests whose outcome is unknown (at their creation).
-  function story(e, history, refusals, unknown) {
+  // What a command-log row says happened, in an auditor's words.
+  function commandWhat(c) {
+    var status = c.status === null ? '' : ' ' + c.status;
+    if (c.outcome === 'outcome_unknown') return 'outcome unknown:' + status + ' ' + c.decision;
+    if (c.outcome === 'completed') return 'completed:' + status;
+    if (c.outcome === 'released') return 'released:' + status + (c.decision && c.decision !== 'forwarded-released' ? ' ' + c.decision : ' (not processed)');
+    return c.outcome + ':' + status;
+  }
+
+  // The entity's whole story in time order, oldest first: fences accepted,
+  // commands (when each ended, with the status its caller got), requests
+  // refused, requests whose outcome is unknown (at their creation), and the
+  // resolutions of operators and of the reconciler.
+  function story(e, history, refusals, unknown, commands, actions) {
     var events = [];
+    (commands || []).forEach(function (c) {
+      events.push({
+        at: c.at,
+        kind: 'command',
+        what: commandWhat(c),
+        fence: c.fence,
+        key: c.idempotency_key,
+        caller: c.caller || (c.scope ? scopeText(c.scope) : c.route),
+        request: c.request_id,
+        detail: [c.route, c.method, c.path, c.upstream_ms === null ? null : 'upstream ' + c.upstream_ms + ' ms', c.tool ? 'tool ' + c.tool : null]
+          .filter(function (v) {
+            return v;
+          })
+          .join(' '),
+        status: c.status,
+        outcome: c.outcome,
+      });
+    });
+    (actions || []).forEach(function (a) {
+      var reconciler = a.operator === 'reconciler';
+      events.push({
+        at: a.at,
+        kind: reconciler ? 'reconciled' : 'resolved',
+        what: (reconciler ? 'reconciled: ' : 'resolved: ') + a.action.replace(/^resolve-/, '') + (a.status !== null ? ' ' + a.status : ''),
+        fence: a.fence,
+        key: a.key,
+        caller: a.operator,
+        request: a.request_id,
+        detail: a.note || '',
+      });
+    });
     history.forEach(function (h) {
       events.push({
         at: h.at,
@@ -133,6 +186,8 @@
       var tr = document.createElement('tr');
       tr.className = 'ev-' + ev.kind;
       tr.setAttribute('data-kind', ev.kind);
+      if (ev.status !== undefined && ev.status !== null) tr.setAttribute('data-status', String(ev.status));
+      if (ev.outcome) tr.setAttribute('data-outcome', ev.outcome);
       fg.cell(tr, ev.at);
       fg.cell(tr, ev.what);
       fg.cell(tr, ev.fence);

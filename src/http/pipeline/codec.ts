@@ -28,6 +28,12 @@ export interface Codec<S> {
   render(x: Exchange, refusal: Refusal, state: S | null): Reply;
   /** The value a refused request presented for `code`, for the rejection log (../refusal-log.ts). */
   presented(x: Exchange, code: string, state: S | null): unknown;
+  /**
+   * What the headers and path already said of the command, before its body
+   * was read: for the command log's row of a `payload-too-large` (../command-log.ts).
+   * Absent, or null: nothing is known without the body (an mcp call's `_meta`).
+   */
+  known?(state: S | null): { entity: string | null; fence: bigint | null; key: string | null } | null;
   /** Where the entity comes from, for the `missing-entity` refusal. */
   entitySource(x: Exchange): string;
   /** A stored answer replayed to a retry (G2). */

@@ -87,7 +87,7 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
   const asyncReply = deps.asyncPoll === undefined ? null : createAsyncReplyStage({ store, poll: deps.asyncPoll, admit });
   const forward = createForwardStage({ ...headerDeps, forwarder: deps.forwarder, logger, store });
   const pass = createPassStage({ ...headerDeps, send, observer });
-  const settle = createSettleStage({ store, logger, observer });
+  const settle = createSettleStage({ store, logger, observer, config });
   const signedFences = deps.checkSignedFence !== undefined;
   const codecs = {
     http: createHttpCodec({ problemBase, signedFences }),
@@ -164,8 +164,12 @@ export function createPipeline(deps: PipelineDeps): (req: Inbound) => Promise<Re
     // 4. Body, and the command.
     const { body, read } = await readCommand(x, codec, head.state);
     if (read.kind === 'pass') return pass(x, codec, read.pass, body);
-    if (read.kind === 'refused')
+    if (read.kind === 'refused') {
+      // A body over the limit: what the headers said of the command, for its command-log row and log line.
+      const known = read.refusal.code === 'payload-too-large' ? (codec.known?.(read.state) ?? null) : null;
+      if (known !== null) Object.assign(x.trace, { entity: known.entity, fence: known.fence?.toString() ?? null, idempotency_key: known.key });
       return observer.refuse(x, read.refusal, (r) => codec.render(x, r, read.state), codec.presented(x, read.refusal.code, read.state));
+    }
     const { state, command } = read;
     const refuse = (r: Refusal) => observer.refuse(x, r, (shown) => codec.render(x, shown, state), codec.presented(x, r.code, state));
     const noEntity = missingEntity(x, codec, command);

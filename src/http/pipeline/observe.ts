@@ -4,6 +4,8 @@ import type { Reply } from '../inbound.js';
 import type { Logger } from '../logger.js';
 import type { RequestObservation } from '../metrics.js';
 import { logRefusal } from '../refusal-log.js';
+import { logCommandRefusal } from '../command-log.js';
+import type { Config } from '../../config/schema.js';
 import { setHeader } from './reply.js';
 import { auditOf, roundMs, type Exchange } from './exchange.js';
 
@@ -21,7 +23,13 @@ export interface Observer {
   refuse(x: Exchange, refusal: Refusal, render: (r: Refusal) => Reply, presented: unknown): Promise<Reply>;
 }
 
-export function createObserver(deps: { store: GatewayStore; logger: Logger; observe?: ((o: RequestObservation) => void) | undefined }): Observer {
+export function createObserver(deps: {
+  store: GatewayStore;
+  logger: Logger;
+  observe?: ((o: RequestObservation) => void) | undefined;
+  /** For the command log's rows of transient refusals (../command-log.ts); absent: none written. */
+  config?: Pick<Config, 'fence'>;
+}): Observer {
   const { logger } = deps;
   const done = (x: Exchange, reply: Reply, decision: string): Reply => {
     setHeader(reply, 'x-request-id', x.requestId);
@@ -52,7 +60,10 @@ export function createObserver(deps: { store: GatewayStore; logger: Logger; obse
       // (the call is its body); a plain request's refusals here are about its
       // form (headers, path, the entity's place), and carry none.
       if (x.route !== null) await logRefusal(deps, refusal, Object.assign(auditOf(x), { payloadSha256: x.tool !== null ? x.payloadSha256 : '' }), presented);
-      return done(x, render(refusal), refusal.code);
+      const reply = render(refusal);
+      // entity-busy, idempotency-in-progress, payload-too-large: the command log's own rows (DESIGN §4.1 `commands`).
+      await logCommandRefusal(deps, x, refusal, reply.status);
+      return done(x, reply, refusal.code);
     },
   };
 }

@@ -9,13 +9,19 @@ import { roundMs, type Exchange } from './exchange.js';
 import type { Forwarded } from './forward.js';
 import type { Observer } from './observe.js';
 import { setHeader } from './reply.js';
+import { commandOf, commandStatus } from '../command-log.js';
+import type { Config } from '../../config/schema.js';
+import type { CommandOutcome } from '../../store/types.js';
+
+/** A finish's outcome as the command log names it (DESIGN §4.1 `commands`). */
+const COMMAND_OUTCOME: Record<FinishInput['outcome'], CommandOutcome> = { completed: 'completed', released: 'released', unknown: 'outcome_unknown' };
 
 // Stage 8 of the decision order (DESIGN §3.7): one outcome per admitted
 // request, recorded by a finish conditional on the owner token (G4). What
 // an answer means is the codec's (../plain/outcome.ts, ../mcp/outcome.ts);
 // recording it, and "nothing was sent", are the same for every protocol.
 
-export function createSettleStage(deps: { store: GatewayStore; logger: Logger; observer: Observer }) {
+export function createSettleStage(deps: { store: GatewayStore; logger: Logger; observer: Observer; config: Pick<Config, 'fence'> }) {
   const { store, logger, observer } = deps;
 
   return async function settle<S>(x: Exchange, codec: Codec<S>, state: S, command: Command, admitted: Forwarding, forwarded: Forwarded): Promise<Reply> {
@@ -28,11 +34,19 @@ export function createSettleStage(deps: { store: GatewayStore; logger: Logger; o
     const base = { scope: input.scope, key: input.key, entity: input.entity, ownerToken: input.ownerToken, audit: input.audit };
 
     const record = async (s: Settled): Promise<Reply> => {
+      const decision = admission.takeover ? `${s.decision}-after-takeover` : s.decision;
+      // Its command-log row, written by the finish in its transaction: the outcome and what the caller was answered.
+      s.finish.command = commandOf(x, deps.config, {
+        scope: input.scope,
+        outcome: COMMAND_OUTCOME[s.finish.outcome],
+        decision,
+        status: commandStatus(s.decision, s.reply.status),
+      });
       const finishSpan = x.span.phase('fencegate.finish', { 'fencegate.finish': s.finish.outcome });
       const recorded = await finishWithRetries(store, s.finish, logger, x.requestId, lockEnds);
       finishSpan.end({ 'fencegate.recorded': recorded === null ? 'store-error' : recorded });
       if (recorded === false) logger.warn('late-finish-discarded', { request_id: x.requestId, route: x.route!.name, idempotency_key: input.key });
-      return observer.done(x, s.reply, admission.takeover ? `${s.decision}-after-takeover` : s.decision);
+      return observer.done(x, s.reply, decision);
     };
 
     if (result.kind === 'refused' && result.error === START_DEADLINE_PASSED) {

@@ -31,6 +31,10 @@ export function createHttpCodec(deps: { problemBase: string; signedFences: boole
       return parsed.ok ? { ok: true, state: { head: parsed.command, key: parsed.command.key } } : parsed;
     },
 
+    known(state) {
+      return state === null ? null : { entity: state.head.entity, fence: state.head.fence, key: state.key };
+    },
+
     read(x, state, body, hash) {
       // Every plain request is a command: its rows, and its fingerprint, carry the body's hash.
       const payloadSha256 = hash();

@@ -1,6 +1,7 @@
 import type { ExtendLockInput, FinishInput } from '../types.js';
 import type { D1Bind, D1PreparedStatementLike } from './binding.js';
 import { completeRecord, D1, MARK_UNKNOWN, NOW_MS, REJECTION_AUDIT_VALUES, REJECTION_COLUMNS, rejectionParams } from '../sqlite-dialect/statements.js';
+import { commandParams, insertCommand } from '../sqlite-dialect/commands.js';
 
 /** @scope @key @owner — a record still owned by @owner: the condition of every finish (DESIGN §3.7). */
 const OWNED = "scope = @scope AND key = @key AND owner_token = @owner AND state IN ('in_progress', 'outcome_unknown')";
@@ -20,6 +21,10 @@ const Q = {
       expires_at = CASE WHEN @interim_ms IS NULL THEN expires_at ELSE ${NOW_MS} + ${D1.int('interim_ms')} END
     WHERE ${OWNED}`,
   // @entity @owner — free the slot only if this owner still holds it.
+  // The command log's row (DESIGN §4.1 `commands`), before the owner-conditional
+  // write and under its condition: `late-finish` when the write will not match.
+  logCommandOwned: insertCommand(D1, `CASE WHEN EXISTS (SELECT 1 FROM idempotency_records WHERE ${OWNED}) THEN @c_outcome ELSE 'late-finish' END`),
+  logCommand: insertCommand(D1),
   freeSlot: 'UPDATE fence_entities SET inflight_owner = NULL, inflight_until = NULL WHERE entity = @entity AND inflight_owner = @owner',
 } as const;
 
@@ -36,6 +41,7 @@ export function finishBatch(bind: D1Bind, input: FinishInput): { steps: D1Prepar
   let recordedAt: number | null = null;
   if (input.key !== null) {
     steps.push(bind(Q.logLateFinish, p));
+    if (input.command !== undefined) steps.push(bind(Q.logCommandOwned, { ...p, ...commandParams(input.command) }));
     recordedAt = steps.length;
     switch (input.outcome) {
       case 'completed': {
@@ -60,7 +66,7 @@ export function finishBatch(bind: D1Bind, input: FinishInput): { steps: D1Prepar
         break;
       }
     }
-  }
+  } else if (input.command !== undefined) steps.push(bind(Q.logCommand, commandParams(input.command)));
   if (input.entity !== null) steps.push(bind(Q.freeSlot, p));
   return { steps, recordedAt };
 }

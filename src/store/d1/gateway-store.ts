@@ -5,6 +5,8 @@ import {
   type AttemptRef,
   type AuditStore,
   type ExtendLockInput,
+  type CommandInput,
+  type CommandQuery,
   type FinishInput,
   type GatewayStore,
   type RejectionInput,
@@ -19,6 +21,7 @@ import { extendBatch, finishBatch } from './finish.js';
 import { toEntity, toPage, toRecord, toRejection, toStoredResponse } from '../sqlite-dialect/rows.js';
 import { D1, ENTITY_INFO, insertRejection, interimOf, RECORDS_BY_KEY, rejectionParams, rejectionsPage, sweepStatements } from '../sqlite-dialect/statements.js';
 import { sweepInBatches, sweepSteps } from '../sweep.js';
+import { commandParams, commandsPage, insertCommand, toCommand } from '../sqlite-dialect/commands.js';
 
 export type { D1DatabaseLike, D1PreparedStatementLike, D1ResultLike } from './binding.js';
 
@@ -48,6 +51,7 @@ const MAX_POLL_INTERVAL_MS = 1000;
 const SWEEP = sweepStatements(D1);
 const INSERT_REJECTION = insertRejection(D1);
 const INTERIM_OF = interimOf(D1);
+const INSERT_COMMAND = insertCommand(D1);
 
 /**
  * The gateway store on Cloudflare D1 (`fencegate/d1`): every decision is one
@@ -109,7 +113,20 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
     return toAdmission(row);
   }
 
-  async finish(input: FinishInput) {
+  async finish(input: FinishInput): Promise<{ recorded: boolean }> {
+    try {
+      return await this.finishOnce(input);
+    } catch (err) {
+      // A database the Worker reached before `wrangler d1 migrations apply`
+      // created the command log (0011): the batch rolled back whole, so the
+      // finish goes again without its row rather than fail (a failed finish
+      // leaves its record to become outcome_unknown although the upstream answered).
+      if (input.command === undefined || !/no such table: commands/.test(String((err as Error)?.message))) throw err;
+      return this.finishOnce({ ...input, command: undefined });
+    }
+  }
+
+  private async finishOnce(input: FinishInput) {
     const { steps, recordedAt } = finishBatch(this.st, input);
     let recorded = true;
     if (steps.length > 0) {
@@ -133,6 +150,15 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
 
   async recordRejection(input: RejectionInput): Promise<void> {
     await this.st(INSERT_REJECTION, { reason: input.reason, presented: input.presentedFence, current: input.currentFence, ...rejectionParams(input) }).run();
+  }
+
+  async recordCommand(input: CommandInput): Promise<void> {
+    await this.st(INSERT_COMMAND, commandParams(input)).run();
+  }
+
+  async listCommands(query: CommandQuery) {
+    const { sql, params } = commandsPage(D1, query);
+    return toPage((await this.st(sql, params).all()).results ?? [], query.limit, toCommand);
   }
 
   /**

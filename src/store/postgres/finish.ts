@@ -5,9 +5,12 @@ import type { PgContext } from './query.js';
 import { logText } from './rejections.js';
 import { encodeNullable, encodeText } from './text.js';
 import { decisionTopics, wakeLocal, type PgWakeups } from './wakeups.js';
+import { commandValues, finishManyWithCommands, finishOneWithCommand, finishWithRows } from './commands.js';
 
 /** The channel's place among fencegate_finish's parameters: one value for a whole group. */
 const CHANNEL = 14;
+/** How many parameters fencegate_finish takes (`finishParams`); the command row's follow them. */
+const FINISH_PARAMS = 20;
 /** SQLSTATE deadlock_detected. */
 const DEADLOCK = '40P01';
 /**
@@ -43,24 +46,30 @@ export function createFinish(
   // $1 scope $2 key $3 entity $4 owner $5 outcome $6 status $7 headers $8 body $9 retention_ms
   // $10 caller $11 method $12 path $13 payload_sha256 $14 request_id $15 channel $16 entity topic $17 record topic
   // $18 client_request_id $19 log_entity $20 log_key
-  const one = `SELECT recorded FROM ${ctx.table('fencegate_finish')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)`;
+  const lone = `SELECT recorded FROM ${ctx.table('fencegate_finish')}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)`;
   // The same twenty, each an array with one element per finish, but $15 (the channel).
-  const many =
+  const grouped =
     `SELECT ord, recorded, err_code, err_message FROM ${ctx.table('fencegate_finish_many')}(` +
     `$1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::integer[], $7::jsonb[], $8::bytea[], $9::bigint[], ` +
     `$10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text, $16::text[], $17::text[], ` +
     `$18::text[], $19::text[], $20::text[]) ORDER BY ord`;
+  // Each with its command-log row (./commands.ts), after the finish's own parameters.
+  const one = finishOneWithCommand(ctx, lone, FINISH_PARAMS);
+  const many = finishManyWithCommands(ctx, grouped, FINISH_PARAMS);
 
   const group = new RoundTripGroup<FinishInput, boolean>(
     {
       async one(input) {
-        const { rows } = await ctx.query<{ recorded: boolean }>(one, finishParams(input, wakeups.notifyChannel));
+        const query = (text: string, values: unknown[]) => ctx.query<{ recorded: boolean }>(text, values);
+        const { rows } = await finishWithRows(query, one, lone, finishParams(input, wakeups.notifyChannel), FINISH_PARAMS);
         return rows[0]!.recorded;
       },
       async many(inputs) {
         const params = inputs.map((input) => finishParams(input, wakeups.notifyChannel));
         const columns = params[0]!.map((_, c) => (c === CHANNEL ? wakeups.notifyChannel : params.map((p) => p[c])));
-        const { rows } = await ctx.query<{ recorded: boolean | null; err_code: string | null; err_message: string | null }>(many, columns);
+        const query = (text: string, values: unknown[]) =>
+          ctx.query<{ recorded: boolean | null; err_code: string | null; err_message: string | null }>(text, values);
+        const { rows } = await finishWithRows(query, many, grouped, columns, FINISH_PARAMS);
         return Promise.all(
           rows.map(async (r, i): Promise<Settled<boolean>> => {
             if (r.err_code === null) return { ok: true, value: r.recorded! };
@@ -141,5 +150,6 @@ function finishParams(input: FinishInput, channel: string | null): unknown[] {
     a.clientRequestId,
     a.entity,
     a.idempotencyKey,
+    ...commandValues(input.command),
   ];
 }

@@ -4,6 +4,9 @@ import type {
   AdmitInput,
   AttemptRef,
   AuditStore,
+  CommandInput,
+  CommandPage,
+  CommandQuery,
   EntityInfo,
   ExtendLockInput,
   FinishInput,
@@ -27,6 +30,7 @@ import { RoundTripHealth } from './health.js';
 import { poolQuery, qualifier, type PgContext } from './query.js';
 import { createReads } from './reads.js';
 import { createRejectionLog } from './rejections.js';
+import { createCommandLog } from './commands.js';
 import { createSweep } from './retention.js';
 import type { PoolLike } from './types.js';
 import { PgWakeups } from './wakeups.js';
@@ -75,6 +79,7 @@ export class PostgresGatewayStore implements GatewayStore {
   readonly unsent: ReturnType<typeof createRelease>;
   private readonly finishing: ReturnType<typeof createFinish>;
   private readonly rejections: ReturnType<typeof createRejectionLog>;
+  private readonly commands: ReturnType<typeof createCommandLog>;
   private readonly reads: ReturnType<typeof createReads>;
   private readonly extend: ReturnType<typeof createExtend>;
   private readonly sweeper: ReturnType<typeof createSweep>;
@@ -122,6 +127,7 @@ export class PostgresGatewayStore implements GatewayStore {
     // settles a request that was admitted before (DESIGN §3.7).
     this.finishing = createFinish({ ...ctx, query: poolQuery(this.pool, () => this.refusing, this.health) }, this.wakeups);
     this.rejections = createRejectionLog(ctx);
+    this.commands = createCommandLog(ctx);
     this.reads = createReads(ctx);
     this.extend = createExtend(ctx);
     this.sweeper = createSweep(ctx, () => this.closing !== null);
@@ -195,6 +201,14 @@ export class PostgresGatewayStore implements GatewayStore {
 
   recordRejection(r: RejectionInput): Promise<void> {
     return this.rejections.record(r);
+  }
+
+  recordCommand(c: CommandInput): Promise<void> {
+    return this.commands.record(c);
+  }
+
+  listCommands(query: CommandQuery): Promise<CommandPage> {
+    return this.commands.list(query);
   }
 
   waitForChange(topic: string, timeoutMs: number, signal?: AbortSignal): Promise<void> {

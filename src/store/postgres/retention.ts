@@ -44,6 +44,8 @@ function statements(t: PgContext['table']): Record<Kind, { run: string; count: s
     oldEntities: kind(t('fence_entities'), ['entity'], `${olderThanRetention('accepted_at')} AND (inflight_owner IS NULL OR inflight_until <= now())`),
     oldFenceHistory: kind(t('fence_history'), ['id'], olderThanRetention('at')),
     oldOperatorActions: kind(t('operator_actions'), ['id'], olderThanRetention('at')),
+    // The command log (./commands.ts), index commands_at (0011).
+    oldCommands: kind(t('commands'), ['id'], olderThanRetention('at')),
   };
 }
 
@@ -73,6 +75,7 @@ export function createSweep(ctx: PgContext, stopped: () => boolean): (options: S
     if (options.operatorActionRetentionMs !== undefined) {
       steps.oldOperatorActions = step('oldOperatorActions', retention(options.operatorActionRetentionMs));
     }
+    if (options.commandRetentionMs !== undefined) steps.oldCommands = step('oldCommands', retention(options.commandRetentionMs));
     return sweepInBatches(steps, options, { stopped });
   };
 }

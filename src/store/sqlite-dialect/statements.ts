@@ -174,5 +174,7 @@ export function sweepStatements(d: Spelling): Record<SweepKind, SweepStatements>
     oldEntities: batch('fence_entities', 'entity', `accepted_at < ${before} AND ${slotFree(d.now)}`),
     oldFenceHistory: batch('fence_history', 'entity, fence', `at < ${before}`),
     oldOperatorActions: batch('operator_actions', 'id', `at < ${before}`),
+    // The command log (./commands.ts), index commands_at (0011).
+    oldCommands: batch('commands', 'id', `at < ${before}`),
   };
 }

@@ -10,6 +10,8 @@ import {
   type AttemptRef,
   type AuditStore,
   type ExtendLockInput,
+  type CommandInput,
+  type CommandQuery,
   type FinishInput,
   type FinishResult,
   type GatewayStore,
@@ -43,6 +45,8 @@ import {
 import { decide, extendLock, finish, releaseUnsent } from '../../core/admission.js';
 import { admissionRows, type AdmissionRows } from './admission-rows.js';
 import { sweepInBatches, sweepSteps } from '../sweep.js';
+import { finishedOutcome } from '../commands.js';
+import { commandParams, commandsPage, insertCommand, toCommand } from '../sqlite-dialect/commands.js';
 
 export interface SqliteStoreOptions extends OpenSqliteOptions {
   /** Path of the database file (created if missing), or `:memory:`. */
@@ -98,6 +102,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
   private readonly admitTx: (input: AdmitInput) => Admission | Promise<Admission>;
   private readonly finishTx: (input: FinishInput) => FinishResult | Promise<FinishResult>;
   private readonly rejectTx: (input: RejectionInput) => void | Promise<void>;
+  private readonly commandTx: (input: CommandInput) => void | Promise<void>;
   private readonly releaseTx: (input: AdmitInput) => UnsentRelease | Promise<UnsentRelease>;
   private readonly extendTx: (input: ExtendLockInput) => boolean | Promise<boolean>;
   /** The database clock (ms) read at the start of the current write transaction. */
@@ -138,6 +143,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
       this.admitTx = (input) => group.run(() => this.admitIn(input));
       this.finishTx = (input) => group.run(() => this.finishIn(input));
       this.rejectTx = (input) => group.run(() => this.reject(input, this.txNow));
+      this.commandTx = (input) => group.run(() => this.logCommand(input, input.outcome, this.txNow));
       this.releaseTx = (input) => group.run(() => this.releaseIn(input));
       this.extendTx = (input) => group.run(() => this.extendIn(input));
     } else {
@@ -149,6 +155,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
       this.admitTx = inTx((input: AdmitInput) => this.admitIn(input));
       this.finishTx = inTx((input: FinishInput) => this.finishIn(input));
       this.rejectTx = inTx((input: RejectionInput) => this.reject(input, this.txNow));
+      this.commandTx = inTx((input: CommandInput) => this.logCommand(input, input.outcome, this.txNow));
       this.releaseTx = inTx((input: AdmitInput) => this.releaseIn(input));
       this.extendTx = inTx((input: ExtendLockInput) => this.extendIn(input));
     }
@@ -206,6 +213,16 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     await this.rejectTx(input);
   }
 
+  async recordCommand(input: CommandInput): Promise<void> {
+    await this.commandTx(input);
+  }
+
+  async listCommands(query: CommandQuery) {
+    const { sql, params } = commandsPage(SQLITE, query);
+    if (query.cursor !== undefined) params.cursor = BigInt(query.cursor);
+    return toPage(this.db.prepare(sql).safeIntegers(true).all(params) as Record<string, unknown>[], query.limit, toCommand);
+  }
+
   waitForChange(topic: string, timeoutMs: number, signal?: AbortSignal): Promise<void> {
     return this.notifier.wait(topic, timeoutMs, signal);
   }
@@ -242,6 +259,8 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     // Taken over by a newer owner (onUnknown: retry) or resolved by an
     // operator: this owner's outcome no longer decides anything.
     if (f.rejection !== null) this.reject({ ...f.rejection, entity: input.entity, idempotencyKey: input.key, audit: input.audit }, now);
+    // The command log's row of this outcome, in the same transaction (DESIGN §4.1 `commands`).
+    if (input.command !== undefined) this.logCommand(input.command, finishedOutcome(input.command.outcome, f.recorded), now);
     return { recorded: f.recorded };
   }
 
@@ -319,6 +338,11 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     return (this.q.now.get() as { now: number }).now;
   }
 
+  /** Every command-log row of this store is written here, its text bounded (../commands.ts). */
+  private logCommand(c: CommandInput, outcome: CommandInput['outcome'], now: number): void {
+    this.q.insertCommand.run({ now, ...commandParams(c), c_outcome: outcome });
+  }
+
   /** Every rejection row of this store is written here, its text bounded (../bounds.ts). */
   private reject(r: RejectionInput, now: number): void {
     this.q.insertRejection.run({ now, reason: r.reason, presented: r.presentedFence, current: r.currentFence, ...rejectionParams(r) });
@@ -336,6 +360,7 @@ function prepare(db: SqliteDatabase) {
     now: s(`SELECT ${NOW_MS} AS now`),
     entityInfo: s(ENTITY_INFO, true),
     insertRejection: s(insertRejection(SQLITE)),
+    insertCommand: s(insertCommand(SQLITE)),
     // @entity @fence @now @caller @request_id
     fenceHistory: s(insertFenceHistory('VALUES (@entity, @fence, @now, @caller, @request_id)')),
     recordsByKey: s(RECORDS_BY_KEY, true),
