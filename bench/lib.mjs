@@ -223,7 +223,7 @@ export async function startGateway(
   const port = await freePort();
   const file = join(dir, `${name}.json`);
   writeFileSync(file, JSON.stringify({ listen: { host: '127.0.0.1', port }, store, routes, ...config }));
-  return startNode(script, { args: args(file), cpus, env: { FENCEGATE_LOG_LEVEL: 'info', ...env }, port, ...rest });
+  return startNode(script, { args: args(file), cpus, env: { FENCEGATE_LOG_LEVEL: 'info', FENCEGATE_WORKERS: '1', ...env }, port, ...rest });
 }
 
 /** Waits until `url`'s admin health answers (a gateway, or a server that mimics the path). */
