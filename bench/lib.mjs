@@ -50,6 +50,7 @@ export async function startNode(script, { env = {}, args = [], cpus, stdoutFile,
     }));
   return {
     url: `http://127.0.0.1:${port}`,
+    pid: child.pid,
     /** CPU the process has used so far (user + system, all its threads), in ms, from /proc; null where /proc is not there. */
     cpuMs: () => cpuMsOf(child.pid),
     async stop() {

@@ -13,7 +13,7 @@ import { auditCommand, tokenCommand } from './cli-audit.js';
 import { reportError, UsageError } from './cli-errors.js';
 import { CONFIG_HELP, HELP, MIGRATE_HELP, SERVE_HELP } from './cli-help.js';
 import { resolveUnknownCommand } from './cli-resolve.js';
-import { metricsGroup, runPrimary, signalReady, workersFrom, workerSlot, WORKERS_ENV } from './cluster.js';
+import { metricsGroup, relayWakeups, runPrimary, signalReady, workersFrom, workerSlot, WORKERS_ENV } from './cluster.js';
 import { startGateway } from './node.js';
 
 async function main(argv: string[]): Promise<number> {
@@ -109,6 +109,8 @@ async function main(argv: string[]): Promise<number> {
     process.on('SIGHUP', () => onHangup());
     // A worker of a group: the background work in worker 0 only, the group's /metrics.
     const group = metricsGroup();
+    // Waiters on a SQLite file woken by the other workers' changes (PostgreSQL's LISTEN already does it).
+    if ('sqlite' in config.store) relayWakeups();
     const running = await startGateway({
       config,
       logger: log,
@@ -262,10 +264,8 @@ function storeFrom(values: { config?: string; db?: string; 'database-url'?: stri
 
 /** The logger with `extra` added to every line's fields. */
 function withFields(logger: Logger, extra: Record<string, unknown>): Logger {
-  const wrap =
-    (f: (msg: string, fields?: Record<string, unknown>) => void) =>
-    (msg: string, fields?: Record<string, unknown>) =>
-      f(msg, { ...fields, ...extra });
+  const wrap = (f: (msg: string, fields?: Record<string, unknown>) => void) => (msg: string, fields?: Record<string, unknown>) =>
+    f(msg, { ...fields, ...extra });
   const out: Logger = { info: wrap(logger.info), warn: wrap(logger.warn), error: wrap(logger.error) };
   if (logger.debug) out.debug = wrap(logger.debug);
   return out;

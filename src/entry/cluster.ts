@@ -26,6 +26,7 @@
 import cluster, { type Worker } from 'node:cluster';
 import { availableParallelism } from 'node:os';
 import type { Logger } from '../http/logger.js';
+import { setNotifyRelay, wakeFromElsewhere } from '../store/notifier.js';
 
 /** The environment variable `--workers` falls back to. */
 export const WORKERS_ENV = 'FENCEGATE_WORKERS';
@@ -61,9 +62,16 @@ export function workerSlot(): number | null {
 
 type ToPrimary =
   | { fg: 'ready' }
+  | { fg: 'watch'; topic: string; on: boolean }
+  | { fg: 'changed'; topic: string }
   | { fg: 'metrics'; id: number }
   | { fg: 'collected'; id: number; metrics: unknown[] | null };
-type ToWorker = { fg: 'collect'; id: number } | { fg: 'metrics-result'; id: number; text: string | null; error?: string };
+type ToWorker =
+  | { fg: 'collect'; id: number }
+  | { fg: 'metrics-result'; id: number; text: string | null; error?: string }
+  /** Whether a worker other than the receiver waits on `topic`. */
+  | { fg: 'watched'; topic: string; on: boolean }
+  | { fg: 'changed'; topic: string };
 
 function isMessage(m: unknown): m is { fg: string } {
   return typeof m === 'object' && m !== null && typeof (m as { fg?: unknown }).fg === 'string';
@@ -126,6 +134,47 @@ export function metricsGroup(): MetricsGroup | null {
   };
 }
 
+/**
+ * Wakes this worker's SQLite waiters (a serial route's request waiting for
+ * its entity, a retry waiting for a record: DESIGN §3.5 e, h) on a change
+ * made by another worker of the group, through the primary, instead of at
+ * the store's next poll (50 ms). Only topics some other worker waits on are
+ * sent, so a group without contention sends nothing. A hint only
+ * (../store/notifier.ts): a relay that comes late or never costs the poll.
+ * Not for PostgreSQL, whose LISTEN already reaches every process.
+ */
+export function relayWakeups(): void {
+  if (workerSlot() === null) return;
+  // Topics this process waits on (with how many notifiers wait), and those other workers wait on.
+  const mine = new Map<string, number>();
+  const theirs = new Set<string>();
+  process.on('message', (m: unknown) => {
+    if (!isMessage(m)) return;
+    const msg = m as ToWorker;
+    if (msg.fg === 'watched') {
+      if (msg.on) theirs.add(msg.topic);
+      else theirs.delete(msg.topic);
+    } else if (msg.fg === 'changed') wakeFromElsewhere(msg.topic);
+  });
+  setNotifyRelay({
+    watch(topic) {
+      const n = mine.get(topic) ?? 0;
+      mine.set(topic, n + 1);
+      if (n === 0) send({ fg: 'watch', topic, on: true });
+    },
+    unwatch(topic) {
+      const n = mine.get(topic) ?? 0;
+      if (n <= 1) {
+        mine.delete(topic);
+        if (n === 1) send({ fg: 'watch', topic, on: false });
+      } else mine.set(topic, n - 1);
+    },
+    changed(topic) {
+      if (theirs.has(topic)) send({ fg: 'changed', topic });
+    },
+  });
+}
+
 /** Tells the primary that this worker has started (its store is open and it answers): a start-up that fails before this is not retried. */
 export function signalReady(): void {
   if (workerSlot() !== null) send({ fg: 'ready' });
@@ -184,6 +233,7 @@ export function runPrimary(options: PrimaryOptions): Promise<number> {
   const slots: Slot[] = Array.from({ length: workers }, (_, index) => ({ index, worker: null, ready: false, startedAt: 0, failures: 0, timer: null }));
   const byWorker = new Map<Worker, Slot>();
   const metrics = createAggregator(slots);
+  const wakeups = createWakeupRelay();
   let stopping: string | null = null;
   let anyReady = false;
   let exitCode = 0;
@@ -220,13 +270,16 @@ export function runPrimary(options: PrimaryOptions): Promise<number> {
         anyReady = true;
         // A worker started during the shutdown gets it now (a signal sent before it set its handlers could have killed it undrained).
         if (stopping !== null) worker.process.kill(stopping as NodeJS.Signals);
-      } else if (msg.fg === 'metrics') void metrics.answer(worker, msg.id);
+      } else if (msg.fg === 'watch') wakeups.watch(msg.topic, worker, msg.on);
+      else if (msg.fg === 'changed') wakeups.changed(worker, msg.topic);
+      else if (msg.fg === 'metrics') void metrics.answer(worker, msg.id);
       else if (msg.fg === 'collected') metrics.collected(worker, msg.id, msg.metrics);
     });
     worker.once('exit', (code, signal) => {
       byWorker.delete(worker);
       slot.worker = null;
       metrics.retire(worker);
+      wakeups.gone(worker);
       const fields = { worker: slot.index, pid: worker.process.pid, code, signal };
       if (stopping !== null) {
         if (code !== 0) exitCode = 1;
@@ -288,6 +341,42 @@ export function runPrimary(options: PrimaryOptions): Promise<number> {
   for (const slot of slots) start(slot);
   logger.info('workers-started', { workers, pid: process.pid });
   return done;
+}
+
+/**
+ * The primary's half of `relayWakeups`: who waits on which topic, told to
+ * every other worker when it changes, and each change sent to the workers
+ * waiting on it.
+ */
+function createWakeupRelay() {
+  const watchers = new Map<string, Set<Worker>>();
+  const tell = (topic: string, before: Set<Worker>, after: Set<Worker>) => {
+    // Each worker learns whether a worker other than itself waits.
+    for (const w of Object.values(cluster.workers ?? {})) {
+      if (w === undefined || !w.isConnected()) continue;
+      const was = [...before].some((x) => x !== w);
+      const is = [...after].some((x) => x !== w);
+      if (was !== is) w.send({ fg: 'watched', topic, on: is } satisfies ToWorker);
+    }
+  };
+  const set = (topic: string, worker: Worker, on: boolean) => {
+    const before = watchers.get(topic) ?? new Set<Worker>();
+    const after = new Set(before);
+    if (on) after.add(worker);
+    else after.delete(worker);
+    if (after.size === 0) watchers.delete(topic);
+    else watchers.set(topic, after);
+    tell(topic, before, after);
+  };
+  return {
+    watch: set,
+    changed(from: Worker, topic: string) {
+      for (const w of watchers.get(topic) ?? []) if (w !== from && w.isConnected()) w.send({ fg: 'changed', topic } satisfies ToWorker);
+    },
+    gone(worker: Worker) {
+      for (const [topic, ws] of [...watchers]) if (ws.has(worker)) set(topic, worker, false);
+    },
+  };
 }
 
 /** Copies a worker's stdout to ours a whole line at a time; resolves when it ends. */

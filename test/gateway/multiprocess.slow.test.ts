@@ -43,7 +43,10 @@ async function twoGateways(shape: Shape, checksOff?: 'fence' | 'idempotency'): P
     routes: [paymentsRoute(up.url, { serialWaitMs: 60_000 })],
   });
   if (shape === 'serve --workers 2') {
-    const args = checksOff === undefined ? [CLI, 'serve', '--config', config, '--workers', '2'] : [CLUSTER_CHILD, '2', config, '--checks-off', checksOff];
+    const args =
+      checksOff === undefined
+        ? [CLI, 'serve', '--config', config, '--workers', '2']
+        : [CLUSTER_CHILD, '2', 'gateway-child.mjs', config, '--checks-off', checksOff];
     const group = spawnNode(args);
     // Both workers listening (on the one socket the primary holds).
     const first = await group.next((l) => l.msg === 'listening');
