@@ -190,7 +190,7 @@ async function startWorkers(n) {
     if (n === 1 ? text.includes('fencegate_requests_total') : m !== null && Number(m[1]) === n) break;
     await new Promise((r) => setTimeout(r, 100));
   }
-  return { ...started, cpuMs: () => treeCpuMs(started.pid) };
+  return { ...started, cpuMs: () => treeCpuMs(started.pid), primaryCpuMs: n > 1 ? () => cpuMsOf(started.pid) : null };
 }
 
 const schemas = new Set();
@@ -316,9 +316,13 @@ async function main() {
       // thread, from /proc), per request: what a request costs the server,
       // which the box's other load moves far less than its throughput.
       const cpuBefore = target.cpuMs?.() ?? null;
+      const primaryBefore = target.primaryCpuMs?.() ?? null;
       const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50-${round}`, headers });
       const cpuAfter = target.cpuMs?.() ?? null;
+      const primaryAfter = target.primaryCpuMs?.() ?? null;
       const cpuUs = cpuBefore !== null && cpuAfter !== null && t50.total > 0 ? ((cpuAfter - cpuBefore) * 1000) / t50.total : null;
+      // A serve --workers group: the primary's share of it (accepting connections, relaying log lines, summing /metrics).
+      const primaryUs = primaryBefore !== null && primaryAfter !== null && t50.total > 0 ? ((primaryAfter - primaryBefore) * 1000) / t50.total : null;
       const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1-${round}`, headers });
       runs.get(name).push({
         rps50: t50.rps,
@@ -329,10 +333,11 @@ async function main() {
         p99_1c: l1.p99,
         errors: t50.errors + l1.errors,
         statuses: t50.statuses,
+        ...(primaryUs !== null ? { cpu_primary_us: primaryUs } : {}),
       });
       await target.stop();
       process.stderr.write(
-        `round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, ${cpuUs === null ? '-' : cpuUs.toFixed(0)} µs CPU/req, p50@1 ${l1.p50.toFixed(3)} ms\n`,
+        `round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, ${cpuUs === null ? '-' : cpuUs.toFixed(0)} µs CPU/req${primaryUs === null ? '' : ` (primary ${primaryUs.toFixed(0)})`}, p50@1 ${l1.p50.toFixed(3)} ms\n`,
       );
     }
   }

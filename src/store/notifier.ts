@@ -8,9 +8,7 @@ export class LocalNotifier {
   private readonly waiters = new Map<string, Set<() => void>>();
   private closed = false;
 
-  constructor(private readonly pollMs: number) {
-    notifiers.add(this);
-  }
+  constructor(private readonly pollMs: number) {}
 
   notify(topic: string): void {
     this.wake(topic);
@@ -22,6 +20,7 @@ export class LocalNotifier {
     const set = this.waiters.get(topic);
     if (set === undefined) return;
     this.waiters.delete(topic);
+    if (this.waiters.size === 0) notifiers.delete(this);
     relay?.unwatch(topic);
     for (const wake of set) wake();
   }
@@ -32,7 +31,11 @@ export class LocalNotifier {
       let set = this.waiters.get(topic);
       if (set === undefined) {
         this.waiters.set(topic, (set = new Set()));
-        relay?.watch(topic);
+        if (relay !== null) {
+          // Known to wakeFromElsewhere only while it has waiters: a notifier never closed is never kept.
+          notifiers.add(this);
+          relay.watch(topic);
+        }
       }
       const done = () => {
         clearTimeout(timer);
@@ -40,6 +43,7 @@ export class LocalNotifier {
         set!.delete(done);
         if (set!.size === 0 && this.waiters.get(topic) === set) {
           this.waiters.delete(topic);
+          if (this.waiters.size === 0) notifiers.delete(this);
           relay?.unwatch(topic);
         }
         resolve();
@@ -75,7 +79,7 @@ export interface NotifyRelay {
 let relay: NotifyRelay | null = null;
 const notifiers = new Set<LocalNotifier>();
 
-/** Installs (or, with null, removes) the process's relay. */
+/** Installs (or, with null, removes) the process's relay; waits begun before it are not relayed (they end at their poll). */
 export function setNotifyRelay(r: NotifyRelay | null): void {
   relay = r;
 }
