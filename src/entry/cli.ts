@@ -117,7 +117,6 @@ async function main(argv: string[]): Promise<number> {
       ...(slot === null ? {} : { background: slot === 0 }),
       ...(group === null ? {} : { metricsGroup: group }),
     });
-    signalReady();
     log.info('listening', {
       url: running.url,
       console: `${running.url}${config.adminPrefix}/`,
@@ -182,6 +181,8 @@ async function main(argv: string[]): Promise<number> {
     };
     process.on('SIGTERM', () => stop('SIGTERM'));
     process.on('SIGINT', () => stop('SIGINT'));
+    // In a group: ready for the primary's signals only now that they are handled (one sent earlier would kill the worker undrained).
+    signalReady();
     return -1; // keep running
   }
   return usage(`unknown command "${command}"`);

@@ -88,7 +88,7 @@ describe('serve --workers 2', () => {
     await g?.kill();
   });
 
-  it('runs two processes (the primary plus two workers), the sweeper in worker 0 only', async () => {
+  it('runs a primary and two worker processes, the sweeper in worker 0 only', async () => {
     expect([...g.pids.keys()].sort()).toEqual([0, 1]);
     expect(new Set([...g.pids.values(), g.pid]).size).toBe(3);
     // A sweep every second (logged at debug): worker 0 runs them; by its third, worker 1 would have run one too.

@@ -45,8 +45,6 @@ else if (flag === '--checks-off' && off === 'idempotency') {
 } else if (flag !== undefined) throw new Error(`unknown option ${flag} ${off}`);
 
 const running = await startGateway({ config, store, logger });
-// In a group (test/helpers/cluster-child.mjs): tells the primary that this worker is up.
-signalReady();
 logger.info('listening', { url: running.url, checksOff: off ?? null, pid: process.pid });
 process.on('SIGTERM', () => {
   running.close().then(
@@ -54,3 +52,5 @@ process.on('SIGTERM', () => {
     () => process.exit(1),
   );
 });
+// In a group (test/helpers/cluster-child.mjs): tells the primary that this worker is up, once SIGTERM is handled.
+signalReady();

@@ -49,8 +49,6 @@ if (flag === '--checks-off' && off === 'fence') {
 }
 
 const running = await startGateway({ config, store, logger });
-// In a group (test/helpers/cluster-child.mjs): tells the primary that this worker is up.
-signalReady();
 logger.info('listening', { url: running.url, store: 'postgres', checksOff: off ?? null, pid: process.pid });
 process.on('SIGTERM', () => {
   running.close().then(
@@ -58,3 +56,5 @@ process.on('SIGTERM', () => {
     () => process.exit(1),
   );
 });
+// In a group (test/helpers/cluster-child.mjs): tells the primary that this worker is up, once SIGTERM is handled.
+signalReady();
