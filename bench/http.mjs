@@ -13,6 +13,11 @@
 //   pg-ceiling  → no HTTP: two small write transactions per "request" straight
 //                 to PostgreSQL at the same concurrency (bench/pg-ceiling.mjs)
 //   peer        → express + express-idempotency (in-memory) → upstream
+//   fg-normal-wN → fg-normal run as `serve --workers N` (--workers 1,2: one
+//                 target per count), every process of the group free to run
+//                 on every core, as the upstream and the load are on a small
+//                 box: compare the counts with each other, side by side
+//                 (CPU µs/req: the whole group's, primary included)
 //   fg-nostore  → fencegate with fence, idempotency and serial mode off (only with --only)
 //   fg-hono     → fg-normal served through the Hono app for every request, as
 //                 before the Node listener (only with --only)
@@ -47,12 +52,12 @@
 // of dist/; --cpu-prof DIR [--cpu-prof-interval µs] runs every gateway under
 // `node --cpu-prof` (bench/profile-summary.mjs splits a profile by part;
 // bench/profile-http.mjs profiles the 50-connection run alone).
-import { mkdtempSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
 import { constants, cpus, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { latency, load, loadCpu, paymentsRoute, pinPostgres, pinned, placeLoad, startGateway, startNode, throughput, waitReady } from './lib.mjs';
+import { cpuMsOf, latency, load, loadCpu, paymentsRoute, pinPostgres, pinned, placeLoad, startGateway, startNode, throughput, waitReady } from './lib.mjs';
 import { flag, option as opt } from './args.mjs';
 import { SignJWT } from 'jose';
 
@@ -71,6 +76,12 @@ const rounds = Number(opt('rounds', 3));
 const only = opt('only', null)?.split(',');
 const base = opt('base', null);
 const replicas = Number(opt('replicas', 1));
+// --workers 1,2: the fg-normal-wN targets (serve --workers N), one per count.
+const workerCounts = (opt('workers', null)?.split(',') ?? []).map(Number);
+if (workerCounts.some((w) => !Number.isInteger(w) || w < 1)) {
+  console.error('--workers takes worker counts, e.g. --workers 1,2');
+  process.exit(2);
+}
 // --dist DIR: serve this tree's fencegate targets from DIR (a build made with
 // `tsc -p tsconfig.build.json --outDir DIR`) instead of dist/, so that a
 // measurement is not disturbed by a rebuild of dist/ while it runs.
@@ -133,6 +144,54 @@ const startAuth = (name, server) => async () => ({
   headers: { authorization: bearer },
 });
 let upstreamUrl = '';
+
+/** CPU (ms) of a process and every process below it (a serve --workers group: the primary and its workers), from /proc. */
+function treeCpuMs(pid) {
+  let total = cpuMsOf(pid);
+  if (total === null) return null;
+  for (const task of (() => {
+    try {
+      return readdirSync(`/proc/${pid}/task`);
+    } catch {
+      return [];
+    }
+  })()) {
+    let children = '';
+    try {
+      children = readFileSync(`/proc/${pid}/task/${task}/children`, 'utf8');
+    } catch {}
+    for (const child of children.split(' ').filter(Boolean)) total += treeCpuMs(Number(child)) ?? 0;
+  }
+  return total;
+}
+
+/** fg-normal as `serve --workers n`, every process of the group on every core. */
+async function startWorkers(n) {
+  const name = `normal-w${n}`;
+  const all = `0-${cores - 1}`;
+  const started = await startGateway(join(dist, 'entry/cli.js'), {
+    dir: tmp,
+    name,
+    store: { sqlite: join(tmp, `${name}-${Date.now()}.db`), synchronous: 'NORMAL' },
+    routes: [paymentsRoute(upstreamUrl)],
+    args: (file) => ['serve', '--config', file, '--workers', String(n)],
+    cpus: all,
+    env: { FENCEGATE_WORKERS: String(n) },
+    stdoutFile: join(tmp, `${name}.log`),
+    nodeFlags,
+  });
+  // The port answers once the first worker listens: wait for the whole group (its /metrics counts them).
+  for (let i = 0; i < 200; i++) {
+    const text = await fetch(`${started.url}/_fencegate/metrics`).then(
+      (r) => r.text(),
+      () => '',
+    );
+    const m = /fencegate_workers\{state="answered"\} (\d+)/.exec(text);
+    if (n === 1 ? text.includes('fencegate_requests_total') : m !== null && Number(m[1]) === n) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return { ...started, cpuMs: () => treeCpuMs(started.pid), primaryCpuMs: n > 1 ? () => cpuMsOf(started.pid) : null };
+}
 
 const schemas = new Set();
 /** A fresh schema for one PostgreSQL target (every round starts empty), and its connection string. */
@@ -234,7 +293,8 @@ async function main() {
         ),
     ],
     ['peer', () => startNode(join(here, 'servers/idempotency-peer.mjs'), { cpus: serverCpu(), env: { UPSTREAM: upstream.url } })],
-  ].filter(([name]) => (only ? only.includes(name) : name !== 'fg-nostore' && name !== 'fg-hono'));
+    ...workerCounts.map((w) => [`fg-normal-w${w}`, () => startWorkers(w)]),
+  ].filter(([name]) => (only ? only.includes(name) || /^fg-normal-w\d+$/.test(name) : name !== 'fg-nostore' && name !== 'fg-hono'));
 
   // Rounds interleave the targets, so that a load change on the box hits
   // every target alike; each target's row is the median of its rounds.
@@ -256,9 +316,13 @@ async function main() {
       // thread, from /proc), per request: what a request costs the server,
       // which the box's other load moves far less than its throughput.
       const cpuBefore = target.cpuMs?.() ?? null;
+      const primaryBefore = target.primaryCpuMs?.() ?? null;
       const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50-${round}`, headers });
       const cpuAfter = target.cpuMs?.() ?? null;
+      const primaryAfter = target.primaryCpuMs?.() ?? null;
       const cpuUs = cpuBefore !== null && cpuAfter !== null && t50.total > 0 ? ((cpuAfter - cpuBefore) * 1000) / t50.total : null;
+      // A serve --workers group: the primary's share of it (accepting connections, relaying log lines, summing /metrics).
+      const primaryUs = primaryBefore !== null && primaryAfter !== null && t50.total > 0 ? ((primaryAfter - primaryBefore) * 1000) / t50.total : null;
       const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1-${round}`, headers });
       runs.get(name).push({
         rps50: t50.rps,
@@ -269,10 +333,11 @@ async function main() {
         p99_1c: l1.p99,
         errors: t50.errors + l1.errors,
         statuses: t50.statuses,
+        ...(primaryUs !== null ? { cpu_primary_us: primaryUs } : {}),
       });
       await target.stop();
       process.stderr.write(
-        `round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, ${cpuUs === null ? '-' : cpuUs.toFixed(0)} µs CPU/req, p50@1 ${l1.p50.toFixed(3)} ms\n`,
+        `round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, ${cpuUs === null ? '-' : cpuUs.toFixed(0)} µs CPU/req${primaryUs === null ? '' : ` (primary ${primaryUs.toFixed(0)})`}, p50@1 ${l1.p50.toFixed(3)} ms\n`,
       );
     }
   }
@@ -316,7 +381,7 @@ async function main() {
   const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rounds, rows };
   mkdirSync(join(here, 'results'), { recursive: true });
   // A partial run (--only) or a comparison (--base) never replaces the committed full table.
-  const written = only || base ? 'http.local.json' : pgCore !== null ? 'http.pg-core.json' : 'http.json';
+  const written = only || base || workerCounts.length > 0 ? 'http.local.json' : pgCore !== null ? 'http.pg-core.json' : 'http.json';
   writeFileSync(join(here, 'results', written), JSON.stringify(out, null, 2) + '\n');
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));

@@ -50,6 +50,7 @@ export async function startNode(script, { env = {}, args = [], cpus, stdoutFile,
     }));
   return {
     url: `http://127.0.0.1:${port}`,
+    pid: child.pid,
     /** CPU the process has used so far (user + system, all its threads), in ms, from /proc; null where /proc is not there. */
     cpuMs: () => cpuMsOf(child.pid),
     async stop() {
@@ -223,7 +224,7 @@ export async function startGateway(
   const port = await freePort();
   const file = join(dir, `${name}.json`);
   writeFileSync(file, JSON.stringify({ listen: { host: '127.0.0.1', port }, store, routes, ...config }));
-  return startNode(script, { args: args(file), cpus, env: { FENCEGATE_LOG_LEVEL: 'info', ...env }, port, ...rest });
+  return startNode(script, { args: args(file), cpus, env: { FENCEGATE_LOG_LEVEL: 'info', FENCEGATE_WORKERS: '1', ...env }, port, ...rest });
 }
 
 /** Waits until `url`'s admin health answers (a gateway, or a server that mimics the path). */

@@ -5,7 +5,7 @@ import { reasonLines } from './cli-reasons.js';
 export const HELP = `fencegate — a fencing-aware side-effect gateway
 
 Usage:
-  fencegate serve   --config FILE [--port N] [--db PATH | --database-url URL]
+  fencegate serve   --config FILE [--port N] [--db PATH | --database-url URL] [--workers N]
   fencegate migrate (--config FILE | --db PATH | --database-url URL) [--lease]
   fencegate audit   (--url URL [--token T] | --db PATH | --config FILE) [--entity E] [--reason R]
                     [--caller C] [--since 2h] [--until T] [--limit N] [--format table|csv|ndjson]
@@ -23,19 +23,22 @@ Environment:
   DATABASE_URL         PostgreSQL store, as --database-url
   FENCEGATE_CONFIG     configuration file when --config is not given (serve, migrate)
   PORT                 serve: listen port when --port is not given (wins over listen.port)
+  FENCEGATE_WORKERS    serve: worker processes when --workers is not given (default: one per core, at most 8)
   FENCEGATE_DEBUG=1    print the stack trace of an error
 `;
 
 export const SERVE_HELP = `fencegate serve — run the gateway
 
 Usage:
-  fencegate serve --config FILE [--port N] [--db PATH | --database-url URL]
+  fencegate serve --config FILE [--port N] [--db PATH | --database-url URL] [--workers N]
 
 Options:
   --config FILE        JSON configuration (docs/configuration.md); default FENCEGATE_CONFIG
   --port N             override listen.port and PORT (0: any free port)
   --db PATH            use this SQLite file as the store (overrides store)
   --database-url URL   use this PostgreSQL database (also DATABASE_URL)
+  --workers N          N gateway processes on one socket and one store (default
+                       FENCEGATE_WORKERS, else one per core, at most 8; 1: one process)
 
 Environment: FENCEGATE_CONFIG (the file, without --config), PORT (the port,
 without --port; wins over listen.port), and every variable a "{ "env": … }"
@@ -43,7 +46,9 @@ in the configuration names.
 
 Migrations run at start-up. SIGTERM or SIGINT drain in-flight requests and
 pending finishes (for at most drainTimeout), then exit; a second signal exits
-at once. SIGHUP re-reads the configuration (docs/deploy.md §4).
+at once. SIGHUP re-reads the configuration (docs/deploy.md §4). With
+--workers the first process only forwards these signals to its workers,
+restarts a worker that dies, and sums the workers' /metrics (docs/cli.md).
 `;
 
 export const CONFIG_HELP = `fencegate config — the configuration file

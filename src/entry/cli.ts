@@ -14,6 +14,7 @@ import { auditCommandsCommand } from './cli-audit-commands.js';
 import { reportError, UsageError } from './cli-errors.js';
 import { CONFIG_HELP, HELP, MIGRATE_HELP, SERVE_HELP } from './cli-help.js';
 import { resolveUnknownCommand } from './cli-resolve.js';
+import { metricsGroup, relayWakeups, runPrimary, signalReady, workersFrom, workerSlot, WORKERS_ENV } from './cluster.js';
 import { startGateway } from './node.js';
 
 async function main(argv: string[]): Promise<number> {
@@ -33,6 +34,7 @@ async function main(argv: string[]): Promise<number> {
       db: { type: 'string' },
       'database-url': { type: 'string' },
       lease: { type: 'boolean' },
+      workers: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
       version: { type: 'boolean' },
     },
@@ -91,16 +93,39 @@ async function main(argv: string[]): Promise<number> {
       return config;
     };
     const config = load();
+    // `--workers N` (else FENCEGATE_WORKERS, else one per core up to 8): N
+    // processes on one socket and one store (./cluster.ts). The primary
+    // checks the whole configuration first, as a single process would, so
+    // that a bad file fails once, here, and not in every worker.
+    const workers = workersFrom(values.workers, process.env[WORKERS_ENV]);
+    if (typeof workers === 'string') return usage(workers, 'serve');
+    const slot = workerSlot();
+    if (workers > 1 && slot === null) {
+      await prepareConfig(config, process.env);
+      return runPrimary({ workers, logger });
+    }
+    // A worker of a group says which on every line.
+    const log = slot === null ? logger : withFields(logger, { worker: slot });
     // Until the gateway runs, a SIGHUP is not a reload, and must not be Node's default (exit).
     let onHangup = (): void =>
-      logger.warn('config-reload-failed', { config: configPath, error: 'the gateway is still starting; send SIGHUP again once it listens' });
+      log.warn('config-reload-failed', { config: configPath, error: 'the gateway is still starting; send SIGHUP again once it listens' });
     process.on('SIGHUP', () => onHangup());
-    const running = await startGateway({ config, logger });
-    logger.info('listening', {
+    // A worker of a group: the background work in worker 0 only, the group's /metrics.
+    const group = metricsGroup();
+    // Waiters on a SQLite file woken by the other workers' changes (PostgreSQL's LISTEN already does it).
+    if ('sqlite' in config.store) relayWakeups();
+    const running = await startGateway({
+      config,
+      logger: log,
+      ...(slot === null ? {} : { background: slot === 0 }),
+      ...(group === null ? {} : { metricsGroup: group }),
+    });
+    log.info('listening', {
       url: running.url,
       console: `${running.url}${config.adminPrefix}/`,
       store: running.gateway.store.kind,
       routes: config.routes.map((r) => r.name),
+      ...(slot === null ? {} : { pid: process.pid }),
     });
     // SIGHUP: the file again, validated as at start-up; swapped in only whole
     // (docs/deploy.md §4). One reload at a time; a signal during one
@@ -116,11 +141,11 @@ async function main(argv: string[]): Promise<number> {
         try {
           const next = load();
           await running.reload(next);
-          logger.info('config-reloaded', { config: configPath, routes: next.routes.map((r) => r.name) });
+          log.info('config-reloaded', { config: configPath, routes: next.routes.map((r) => r.name) });
         } catch (err) {
           // The running configuration stays; the line says what was refused, as start-up would.
           const error = err instanceof Error ? err.message.replace(/^invalid configuration:\n\s*/, '').replace(/\n\s*/g, '; ') : String(err);
-          logger.error('config-reload-failed', { config: configPath, error });
+          log.error('config-reload-failed', { config: configPath, error });
         }
       })().finally(() => {
         reloading = null;
@@ -140,25 +165,27 @@ async function main(argv: string[]): Promise<number> {
         // milliseconds: only a signal sent again later forces the exit
         // (and gives up the finishes that the graceful close waits for).
         if (performance.now() - stoppingAt < 1000) return;
-        logger.warn('forced-exit', { signal });
+        log.warn('forced-exit', { signal });
         process.exit(1);
       }
       stopping = true;
       stoppingAt = performance.now();
-      logger.info('shutting-down', { signal, inflight: running.gateway.inflight() });
+      log.info('shutting-down', { signal, inflight: running.gateway.inflight() });
       running.close().then(
         () => {
-          logger.info('stopped', {});
+          log.info('stopped', {});
           process.exit(0);
         },
         (err) => {
-          logger.error('shutdown-failed', { error: String(err) });
+          log.error('shutdown-failed', { error: String(err) });
           process.exit(1);
         },
       );
     };
     process.on('SIGTERM', () => stop('SIGTERM'));
     process.on('SIGINT', () => stop('SIGINT'));
+    // In a group: ready for the primary's signals only now that they are handled (one sent earlier would kill the worker undrained).
+    signalReady();
     return -1; // keep running
   }
   return usage(`unknown command "${command}"`);
@@ -237,6 +264,15 @@ function storeFrom(values: { config?: string; db?: string; 'database-url'?: stri
   const path = values.config ?? (process.env.FENCEGATE_CONFIG || undefined);
   if (path !== undefined) return readConfig(path).store;
   return null;
+}
+
+/** The logger with `extra` added to every line's fields. */
+function withFields(logger: Logger, extra: Record<string, unknown>): Logger {
+  const wrap = (f: (msg: string, fields?: Record<string, unknown>) => void) => (msg: string, fields?: Record<string, unknown>) =>
+    f(msg, { ...fields, ...extra });
+  const out: Logger = { info: wrap(logger.info), warn: wrap(logger.warn), error: wrap(logger.error) };
+  if (logger.debug) out.debug = wrap(logger.debug);
+  return out;
 }
 
 /** A usage error: one line naming the command's help (exit 2, see ./cli-errors.ts). */

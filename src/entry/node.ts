@@ -17,6 +17,8 @@ import type { Registry } from 'prom-client';
 import { drainingFinishes } from './drain-finishes.js';
 import { createNodeListener } from './node-listener.js';
 import { openStore } from './open-store.js';
+import type { MetricsGroup } from './cluster.js';
+import { SPECS } from '../http/metrics-spec.js';
 import { SWEEP_KINDS, type GatewayStore } from '../store/types.js';
 
 export { createUndiciForwarder, openStore };
@@ -55,6 +57,14 @@ export interface StartOptions {
   env?: Record<string, string | undefined>;
   /** The prom-client Registry `/metrics` serves (default: a new one); register your own metrics in it too. */
   registry?: Registry;
+  /**
+   * Run the periodic sweeper and the background reconciler in this process.
+   * Default true; a `serve --workers` group runs them in its worker 0 only
+   * (./cluster.ts).
+   */
+  background?: boolean;
+  /** In a `serve --workers` group: `/metrics` shows the whole group's series (./cluster.ts). */
+  metricsGroup?: MetricsGroup;
 }
 
 /** What a reload refuses to change: the socket is bound and the store open once (docs/deploy.md §4). */
@@ -199,7 +209,26 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   const finishes = drainingFinishes(store, logger);
   // prom-client on Node (one registry, with the process metrics); the same names as the text backend.
   // One backend for the process: a reload's gateway counts into the same series.
-  const metricsBackend = createPromBackend(options.registry ? { registry: options.registry } : {});
+  const group = options.metricsGroup;
+  const metricsBackend = createPromBackend({
+    ...(options.registry ? { registry: options.registry } : {}),
+    // In a group, the worker that is scraped sets its gauges as always, then serves the group's sum.
+    ...(group ? { render: () => group.aggregate() } : {}),
+  });
+  // Asked by the group for this worker's series: its per-process gauges
+  // first (what a scrape of this worker would set; the store-wide ones come
+  // from the scraped worker).
+  group?.serve(async () => {
+    metricsBackend.metric(SPECS.inflight).set([], current?.gateway.inflight() ?? 0);
+    const pool = (store as { pool?: { totalCount?: unknown; idleCount?: unknown; waitingCount?: unknown } }).pool;
+    if (typeof pool?.waitingCount === 'number') {
+      const series = metricsBackend.metric(SPECS.pool);
+      series.set(['total'], Number(pool.totalCount));
+      series.set(['idle'], Number(pool.idleCount));
+      series.set(['waiting'], pool.waitingCount);
+    }
+    return metricsBackend.registry.getMetricsAsJSON();
+  });
   const build = (c: Config, reuse: Forwarder | null) => {
     const forwarder = reuse ?? options.forwarder ?? forwarderFor(c);
     try {
@@ -229,8 +258,10 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
   }
   phase = 'serving';
 
-  const sweep = () =>
-    setInterval(() => {
+  const background = options.background ?? true;
+  const sweep = () => {
+    if (!background) return undefined;
+    return setInterval(() => {
       current!.gateway.sweep().then(
         (r) => {
           const behind = Object.values(r.backlog).some((n) => n > 0);
@@ -244,6 +275,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         (err) => logger.error('sweep-failed', { error: String(err) }),
       );
     }, config.sweepInterval).unref();
+  };
   let sweeper = sweep();
   // The background reconciler (../http/reconciler.ts), only with a route that has `reconcile`:
   // a pass as often as the shortest interval asks; each record's own back-off decides whether it is due.
@@ -253,7 +285,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
       ...(r.reconcile === undefined ? [] : [r.reconcile.interval]),
       ...(r.asyncReply === undefined ? [] : [r.asyncReply.interval]),
     ]);
-    if (intervals.length === 0) return null;
+    if (intervals.length === 0 || !background) return null;
     return setInterval(
       () => {
         current!.gateway.reconcile().then(

@@ -13,6 +13,8 @@ export interface PromBackendOptions {
   registry?: Registry;
   /** Register prom-client's default process metrics in it. Default true. */
   processMetrics?: boolean;
+  /** What `render()` serves instead of the registry's own exposition (a `serve --workers` group's sum: ../entry/cluster.ts). */
+  render?: () => Promise<string>;
 }
 
 /**
@@ -40,15 +42,28 @@ export function createPromBackend(options: PromBackendOptions = {}): MetricBacke
       if (s === undefined) made.set(spec.name, (s = series(spec, registry)));
       return s;
     },
-    render: () => registry.metrics(),
+    render: options.render ?? (() => registry.metrics()),
   };
+}
+
+/**
+ * How a `serve --workers` group adds up each series (prom-client's
+ * AggregatorRegistry, ../entry/cluster.ts): counters and histograms are
+ * summed over the workers, and so are the gauges of what each process holds
+ * (its requests in flight, its PostgreSQL pool). Every other gauge says
+ * something about the store or the build, the same whichever worker reads
+ * it: the scraped worker's value (`first`), not N times it.
+ */
+const SUMMED_GAUGES: ReadonlySet<string> = new Set(['fencegate_inflight_requests', 'fencegate_store_pool_clients']);
+export function aggregatorOf(spec: MetricSpec): 'sum' | 'first' {
+  return spec.type !== 'gauge' || SUMMED_GAUGES.has(spec.name) ? 'sum' : 'first';
 }
 
 /** prom-client's default gauges whose names end in `_total` (each the sum of the gauge named without it). */
 export const NON_COUNTER_TOTALS = ['nodejs_active_handles_total', 'nodejs_active_requests_total', 'nodejs_active_resources_total'] as const;
 
 function series(spec: MetricSpec, registry: Registry): Series {
-  const common = { name: spec.name, help: spec.help, labelNames: [...spec.labels], registers: [registry] };
+  const common = { name: spec.name, help: spec.help, labelNames: [...spec.labels], registers: [registry], aggregator: aggregatorOf(spec) };
   // Children per label values, cached: a label object per call would cost on every request.
   const children = new Map<string, any>();
   const metric: any =

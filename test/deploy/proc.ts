@@ -24,7 +24,8 @@ const children = new Set<ChildProcess>();
 
 export function start(args: string[], options: { cwd?: string; env?: Record<string, string | undefined>; command?: string } = {}): Child {
   const env: Record<string, string> = {};
-  for (const [k, v] of Object.entries({ ...process.env, FENCEGATE_CONFIG: undefined, PORT: undefined, ...options.env })) if (v !== undefined) env[k] = v;
+  for (const [k, v] of Object.entries({ FENCEGATE_WORKERS: '1', ...process.env, FENCEGATE_CONFIG: undefined, PORT: undefined, ...options.env }))
+    if (v !== undefined) env[k] = v;
   const proc = spawn(options.command ?? process.execPath, options.command ? args : [CLI, ...args], {
     cwd: options.cwd ?? ROOT,
     env,

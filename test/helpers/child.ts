@@ -86,7 +86,8 @@ process.once('exit', () => {
 export function spawnProc(name: string, args: string[], options: SpawnOptions = {}): Proc {
   const proc = spawn(process.execPath, args, {
     cwd: ROOT,
-    env: { ...process.env, ...options.env },
+    // `fencegate serve` runs one process per core by default: a test's gateway is one process (a pid to pause) unless it asks for `--workers`.
+    env: { FENCEGATE_WORKERS: '1', ...process.env, ...options.env },
     stdio: [options.stdin ? 'pipe' : 'ignore', 'pipe', 'pipe'],
   });
   const keep = options.keepLines ?? 2_000;

@@ -10,6 +10,7 @@
 // drains in-flight requests and exits 0.
 import { readFileSync } from 'node:fs';
 import { parseConfigText } from '../../dist/config/load.js';
+import { signalReady } from '../../dist/entry/cluster.js';
 import { startGateway } from '../../dist/entry/node.js';
 import { createJsonLogger } from '../../dist/http/logger.js';
 import { createSqliteStore } from '../../dist/store/sqlite/index.js';
@@ -44,10 +45,12 @@ else if (flag === '--checks-off' && off === 'idempotency') {
 } else if (flag !== undefined) throw new Error(`unknown option ${flag} ${off}`);
 
 const running = await startGateway({ config, store, logger });
-logger.info('listening', { url: running.url, checksOff: off ?? null });
+logger.info('listening', { url: running.url, checksOff: off ?? null, pid: process.pid });
 process.on('SIGTERM', () => {
   running.close().then(
     () => process.exit(0),
     () => process.exit(1),
   );
 });
+// In a group (test/helpers/cluster-child.mjs): tells the primary that this worker is up, once SIGTERM is handled.
+signalReady();
