@@ -195,19 +195,15 @@ export const ReconcileSchema = z
       if (!(RECONCILE_VARIABLES as readonly string[]).includes(name))
         ctx.addIssue({ code: 'custom', path: ['path'], message: `unknown variable {${name}}: one of ${RECONCILE_VARIABLES.map((v) => `{${v}}`).join(', ')}` });
     }
-    // The original attempt's request id is not kept with its record, and a guessed one would be
-    // "not found" for a charge that happened: the record would be released and run again.
-    if (names.includes('request_id'))
+    // {key} names the command; {request_id} is the gateway's request id of the attempt last sent
+    // (kept with its record, sent upstream as X-Request-Id): either identifies it. A record that
+    // keeps no request id (written before it was kept) is not asked about (DESIGN §3.12).
+    if (!names.includes('key') && !names.includes('request_id'))
       ctx.addIssue({
         code: 'custom',
         path: ['path'],
-        message: "{request_id}: the gateway does not keep the original attempt's request id with its record yet; identify the command by {key}",
-      });
-    else if (!names.includes('key'))
-      ctx.addIssue({
-        code: 'custom',
-        path: ['path'],
-        message: "names no variable that identifies the command: include {key} (the Idempotency-Key), or the upstream's answer could be about another request",
+        message:
+          "names no variable that identifies the command: include {key} (the Idempotency-Key) or {request_id} (the gateway's request id of the attempt), or the upstream's answer could be about another request",
       });
   });
 

@@ -146,6 +146,14 @@ export interface RecordInfo {
   createdAt: Date;
   expiresAt: Date;
   /**
+   * The lock end of the attempt last sent (admission, takeover, `extendLock`;
+   * kept once the record left `in_progress`): what a reconciler's "not found"
+   * is weighed against (DESIGN §3.12). Null for a record written before it was kept.
+   */
+  attemptUntil: Date | null;
+  /** The gateway's request id of the attempt last sent (`{request_id}` of a reconcile path); null for a record written before it was kept. */
+  requestId: string | null;
+  /**
    * An `outcome_unknown` record that carries an interim answer now (a finish
    * `unknown` with `interim`, DESIGN §3.7, before its `expiresAt`). Never
    * the answer itself here: `getInterim` reads it.
@@ -245,14 +253,18 @@ export type Resolution =
   | { outcome: 'completed'; response: StoredResponse; retentionMs: number }
   /**
    * It never happened upstream: delete the record, the next request with the key is forwarded.
-   * `notBeforeMs`: only once the database clock is at least this long past the
-   * record's `created_at` (its admission), decided in the same conditional
-   * write; before that the answer is `too-early` and nothing changes. The
-   * reconciler passes the record's lock plus the route's settle time, so that
-   * an upstream's "not found" is trusted only when the attempt can no longer
-   * be in flight nor be still landing (DESIGN §3.12). Omitted: at once (an operator's decision).
+   * `notBefore`: only once the database clock is at least `settleMs` past the
+   * lock end of the attempt last sent (`attemptUntil`: its admission's or
+   * takeover's lock, as `extendLock` moved it), decided in the same
+   * conditional write; before that the answer is `too-early` and nothing
+   * changes. A record written before the attempt's lock end was kept
+   * (`attemptUntil` null) is weighed as before: `legacyBoundMs` past its
+   * `created_at`. The reconciler passes the route's settle time (and its lock
+   * plus settle time for the fallback), so that an upstream's "not found" is
+   * trusted only when the attempt can no longer be in flight nor be still
+   * landing (DESIGN §3.12). Omitted: at once (an operator's decision).
    */
-  | { outcome: 'released'; notBeforeMs?: number };
+  | { outcome: 'released'; notBefore?: { settleMs: number; legacyBoundMs: number } };
 
 export interface ResolveInput {
   scope: string;
@@ -298,7 +310,7 @@ export type ResolveResult =
   | { ok: false; reason: 'not-outcome-unknown'; state: RecordState }
   /** Still outcome_unknown, but another attempt's record: its `createdAt` is not `ResolveInput.createdAt`. */
   | { ok: false; reason: 'changed'; createdAt: Date }
-  /** A release with `notBeforeMs` asked for before the database clock reached it: the record is unchanged. */
+  /** A release with `notBefore` asked for before the database clock reached it: the record is unchanged. */
   | { ok: false; reason: 'too-early' };
 
 export interface OperatorActionPage {

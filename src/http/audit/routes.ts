@@ -176,7 +176,7 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
           extras: { state: 'outcome_unknown', created_at: createdAt },
         });
       }
-      // An operator's release names no notBeforeMs, so never `too-early` here; answered all the same.
+      // An operator's release names no notBefore, so never `too-early` here; answered all the same.
       if (result.reason === 'too-early')
         return problem({ code: 'not-outcome-unknown', detail: 'the attempt may still be in flight', extras: { state: 'outcome_unknown' } });
       return problem({ code: 'not-outcome-unknown', detail: `the record is ${result.state}, not outcome_unknown`, extras: { state: result.state } });

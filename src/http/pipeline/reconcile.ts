@@ -16,7 +16,7 @@ import type { Exchange } from './exchange.js';
 // MCP routes have no status query yet: the pipeline calls this stage only for
 // the plain codec. An MCP one would give its own `query` (a tools/call of a
 // status tool, say) and its own reading of a found answer; the store side
-// (resolveRecord with notBeforeMs) and the re-admission stay as they are.
+// (resolveRecord with notBefore) and the re-admission stay as they are.
 
 /** What the status query said, as the metrics count it. */
 export type ReconcileResult =
@@ -49,6 +49,10 @@ export interface ReconcileTarget {
   fence: string | null;
   /** The attempt's admission, as the store returned it: the resolution is conditional on it. */
   createdAt: Date;
+  /** The gateway's request id of the attempt last sent (`{request_id}`), or null for a record that keeps none. */
+  requestId: string | null;
+  /** The attempt's own lock end (RecordInfo.attemptUntil), or null for a record that keeps none: for the hint only. */
+  attemptUntil: Date | null;
 }
 
 export interface ReconcileOutcome {
@@ -67,9 +71,20 @@ export interface ReconcileDeps {
   counted?: (route: string, result: ReconcileResult) => void;
 }
 
-/** `timeoutMs + lockMarginMs + settleTime`: how long after its admission a "not found" may release the record (DESIGN §3.12). */
-export function notBeforeMs(route: RouteConfig & { reconcile: ReconcileConfig }): number {
-  return route.timeoutMs + route.lockMarginMs + route.reconcile.settleTime;
+/**
+ * When a "not found" may release the record (DESIGN §3.12): `settleTime`
+ * after the attempt's own lock end, by the database clock; for a record that
+ * keeps no lock end of its attempt (written before it was kept), as before:
+ * `timeoutMs + lockMarginMs + settleTime` after its admission.
+ */
+export function notBefore(route: RouteConfig & { reconcile: ReconcileConfig }): { settleMs: number; legacyBoundMs: number } {
+  return { settleMs: route.reconcile.settleTime, legacyBoundMs: route.timeoutMs + route.lockMarginMs + route.reconcile.settleTime };
+}
+
+/** This process's estimate (ms since the epoch) of when a "not found" about `t` will be trusted: a hint only, the release is the database's decision. */
+export function trustedAt(t: Pick<ReconcileTarget, 'route' | 'createdAt' | 'attemptUntil'>): number {
+  const nb = notBefore(t.route);
+  return t.attemptUntil === null ? t.createdAt.getTime() + nb.legacyBoundMs : t.attemptUntil.getTime() + nb.settleMs;
 }
 
 /** The template's path with each variable percent-encoded, or null when it names one the record lacks (or whose value is a dot segment). */
@@ -105,7 +120,7 @@ export function createReconcileQuery(deps: ReconcileDeps) {
       logger.info('reconcile', { request_id: requestId, route: route.name, idempotency_key: t.key, result, changed });
       return { result, changed };
     };
-    const path = reconcilePath(rc.path, { key: t.key, entity: t.entity, fence: t.fence });
+    const path = reconcilePath(rc.path, { key: t.key, entity: t.entity, fence: t.fence, request_id: t.requestId });
     if (path === null) return done('error');
     let answer;
     try {
@@ -144,7 +159,7 @@ export function createReconcileQuery(deps: ReconcileDeps) {
         // by the database clock inside the release (DESIGN §3.12, G6), never by this process's.
         const r = await store.resolveRecord({
           ...base,
-          resolution: { outcome: 'released', notBeforeMs: notBeforeMs(route) },
+          resolution: { outcome: 'released', notBefore: notBefore(route) },
           note: `status query answered ${answer.status}: not performed`,
         });
         if (r.ok) return done('not-found', true);
@@ -189,12 +204,14 @@ export function createReconcileStage(deps: { store: GatewayStore; query: Reconci
       entity: command.entity,
       fence: record.fence,
       createdAt: record.createdAt,
+      requestId: record.requestId,
+      attemptUntil: record.attemptUntil,
     };
     const { result, changed } = await query(target, route.maxWaitMs, x.requestId);
     x.trace.reconcile = result;
     // For the refusal's Retry-After (reconcileHint): the database decided "too early" by its own
     // clock; this is this process's estimate of the rest, a hint only, never a decision (G6).
-    if (result === 'not-yet-trusted') x.reconcileTrustedInMs = record.createdAt.getTime() + notBeforeMs(target.route) - Date.now();
+    if (result === 'not-yet-trusted') x.reconcileTrustedInMs = trustedAt(target) - Date.now();
     return changed ? admit(x, command) : admitted;
   };
 }

@@ -12,10 +12,12 @@ import { decodeNullable, decodeText } from './text.js';
  * (DESIGN §3.7), by the database clock.
  */
 export const RECORD_COLUMNS = `scope, key, state, fingerprint, entity, fence::text AS fence, status, locked_until, created_at, expires_at,
-  (state = 'outcome_unknown' AND status IS NOT NULL AND expires_at > clock_timestamp()) AS interim`;
+  (state = 'outcome_unknown' AND status IS NOT NULL AND expires_at > clock_timestamp()) AS interim, attempt_until, request_id`;
 
 /** idempotency_records (the reads of ./reads.ts and the operator pages of ./audit.ts). */
-export type RecordRow = Omit<RecordInfo, 'lockedUntil' | 'createdAt' | 'expiresAt'> & {
+export type RecordRow = Omit<RecordInfo, 'lockedUntil' | 'createdAt' | 'expiresAt' | 'attemptUntil' | 'requestId'> & {
+  attempt_until: Date | null;
+  request_id: string | null;
   locked_until: Date | null;
   created_at: Date;
   expires_at: Date;
@@ -37,6 +39,8 @@ export function toRecord(r: RecordRow): RecordInfo {
     createdAt: r.created_at,
     expiresAt: r.expires_at,
     interim: r.interim === true,
+    attemptUntil: r.attempt_until,
+    requestId: decodeNullable(r.request_id),
   };
 }
 

@@ -82,6 +82,8 @@ export function toRecord(r: Record<string, unknown>): RecordInfo {
     createdAt: new Date(Number(r.created_at)),
     expiresAt: new Date(Number(r.expires_at)),
     interim: Number(r.interim ?? 0) === 1,
+    attemptUntil: r.attempt_until === null || r.attempt_until === undefined ? null : new Date(Number(r.attempt_until)),
+    requestId: str(r.request_id),
   };
 }
 
