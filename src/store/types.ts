@@ -153,6 +153,8 @@ export interface RecordInfo {
   attemptUntil: Date | null;
   /** The gateway's request id of the attempt last sent (`{request_id}` of a reconcile path); null for a record written before it was kept. */
   requestId: string | null;
+  /** The reconciler's last answer about this record that settled nothing, by the database clock (DESIGN §3.12); absent when none. */
+  lastReconcile?: { result: ReconcileNote; at: Date };
   /**
    * An `outcome_unknown` record that carries an interim answer now (a finish
    * `unknown` with `interim`, DESIGN §3.7, before its `expiresAt`). Never
@@ -160,6 +162,9 @@ export interface RecordInfo {
    */
   interim: boolean;
 }
+
+/** A status query's answer as the record keeps it (src/http/pipeline/reconcile.ts `ReconcileResult`). */
+export type ReconcileNote = 'found' | 'not-found' | 'not-yet-trusted' | 'unknown' | 'error';
 
 /** One attempt of a record, as `listRecords` / `getRecords` gave its `createdAt` (ms precision). */
 export interface AttemptRef {
@@ -384,6 +389,12 @@ export interface GatewayStore extends AuditStore {
    * interim, or past its time). For the reconciler.
    */
   getInterim(input: AttemptRef): Promise<StoredResponse | null>;
+  /**
+   * Keeps the reconciler's last answer about this attempt's `outcome_unknown`
+   * record (`reconcile_result`, `reconciled_at` = database now): for the
+   * record listing. A no-op for another attempt, another state, or no record.
+   */
+  noteReconcile(input: AttemptRef & { result: ReconcileNote }): Promise<void>;
   /** Logs a refusal decided before admission (signature, expiry, auth). */
   recordRejection(input: RejectionInput): Promise<void>;
   /**

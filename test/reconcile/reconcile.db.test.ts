@@ -177,6 +177,12 @@ for (const [name, start, enabled] of backends) {
       expect(early.body.retry_after).toBe(Number(early.retryAfter));
       expect((await recordOf(g, key))?.state).toBe('outcome_unknown');
       expect(await actionsFor(g, key)).toEqual([]);
+      // The listing shows the last answer that settled nothing, and the attempt it is weighed against.
+      const listed = ((await g.admin('/v1/idempotency?state=outcome_unknown')).items as any[]).find((r) => r.key === key);
+      expect(listed).toMatchObject({ reconcile: 'pending', last_reconcile: { result: 'not-yet-trusted' }, interim: false });
+      expect(new Date(listed.last_reconcile.at).getTime()).toBeGreaterThanOrEqual(new Date(listed.created_at).getTime());
+      expect(new Date(listed.attempt_until).getTime()).toBeGreaterThan(new Date(listed.created_at).getTime());
+      expect(listed.request_id).toMatch(/^[0-9a-f-]{36}$/);
       provider.mode.post = 'perform';
       await g.backdate(key, TRUSTED_AFTER_MS);
       const retry = await answer(await charge(g, key));

@@ -1415,6 +1415,43 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
       });
     });
 
+    describe("noteReconcile: the reconciler's last answer (DESIGN §3.12)", () => {
+      it('kept with this attempt, by the database clock, the last one wins; listed by listRecords and getRecords', async () => {
+        const input = command({ entity: null, fence: null, mode: 'concurrent' });
+        await store.admit(input);
+        await store.finish(finishOf(input, 'unknown'));
+        const [rec] = await store.getRecords(input.key!);
+        expect(rec).not.toHaveProperty('lastReconcile');
+        const ref = { scope: input.scope, key: input.key!, createdAt: rec!.createdAt };
+        await store.noteReconcile({ ...ref, result: 'not-yet-trusted' });
+        const [first] = await store.getRecords(input.key!);
+        expect(first!.lastReconcile?.result).toBe('not-yet-trusted');
+        expect(first!.lastReconcile!.at.getTime()).toBeGreaterThanOrEqual(rec!.createdAt.getTime());
+        await store.noteReconcile({ ...ref, result: 'error' });
+        const [second] = await store.getRecords(input.key!);
+        expect(second!.lastReconcile?.result).toBe('error');
+        expect(second!.lastReconcile!.at.getTime()).toBeGreaterThanOrEqual(first!.lastReconcile!.at.getTime());
+        const listed = (await store.listRecords({ state: 'outcome_unknown', limit: 1000 })).items.find((r) => r.key === input.key);
+        expect(listed?.lastReconcile).toEqual(second!.lastReconcile);
+        // Only what it says: the record is otherwise as it was.
+        expect(second).toMatchObject({ state: 'outcome_unknown', createdAt: rec!.createdAt, attemptUntil: rec!.attemptUntil });
+      });
+
+      it('a no-op for another attempt (createdAt), another scope, a record not outcome_unknown, or no record', async () => {
+        const input = command({ entity: null, fence: null, mode: 'concurrent' });
+        await store.admit(input);
+        const [live] = await store.getRecords(input.key!);
+        const ref = { scope: input.scope, key: input.key!, createdAt: live!.createdAt };
+        await store.noteReconcile({ ...ref, result: 'unknown' });
+        expect((await store.getRecords(input.key!))[0]).not.toHaveProperty('lastReconcile');
+        await store.finish(finishOf(input, 'unknown'));
+        await store.noteReconcile({ ...ref, createdAt: new Date(live!.createdAt.getTime() - 1), result: 'unknown' });
+        await store.noteReconcile({ ...ref, scope: 'elsewhere', result: 'unknown' });
+        await store.noteReconcile({ ...ref, key: `none-${uid()}`, result: 'unknown' });
+        expect((await store.getRecords(input.key!))[0]).not.toHaveProperty('lastReconcile');
+      });
+    });
+
     describe("the attempt's lock end and request id (DESIGN §3.12)", () => {
       it('written with every lock (admission, extendLock, takeover), kept once the outcome is unknown', async () => {
         const input = command({ lockMs: 30_000 });

@@ -221,6 +221,13 @@ export function recordJson(r: RecordInfo) {
     locked_until: r.lockedUntil?.toISOString() ?? null,
     created_at: r.createdAt.toISOString(),
     expires_at: r.expiresAt.toISOString(),
+    // The attempt last sent: its lock end (what a reconciler's "not found" is weighed against) and request id (DESIGN §3.12).
+    attempt_until: r.attemptUntil?.toISOString() ?? null,
+    request_id: r.requestId,
+    // An outcome_unknown record carrying an interim answer (DESIGN §3.7); never the body here.
+    interim: r.interim,
+    // The reconciler's last answer that settled nothing, by the database clock (DESIGN §3.12).
+    last_reconcile: r.lastReconcile === undefined ? null : { result: r.lastReconcile.result, at: r.lastReconcile.at.toISOString() },
   };
 }
 

@@ -114,10 +114,19 @@ export function createReconcileQuery(deps: ReconcileDeps) {
   return async function query(t: ReconcileTarget, timeoutMs: number, requestId: string = newRequestId()): Promise<ReconcileOutcome> {
     const { route } = t;
     const rc = route.reconcile;
-    const done = (result: ReconcileResult, changed = false): ReconcileOutcome => {
+    const done = async (result: ReconcileResult, changed = false): Promise<ReconcileOutcome> => {
       deps.counted?.(route.name, result);
       // Ids and statuses only (convention 10): never the query's path, which may carry the key.
       logger.info('reconcile', { request_id: requestId, route: route.name, idempotency_key: t.key, result, changed });
+      // An answer that settled nothing is kept with the record (its last one, by the database
+      // clock) for the record listing; a store fault here changes no decision.
+      if (!changed) {
+        try {
+          await store.noteReconcile({ scope: t.scope, key: t.key, createdAt: t.createdAt, result });
+        } catch (err) {
+          logger.error('reconcile-error', { request_id: requestId, route: route.name, phase: 'note', error: errorText(err) });
+        }
+      }
       return { result, changed };
     };
     const path = reconcilePath(rc.path, { key: t.key, entity: t.entity, fence: t.fence, request_id: t.requestId });
