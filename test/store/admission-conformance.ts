@@ -61,6 +61,10 @@ export interface TableSnapshot {
     fence: string | null;
     status: number | null;
     body: string | null;
+    /** The attempt's request id, and whether its lock end is kept and (in progress) is the lock (DESIGN §3.12). */
+    requestId: string | null;
+    attemptKept: boolean;
+    attemptIsLock: boolean | null;
   }[];
   rejections: { reason: string; entity: string | null; key: string | null; presented: string | null; current: string | null }[];
 }
@@ -209,6 +213,9 @@ class World {
         fence: str(r.fence),
         status: r.response?.status ?? null,
         body: r.response === null ? null : new TextDecoder().decode(r.response.body),
+        requestId: r.requestId,
+        attemptKept: r.attemptUntil !== null,
+        attemptIsLock: r.attemptUntil === null || r.lockedUntil === null ? null : r.attemptUntil === r.lockedUntil,
       })),
       rejections: this.rejections,
     });
@@ -237,6 +244,9 @@ export function normalise(s: TableSnapshot): TableSnapshot {
         fence: text(r.fence),
         status: r.status === null || r.status === undefined ? null : Number(r.status),
         body: text(r.body),
+        requestId: text(r.requestId),
+        attemptKept: bool(r.attemptKept)!,
+        attemptIsLock: bool(r.attemptIsLock),
       }))
       .sort(by((r) => r.key)),
     rejections: s.rejections
@@ -270,7 +280,11 @@ function finishInput(f: Inflight, outcome: Outcome): FinishInput {
   if (outcome === 'completed')
     return { ...base, outcome, response: { status: 201, headers: [], body: new TextEncoder().encode(f.owner) }, retentionMs: RETENTION_MS };
   if (outcome === 'interim')
-    return { ...base, outcome: 'unknown', interim: { status: 202, headers: [['location', `/ops/${f.owner}`]], body: new TextEncoder().encode(`interim ${f.owner}`) } };
+    return {
+      ...base,
+      outcome: 'unknown',
+      interim: { status: 202, headers: [['location', `/ops/${f.owner}`]], body: new TextEncoder().encode(`interim ${f.owner}`) },
+    };
   return { ...base, outcome };
 }
 
@@ -316,7 +330,11 @@ async function nextMillisecond(r: Real): Promise<void> {
 
 const tally = (seen: Set<string>, a: Admission) =>
   seen.add(
-    a.outcome === 'forward' && a.takeover ? 'forward (takeover)' : a.outcome === 'outcome-unknown' && a.interim !== undefined ? 'outcome-unknown (interim)' : a.outcome,
+    a.outcome === 'forward' && a.takeover
+      ? 'forward (takeover)'
+      : a.outcome === 'outcome-unknown' && a.interim !== undefined
+        ? 'outcome-unknown (interim)'
+        : a.outcome,
   );
 
 async function expectState(r: Real, w: World, what: string) {
