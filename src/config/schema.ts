@@ -234,8 +234,8 @@ export function reconcileConflict(
     ];
   }
   if (route.protocol === 'mcp') return ['reconcile', 'not available on an mcp route yet: only plain HTTP routes have a status query'];
-  // A takeover keeps the record's created_at, so the not-found rule (measured from the admission) would not hold;
-  // and an upstream that honours Idempotency-Key is its own reconciliation.
+  // An upstream that honours Idempotency-Key is its own reconciliation (the not-found rule would
+  // hold: it is measured from each attempt's own lock end, a takeover's included, DESIGN §3.12).
   if (route.onUnknown === 'retry')
     return ['reconcile', 'does not go with onUnknown "retry": a retry that the upstream deduplicates by its Idempotency-Key is already the reconciliation'];
   if (route.idempotency === 'off') return ['reconcile', 'needs idempotency: without a key there is no record to reconcile'];
