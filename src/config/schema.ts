@@ -195,19 +195,15 @@ export const ReconcileSchema = z
       if (!(RECONCILE_VARIABLES as readonly string[]).includes(name))
         ctx.addIssue({ code: 'custom', path: ['path'], message: `unknown variable {${name}}: one of ${RECONCILE_VARIABLES.map((v) => `{${v}}`).join(', ')}` });
     }
-    // The original attempt's request id is not kept with its record, and a guessed one would be
-    // "not found" for a charge that happened: the record would be released and run again.
-    if (names.includes('request_id'))
+    // {key} names the command; {request_id} is the gateway's request id of the attempt last sent
+    // (kept with its record, sent upstream as X-Request-Id): either identifies it. A record that
+    // keeps no request id (written before it was kept) is not asked about (DESIGN §3.12).
+    if (!names.includes('key') && !names.includes('request_id'))
       ctx.addIssue({
         code: 'custom',
         path: ['path'],
-        message: "{request_id}: the gateway does not keep the original attempt's request id with its record yet; identify the command by {key}",
-      });
-    else if (!names.includes('key'))
-      ctx.addIssue({
-        code: 'custom',
-        path: ['path'],
-        message: "names no variable that identifies the command: include {key} (the Idempotency-Key), or the upstream's answer could be about another request",
+        message:
+          "names no variable that identifies the command: include {key} (the Idempotency-Key) or {request_id} (the gateway's request id of the attempt), or the upstream's answer could be about another request",
       });
   });
 
@@ -298,8 +294,8 @@ export function reconcileConflict(
   if (route.protocol === 'mcp' && form === 'http')
     return ['reconcile', 'an mcp route asks a status tool: { "tool", "arguments" naming {key}, "notFound": { "pointer", "equals" } }, not a path'];
   if (route.protocol !== 'mcp' && form === 'mcp') return ['reconcile', 'a status tool ("tool") is for an mcp route; a plain route has a status path ("path")'];
-  // A takeover keeps the record's created_at, so the not-found rule (measured from the admission) would not hold;
-  // and an upstream that honours Idempotency-Key is its own reconciliation.
+  // An upstream that honours Idempotency-Key is its own reconciliation (the not-found rule would
+  // hold: it is measured from each attempt's own lock end, a takeover's included, DESIGN §3.12).
   if (route.onUnknown === 'retry')
     return ['reconcile', 'does not go with onUnknown "retry": a retry that the upstream deduplicates by its Idempotency-Key is already the reconciliation'];
   if (route.idempotency === 'off') return ['reconcile', 'needs idempotency: without a key there is no record to reconcile'];

@@ -375,7 +375,9 @@ function withState(
     state,
     owner: r.owner,
     lockedUntil,
-    attemptUntil: r.attemptUntil,
+    // The attempt's lock end outlives its lock; a record written before it was
+    // kept takes it from the lock it had when its outcome became unknown.
+    attemptUntil: state === 'outcome_unknown' ? (r.attemptUntil ?? r.lockedUntil) : r.attemptUntil,
     requestId: r.requestId,
     entity: r.entity,
     fence: r.fence,

@@ -199,8 +199,17 @@ export function createBackgroundReconciler(deps: {
             const entity = record.entity === null ? null : record.entity.slice(record.entity.lastIndexOf('\u0000') + 1);
             let r: ReconcileResult;
             try {
-              r = (await query({ route, scope: record.scope, key: record.key, entity, fence: record.fence, createdAt: record.createdAt }, route.timeoutMs))
-                .result;
+              const target = {
+                route,
+                scope: record.scope,
+                key: record.key,
+                entity,
+                fence: record.fence,
+                createdAt: record.createdAt,
+                requestId: record.requestId,
+                attemptUntil: record.attemptUntil,
+              };
+              r = (await query(target, route.timeoutMs)).result;
             } catch (err) {
               logger.error('reconcile-error', { route: route.name, error: errorText(err) });
               r = 'error';

@@ -161,12 +161,25 @@ export interface RecordInfo {
   createdAt: Date;
   expiresAt: Date;
   /**
+   * The lock end of the attempt last sent (admission, takeover, `extendLock`;
+   * kept once the record left `in_progress`): what a reconciler's "not found"
+   * is weighed against (DESIGN §3.12). Null for a record written before it was kept.
+   */
+  attemptUntil: Date | null;
+  /** The gateway's request id of the attempt last sent (`{request_id}` of a reconcile path); null for a record written before it was kept. */
+  requestId: string | null;
+  /** The reconciler's last answer about this record that settled nothing, by the database clock (DESIGN §3.12); absent when none. */
+  lastReconcile?: { result: ReconcileNote; at: Date };
+  /**
    * An `outcome_unknown` record that carries an interim answer now (a finish
    * `unknown` with `interim`, DESIGN §3.7, before its `expiresAt`). Never
    * the answer itself here: `getInterim` reads it.
    */
   interim: boolean;
 }
+
+/** A status query's answer as the record keeps it (src/http/pipeline/reconcile.ts `ReconcileResult`). */
+export type ReconcileNote = 'found' | 'not-found' | 'not-yet-trusted' | 'unknown' | 'error';
 
 /** One attempt of a record, as `listRecords` / `getRecords` gave its `createdAt` (ms precision). */
 export interface AttemptRef {
@@ -272,14 +285,18 @@ export type Resolution =
   | { outcome: 'completed'; response: StoredResponse; retentionMs: number }
   /**
    * It never happened upstream: delete the record, the next request with the key is forwarded.
-   * `notBeforeMs`: only once the database clock is at least this long past the
-   * record's `created_at` (its admission), decided in the same conditional
-   * write; before that the answer is `too-early` and nothing changes. The
-   * reconciler passes the record's lock plus the route's settle time, so that
-   * an upstream's "not found" is trusted only when the attempt can no longer
-   * be in flight nor be still landing (DESIGN §3.12). Omitted: at once (an operator's decision).
+   * `notBefore`: only once the database clock is at least `settleMs` past the
+   * lock end of the attempt last sent (`attemptUntil`: its admission's or
+   * takeover's lock, as `extendLock` moved it), decided in the same
+   * conditional write; before that the answer is `too-early` and nothing
+   * changes. A record written before the attempt's lock end was kept
+   * (`attemptUntil` null) is weighed as before: `legacyBoundMs` past its
+   * `created_at`. The reconciler passes the route's settle time (and its lock
+   * plus settle time for the fallback), so that an upstream's "not found" is
+   * trusted only when the attempt can no longer be in flight nor be still
+   * landing (DESIGN §3.12). Omitted: at once (an operator's decision).
    */
-  | { outcome: 'released'; notBeforeMs?: number };
+  | { outcome: 'released'; notBefore?: { settleMs: number; legacyBoundMs: number } };
 
 export interface ResolveInput {
   scope: string;
@@ -325,7 +342,7 @@ export type ResolveResult =
   | { ok: false; reason: 'not-outcome-unknown'; state: RecordState }
   /** Still outcome_unknown, but another attempt's record: its `createdAt` is not `ResolveInput.createdAt`. */
   | { ok: false; reason: 'changed'; createdAt: Date }
-  /** A release with `notBeforeMs` asked for before the database clock reached it: the record is unchanged. */
+  /** A release with `notBefore` asked for before the database clock reached it: the record is unchanged. */
   | { ok: false; reason: 'too-early' };
 
 export interface OperatorActionPage {
@@ -476,6 +493,12 @@ export interface GatewayStore extends AuditStore {
    * interim, or past its time). For the reconciler.
    */
   getInterim(input: AttemptRef): Promise<StoredResponse | null>;
+  /**
+   * Keeps the reconciler's last answer about this attempt's `outcome_unknown`
+   * record (`reconcile_result`, `reconciled_at` = database now): for the
+   * record listing. A no-op for another attempt, another state, or no record.
+   */
+  noteReconcile(input: AttemptRef & { result: ReconcileNote }): Promise<void>;
   /** Logs a refusal decided before admission (signature, expiry, auth). */
   recordRejection(input: RejectionInput): Promise<void>;
   /**

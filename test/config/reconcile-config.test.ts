@@ -51,17 +51,25 @@ describe('routes[].reconcile (docs/configuration.md)', () => {
   });
 
   it('a template that does not identify the command stops start-up with one line naming the field', () => {
-    expect(refusal({ path: '/v1/charges/{entity}' })).toMatch(/^routes\[0\]\.reconcile\.path: .*\{key\}/);
+    expect(refusal({ path: '/v1/charges/{entity}' })).toMatch(/^routes\[0\]\.reconcile\.path: .*\{key\}.*\{request_id\}/);
   });
 
   it('a method with a body is refused', () => {
     expect(refusal({ method: 'POST', path: '/c/{key}' })).toMatch(/^routes\[0\]\.reconcile\.method: .*GET or HEAD/);
   });
 
-  it('an unknown variable, {request_id} (not kept with the record), a 2xx as not-found are refused', () => {
+  it('an unknown variable and a 2xx as not-found are refused', () => {
     expect(refusal({ path: '/c/{key}/{tenant}' })).toMatch(/^routes\[0\]\.reconcile\.path: unknown variable \{tenant\}/);
-    expect(refusal({ path: '/c/{request_id}' })).toMatch(/^routes\[0\]\.reconcile\.path: \{request_id\}/);
     expect(refusal({ path: '/c/{key}', notFound: [200] })).toMatch(/^routes\[0\]\.reconcile\.notFound\[0\]: /);
+  });
+
+  it("{request_id} (the attempt's request id, kept with its record) identifies the command, alone or with {key}", () => {
+    expect((parseConfig(route({ path: '/c/by-request/{request_id}' })).routes[0]!.reconcile as { path?: string } | undefined)?.path).toBe(
+      '/c/by-request/{request_id}',
+    );
+    expect((parseConfig(route({ path: '/c/{key}?request={request_id}' })).routes[0]!.reconcile as { path?: string } | undefined)?.path).toBe(
+      '/c/{key}?request={request_id}',
+    );
   });
 
   it('not with onUnknown "retry", not on an mcp route', () => {

@@ -431,6 +431,22 @@ describe.skipIf(skipReason !== null)('console views in headless Chromium, loopba
     expect((await held).status).toBe(201);
   });
 
+  it("lists an outcome_unknown record with its age and the status query's last answer", { timeout: 60_000 }, async () => {
+    const cells = () => page.$eval('#unk-table tbody tr[data-key="pay-9"]', (tr: HTMLElement) => [...tr.cells].map((c: HTMLElement) => c.textContent));
+    await page.click('#unk-refresh');
+    await page.waitForSelector('#unk-table tbody tr[data-key="pay-9"]');
+    const before = await cells();
+    expect(before[5]).toMatch(/^\d+[smhd]$/);
+    expect(before[6]).toBe('');
+    const [rec] = await gw.sqlite.getRecords('pay-9');
+    await gw.sqlite.noteReconcile({ scope: rec!.scope, key: 'pay-9', createdAt: rec!.createdAt, result: 'not-yet-trusted' });
+    await page.click('#unk-refresh');
+    await page.waitForFunction(() => /not-yet-trusted/.test(document.querySelector('#unk-table tbody tr[data-key="pay-9"]')?.textContent ?? ''));
+    const after = await cells();
+    expect(after.slice(0, 1)).toEqual(['pay-9']);
+    expect(after[6]).toMatch(/^not-yet-trusted, \d+[smhd] ago$/);
+  });
+
   it('resolves an outcome_unknown record as released without sign-in (operator anonymous)', { timeout: 60_000 }, async () => {
     await page.click('#unk-refresh');
     await page.waitForSelector('#unk-table button.resolve[data-key="pay-9"]');

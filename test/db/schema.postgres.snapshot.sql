@@ -195,7 +195,7 @@ FUNCTION fencegate_admit(
   OUT headers jsonb,
   OUT body bytea
 ) RETURNS record LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
-  -- body sha256 827b125e70be1919
+  -- body sha256 c3254e9b43c3d858
 
 FUNCTION fencegate_admit_many(
   p_scope text[],
@@ -277,7 +277,7 @@ FUNCTION fencegate_finish(
   p_log_key text,
   OUT recorded boolean
 ) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
-  -- body sha256 7d07920ae63b42f0
+  -- body sha256 e24e4109f9248bcf
 
 FUNCTION fencegate_finish_many(
   p_scope text[],
@@ -339,7 +339,7 @@ FUNCTION fencegate_release_unsent(
   OUT slot boolean,
   OUT record boolean
 ) RETURNS record LANGUAGE plpgsql VOLATILE SET search_path=<schema>;
-  -- body sha256 a3e778ff52b82520
+  -- body sha256 28e4c08526c64880
 
 -- ===== lease schema (migrations/lease/postgres) =====
 

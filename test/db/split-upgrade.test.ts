@@ -124,10 +124,16 @@ describe('the gateway and the lease module each migrate their own schema (SQLite
     expect(migrateSqliteAsReleased(raw)).toEqual(releasedMigrations('sqlite').map((m) => m.name));
     expect(raw.prepare('SELECT count(*) AS n FROM fencegate_migrations').get()).toEqual({ n: 7 });
     // Today's store writes the previous release's rows. Its rejection insert
-    // names the tool column (0009), its record writes the attempt columns
-    // (0010), so the columns are there for the writes only and dropped
+    // names the tool column (0009), its record writes and reads the columns
+    // of 0010, so the columns are there for the writes only and dropped
     // again: the upgrade below starts from the released schema.
-    const later = ['rejections ADD COLUMN tool TEXT', 'idempotency_records ADD COLUMN attempt_until INTEGER', 'idempotency_records ADD COLUMN request_id TEXT'];
+    const later = [
+      'rejections ADD COLUMN tool TEXT',
+      'idempotency_records ADD COLUMN attempt_until INTEGER',
+      'idempotency_records ADD COLUMN request_id TEXT',
+      'idempotency_records ADD COLUMN reconcile_result TEXT',
+      'idempotency_records ADD COLUMN reconciled_at INTEGER',
+    ];
     for (const c of later) raw.exec(`ALTER TABLE ${c}`);
     // And its command-log insert names the commands table (0011): there for the writes only too.
     raw.exec(

@@ -442,12 +442,16 @@ describe('the admin API (DESIGN §5)', () => {
     expect(r.body.records).toMatchObject([{ scope: 'payments', state: 'completed', entity: 'job-a', fence: '10', status: 201 }]);
     // The fields docs/http-api.md documents, no more (the key is named once, at the top).
     expect(Object.keys(r.body.records[0]).sort()).toEqual([
+      'attempt_until',
       'created_at',
       'entity',
       'expires_at',
       'fence',
       'fingerprint',
+      'interim',
+      'last_reconcile',
       'locked_until',
+      'request_id',
       'scope',
       'state',
       'status',

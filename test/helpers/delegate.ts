@@ -12,6 +12,7 @@ export function delegate(inner: GatewayStore, overrides: Partial<GatewayStore>):
     finish: (i) => inner.finish(i),
     extendLock: (i) => inner.extendLock(i),
     getInterim: (i) => inner.getInterim(i),
+    noteReconcile: (i) => inner.noteReconcile(i),
     recordRejection: (i) => inner.recordRejection(i),
     recordCommand: (i) => inner.recordCommand(i),
     listCommands: (q) => inner.listCommands(q),

@@ -119,7 +119,7 @@ export function holdAdmission(inner: GatewayStore, predicate: (input: AdmitInput
 
 /**
  * Negative control (DESIGN §3.12): a reconciler's release loses its
- * `notBeforeMs`, so an upstream's "not found" releases the record at once,
+ * `notBefore`, so an upstream's "not found" releases the record at once,
  * while the attempt may still be in flight or still landing.
  */
 export function withoutReconcileWait(inner: GatewayStore): GatewayStore {

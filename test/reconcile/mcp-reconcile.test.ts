@@ -180,7 +180,16 @@ describe('a task call recorded unknown with its handle', () => {
       headers: new Map(),
     });
     const route = gw.running.gateway.config.routes[0]! as ReconcileTarget['route'];
-    const target: ReconcileTarget = { route, scope: record!.scope, key: 'k-task', entity: 'acct-1', fence: '1', createdAt: record!.createdAt };
+    const target: ReconcileTarget = {
+      route,
+      scope: record!.scope,
+      key: 'k-task',
+      entity: 'acct-1',
+      fence: '1',
+      createdAt: record!.createdAt,
+      requestId: record!.requestId,
+      attemptUntil: record!.attemptUntil,
+    };
     // Still running: nothing changes (the status tool would say "not found", settleTime is 0: the task is asked instead).
     expect((await query(target, 2_000)).result).toBe('unknown');
     expect((await gw.sqlite.getRecords('k-task'))[0]?.state).toBe('outcome_unknown');

@@ -9,12 +9,14 @@ import type { Socket } from 'node:net';
  */
 export interface Provider {
   url: string;
-  /** Every charge performed, in order (a second one for a key is a second execution). */
-  charges: { id: string; key: string; writtenAt: number }[];
+  /** Every charge performed, in order (a second one for a key is a second execution), with the X-Request-Id it was sent with. */
+  charges: { id: string; key: string; requestId: string; writtenAt: number }[];
   /** POST /charges requests received. */
   posts: number;
   /** Status queries received. */
   statusCalls: number;
+  /** Their paths, as received. */
+  statusPaths: string[];
   /** How the next requests behave; change it between steps. */
   mode: ProviderMode;
   chargesFor(key: string): number;
@@ -50,6 +52,7 @@ export async function startProvider(mode: Partial<ProviderMode> = {}): Promise<P
     charges: [],
     posts: 0,
     statusCalls: 0,
+    statusPaths: [],
     mode: { ...PROMPT, ...mode },
     chargesFor: (key) => p.charges.filter((c) => c.key === key).length,
     close: async () => {
@@ -73,20 +76,23 @@ export async function startProvider(mode: Partial<ProviderMode> = {}): Promise<P
         p.posts++;
         if (mode.post === 'drop') return;
         const key = String(req.headers['idempotency-key'] ?? '');
+        const requestId = String(req.headers['x-request-id'] ?? '');
         const id = `ch_${++n}`;
-        later(mode.writeAfterMs, () => p.charges.push({ id, key, writtenAt: Date.now() }));
+        later(mode.writeAfterMs, () => p.charges.push({ id, key, requestId, writtenAt: Date.now() }));
         later(mode.answerAfterMs, () => json(res, 201, { id, key, amount: 500 }));
         return;
       }
-      const m = /^\/charges\/by-key\/([^/]+)$/.exec(url.pathname);
+      // GET /charges/by-key/:key, or /charges/by-request/:id (the X-Request-Id the charge was sent with).
+      const m = /^\/charges\/by-(key|request)\/([^/]+)$/.exec(url.pathname);
       if ((req.method === 'GET' || req.method === 'HEAD') && m) {
         p.statusCalls++;
+        p.statusPaths.push(url.pathname);
         if (mode.status === 'hang') return;
         if (mode.status === '500') return json(res, 500, { error: 'status service down' });
         if (mode.status === 'large') return json(res, 200, { pad: 'x'.repeat(64 * 1024) });
-        const key = decodeURIComponent(m[1]!);
-        const c = p.charges.find((x) => x.key === key && x.writtenAt + mode.lagMs <= Date.now());
-        return c === undefined ? json(res, 404, { error: 'no such charge' }) : json(res, 200, { id: c.id, key, amount: 500 });
+        const value = decodeURIComponent(m[2]!);
+        const c = p.charges.find((x) => (m[1] === 'key' ? x.key : x.requestId) === value && x.writtenAt + mode.lagMs <= Date.now());
+        return c === undefined ? json(res, 404, { error: 'no such charge' }) : json(res, 200, { id: c.id, key: c.key, amount: 500 });
       }
       json(res, 404, { error: 'no route' });
     });

@@ -1,16 +1,19 @@
 import { afterEach, describe, expect, it } from 'vitest';
+import { parseConfig } from '../../src/config/load.js';
 import type { GatewayStore, RecordInfo } from '../../src/store/types.js';
 import { startTestGateway, type RouteInput } from '../helpers/gateway.js';
 import { startPgTestGateway } from '../helpers/pg-gateway.js';
 import { POSTGRES_URL, until } from '../helpers/postgres.js';
 import { withoutReconcileWait } from '../helpers/store-wrappers.js';
+import { broken } from '../store/conformance.js';
 import { startProvider, type Provider } from './provider.js';
 
 // DESIGN §3.12: the status query for a record whose outcome is unknown, on a
 // real provider over loopback and a real store (a SQLite file; PostgreSQL
 // with FENCEGATE_TEST_POSTGRES_URL). Time past the "not found" rule is
-// reached by backdating the record's created_at in SQL (convention 2), or,
-// for the lagging provider, by real short durations.
+// reached by backdating the record's created_at and its attempt's lock end
+// (attempt_until) in SQL (convention 2), or, for the lagging provider, by
+// real short durations.
 
 interface G {
   url: string;
@@ -18,7 +21,10 @@ interface G {
   reconcile(): ReturnType<Awaited<ReturnType<typeof startTestGateway>>['running']['gateway']['reconcile']>;
   admin(path: string): Promise<any>;
   metrics(): Promise<string>;
+  /** Time passes for the record: its created_at and its attempt's lock end move `ms` into the past. */
   backdate(key: string, ms: number): Promise<void>;
+  /** Replaces the gateway's routes (a SIGHUP reload with another configuration). */
+  reload(routes: RouteInput[]): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -32,7 +38,11 @@ const sqlite: Start = async (routes, wrapStore) => {
     reconcile: () => g.running.gateway.reconcile(),
     admin: async (path) => (await g.admin(path)).body,
     metrics: async () => (await fetch(`${g.url}/_fencegate/metrics`)).text(),
-    backdate: async (key, ms) => void g.sqlite.db.prepare('UPDATE idempotency_records SET created_at = created_at - ? WHERE key = ?').run(ms, key),
+    backdate: async (key, ms) =>
+      void g.sqlite.db
+        .prepare('UPDATE idempotency_records SET created_at = created_at - @ms, attempt_until = attempt_until - @ms WHERE key = @key')
+        .run({ ms, key }),
+    reload: (next) => g.running.reload(parseConfig({ ...g.config, routes: next } as any)),
     close: () => g.close(),
   };
 };
@@ -46,7 +56,12 @@ const postgres: Start = async (routes, wrapStore) => {
     admin: async (path) => (await fetch(`${g.url}/_fencegate${path}`)).json(),
     metrics: async () => (await fetch(`${g.url}/_fencegate/metrics`)).text(),
     backdate: async (key, ms) =>
-      void (await g.schema.pool.query(`UPDATE idempotency_records SET created_at = created_at - $1 * interval '1 millisecond' WHERE key = $2`, [ms, key])),
+      void (await g.schema.pool.query(
+        `UPDATE idempotency_records SET created_at = created_at - $1 * interval '1 millisecond',
+          attempt_until = attempt_until - $1 * interval '1 millisecond' WHERE key = $2`,
+        [ms, key],
+      )),
+    reload: (next) => g.running.reload(parseConfig({ ...g.config, routes: next } as any)),
     close: () => g.close(),
   };
 };
@@ -162,6 +177,12 @@ for (const [name, start, enabled] of backends) {
       expect(early.body.retry_after).toBe(Number(early.retryAfter));
       expect((await recordOf(g, key))?.state).toBe('outcome_unknown');
       expect(await actionsFor(g, key)).toEqual([]);
+      // The listing shows the last answer that settled nothing, and the attempt it is weighed against.
+      const listed = ((await g.admin('/v1/idempotency?state=outcome_unknown')).items as any[]).find((r) => r.key === key);
+      expect(listed).toMatchObject({ reconcile: 'pending', last_reconcile: { result: 'not-yet-trusted' }, interim: false });
+      expect(new Date(listed.last_reconcile.at).getTime()).toBeGreaterThanOrEqual(new Date(listed.created_at).getTime());
+      expect(new Date(listed.attempt_until).getTime()).toBeGreaterThan(new Date(listed.created_at).getTime());
+      expect(listed.request_id).toMatch(/^[0-9a-f-]{36}$/);
       provider.mode.post = 'perform';
       await g.backdate(key, TRUSTED_AFTER_MS);
       const retry = await answer(await charge(g, key));
@@ -229,6 +250,53 @@ for (const [name, start, enabled] of backends) {
       expect(provider.posts).toBe(2);
       expect(provider.chargesFor(key)).toBe(1);
       expect(await actionsFor(g, key)).toEqual([{ action: 'resolve-released', operator: 'reconciler' }]);
+    });
+
+    // DESIGN §3.12, the bound from the attempt itself: `reconcile` given to a route whose
+    // onUnknown was "retry". The record's first admission is old, but a retry took it over and
+    // sent it again just now; the provider never answered it (and its status endpoint cannot
+    // see it yet). A "not found" now must not release it: the attempt just sent may still land.
+    const takenOverThenReconciled = async (wrap?: (s: GatewayStore) => GatewayStore) => {
+      const retryRoute = (u: string) => chargesRoute(u, null, { onUnknown: 'retry' });
+      const { provider, g } = await setup(retryRoute, { post: 'drop' }, wrap);
+      const key = `k-takeover-${name}-${wrap === undefined ? 'own' : 'created'}`;
+      await lost(g, key);
+      await g.backdate(key, 600_000); // the first attempt: ten minutes ago
+      const retried = await answer(await charge(g, key)); // taken over, sent again, lost again
+      expect(retried.status).toBe(504);
+      expect(provider.posts).toBe(2);
+      await g.reload([chargesRoute(provider.url, { settleTime: '30s' })]);
+      const next = await answer(await charge(g, key));
+      return { provider, g, key, next };
+    };
+
+    it('a record taken over after its admission is never released before its own attempt can no longer land (config change: reconcile given to a retry route)', async () => {
+      const { provider, g, key, next } = await takenOverThenReconciled();
+      expect(next).toMatchObject({ status: 409, body: { reconciling: true } });
+      expect(provider.statusCalls).toBe(1);
+      expect(provider.posts).toBe(2);
+      expect((await recordOf(g, key))?.state).toBe('outcome_unknown');
+      expect(await actionsFor(g, key)).toEqual([]);
+      // The hint is measured from the takeover's lock end too: about 30 s, not "now".
+      expect(Number(next.retryAfter)).toBeGreaterThanOrEqual(25);
+    });
+
+    it('negative control: the bound from created_at (the first admission) releases it and sends the charge a third time', async () => {
+      const { provider, next } = await takenOverThenReconciled(broken.createdAtBound);
+      expect(next.status).toBe(504);
+      expect(provider.posts).toBe(3);
+    });
+
+    it("{request_id} in the path names the attempt's own request id (the X-Request-Id the upstream was sent)", async () => {
+      const { provider, g } = await setup((u) => chargesRoute(u, { path: '/charges/by-request/{request_id}' }), { answerAfterMs: 1_000 });
+      const key = `k-reqid-${name}`;
+      await lost(g, key);
+      const sent = provider.charges.find((c) => c.key === key)!.requestId;
+      expect((await recordOf(g, key))?.requestId).toBe(sent);
+      const retry = await answer(await charge(g, key));
+      expect(retry).toMatchObject({ status: 200, reconciled: 'true', replayed: 'true' });
+      expect(provider.statusPaths).toEqual([`/charges/by-request/${encodeURIComponent(sent)}`]);
+      expect(provider.chargesFor(key)).toBe(1);
     });
 
     // The provider is still working on the charge when the gateway gives up on it, and its

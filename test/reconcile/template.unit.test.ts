@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
-import { notBeforeMs, reconcilePath, type ReconcileTarget } from '../../src/http/pipeline/reconcile.js';
+import { notBefore, reconcilePath, trustedAt, type ReconcileTarget } from '../../src/http/pipeline/reconcile.js';
 
 describe('reconcile.path substitution (DESIGN §3.12)', () => {
   it('percent-encodes every variable, so a key cannot change the path or the query', () => {
@@ -13,6 +13,13 @@ describe('reconcile.path substitution (DESIGN §3.12)', () => {
     expect(reconcilePath('/v1/charges/{key}/{entity}', { key: 'k', entity: null })).toBeNull();
   });
 
+  it("{request_id}: the attempt's request id, percent-encoded; a record that keeps none (written before it was kept) is not asked about", () => {
+    expect(reconcilePath('/v1/requests/{request_id}?key={key}', { key: 'k 1', request_id: '0b6c9a3e-1f2d-4c5b-8a7e-9d0c1b2a3f4e' })).toBe(
+      '/v1/requests/0b6c9a3e-1f2d-4c5b-8a7e-9d0c1b2a3f4e?key=k%201',
+    );
+    expect(reconcilePath('/v1/requests/{request_id}', { key: 'k', request_id: null })).toBeNull();
+  });
+
   it('an entity "." or ".." (a dot segment, which URL parsing removes even as %2E%2E): no query at all', () => {
     for (const entity of ['.', '..']) expect(reconcilePath('/v1/customers/{entity}/charges/{key}', { key: 'k1', entity })).toBeNull();
     // Control: dots inside a value stay, encoded as they are.
@@ -22,7 +29,7 @@ describe('reconcile.path substitution (DESIGN §3.12)', () => {
     );
   });
 
-  it('a not-found is trusted the lock (timeoutMs + lockMarginMs) plus settleTime after the admission', () => {
+  it("a not-found is trusted settleTime after the attempt's own lock end; without one, the lock plus settleTime after the admission", () => {
     const c = parseConfig({
       routes: [
         {
@@ -35,6 +42,11 @@ describe('reconcile.path substitution (DESIGN §3.12)', () => {
         },
       ],
     });
-    expect(notBeforeMs(c.routes[0] as ReconcileTarget['route'])).toBe(42_000);
+    const route = c.routes[0] as ReconcileTarget['route'];
+    expect(notBefore(route)).toEqual({ settleMs: 30_000, legacyBoundMs: 42_000 });
+    // This process's estimate for the hint, from the same two.
+    const createdAt = new Date(1_000_000);
+    expect(trustedAt({ route, createdAt, attemptUntil: new Date(5_000_000) })).toBe(5_030_000);
+    expect(trustedAt({ route, createdAt, attemptUntil: null })).toBe(1_042_000);
   });
 });

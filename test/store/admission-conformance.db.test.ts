@@ -45,7 +45,8 @@ function sqlite(options: Partial<SqliteStoreOptions>): AdmissionBackend {
             .all() as any,
           records: db
             .prepare(`SELECT key, fingerprint, state, owner_token AS owner, locked_until > ${now} AS lockLive, expires_at > ${now} AS fresh,
-              entity, CAST(fence AS TEXT) AS fence, status, CAST(body AS TEXT) AS body FROM idempotency_records`)
+              entity, CAST(fence AS TEXT) AS fence, status, CAST(body AS TEXT) AS body, request_id AS requestId,
+              attempt_until IS NOT NULL AS attemptKept, attempt_until = locked_until AS attemptIsLock FROM idempotency_records`)
             .all() as any,
           rejections: db
             .prepare(
@@ -140,7 +141,9 @@ describe.skipIf(!POSTGRES_URL)('admission conformance: the PostgreSQL store agai
             'SELECT entity, fence::text AS fence, inflight_owner AS owner, inflight_until > clock_timestamp() AS "slotLive" FROM fence_entities',
           )) as any,
           records: (await q(`SELECT key, fingerprint, state, owner_token AS owner, locked_until > clock_timestamp() AS "lockLive",
-              expires_at > clock_timestamp() AS fresh, entity, fence::text AS fence, status, convert_from(body, 'UTF8') AS body FROM idempotency_records`)) as any,
+              expires_at > clock_timestamp() AS fresh, entity, fence::text AS fence, status, convert_from(body, 'UTF8') AS body,
+              request_id AS "requestId", attempt_until IS NOT NULL AS "attemptKept", attempt_until = locked_until AS "attemptIsLock"
+              FROM idempotency_records`)) as any,
           rejections: (await q(
             'SELECT reason, entity, idempotency_key AS key, presented_fence::text AS presented, current_fence::text AS current FROM rejections',
           )) as any,

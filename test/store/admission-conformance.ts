@@ -61,6 +61,10 @@ export interface TableSnapshot {
     fence: string | null;
     status: number | null;
     body: string | null;
+    /** The attempt's request id, and whether its lock end is kept and (in progress) is the lock (DESIGN §3.12). */
+    requestId: string | null;
+    attemptKept: boolean;
+    attemptIsLock: boolean | null;
   }[];
   rejections: { reason: string; entity: string | null; key: string | null; presented: string | null; current: string | null }[];
 }
@@ -97,7 +101,8 @@ interface Req {
   onUnknown: UnknownPolicy;
 }
 
-type Outcome = 'completed' | 'released' | 'unknown';
+/** `interim`: a finish `unknown` that keeps an interim answer (DESIGN §3.7). */
+type Outcome = 'completed' | 'released' | 'unknown' | 'interim';
 
 class World {
   entities = new Map<string, EntityRow>();
@@ -208,6 +213,9 @@ class World {
         fence: str(r.fence),
         status: r.response?.status ?? null,
         body: r.response === null ? null : new TextDecoder().decode(r.response.body),
+        requestId: r.requestId,
+        attemptKept: r.attemptUntil !== null,
+        attemptIsLock: r.attemptUntil === null || r.lockedUntil === null ? null : r.attemptUntil === r.lockedUntil,
       })),
       rejections: this.rejections,
     });
@@ -236,6 +244,9 @@ export function normalise(s: TableSnapshot): TableSnapshot {
         fence: text(r.fence),
         status: r.status === null || r.status === undefined ? null : Number(r.status),
         body: text(r.body),
+        requestId: text(r.requestId),
+        attemptKept: bool(r.attemptKept)!,
+        attemptIsLock: bool(r.attemptIsLock),
       }))
       .sort(by((r) => r.key)),
     rejections: s.rejections
@@ -268,6 +279,12 @@ function finishInput(f: Inflight, outcome: Outcome): FinishInput {
   const base = { scope: SCOPE, key: f.key, entity: f.entity, ownerToken: f.owner, audit: audit(f.owner) };
   if (outcome === 'completed')
     return { ...base, outcome, response: { status: 201, headers: [], body: new TextEncoder().encode(f.owner) }, retentionMs: RETENTION_MS };
+  if (outcome === 'interim')
+    return {
+      ...base,
+      outcome: 'unknown',
+      interim: { status: 202, headers: [['location', `/ops/${f.owner}`]], body: new TextEncoder().encode(`interim ${f.owner}`) },
+    };
   return { ...base, outcome };
 }
 
@@ -280,6 +297,10 @@ function differs(real: Admission, model: Admission): string | null {
     const body = (a: typeof real) => new TextDecoder().decode(a.response.body);
     if (real.response.status !== model.response.status || body(real) !== body(model))
       return `replayed ${real.response.status} ${body(real)}, rules say ${model.response.status} ${body(model)}`;
+  }
+  if (real.outcome === 'outcome-unknown' && model.outcome === 'outcome-unknown') {
+    const interim = (a: typeof real) => (a.interim === undefined ? null : `${a.interim.status} ${new TextDecoder().decode(a.interim.body)}`);
+    if (interim(real) !== interim(model)) return `interim ${interim(real)}, rules say ${interim(model)}`;
   }
   if (real.outcome === 'forward' && model.outcome === 'forward' && real.takeover !== model.takeover)
     return `takeover ${real.takeover}, rules say ${model.takeover}`;
@@ -307,7 +328,14 @@ async function nextMillisecond(r: Real): Promise<void> {
   while (Date.now() <= r.lastAdmission) await new Promise((resolve) => setTimeout(resolve, 1));
 }
 
-const tally = (seen: Set<string>, a: Admission) => seen.add(a.outcome === 'forward' && a.takeover ? 'forward (takeover)' : a.outcome);
+const tally = (seen: Set<string>, a: Admission) =>
+  seen.add(
+    a.outcome === 'forward' && a.takeover
+      ? 'forward (takeover)'
+      : a.outcome === 'outcome-unknown' && a.interim !== undefined
+        ? 'outcome-unknown (interim)'
+        : a.outcome,
+  );
 
 async function expectState(r: Real, w: World, what: string) {
   expect(normalise(await r.h.snapshot()), `state after ${what}`).toEqual(w.snapshot());
@@ -516,7 +544,7 @@ const reqArb: fc.Arbitrary<Req> = fc
   })
   .map((r) => (r.entity === null ? { ...r, fence: null } : r));
 
-const finishOutcome = fc.constantFrom<Outcome>('completed', 'completed', 'released', 'unknown');
+const finishOutcome = fc.constantFrom<Outcome>('completed', 'completed', 'released', 'unknown', 'interim');
 const keyArb = fc.constantFrom('k1', 'k2', 'k3');
 
 const baseCommands = [
@@ -573,6 +601,7 @@ export const ALL_OUTCOMES = [
   'idempotency-in-progress',
   'idempotency-key-reused',
   'outcome-unknown',
+  'outcome-unknown (interim)',
   'replay',
   'stale-fence',
 ];

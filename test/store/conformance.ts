@@ -43,6 +43,8 @@ export interface ConformanceHarness {
    * retention without waiting for it.
    */
   backdate(table: BackdateTable, column: string, ms: number, where: { column: string; value: string }): Promise<void>;
+  /** Makes the record of `key` one written before the attempt's lock end and request id were kept (both NULL, migration 0010). */
+  forgetAttempt(key: string): Promise<void>;
   /** Opens another store on the same database, as another gateway replica would. The suite closes it. */
   openReplica(): Promise<GatewayStore>;
   /** Closes whatever the harness opened (the suite closes `store` itself first). */
@@ -157,13 +159,35 @@ export const broken = {
   withoutKey: (store: GatewayStore): GatewayStore => wrap(store, (i) => ({ ...i, key: null })),
   /** Forces concurrent mode: G3 is gone. */
   concurrent: (store: GatewayStore): GatewayStore => wrap(store, (i) => ({ ...i, mode: 'concurrent' })),
-  /** Drops a release's `notBeforeMs`: a reconciler's "not found" would release an attempt still in flight (DESIGN §3.12). */
+  /** Drops a release's `notBefore`: a reconciler's "not found" would release an attempt still in flight (DESIGN §3.12). */
   withoutNotBefore: (store: GatewayStore): GatewayStore =>
     new Proxy(store, {
       get(target, prop) {
         if (prop === 'resolveRecord')
           return (input: ResolveInput) =>
             target.resolveRecord({ ...input, resolution: input.resolution.outcome === 'released' ? { outcome: 'released' } : input.resolution });
+        const v = Reflect.get(target, prop, target);
+        return typeof v === 'function' ? v.bind(target) : v;
+      },
+    }),
+  /**
+   * The bound before the attempt's own lock end was kept (DESIGN §3.12): a
+   * release with `notBefore` trusted once `legacyBoundMs` passed since the
+   * record's created_at (its first admission), whatever lock its last
+   * attempt was sent under. Read here with this process's clock; the point
+   * is which time it measures from.
+   */
+  createdAtBound: (store: GatewayStore): GatewayStore =>
+    new Proxy(store, {
+      get(target, prop) {
+        if (prop === 'resolveRecord')
+          return async (input: ResolveInput) => {
+            const r = input.resolution;
+            if (r.outcome !== 'released' || r.notBefore === undefined) return target.resolveRecord(input);
+            const rec = (await target.getRecords(input.key)).find((x) => x.scope === input.scope);
+            if (rec !== undefined && rec.createdAt.getTime() + r.notBefore.legacyBoundMs > Date.now()) return { ok: false, reason: 'too-early' };
+            return target.resolveRecord({ ...input, resolution: { outcome: 'released' } });
+          };
         const v = Reflect.get(target, prop, target);
         return typeof v === 'function' ? v.bind(target) : v;
       },
@@ -420,56 +444,106 @@ export async function checkResolveAttempt(store: GatewayStore, withCreatedAt = t
   return violations;
 }
 
+/** A reconciler's release of `input`'s record with `notBefore` (DESIGN §3.12), by the attempt (createdAt) as the store lists it now. */
+async function releaseLater(store: GatewayStore, input: AdmitInput, notBefore: { settleMs: number; legacyBoundMs: number }) {
+  const rec = (await store.getRecords(input.key!)).find((r) => r.scope === input.scope);
+  return store.resolveRecord({
+    scope: input.scope,
+    key: input.key!,
+    ...(rec === undefined ? {} : { createdAt: rec.createdAt }),
+    resolution: { outcome: 'released', notBefore },
+    operator: 'reconciler',
+    note: null,
+    requestId: `req-${uid()}`,
+  });
+}
+
 /**
- * A reconciler's release (`notBeforeMs`, DESIGN §3.12): asked for before the
- * database clock is that far past the record's admission, it is `too-early`,
- * the record stays outcome_unknown and nothing is logged; once the record is
- * old enough (created_at backdated in SQL, convention 2) it is released and
- * logged. Returns the violations; `broken.withoutNotBefore` is the negative control.
+ * A reconciler's release (`notBefore`, DESIGN §3.12): asked for before the
+ * database clock is `settleMs` past the attempt's own lock end, it is
+ * `too-early`, the record stays outcome_unknown and nothing is logged; once
+ * the attempt's lock end is old enough (attempt_until and created_at
+ * backdated in SQL, convention 2) it is released and logged. Returns the
+ * violations; `broken.withoutNotBefore` is the negative control.
  */
 export async function checkNotBeforeRelease(store: GatewayStore, h: ConformanceHarness): Promise<string[]> {
   const violations: string[] = [];
   const input = command({ entity: null, fence: null, mode: 'concurrent' });
   if ((await store.admit(input)).outcome !== 'forward') violations.push('the attempt was not forwarded');
   await store.finish(finishOf(input, 'unknown'));
-  const seen = (await store.getRecords(input.key!))[0]!;
-  const release = (createdAt: Date) =>
-    store.resolveRecord({
-      scope: input.scope,
-      key: input.key!,
-      createdAt,
-      resolution: { outcome: 'released', notBeforeMs: 60_000 },
-      operator: 'reconciler',
-      note: null,
-      requestId: `req-${uid()}`,
-    });
-  const early = await release(seen.createdAt);
+  const nb = { settleMs: 60_000, legacyBoundMs: 60_000 };
+  const early = await releaseLater(store, input, nb);
   if (early.ok || early.reason !== 'too-early')
-    violations.push(`a release before notBeforeMs was not refused too-early: ${JSON.stringify(early.ok ? early.action.action : early)}`);
+    violations.push(`a release before notBefore was not refused too-early: ${JSON.stringify(early.ok ? early.action.action : early)}`);
   const kept = await store.getRecords(input.key!);
   if (kept.length !== 1 || kept[0]!.state !== 'outcome_unknown')
-    violations.push(`a release before notBeforeMs changed the record: ${JSON.stringify(kept.map((r) => r.state))}`);
+    violations.push(`a release before notBefore changed the record: ${JSON.stringify(kept.map((r) => r.state))}`);
   const loggedEarly = (await store.listOperatorActions({ limit: 1000 })).items.filter((a) => a.key === input.key);
-  if (loggedEarly.length !== 0) violations.push(`a release before notBeforeMs was logged: ${loggedEarly.map((a) => a.action).join()}`);
+  if (loggedEarly.length !== 0) violations.push(`a release before notBefore was logged: ${loggedEarly.map((a) => a.action).join()}`);
   if (kept.length !== 1) return violations;
+  // Two minutes pass.
   await h.backdate('idempotency_records', 'created_at', 120_000, { column: 'key', value: input.key! });
-  const old = (await store.getRecords(input.key!))[0]!;
-  const late = await release(old.createdAt);
-  if (!late.ok) violations.push(`a release past notBeforeMs was refused: ${JSON.stringify(late)}`);
+  await h.backdate('idempotency_records', 'attempt_until', 120_000, { column: 'key', value: input.key! });
+  const late = await releaseLater(store, input, nb);
+  if (!late.ok) violations.push(`a release past notBefore was refused: ${JSON.stringify(late)}`);
   else if (late.action.action !== 'resolve-released' || late.action.operator !== 'reconciler')
     violations.push(`logged as ${late.action.action} by ${late.action.operator}`);
-  if ((await store.getRecords(input.key!)).length !== 0) violations.push('the record is still there after a release past notBeforeMs');
+  if ((await store.getRecords(input.key!)).length !== 0) violations.push('the record is still there after a release past notBefore');
   return violations;
 }
 
 /**
- * An extended lock (DESIGN §3.6, `extendLock`) keeps the attempt live past
- * the lock its admission set: a retry of the key stays
- * `idempotency-in-progress` (never marks it outcome_unknown, nor takes it
- * over), another request for the serial entity stays `entity-busy`, and the
- * owner's finish still lands. `extend: false` is the negative control (the
- * same sequence without the extension): the retry meets an expired lock.
+ * DESIGN §3.12, the not-found bound from the attempt itself: a record whose
+ * last attempt was sent later than its created_at, or under a longer lock,
+ * is never released before `settleMs` past THAT attempt's lock end, even
+ * when its created_at plus the route's (shortened) bound has long passed.
+ * Two such attempts: one whose lock was extended (`extendLock`, a long
+ * upstream call), one taken over by a retry (onUnknown: retry, as a route
+ * had before `reconcile` was given to it). Time passes by backdating
+ * created_at and attempt_until in SQL. `broken.createdAtBound` (the bound
+ * from created_at) is the negative control: it releases both too early.
  */
+export async function checkAttemptBound(store: GatewayStore, h: ConformanceHarness): Promise<string[]> {
+  const v: string[] = [];
+  const pass = async (input: AdmitInput, ms: number) => {
+    for (const column of ['created_at', 'attempt_until']) await h.backdate('idempotency_records', column, ms, { column: 'key', value: input.key! });
+  };
+  // The route's bound now: a 30 s lock (timeoutMs + lockMarginMs) and 30 s settle time.
+  const nb = { settleMs: 30_000, legacyBoundMs: 60_000 };
+
+  const extended = command({ entity: null, fence: null, mode: 'concurrent', lockMs: 30_000 });
+  if ((await store.admit(extended)).outcome !== 'forward') return ['the extended attempt was not forwarded'];
+  if (!(await store.extendLock({ scope: extended.scope, key: extended.key, owner: extended.ownerToken, ms: 600_000 }))) v.push('extendLock answered false');
+  await store.finish(finishOf(extended, 'unknown'));
+  await pass(extended, 120_000); // past created_at + 60 s, well within the extended lock's end + 30 s
+  const r1 = await releaseLater(store, extended, nb);
+  if (r1.ok || r1.reason !== 'too-early')
+    v.push(`an extended attempt was released before its own lock end + settle: ${JSON.stringify(r1.ok ? 'released' : r1)}`);
+  if ((await store.getRecords(extended.key!)).length === 1) {
+    await pass(extended, 600_000);
+    const r1late = await releaseLater(store, extended, nb);
+    if (!r1late.ok) v.push(`the extended attempt past its own lock end + settle was not released: ${JSON.stringify(r1late)}`);
+  }
+
+  const first = command({ entity: null, fence: null, mode: 'concurrent', lockMs: SHORT, onUnknown: 'retry' });
+  await store.admit(first);
+  await sleep(PAST_EXPIRY_MS);
+  await pass(first, 600_000); // the first attempt ten minutes ago
+  const taker = command({ entity: null, fence: null, mode: 'concurrent', key: first.key, lockMs: 30_000, onUnknown: 'retry' });
+  if ((await store.admit(taker)).outcome !== 'forward') return [...v, 'the takeover was not forwarded'];
+  await store.finish(finishOf(taker, 'unknown'));
+  await pass(first, 20_000); // 20 s after the takeover: its lock (30 s) has not even ended
+  const r2 = await releaseLater(store, first, nb);
+  if (r2.ok || r2.reason !== 'too-early')
+    v.push(`a taken-over attempt was released before its own lock end + settle: ${JSON.stringify(r2.ok ? 'released' : r2)}`);
+  if ((await store.getRecords(first.key!)).length === 1) {
+    await pass(first, 60_000);
+    const r2late = await releaseLater(store, first, nb);
+    if (!r2late.ok) v.push(`the taken-over attempt past its own lock end + settle was not released: ${JSON.stringify(r2late)}`);
+  }
+  return v;
+}
+
 export async function checkExtendedLock(store: GatewayStore, h: ConformanceHarness, extend = true): Promise<string[]> {
   const v: string[] = [];
   const input = command({ lockMs: 30_000 });
@@ -1480,6 +1554,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         ]);
         for (const r of recs)
           expect(Object.keys(r).sort()).toEqual([
+            'attemptUntil',
             'createdAt',
             'entity',
             'expiresAt',
@@ -1488,6 +1563,7 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
             'interim',
             'key',
             'lockedUntil',
+            'requestId',
             'scope',
             'state',
             'status',
@@ -1504,6 +1580,109 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
     describe('resolveRecord: a release not before a time (the reconciler, DESIGN §3.12)', () => {
       it('too early by the database clock: refused, unchanged, unlogged; past it: released and logged', async () => {
         expect(await checkNotBeforeRelease(store, h)).toEqual([]);
+      });
+
+      it("measured from the attempt's own lock end: an extended or taken-over attempt is never released early", async () => {
+        expect(await checkAttemptBound(store, h)).toEqual([]);
+      });
+
+      it('a record that keeps no lock end of its attempt (written before it was kept) is weighed from its created_at', async () => {
+        const input = command({ entity: null, fence: null, mode: 'concurrent' });
+        await store.admit(input);
+        await store.finish(finishOf(input, 'unknown'));
+        await h.forgetAttempt(input.key!);
+        expect((await store.getRecords(input.key!))[0]).toMatchObject({ attemptUntil: null, requestId: null });
+        // settleMs 0 would trust it at once; the fallback from created_at holds it back.
+        const early = await releaseLater(store, input, { settleMs: 0, legacyBoundMs: 60_000 });
+        expect(early).toEqual({ ok: false, reason: 'too-early' });
+        await h.backdate('idempotency_records', 'created_at', 120_000, { column: 'key', value: input.key! });
+        expect((await releaseLater(store, input, { settleMs: 0, legacyBoundMs: 60_000 })).ok).toBe(true);
+      });
+    });
+
+    describe("noteReconcile: the reconciler's last answer (DESIGN §3.12)", () => {
+      it('kept with this attempt, by the database clock, the last one wins; listed by listRecords and getRecords', async () => {
+        const input = command({ entity: null, fence: null, mode: 'concurrent' });
+        await store.admit(input);
+        await store.finish(finishOf(input, 'unknown'));
+        const [rec] = await store.getRecords(input.key!);
+        expect(rec).not.toHaveProperty('lastReconcile');
+        const ref = { scope: input.scope, key: input.key!, createdAt: rec!.createdAt };
+        await store.noteReconcile({ ...ref, result: 'not-yet-trusted' });
+        const [first] = await store.getRecords(input.key!);
+        expect(first!.lastReconcile?.result).toBe('not-yet-trusted');
+        expect(first!.lastReconcile!.at.getTime()).toBeGreaterThanOrEqual(rec!.createdAt.getTime());
+        await store.noteReconcile({ ...ref, result: 'error' });
+        const [second] = await store.getRecords(input.key!);
+        expect(second!.lastReconcile?.result).toBe('error');
+        expect(second!.lastReconcile!.at.getTime()).toBeGreaterThanOrEqual(first!.lastReconcile!.at.getTime());
+        const listed = (await store.listRecords({ state: 'outcome_unknown', limit: 1000 })).items.find((r) => r.key === input.key);
+        expect(listed?.lastReconcile).toEqual(second!.lastReconcile);
+        // Only what it says: the record is otherwise as it was.
+        expect(second).toMatchObject({ state: 'outcome_unknown', createdAt: rec!.createdAt, attemptUntil: rec!.attemptUntil });
+      });
+
+      it('a no-op for another attempt (createdAt), another scope, a record not outcome_unknown, or no record', async () => {
+        const input = command({ entity: null, fence: null, mode: 'concurrent' });
+        await store.admit(input);
+        const [live] = await store.getRecords(input.key!);
+        const ref = { scope: input.scope, key: input.key!, createdAt: live!.createdAt };
+        await store.noteReconcile({ ...ref, result: 'unknown' });
+        expect((await store.getRecords(input.key!))[0]).not.toHaveProperty('lastReconcile');
+        await store.finish(finishOf(input, 'unknown'));
+        await store.noteReconcile({ ...ref, createdAt: new Date(live!.createdAt.getTime() - 1), result: 'unknown' });
+        await store.noteReconcile({ ...ref, scope: 'elsewhere', result: 'unknown' });
+        await store.noteReconcile({ ...ref, key: `none-${uid()}`, result: 'unknown' });
+        expect((await store.getRecords(input.key!))[0]).not.toHaveProperty('lastReconcile');
+      });
+    });
+
+    describe("the attempt's lock end and request id (DESIGN §3.12)", () => {
+      it('written with every lock (admission, extendLock, takeover), kept once the outcome is unknown', async () => {
+        const input = command({ lockMs: 30_000 });
+        await store.admit(input);
+        const [admitted] = await store.getRecords(input.key!);
+        expect(admitted!.attemptUntil).not.toBeNull();
+        expect(admitted!.attemptUntil).toEqual(admitted!.lockedUntil);
+        expect(admitted!.requestId).toBe(input.audit.requestId);
+        await store.extendLock({ scope: input.scope, key: input.key, entity: input.entity, owner: input.ownerToken, ms: 600_000 });
+        const [extended] = await store.getRecords(input.key!);
+        expect(extended!.attemptUntil).toEqual(extended!.lockedUntil);
+        expect(extended!.attemptUntil!.getTime()).toBeGreaterThan(admitted!.attemptUntil!.getTime());
+        await store.finish(finishOf(input, 'unknown'));
+        expect((await store.getRecords(input.key!))[0]).toMatchObject({
+          lockedUntil: null,
+          attemptUntil: extended!.attemptUntil,
+          requestId: input.audit.requestId,
+        });
+        const taker = command({ entity: input.entity, key: input.key, onUnknown: 'retry' });
+        await store.admit(taker);
+        const [taken] = await store.getRecords(input.key!);
+        expect(taken!.requestId).toBe(taker.audit.requestId);
+        expect(taken!.attemptUntil).toEqual(taken!.lockedUntil);
+        expect(taken!.createdAt).toEqual(admitted!.createdAt);
+      });
+
+      it("a crashed attempt's expired lock, found by a retry or by the sweeper, stays its lock end", async () => {
+        for (const by of ['retry', 'sweep'] as const) {
+          const input = command({ lockMs: SHORT, entity: null, fence: null, mode: 'concurrent' });
+          await store.admit(input);
+          const [admitted] = await store.getRecords(input.key!);
+          await sleep(PAST_EXPIRY_MS);
+          if (by === 'retry') expect((await store.admit({ ...input, ownerToken: `owner-${uid()}`, audit: audit() })).outcome).toBe('outcome-unknown');
+          else await store.sweep({ rejectionRetentionMs: 86_400_000 });
+          const [rec] = await store.getRecords(input.key!);
+          expect(rec, by).toMatchObject({ state: 'outcome_unknown', lockedUntil: null, attemptUntil: admitted!.lockedUntil, requestId: input.audit.requestId });
+        }
+      });
+
+      it('a record written before they were kept takes its lock end from the lock when its outcome becomes unknown', async () => {
+        const input = command({ entity: null, fence: null, mode: 'concurrent', lockMs: 30_000 });
+        await store.admit(input);
+        const [admitted] = await store.getRecords(input.key!);
+        await h.forgetAttempt(input.key!);
+        await store.finish(finishOf(input, 'unknown'));
+        expect((await store.getRecords(input.key!))[0]).toMatchObject({ attemptUntil: admitted!.lockedUntil, requestId: null });
       });
     });
 
@@ -1994,9 +2173,15 @@ export function describeGatewayStoreConformance(name: string, makeHarness: Harne
         expect(v.some((x) => x.includes("settled the retry's record"))).toBe(true);
       });
 
-      it('a release without its notBeforeMs releases an attempt that may still be in flight', async () => {
+      it('a release without its notBefore releases an attempt that may still be in flight', async () => {
         const v = await checkNotBeforeRelease(broken.withoutNotBefore(store), h);
         expect(v.some((x) => x.includes('was not refused too-early'))).toBe(true);
+      });
+
+      it("the bound from created_at (not the attempt's own lock end) releases an extended and a taken-over attempt too early", async () => {
+        const v = await checkAttemptBound(broken.createdAtBound(store), h);
+        expect(v.some((x) => x.includes('an extended attempt was released before'))).toBe(true);
+        expect(v.some((x) => x.includes('a taken-over attempt was released before'))).toBe(true);
       });
 
       it('without the extension the retry meets an expired lock and the entity is free (the extended-lock check fails)', async () => {

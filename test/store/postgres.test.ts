@@ -28,6 +28,9 @@ describe.skipIf(!POSTGRES_URL)('PostgreSQL gateway store', () => {
       async backdate(table, column, ms, where) {
         await schema.pool.query(`UPDATE ${table} SET ${column} = ${column} - $1 * interval '1 millisecond' WHERE ${where.column} = $2`, [ms, where.value]);
       },
+      async forgetAttempt(key) {
+        await schema.pool.query('UPDATE idempotency_records SET attempt_until = NULL, request_id = NULL WHERE key = $1', [key]);
+      },
       openReplica: open,
       async close() {
         for (const s of opened) await s.close();

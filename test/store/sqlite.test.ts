@@ -19,6 +19,9 @@ describeGatewayStoreConformance('sqlite (temp file, WAL)', async () => {
     async backdate(table, column, ms, where) {
       store.db.prepare(`UPDATE ${table} SET ${column} = ${column} - ? WHERE ${where.column} = ?`).run(ms, where.value);
     },
+    async forgetAttempt(key) {
+      store.db.prepare('UPDATE idempotency_records SET attempt_until = NULL, request_id = NULL WHERE key = ?').run(key);
+    },
     // Another process on the same file would open it the same way.
     openReplica: async () => new SqliteGatewayStore({ path }),
     async close() {
@@ -43,6 +46,9 @@ describeGatewayStoreConformance('sqlite (one transaction per decision)', async (
     },
     async backdate(table, column, ms, where) {
       store.db.prepare(`UPDATE ${table} SET ${column} = ${column} - ? WHERE ${where.column} = ?`).run(ms, where.value);
+    },
+    async forgetAttempt(key) {
+      store.db.prepare('UPDATE idempotency_records SET attempt_until = NULL, request_id = NULL WHERE key = ?').run(key);
     },
     openReplica: async () => new SqliteGatewayStore({ path, groupCommit: false }),
     async close() {

@@ -26,7 +26,8 @@ const d1: AdmissionBackend = async () => {
       return {
         entities: await all(`SELECT entity, CAST(fence AS TEXT) AS fence, inflight_owner AS owner, inflight_until > ${NOW} AS slotLive FROM fence_entities`),
         records: await all(`SELECT key, fingerprint, state, owner_token AS owner, locked_until > ${NOW} AS lockLive, expires_at > ${NOW} AS fresh,
-          entity, CAST(fence AS TEXT) AS fence, status, CAST(body AS TEXT) AS body FROM idempotency_records`),
+          entity, CAST(fence AS TEXT) AS fence, status, CAST(body AS TEXT) AS body, request_id AS requestId,
+          attempt_until IS NOT NULL AS attemptKept, attempt_until = locked_until AS attemptIsLock FROM idempotency_records`),
         rejections: await all(
           'SELECT reason, entity, idempotency_key AS key, CAST(presented_fence AS TEXT) AS presented, CAST(current_fence AS TEXT) AS current FROM rejections',
         ),

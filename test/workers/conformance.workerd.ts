@@ -28,6 +28,9 @@ describeGatewayStoreConformance('d1 (workerd, local D1)', async () => {
     async backdate(table, column, ms, where) {
       await env.DB.prepare(`UPDATE ${table} SET ${column} = ${column} - ?1 WHERE ${where.column} = ?2`).bind(ms, where.value).run();
     },
+    async forgetAttempt(key) {
+      await env.DB.prepare('UPDATE idempotency_records SET attempt_until = NULL, request_id = NULL WHERE key = ?1').bind(key).run();
+    },
     async openReplica() {
       const replica = createD1Store({ db: env.DB });
       stores.push(replica);

@@ -39,6 +39,8 @@ function setup(opts: { records: number; budgetMs: number; maxQueries: number; li
     status: null,
     lockedUntil: null,
     interim: false,
+    attemptUntil: null,
+    requestId: null,
     createdAt: new Date(clock - 60_000),
     expiresAt: new Date(clock + 86_400_000),
   }));

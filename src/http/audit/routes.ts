@@ -176,7 +176,7 @@ export function registerAuditRoutes(app: Hono, options: AuditRouteOptions): void
           extras: { state: 'outcome_unknown', created_at: createdAt },
         });
       }
-      // An operator's release names no notBeforeMs, so never `too-early` here; answered all the same.
+      // An operator's release names no notBefore, so never `too-early` here; answered all the same.
       if (result.reason === 'too-early')
         return problem({ code: 'not-outcome-unknown', detail: 'the attempt may still be in flight', extras: { state: 'outcome_unknown' } });
       return problem({ code: 'not-outcome-unknown', detail: `the record is ${result.state}, not outcome_unknown`, extras: { state: result.state } });
@@ -221,6 +221,13 @@ export function recordJson(r: RecordInfo) {
     locked_until: r.lockedUntil?.toISOString() ?? null,
     created_at: r.createdAt.toISOString(),
     expires_at: r.expiresAt.toISOString(),
+    // The attempt last sent: its lock end (what a reconciler's "not found" is weighed against) and request id (DESIGN §3.12).
+    attempt_until: r.attemptUntil?.toISOString() ?? null,
+    request_id: r.requestId,
+    // An outcome_unknown record carrying an interim answer (DESIGN §3.7); never the body here.
+    interim: r.interim,
+    // The reconciler's last answer that settled nothing, by the database clock (DESIGN §3.12).
+    last_reconcile: r.lastReconcile === undefined ? null : { result: r.lastReconcile.result, at: r.lastReconcile.at.toISOString() },
   };
 }
 

@@ -219,15 +219,34 @@
     return loadEntity();
   };
 
+  // A duration as the table shows it: whole seconds, minutes, hours or days.
+  function ageText(ms) {
+    var s = Math.max(0, Math.floor(ms / 1000));
+    if (s < 120) return s + 's';
+    if (s < 7200) return Math.floor(s / 60) + 'm';
+    if (s < 172800) return Math.floor(s / 3600) + 'h';
+    return Math.floor(s / 86400) + 'd';
+  }
+
+  // The status query's last answer that settled nothing (DESIGN §3.12), how long ago (this
+  // browser's clock: display only), and whether the reconciler gave the record up.
+  function reconcileText(r, now) {
+    var last = r.last_reconcile ? r.last_reconcile.result + ', ' + ageText(now - Date.parse(r.last_reconcile.at)) + ' ago' : '';
+    if (r.reconcile === 'gave-up') last = last ? last + ' (gave up)' : 'gave up';
+    return last;
+  }
+
   function loadUnknown() {
     var tbody = $('unk-table').tBodies[0];
     return fg
       .api('idempotency?state=outcome_unknown&limit=100')
       .then(function (page) {
         fg.clear(tbody);
+        var now = Date.now();
         page.items.forEach(function (r) {
           var tr = document.createElement('tr');
-          [r.key, scopeText(r.scope), r.entity, r.fence, r.created_at].forEach(function (v) {
+          tr.setAttribute('data-key', r.key);
+          [r.key, scopeText(r.scope), r.entity, r.fence, r.created_at, ageText(now - Date.parse(r.created_at)), reconcileText(r, now)].forEach(function (v) {
             fg.cell(tr, v);
           });
           var td = fg.cell(tr, '');

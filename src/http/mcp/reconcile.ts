@@ -5,7 +5,15 @@ import type { UpstreamResult } from '../forward.js';
 import { errorText } from '../logger.js';
 import { newRequestId } from '../request-id.js';
 import { joinUrl } from '../upstream-request.js';
-import { notBeforeMs, RECONCILER, type ReconcileDeps, type ReconcileOutcome, type ReconcileResult, type ReconcileTarget } from '../pipeline/reconcile.js';
+import {
+  notBefore,
+  RECONCILER,
+  reported,
+  type ReconcileDeps,
+  type ReconcileOutcome,
+  type ReconcileResult,
+  type ReconcileTarget,
+} from '../pipeline/reconcile.js';
 import { isObject } from './message.js';
 import { createdTask, readRpc, TERMINAL_TASK_STATUSES } from './tasks.js';
 
@@ -15,7 +23,7 @@ import { createdTask, readRpc, TERMINAL_TASK_STATUSES } from './tasks.js';
 // plain routes' (../pipeline/reconcile.ts): a found answer completes the
 // record, a not-found one releases it only once the database clock says the
 // attempt can no longer be in flight nor still be landing (resolveRecord
-// with notBeforeMs), every decision under the operator `reconciler`.
+// with notBefore), every decision under the operator `reconciler`.
 //
 // What the status tool's result means:
 //   notFound matches                                  → not found
@@ -85,11 +93,7 @@ export function createMcpReconcileQuery(deps: ReconcileDeps) {
   return async function query(t: ReconcileTarget, timeoutMs: number, requestId: string = newRequestId()): Promise<ReconcileOutcome> {
     const route = (t as McpTarget).route;
     const rc = route.reconcile;
-    const done = (result: ReconcileResult, changed = false): ReconcileOutcome => {
-      deps.counted?.(route.name, result);
-      logger.info('reconcile', { request_id: requestId, route: route.name, idempotency_key: t.key, result, changed });
-      return { result, changed };
-    };
+    const done = (result: ReconcileResult, changed = false): Promise<ReconcileOutcome> => reported(deps, t, requestId, result, changed);
     const endpoint = endpointOfScope(t.scope);
     const args = statusArguments(rc.arguments, { key: t.key, entity: t.entity, fence: t.fence });
     if (endpoint === null || args === null) return done('error');
@@ -193,7 +197,7 @@ export function createMcpReconcileQuery(deps: ReconcileDeps) {
       if (verdict.kind === 'not-found') {
         const r = await store.resolveRecord({
           ...base,
-          resolution: { outcome: 'released', notBeforeMs: notBeforeMs(t.route) },
+          resolution: { outcome: 'released', notBefore: notBefore(t.route) },
           note: `status tool ${rc.tool} did not find the call: not performed`,
         });
         if (r.ok) return done('not-found', true);

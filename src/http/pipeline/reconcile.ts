@@ -16,7 +16,7 @@ import { createMcpReconcileQuery } from '../mcp/reconcile.js';
 //
 // A plain route asks a status path (below); an mcp route a status tool
 // (../mcp/reconcile.ts), with its own reading of the answer. The store side
-// (resolveRecord with notBeforeMs) and the re-admission are the same.
+// (resolveRecord with notBefore) and the re-admission are the same.
 
 /** What the status query said, as the metrics count it. */
 export type ReconcileResult =
@@ -49,6 +49,10 @@ export interface ReconcileTarget {
   fence: string | null;
   /** The attempt's admission, as the store returned it: the resolution is conditional on it. */
   createdAt: Date;
+  /** The gateway's request id of the attempt last sent (`{request_id}`), or null for a record that keeps none. */
+  requestId: string | null;
+  /** The attempt's own lock end (RecordInfo.attemptUntil), or null for a record that keeps none: for the hint only. */
+  attemptUntil: Date | null;
 }
 
 export interface ReconcileOutcome {
@@ -68,11 +72,24 @@ export interface ReconcileDeps {
 }
 
 /**
- * `timeoutMs + lockMarginMs + settleTime`: how long after its admission a "not found" may release the record (DESIGN §3.12).
- * A long call (DESIGN §3.6 "Long calls") may be sent up to one `lockWindow` after its admission and then run `timeoutMs`: the window is added.
+ * When a "not found" may release the record (DESIGN §3.12): `settleTime`
+ * after the attempt's own lock end, by the database clock; for a record that
+ * keeps no lock end of its attempt (written before it was kept), as before:
+ * `timeoutMs + lockMarginMs + settleTime` after its admission (plus a long
+ * call's `lockWindow`: it may be sent up to one window after its admission,
+ * DESIGN §3.6 "Long calls"; its renewals move the attempt's lock end).
  */
-export function notBeforeMs(route: RouteConfig & { reconcile: ReconcileConfig }): number {
-  return route.timeoutMs + route.lockMarginMs + (route.longCall?.lockWindow ?? 0) + route.reconcile.settleTime;
+export function notBefore(route: RouteConfig & { reconcile: { settleTime: number } }): { settleMs: number; legacyBoundMs: number } {
+  return {
+    settleMs: route.reconcile.settleTime,
+    legacyBoundMs: route.timeoutMs + route.lockMarginMs + (route.longCall?.lockWindow ?? 0) + route.reconcile.settleTime,
+  };
+}
+
+/** This process's estimate (ms since the epoch) of when a "not found" about `t` will be trusted: a hint only, the release is the database's decision. */
+export function trustedAt(t: Pick<ReconcileTarget, 'route' | 'createdAt' | 'attemptUntil'>): number {
+  const nb = notBefore(t.route);
+  return t.attemptUntil === null ? t.createdAt.getTime() + nb.legacyBoundMs : t.attemptUntil.getTime() + nb.settleMs;
 }
 
 /** The template's path with each variable percent-encoded, or null when it names one the record lacks (or whose value is a dot segment). */
@@ -96,6 +113,33 @@ export function reconcilePath(template: string, values: Record<string, string | 
   return missing ? null : path;
 }
 
+/**
+ * Every status query's end, a path's or a status tool's (../mcp/reconcile.ts):
+ * counted, logged, and an answer that settled nothing kept with the record
+ * (its last one, by the database clock) for the record listing.
+ */
+export async function reported(
+  deps: Pick<ReconcileDeps, 'store' | 'logger' | 'counted'>,
+  t: Pick<ReconcileTarget, 'scope' | 'key' | 'createdAt'> & { route: { name: string } },
+  requestId: string,
+  result: ReconcileResult,
+  changed: boolean,
+): Promise<ReconcileOutcome> {
+  const route = t.route.name;
+  deps.counted?.(route, result);
+  // Ids and statuses only (convention 10): never the query's path or arguments, which may carry the key.
+  deps.logger.info('reconcile', { request_id: requestId, route, idempotency_key: t.key, result, changed });
+  if (!changed) {
+    // A store fault here changes no decision.
+    try {
+      await deps.store.noteReconcile({ scope: t.scope, key: t.key, createdAt: t.createdAt, result });
+    } catch (err) {
+      deps.logger.error('reconcile-error', { request_id: requestId, route, phase: 'note', error: errorText(err) });
+    }
+  }
+  return { result, changed };
+}
+
 export function createReconcileQuery(deps: ReconcileDeps) {
   const { store, forwarder, logger } = deps;
   // An mcp route asks a status tool instead (../mcp/reconcile.ts); the store side is the same.
@@ -105,13 +149,8 @@ export function createReconcileQuery(deps: ReconcileDeps) {
     if (t.route.protocol === 'mcp') return mcpQuery(t, timeoutMs, requestId);
     const { route } = t;
     const rc = route.reconcile;
-    const done = (result: ReconcileResult, changed = false): ReconcileOutcome => {
-      deps.counted?.(route.name, result);
-      // Ids and statuses only (convention 10): never the query's path, which may carry the key.
-      logger.info('reconcile', { request_id: requestId, route: route.name, idempotency_key: t.key, result, changed });
-      return { result, changed };
-    };
-    const path = reconcilePath(rc.path, { key: t.key, entity: t.entity, fence: t.fence });
+    const done = (result: ReconcileResult, changed = false) => reported(deps, t, requestId, result, changed);
+    const path = reconcilePath(rc.path, { key: t.key, entity: t.entity, fence: t.fence, request_id: t.requestId });
     if (path === null) return done('error');
     let answer;
     try {
@@ -150,7 +189,7 @@ export function createReconcileQuery(deps: ReconcileDeps) {
         // by the database clock inside the release (DESIGN §3.12, G6), never by this process's.
         const r = await store.resolveRecord({
           ...base,
-          resolution: { outcome: 'released', notBeforeMs: notBeforeMs(route) },
+          resolution: { outcome: 'released', notBefore: notBefore(route) },
           note: `status query answered ${answer.status}: not performed`,
         });
         if (r.ok) return done('not-found', true);
@@ -195,12 +234,14 @@ export function createReconcileStage(deps: { store: GatewayStore; query: Reconci
       entity: command.entity,
       fence: record.fence,
       createdAt: record.createdAt,
+      requestId: record.requestId,
+      attemptUntil: record.attemptUntil,
     };
     const { result, changed } = await query(target, route.maxWaitMs, x.requestId);
     x.trace.reconcile = result;
     // For the refusal's Retry-After (reconcileHint): the database decided "too early" by its own
     // clock; this is this process's estimate of the rest, a hint only, never a decision (G6).
-    if (result === 'not-yet-trusted') x.reconcileTrustedInMs = record.createdAt.getTime() + notBeforeMs(target.route) - Date.now();
+    if (result === 'not-yet-trusted') x.reconcileTrustedInMs = trustedAt(target) - Date.now();
     return changed ? admit(x, command) : admitted;
   };
 }

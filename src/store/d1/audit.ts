@@ -8,14 +8,14 @@ const Q = {
   ...auditStatements(D1),
   // @scope @key — the state (and attempt) the resolution was decided on (same batch).
   state: 'SELECT state, created_at FROM idempotency_records WHERE scope = @scope AND key = @key',
-  // @scope @key @created_at @not_before_ms @action @status @operator @note @request_id — logged
+  // @scope @key @created_at @settle_ms @legacy_ms @action @status @operator @note @request_id — logged
   // first, from the record as it is, and only if it is the operator's to settle (and, for a
-  // release with notBeforeMs, only once the database clock allows it: the release's own condition).
+  // release with notBefore, only once the database clock allows it: the release's own condition).
   logAction: `${INSERT_ACTION}
     SELECT ${NOW_MS}, @action, scope, key, entity, fence, fingerprint, ${D1.int('status')}, @operator, @note, @request_id
     FROM idempotency_records WHERE ${unknownRecord(D1)} AND ${quietEnough(D1)}
     RETURNING ${ACTION_COLUMNS}`,
-  // @scope @key @created_at @request_id — a release with notBeforeMs: each statement of a batch
+  // @scope @key @created_at @request_id — a release with notBefore: each statement of a batch
   // reads the clock anew, so the delete follows the time condition the log row was written
   // under (the batch's last operator action, ours) instead of reading the clock a second time.
   releaseLogged: `DELETE FROM idempotency_records WHERE ${unknownRecord(D1)}
@@ -56,11 +56,24 @@ export function createD1Audit(db: D1DatabaseLike): AuditStore {
       const { scope, key } = input;
       const created_at = input.createdAt === undefined ? null : input.createdAt.getTime();
       const action = r.outcome === 'completed' ? 'resolve-completed' : 'resolve-released';
-      const not_before_ms = r.outcome === 'released' && r.notBeforeMs !== undefined ? Math.ceil(r.notBeforeMs) : null;
+      const nb = r.outcome === 'released' ? r.notBefore : undefined;
+      const settle_ms = nb === undefined ? null : Math.ceil(nb.settleMs);
+      const legacy_ms = nb === undefined ? null : Math.ceil(nb.legacyBoundMs);
       const status = r.outcome === 'completed' ? r.response.status : null;
       const [seen, logged] = await db.batch([
         st(Q.state, { scope, key }),
-        st(Q.logAction, { scope, key, created_at, not_before_ms, action, status, operator: input.operator, note: input.note, request_id: input.requestId }),
+        st(Q.logAction, {
+          scope,
+          key,
+          created_at,
+          settle_ms,
+          legacy_ms,
+          action,
+          status,
+          operator: input.operator,
+          note: input.note,
+          request_id: input.requestId,
+        }),
         r.outcome === 'completed'
           ? st(Q.complete, {
               scope,
@@ -71,8 +84,8 @@ export function createD1Audit(db: D1DatabaseLike): AuditStore {
               body: r.response.body,
               retention_ms: r.retentionMs,
             })
-          : not_before_ms === null
-            ? st(Q.release, { scope, key, created_at, not_before_ms })
+          : settle_ms === null
+            ? st(Q.release, { scope, key, created_at, settle_ms, legacy_ms })
             : st(Q.releaseLogged, { scope, key, created_at, request_id: input.requestId }),
       ]);
       const rec = seen?.results?.[0] as { state: RecordState; created_at: number } | undefined;
@@ -81,7 +94,7 @@ export function createD1Audit(db: D1DatabaseLike): AuditStore {
       if (created_at !== null && Number(rec.created_at) !== created_at) return { ok: false, reason: 'changed', createdAt: new Date(Number(rec.created_at)) };
       const row = logged?.results?.[0] as Record<string, unknown> | undefined;
       // Its own and unchanged, yet not logged: the release's time condition held it back.
-      if (row === undefined && not_before_ms !== null) return { ok: false, reason: 'too-early' };
+      if (row === undefined && settle_ms !== null) return { ok: false, reason: 'too-early' };
       if (row === undefined) throw new Error('d1 resolveRecord: the operator action was not written');
       return { ok: true, action: toAction(row) };
     },

@@ -10,6 +10,7 @@ import {
   type FinishInput,
   type GatewayStore,
   type RejectionInput,
+  type ReconcileNote,
   type RejectionQuery,
   type StoredResponse,
   type SweepOptions,
@@ -19,7 +20,17 @@ import { admissionBatch, toAdmission, type DecisionRow } from './admission.js';
 import { d1Binder, type D1Bind, type D1DatabaseLike } from './binding.js';
 import { extendBatch, finishBatch } from './finish.js';
 import { toEntity, toPage, toRecord, toRejection, toStoredResponse } from '../sqlite-dialect/rows.js';
-import { D1, ENTITY_INFO, insertRejection, interimOf, RECORDS_BY_KEY, rejectionParams, rejectionsPage, sweepStatements } from '../sqlite-dialect/statements.js';
+import {
+  D1,
+  ENTITY_INFO,
+  insertRejection,
+  interimOf,
+  noteReconcile,
+  RECORDS_BY_KEY,
+  rejectionParams,
+  rejectionsPage,
+  sweepStatements,
+} from '../sqlite-dialect/statements.js';
 import { sweepInBatches, sweepSteps } from '../sweep.js';
 import { commandParams, commandsPage, insertCommand, toCommand } from '../sqlite-dialect/commands.js';
 
@@ -52,6 +63,7 @@ const SWEEP = sweepStatements(D1);
 const INSERT_REJECTION = insertRejection(D1);
 const INTERIM_OF = interimOf(D1);
 const INSERT_COMMAND = insertCommand(D1);
+const NOTE_RECONCILE = noteReconcile(D1);
 
 /**
  * The gateway store on Cloudflare D1 (`fencegate/d1`): every decision is one
@@ -146,6 +158,10 @@ export class D1GatewayStore extends AuditDelegate implements GatewayStore {
   async getInterim(input: AttemptRef): Promise<StoredResponse | null> {
     const row = ((await this.st(INTERIM_OF, { scope: input.scope, key: input.key, created_at: input.createdAt.getTime() }).all()).results ?? [])[0];
     return row === undefined ? null : toStoredResponse(row);
+  }
+
+  async noteReconcile(input: AttemptRef & { result: ReconcileNote }): Promise<void> {
+    await this.st(NOTE_RECONCILE, { scope: input.scope, key: input.key, created_at: input.createdAt.getTime(), result: input.result }).run();
   }
 
   async recordRejection(input: RejectionInput): Promise<void> {

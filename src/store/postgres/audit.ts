@@ -58,12 +58,15 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
       SELECT ${ACTION_COLUMNS}, s.state AS seen, s.ms AS seen_ms
       FROM (VALUES (1)) AS one LEFT JOIN logged l ON true LEFT JOIN (${seen}) s ON true`,
     // $1 scope $2 key $3 operator $4 note $5 request_id $6 created_at in epoch ms (or NULL)
-    // $7 not_before_ms (or NULL): only once the database clock is that far past the admission
-    // (DESIGN §3.12), decided here on the row version the delete locked, never in TypeScript (G6).
+    // $7 settle_ms $8 legacy_ms (or both NULL): only once the database clock is settle_ms past the
+    // attempt's own lock end, or, for a record written before attempt_until was kept, legacy_ms past
+    // its admission (DESIGN §3.12), decided here on the row version the delete locked, never in
+    // TypeScript (G6).
     release: `WITH done AS (
         DELETE FROM ${records} r
         WHERE r.scope = $1 AND r.key = $2 AND r.state = 'outcome_unknown' AND ($6::bigint IS NULL OR ${createdMs('r.created_at')} = $6::bigint)
-          AND ($7::bigint IS NULL OR r.created_at + $7::bigint * interval '1 millisecond' <= clock_timestamp())
+          AND ($7::bigint IS NULL OR coalesce(r.attempt_until + $7::bigint * interval '1 millisecond',
+            r.created_at + $8::bigint * interval '1 millisecond') <= clock_timestamp())
         RETURNING r.scope, r.key, r.entity, r.fence, r.fingerprint
       ), logged AS (
         INSERT INTO ${t('operator_actions')} (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)
@@ -132,10 +135,12 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
             ]
           : [scope, key, ...who];
       const createdMsValue = input.createdAt === undefined ? null : String(input.createdAt.getTime());
-      const notBefore = r.outcome === 'released' && r.notBeforeMs !== undefined ? String(Math.ceil(r.notBeforeMs)) : null;
+      const nb = r.outcome === 'released' ? r.notBefore : undefined;
+      const notBefore = nb === undefined ? null : String(Math.ceil(nb.settleMs));
+      const legacy = nb === undefined ? null : String(Math.ceil(nb.legacyBoundMs));
       const { rows } = await ctx.query<ActionRow & { seen: RecordState | null; seen_ms: string | null }>(
         r.outcome === 'completed' ? Q.complete : Q.release,
-        r.outcome === 'completed' ? [...values, createdMsValue] : [...values, createdMsValue, notBefore],
+        r.outcome === 'completed' ? [...values, createdMsValue] : [...values, createdMsValue, notBefore, legacy],
       );
       const row = rows[0]!;
       if (row.id !== null) return { ok: true, action: toAction(row) };

@@ -14,6 +14,7 @@ import type {
   UnsentRelease,
   GatewayStore,
   RecordInfo,
+  ReconcileNote,
   RejectionInput,
   RejectionPage,
   RejectionQuery,
@@ -197,6 +198,10 @@ export class PostgresGatewayStore implements GatewayStore {
 
   getInterim(input: AttemptRef): Promise<StoredResponse | null> {
     return this.reads.getInterim(input);
+  }
+
+  noteReconcile(input: AttemptRef & { result: ReconcileNote }): Promise<void> {
+    return this.reads.noteReconcile(input);
   }
 
   recordRejection(r: RejectionInput): Promise<void> {

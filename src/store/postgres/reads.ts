@@ -1,4 +1,4 @@
-import type { AttemptRef, EntityInfo, RecordInfo, StoredResponse } from '../types.js';
+import type { AttemptRef, EntityInfo, RecordInfo, ReconcileNote, StoredResponse } from '../types.js';
 import { storedResponse } from './admit.js';
 import type { PgContext } from './query.js';
 import { createdMs, RECORD_COLUMNS, toRecord, type RecordRow } from './rows.js';
@@ -15,6 +15,9 @@ export function createReads(ctx: PgContext) {
   const interimOf = `SELECT status, headers, body FROM ${ctx.table('idempotency_records')}
       WHERE scope = $1 AND key = $2 AND ${createdMs('created_at')} = $3::bigint
         AND state = 'outcome_unknown' AND status IS NOT NULL AND expires_at > clock_timestamp()`;
+  // $1 scope $2 key $3 created_at in epoch ms $4 result — the reconciler's last answer about this attempt, at the database time.
+  const noteReconcile = `UPDATE ${ctx.table('idempotency_records')} SET reconcile_result = $4, reconciled_at = clock_timestamp()
+      WHERE scope = $1 AND key = $2 AND ${createdMs('created_at')} = $3::bigint AND state = 'outcome_unknown'`;
 
   return {
     async getEntity(entity: string): Promise<EntityInfo | null> {
@@ -43,6 +46,10 @@ export function createReads(ctx: PgContext) {
         String(input.createdAt.getTime()),
       ]);
       return rows[0] === undefined ? null : storedResponse(rows[0]);
+    },
+
+    async noteReconcile(input: AttemptRef & { result: ReconcileNote }): Promise<void> {
+      await ctx.query(noteReconcile, [encodeText(input.scope), encodeText(input.key), String(input.createdAt.getTime()), input.result]);
     },
 
     async getRecords(key: string): Promise<RecordInfo[]> {

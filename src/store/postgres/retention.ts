@@ -37,7 +37,12 @@ function statements(t: PgContext['table']): Record<Kind, { run: string; count: s
   return {
     expiredRecords: kind(records, ['scope', 'key'], `state = 'completed' AND expires_at <= now()`),
     // Never deleted: an expired lock makes the record `outcome_unknown`, the operator's to settle.
-    unknownRecords: kind(records, ['scope', 'key'], `state = 'in_progress' AND locked_until <= now()`, `state = 'outcome_unknown', locked_until = NULL`),
+    unknownRecords: kind(
+      records,
+      ['scope', 'key'],
+      `state = 'in_progress' AND locked_until <= now()`,
+      `state = 'outcome_unknown', attempt_until = coalesce(attempt_until, locked_until), locked_until = NULL`,
+    ),
     oldRejections: kind(t('rejections'), ['id'], olderThanRetention('at')),
     // entityRetention, never an entity whose serial slot is live (DESIGN §4.4:
     // the safety condition). Index fence_entities_accepted (0006).

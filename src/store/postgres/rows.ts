@@ -1,4 +1,4 @@
-import type { OperatorAction, RecordInfo } from '../types.js';
+import type { OperatorAction, RecordInfo, ReconcileNote } from '../types.js';
 import { decodeNullable, decodeText } from './text.js';
 
 /**
@@ -12,10 +12,14 @@ import { decodeNullable, decodeText } from './text.js';
  * (DESIGN §3.7), by the database clock.
  */
 export const RECORD_COLUMNS = `scope, key, state, fingerprint, entity, fence::text AS fence, status, locked_until, created_at, expires_at,
-  (state = 'outcome_unknown' AND status IS NOT NULL AND expires_at > clock_timestamp()) AS interim`;
+  (state = 'outcome_unknown' AND status IS NOT NULL AND expires_at > clock_timestamp()) AS interim, attempt_until, request_id, reconcile_result, reconciled_at`;
 
 /** idempotency_records (the reads of ./reads.ts and the operator pages of ./audit.ts). */
-export type RecordRow = Omit<RecordInfo, 'lockedUntil' | 'createdAt' | 'expiresAt'> & {
+export type RecordRow = Omit<RecordInfo, 'lockedUntil' | 'createdAt' | 'expiresAt' | 'attemptUntil' | 'requestId' | 'lastReconcile'> & {
+  reconcile_result: ReconcileNote | null;
+  reconciled_at: Date | null;
+  attempt_until: Date | null;
+  request_id: string | null;
   locked_until: Date | null;
   created_at: Date;
   expires_at: Date;
@@ -37,6 +41,9 @@ export function toRecord(r: RecordRow): RecordInfo {
     createdAt: r.created_at,
     expiresAt: r.expires_at,
     interim: r.interim === true,
+    attemptUntil: r.attempt_until,
+    requestId: decodeNullable(r.request_id),
+    ...(r.reconcile_result === null ? {} : { lastReconcile: { result: r.reconcile_result, at: r.reconciled_at! } }),
   };
 }
 

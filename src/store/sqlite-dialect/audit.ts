@@ -21,12 +21,15 @@ export const unknownRecord = (d: Spelling): string =>
   `scope = @scope AND key = @key AND state = 'outcome_unknown' AND (@created_at IS NULL OR created_at = ${d.int('created_at')})`;
 
 /**
- * @not_before_ms (or NULL) — a release asked for with `notBeforeMs`: only once
- * the database clock is that far past the record's admission (DESIGN §3.12:
- * a reconciler's "not found" is trusted only when the attempt can no longer
- * be in flight). Read in the write itself, never in TypeScript (G6).
+ * @settle_ms @legacy_ms (or both NULL) — a release asked for with `notBefore`:
+ * only once the database clock is `settle_ms` past the attempt's own lock end
+ * (`attempt_until`), or, for a record written before that was kept,
+ * `legacy_ms` past its admission (DESIGN §3.12: a reconciler's "not found" is
+ * trusted only when the attempt can no longer be in flight nor be still
+ * landing). Read in the write itself, never in TypeScript (G6).
  */
-export const quietEnough = (d: Spelling): string => `(@not_before_ms IS NULL OR created_at + ${d.int('not_before_ms')} <= ${NOW_MS})`;
+export const quietEnough = (d: Spelling): string =>
+  `(@settle_ms IS NULL OR coalesce(attempt_until + ${d.int('settle_ms')}, created_at + ${d.int('legacy_ms')}) <= ${NOW_MS})`;
 
 export function auditStatements(d: Spelling) {
   return {
@@ -40,7 +43,7 @@ export function auditStatements(d: Spelling) {
       ORDER BY created_at DESC, scope DESC, key DESC LIMIT ${d.int('limit')}`,
     // @scope @key @created_at @status @headers @body @retention_ms
     complete: completeRecord(d, unknownRecord(d)),
-    // @scope @key @created_at @not_before_ms
+    // @scope @key @created_at @settle_ms @legacy_ms
     release: `DELETE FROM idempotency_records WHERE ${unknownRecord(d)} AND ${quietEnough(d)}`,
     // @cursor (id, or NULL) @limit
     actions: `SELECT ${ACTION_COLUMNS} FROM operator_actions

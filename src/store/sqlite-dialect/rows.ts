@@ -1,4 +1,14 @@
-import type { EntityInfo, FenceHistoryPage, OperatorAction, RecordInfo, RecordPage, RecordState, RejectionRow, StoredResponse } from '../types.js';
+import type {
+  EntityInfo,
+  FenceHistoryPage,
+  OperatorAction,
+  RecordInfo,
+  RecordPage,
+  RecordState,
+  ReconcileNote,
+  RejectionRow,
+  StoredResponse,
+} from '../types.js';
 
 /**
  * Row mapping for the SQLite dialect, shared by the better-sqlite3 store and
@@ -82,6 +92,11 @@ export function toRecord(r: Record<string, unknown>): RecordInfo {
     createdAt: new Date(Number(r.created_at)),
     expiresAt: new Date(Number(r.expires_at)),
     interim: Number(r.interim ?? 0) === 1,
+    attemptUntil: r.attempt_until === null || r.attempt_until === undefined ? null : new Date(Number(r.attempt_until)),
+    requestId: str(r.request_id),
+    ...(r.reconcile_result === null || r.reconcile_result === undefined
+      ? {}
+      : { lastReconcile: { result: String(r.reconcile_result) as ReconcileNote, at: new Date(Number(r.reconciled_at)) } }),
   };
 }
 

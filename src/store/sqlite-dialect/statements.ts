@@ -106,7 +106,7 @@ export const LIVE_INTERIM = `state = 'outcome_unknown' AND status IS NOT NULL AN
 
 /** The record columns of every read, fences as text (D1 returns integers as doubles). Never the body. */
 export const RECORD_COLUMNS = `scope, key, state, fingerprint, entity, CAST(fence AS TEXT) AS fence, status, locked_until, created_at, expires_at,
-  (${LIVE_INTERIM}) AS interim`;
+  (${LIVE_INTERIM}) AS interim, attempt_until, request_id, reconcile_result, reconciled_at`;
 
 /** @entity — the entity's row, with the database time its slot is judged by. */
 export const ENTITY_INFO = `SELECT entity, CAST(fence AS TEXT) AS fence, accepted_at, inflight_until, ${NOW_MS} AS now
@@ -116,13 +116,21 @@ export const ENTITY_INFO = `SELECT entity, CAST(fence AS TEXT) AS fence, accepte
 export const interimOf = (d: Spelling): string => `SELECT status, headers, body FROM idempotency_records
   WHERE scope = @scope AND key = @key AND created_at = ${d.int('created_at')} AND ${LIVE_INTERIM}`;
 
+/** @scope @key @created_at @result — the reconciler's last answer about this attempt's outcome_unknown record, at the database time. */
+export const noteReconcile = (d: Spelling): string => `UPDATE idempotency_records SET reconcile_result = @result, reconciled_at = ${NOW_MS}
+  WHERE scope = @scope AND key = @key AND created_at = ${d.int('created_at')} AND state = 'outcome_unknown'`;
+
 /** @key — every record with the key, across scopes. */
 export const RECORDS_BY_KEY = `SELECT ${RECORD_COLUMNS} FROM idempotency_records WHERE key = @key ORDER BY scope`;
 
 // ── Record and slot conditions (DESIGN §3.5, §3.7) ──────────────────────────
 
-/** The SET of a record whose outcome is now unknown (G4): its lock is gone with its gateway. */
-export const MARK_UNKNOWN = "state = 'outcome_unknown', locked_until = NULL";
+/**
+ * The SET of a record whose outcome is now unknown (G4): its lock is gone
+ * with its gateway; the attempt's lock end stays (taken from the lock for a
+ * record written before it was kept: DESIGN §3.12).
+ */
+export const MARK_UNKNOWN = "state = 'outcome_unknown', attempt_until = coalesce(attempt_until, locked_until), locked_until = NULL";
 
 /** A completed record past its retention at `now`: forgotten, by the admission or the sweeper. */
 export const expiredRecord = (now: string): string => `state = 'completed' AND expires_at <= ${now}`;

@@ -44,8 +44,12 @@ export function createSqliteAudit(db: SqliteDatabase, lock: WriteLock = new Writ
       q.complete.run({ ...which, status: r.response.status, headers: JSON.stringify(r.response.headers), body, retention_ms: r.retentionMs });
     } else {
       // The release's own condition decides (DESIGN §3.12); nothing deleted means not yet.
-      if (q.release.run({ ...which, not_before_ms: r.notBeforeMs === undefined ? null : BigInt(Math.ceil(r.notBeforeMs)) }).changes === 0)
-        return { ok: false, reason: 'too-early' };
+      const nb = r.notBefore;
+      const bounds = {
+        settle_ms: nb === undefined ? null : BigInt(Math.ceil(nb.settleMs)),
+        legacy_ms: nb === undefined ? null : BigInt(Math.ceil(nb.legacyBoundMs)),
+      };
+      if (q.release.run({ ...which, ...bounds }).changes === 0) return { ok: false, reason: 'too-early' };
     }
     const row = q.logAction.get({
       action: r.outcome === 'completed' ? 'resolve-completed' : 'resolve-released',

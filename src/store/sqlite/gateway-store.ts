@@ -17,6 +17,7 @@ import {
   type GatewayStore,
   type RejectionInput,
   type RejectionQuery,
+  type ReconcileNote,
   type StoredResponse,
   type SweepKind,
   type SweepOptions,
@@ -35,6 +36,7 @@ import {
   insertFenceHistory,
   insertRejection,
   interimOf,
+  noteReconcile,
   NOW_MS,
   RECORDS_BY_KEY,
   rejectionParams,
@@ -209,6 +211,12 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     return row === undefined ? null : toStoredResponse(row);
   }
 
+  async noteReconcile(input: AttemptRef & { result: ReconcileNote }): Promise<void> {
+    const params = { scope: input.scope, key: input.key, created_at: BigInt(input.createdAt.getTime()), result: input.result };
+    const run = () => void this.q.noteReconcile.run(params);
+    await (this.group !== null ? this.group.run(run) : this.lock.transaction(run));
+  }
+
   async recordRejection(input: RejectionInput): Promise<void> {
     await this.rejectTx(input);
   }
@@ -365,6 +373,7 @@ function prepare(db: SqliteDatabase) {
     fenceHistory: s(insertFenceHistory('VALUES (@entity, @fence, @now, @caller, @request_id)')),
     recordsByKey: s(RECORDS_BY_KEY, true),
     interimOf: s(interimOf(SQLITE)),
+    noteReconcile: s(noteReconcile(SQLITE)),
     sweep: Object.fromEntries(sweep) as Record<SweepKind, { run: Statement; count: Statement }>,
   };
 }

@@ -23,7 +23,8 @@
 -- every lock written) and request id (request_id, p_request_id), and an
 -- outcome-unknown answer carries the interim answer an outcome_unknown
 -- record keeps (status, headers, body: DESIGN §3.7) while its expires_at is
--- ahead; a takeover drops it. Same signature.
+-- ahead; a takeover drops it. A record marked outcome_unknown keeps its
+-- attempt_until (one written before 0010 takes its lock's). Same signature.
 --
 -- 0009 added p_tool, the MCP tool of a tools/call (NULL for a plain route),
 -- kept in the rejection row. It has a DEFAULT, so a replica of the previous
@@ -173,7 +174,9 @@ BEGIN
           END IF;
           -- f. The gateway that held the lock died mid-request: the request
           --    may have reached the upstream.
-          UPDATE idempotency_records r SET state = 'outcome_unknown', locked_until = NULL
+          --    Its lock end stays the attempt's (a record written before 0010: from the lock).
+          UPDATE idempotency_records r SET state = 'outcome_unknown',
+              attempt_until = coalesce(r.attempt_until, r.locked_until), locked_until = NULL
             WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = v_rec.owner_token AND r.state = 'in_progress';
         END IF;
         -- g. Never re-sent blindly unless the route says the upstream is idempotent.

@@ -18,7 +18,8 @@
 -- in the record's response columns (DESIGN §3.7), and p_retention_ms, when
 -- given, sets the time it is carried (expires_at) from once the row is
 -- locked. A previous release's replica passes NULLs for an unknown finish:
--- no interim, as before. Same signature.
+-- no interim, as before. The record keeps its attempt_until (one written
+-- before 0010 takes its lock's). Same signature.
 CREATE OR REPLACE FUNCTION fencegate_finish(
   p_scope text, p_key text, p_entity text, p_owner text, p_outcome text,
   p_status integer, p_headers jsonb, p_body bytea, p_retention_ms bigint,
@@ -59,7 +60,8 @@ BEGIN
         PERFORM 1 FROM idempotency_records r WHERE r.scope = p_scope AND r.key = p_key FOR UPDATE;
         v_now := clock_timestamp();
       END IF;
-      UPDATE idempotency_records r SET state = 'outcome_unknown', locked_until = NULL,
+      UPDATE idempotency_records r SET state = 'outcome_unknown',
+          attempt_until = coalesce(r.attempt_until, r.locked_until), locked_until = NULL,
           status = p_status, headers = p_headers, body = p_body,
           expires_at = CASE WHEN p_retention_ms IS NULL THEN r.expires_at ELSE v_now + p_retention_ms * interval '1 millisecond' END
         WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = p_owner AND r.state IN ('in_progress', 'outcome_unknown');

@@ -53,7 +53,8 @@ BEGIN
         WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = p_owner AND r.state = 'in_progress'
           AND r.locked_until = r.created_at + p_lock_ms * interval '1 millisecond';
       IF NOT FOUND THEN
-        UPDATE idempotency_records r SET state = 'outcome_unknown', locked_until = NULL
+        UPDATE idempotency_records r SET state = 'outcome_unknown',
+            attempt_until = coalesce(r.attempt_until, r.locked_until), locked_until = NULL
           WHERE r.scope = p_scope AND r.key = p_key AND r.owner_token = p_owner AND r.state = 'in_progress';
       END IF;
     ELSE
