@@ -1,8 +1,8 @@
 import { Worker } from 'node:worker_threads';
 import { LeaseError } from '../errors.js';
 import type { LeaseRef } from '../types.js';
-import type { LeaseCell } from './cell.js';
-import type { FromThread, ThreadInit, ToThread } from './protocol.js';
+import { LeaseStatus, type LeaseCell } from './cell.js';
+import type { FromThread, ThreadInit, ToThread, WatchEntry } from './protocol.js';
 
 export interface HeartbeatThreadOptions {
   /** Node flags for the thread; default: the process's own. */
@@ -21,6 +21,8 @@ const STOP_GRACE_MS = 5_000;
  */
 export class HeartbeatThread {
   readonly #worker: Worker;
+  /** Watches not posted yet: they go out together at the end of this microtask wave. */
+  #pending: WatchEntry[] = [];
   #stopping: Promise<void> | undefined;
   #exited = false;
 
@@ -60,14 +62,30 @@ export class HeartbeatThread {
     });
   }
 
+  /**
+   * Hands a lease to the thread. The watches of one turn go out as one
+   * message, in a microtask queued by the first of them: every microtask
+   * queued after this call (the attempt starts its handler in one) runs after
+   * the message is posted. A message per lease cost more client CPU than
+   * anything else the runner did per job: each one wakes the idle thread
+   * (docs/bench-lease.md); a claim statement hands out several leases at once.
+   */
   watch(key: string, lease: LeaseRef, cell: LeaseCell, maxStallMs: number): void {
     // Only the fields the extend statement needs cross the thread boundary.
     const ref: LeaseRef = { id: lease.id, ownerId: lease.ownerId, fencingToken: lease.fencingToken, leaseMs: lease.leaseMs };
-    this.#post({ type: 'watch', key, lease: ref, cell: cell.buffer, maxStallMs });
+    if (this.#pending.push({ key, lease: ref, cell: cell.buffer, maxStallMs }) === 1) queueMicrotask(() => this.#flush());
   }
 
-  unwatch(key: string): void {
-    this.#post({ type: 'unwatch', key });
+  /**
+   * Stops extending a lease. A cell that has ended (released, lost or
+   * stalled: the runner ends it before it unwatches) needs no message: the
+   * thread drops an ended cell at its next deadline check or beat, whichever
+   * comes first, and never extends it. Only a live cell is unwatched by
+   * message, so a finished job costs the thread no wake-up.
+   */
+  unwatch(key: string, cell: LeaseCell): void {
+    const status = cell.status;
+    if (status === LeaseStatus.Ok || status === LeaseStatus.Unknown) this.#post({ type: 'unwatch', key });
   }
 
   /** Asks the thread to close its connection and exit; terminates it if it does not. Idempotent. */
@@ -79,9 +97,17 @@ export class HeartbeatThread {
         clearTimeout(timer);
         resolve();
       });
+      // A watch still pending goes first, so the thread sees it before it stops.
+      if (this.#pending.length > 0) this.#flush();
       this.#post({ type: 'stop' });
     });
     return this.#stopping;
+  }
+
+  #flush(): void {
+    const leases = this.#pending;
+    this.#pending = [];
+    this.#post({ type: 'watch', leases });
   }
 
   #post(message: ToThread): void {

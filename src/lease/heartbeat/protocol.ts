@@ -13,8 +13,17 @@ export interface ThreadInit {
   timeoutMs: number;
 }
 
+/** One lease for the thread to extend, with its shared cell. */
+export interface WatchEntry {
+  key: string;
+  lease: LeaseRef;
+  cell: SharedArrayBuffer;
+  maxStallMs: number;
+}
+
 export type ToThread =
-  | { type: 'watch'; key: string; lease: LeaseRef; cell: SharedArrayBuffer; maxStallMs: number }
+  /** The leases claimed in one turn of the handler's thread, in one message (see client.ts). */
+  | { type: 'watch'; leases: WatchEntry[] }
   | { type: 'unwatch'; key: string }
   | { type: 'stop' };
 

@@ -119,6 +119,14 @@ function checkDeadlines(): void {
   stalledForMs();
   const now = monotonicMs();
   for (const w of watched.values()) {
+    // Ended by the runner (released, or lost/stalled as seen from either
+    // side): nothing more to do for it. The runner unwatches an ended cell
+    // without a message (client.ts), so this is where its entry goes.
+    const status = w.cell.status;
+    if (status !== LeaseStatus.Ok && status !== LeaseStatus.Unknown) {
+      drop(w);
+      continue;
+    }
     const left = w.cell.confirmedUntil - now;
     if (left > init.heartbeatMs) continue;
     if (left > 0) {
@@ -138,21 +146,25 @@ try {
   process.exit(1);
 }
 
+let stopping = false;
 const watchdog = setInterval(checkDeadlines, Math.max(10, Math.min(50, init.heartbeatMs / 4)));
 
 port.on('message', (message: ToThread) => {
   switch (message.type) {
     case 'watch': {
-      const w: Watched = {
-        key: message.key,
-        lease: message.lease,
-        cell: new LeaseCell(message.cell),
-        maxStallMs: message.maxStallMs,
-        failures: 0,
-        timer: undefined,
-      };
-      watched.set(w.key, w);
-      schedule(w, nextHeartbeatDelay(init.heartbeatMs, init.jitterMs, Math.random()));
+      if (stopping) break;
+      for (const entry of message.leases) {
+        const w: Watched = {
+          key: entry.key,
+          lease: entry.lease,
+          cell: new LeaseCell(entry.cell),
+          maxStallMs: entry.maxStallMs,
+          failures: 0,
+          timer: undefined,
+        };
+        watched.set(w.key, w);
+        schedule(w, nextHeartbeatDelay(init.heartbeatMs, init.jitterMs, Math.random()));
+      }
       break;
     }
     case 'unwatch': {
@@ -161,6 +173,7 @@ port.on('message', (message: ToThread) => {
       break;
     }
     case 'stop': {
+      stopping = true;
       clearInterval(watchdog);
       for (const w of [...watched.values()]) drop(w);
       void store.close().finally(() => {

@@ -71,7 +71,13 @@ export function startAttempt(outer: AttemptContext, lease: Lease, claimSentAt: n
   });
   ctx.heartbeats.watch(a.key, lease, a.cell, kind.maxStallMs);
   a.stageTimer = setTimeout(() => void onStageTimeout(ctx, a, kind.maxRunMs), kind.maxRunMs);
-  void runHandler(ctx, a).then((outcome) => settle(ctx, a, outcome));
+  // The handler starts in a microtask queued after the watch: the heartbeat
+  // client posts the watches of one turn together, in a microtask queued by
+  // the first of them (heartbeat/client.ts), so the thread has this lease
+  // before any of the handler's code runs, as if it had been posted here.
+  void Promise.resolve()
+    .then(() => runHandler(ctx, a))
+    .then((outcome) => settle(ctx, a, outcome));
   return a;
 }
 
@@ -133,7 +139,7 @@ async function runHandler(ctx: AttemptContext, a: Attempt): Promise<Outcome> {
   const handler = ctx.config.handlers[a.lease.kind]!;
   const fence = fenceContext(ctx, a, (cause) => {
     a.cell.end(LeaseStatus.Lost, cause);
-    ctx.heartbeats.unwatch(a.key);
+    ctx.heartbeats.unwatch(a.key, a.cell);
     reportLoss(ctx, a);
   });
   try {
@@ -151,10 +157,11 @@ function endAttempt(ctx: AttemptContext, a: Attempt): { lost: boolean } | undefi
   if (a.ended) return undefined;
   a.ended = true;
   clearTimeout(a.stageTimer);
-  ctx.heartbeats.unwatch(a.key);
   reportLoss(ctx, a);
   const lost = a.cell.status === LeaseStatus.Lost;
   a.cell.end(LeaseStatus.Released);
+  // After the cell ended: an ended cell is dropped by the thread itself, without a message.
+  ctx.heartbeats.unwatch(a.key, a.cell);
   return { lost };
 }
 

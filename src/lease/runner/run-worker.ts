@@ -59,7 +59,7 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
     store,
     heartbeats: {
       watch: (key, lease, cell, maxStallMs) => thread.watch(key, lease, cell, maxStallMs),
-      unwatch: (key) => thread.unwatch(key),
+      unwatch: (key, cell) => thread.unwatch(key, cell),
     },
     active,
     emit,
