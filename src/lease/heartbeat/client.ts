@@ -2,7 +2,8 @@ import { Worker } from 'node:worker_threads';
 import { LeaseError } from '../errors.js';
 import type { LeaseRef } from '../types.js';
 import { LeaseStatus, type LeaseCell } from './cell.js';
-import type { FromThread, ThreadInit, ToThread, WatchEntry } from './protocol.js';
+import type { FromThread, ThreadInit, ToThread } from './protocol.js';
+import { LeaseSlab } from './slab.js';
 
 export interface HeartbeatThreadOptions {
   /** Node flags for the thread; default: the process's own. */
@@ -21,8 +22,9 @@ const STOP_GRACE_MS = 5_000;
  */
 export class HeartbeatThread {
   readonly #worker: Worker;
-  /** Watches not posted yet: they go out together at the end of this microtask wave. */
-  #pending: WatchEntry[] = [];
+  /** Where new leases are published, and their owner. */
+  #slab: LeaseSlab | undefined;
+  #slabOwner = '';
   #stopping: Promise<void> | undefined;
   #exited = false;
 
@@ -63,17 +65,19 @@ export class HeartbeatThread {
   }
 
   /**
-   * Hands a lease to the thread. The watches of one turn go out as one
-   * message, in a microtask queued by the first of them: every microtask
-   * queued after this call (the attempt starts its handler in one) runs after
-   * the message is posted. A message per lease cost more client CPU than
-   * anything else the runner did per job: each one wakes the idle thread
-   * (docs/bench-lease.md); a claim statement hands out several leases at once.
+   * Hands a lease to the thread and returns its cell, its confirmed end set
+   * to `confirmedUntil` (monotonic ms). Published in shared memory
+   * (./slab.ts) before this returns, without waking the thread: it picks the
+   * lease up on its next deadline check, a few ms later, even while this
+   * thread is blocked, and schedules the first beat from the claim.
    */
-  watch(key: string, lease: LeaseRef, cell: LeaseCell, maxStallMs: number): void {
-    // Only the fields the extend statement needs cross the thread boundary.
-    const ref: LeaseRef = { id: lease.id, ownerId: lease.ownerId, fencingToken: lease.fencingToken, leaseMs: lease.leaseMs };
-    if (this.#pending.push({ key, lease: ref, cell: cell.buffer, maxStallMs }) === 1) queueMicrotask(() => this.#flush());
+  watch(lease: LeaseRef, maxStallMs: number, confirmedUntil: number): LeaseCell {
+    if (this.#slab === undefined || this.#slab.full || this.#slabOwner !== lease.ownerId) {
+      this.#slab = new LeaseSlab();
+      this.#slabOwner = lease.ownerId;
+      this.#post({ type: 'slab', buffer: this.#slab.buffer, ownerId: lease.ownerId });
+    }
+    return this.#slab.publish(lease, maxStallMs, confirmedUntil);
   }
 
   /**
@@ -97,17 +101,9 @@ export class HeartbeatThread {
         clearTimeout(timer);
         resolve();
       });
-      // A watch still pending goes first, so the thread sees it before it stops.
-      if (this.#pending.length > 0) this.#flush();
       this.#post({ type: 'stop' });
     });
     return this.#stopping;
-  }
-
-  #flush(): void {
-    const leases = this.#pending;
-    this.#pending = [];
-    this.#post({ type: 'watch', leases });
   }
 
   #post(message: ToThread): void {

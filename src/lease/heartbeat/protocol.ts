@@ -13,17 +13,10 @@ export interface ThreadInit {
   timeoutMs: number;
 }
 
-/** One lease for the thread to extend, with its shared cell. */
-export interface WatchEntry {
-  key: string;
-  lease: LeaseRef;
-  cell: SharedArrayBuffer;
-  maxStallMs: number;
-}
-
 export type ToThread =
-  /** The leases claimed in one turn of the handler's thread, in one message (see client.ts). */
-  | { type: 'watch'; leases: WatchEntry[] }
+  /** A new lease slab (./slab.ts): the leases published in it are this owner's. Every earlier slab is complete. */
+  | { type: 'slab'; buffer: SharedArrayBuffer; ownerId: string }
+  /** Stop extending a lease whose cell is still live (an ended cell needs no message). */
   | { type: 'unwatch'; key: string }
   | { type: 'stop' };
 

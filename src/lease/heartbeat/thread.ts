@@ -16,8 +16,9 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { openJobStore } from '../open.js';
 import { monotonicMs, nextHeartbeatDelay } from '../timing.js';
 import type { JobStore, LeaseRef } from '../types.js';
-import { LeaseCell, LeaseStatus, Pulse } from './cell.js';
-import type { FromThread, ThreadInit, ToThread } from './protocol.js';
+import { LeaseStatus, Pulse, type LeaseCell } from './cell.js';
+import { leaseKey, type FromThread, type ThreadInit, type ToThread } from './protocol.js';
+import { LeaseSlab } from './slab.js';
 
 const init = workerData as ThreadInit;
 const port = parentPort!;
@@ -115,7 +116,37 @@ function markUnknown(w: Watched): void {
  * heartbeat interval is confirmed, and at the conservative deadline the
  * lease is given up, since it may belong to someone else from then on.
  */
+/** The slabs the runner publishes its leases in (./slab.ts), each with the next slot to read. */
+const slabs: { slab: LeaseSlab; ownerId: string; next: number }[] = [];
+
+/** Starts watching the leases published since the last look. */
+function pickUp(): void {
+  for (const s of slabs) {
+    const published = s.slab.published();
+    for (; s.next < published; s.next++) {
+      const e = s.slab.read(s.next);
+      const status = e.cell.status;
+      // Ended before this thread saw it (a short job): nothing to extend.
+      if (status !== LeaseStatus.Ok && status !== LeaseStatus.Unknown) continue;
+      const w: Watched = {
+        key: leaseKey(e),
+        lease: { id: e.id, ownerId: s.ownerId, fencingToken: e.fencingToken, leaseMs: e.leaseMs },
+        cell: e.cell,
+        maxStallMs: e.maxStallMs,
+        failures: 0,
+        timer: undefined,
+      };
+      watched.set(w.key, w);
+      // The first beat one interval after the claim (the cell's confirmed end
+      // is the claim's send time plus the lease), as if told at the claim.
+      const sinceClaim = monotonicMs() - (e.cell.confirmedUntil - e.leaseMs);
+      schedule(w, Math.max(0, nextHeartbeatDelay(init.heartbeatMs, init.jitterMs, Math.random()) - sinceClaim));
+    }
+  }
+}
+
 function checkDeadlines(): void {
+  pickUp();
   stalledForMs();
   const now = monotonicMs();
   for (const w of watched.values()) {
@@ -151,23 +182,17 @@ const watchdog = setInterval(checkDeadlines, Math.max(10, Math.min(50, init.hear
 
 port.on('message', (message: ToThread) => {
   switch (message.type) {
-    case 'watch': {
+    case 'slab': {
       if (stopping) break;
-      for (const entry of message.leases) {
-        const w: Watched = {
-          key: entry.key,
-          lease: entry.lease,
-          cell: new LeaseCell(entry.cell),
-          maxStallMs: entry.maxStallMs,
-          failures: 0,
-          timer: undefined,
-        };
-        watched.set(w.key, w);
-        schedule(w, nextHeartbeatDelay(init.heartbeatMs, init.jitterMs, Math.random()));
-      }
+      // Every earlier slab is complete now: take what is left in it, then only the new one grows.
+      pickUp();
+      slabs.length = 0;
+      slabs.push({ slab: new LeaseSlab(message.buffer), ownerId: message.ownerId, next: 0 });
+      pickUp();
       break;
     }
     case 'unwatch': {
+      pickUp();
       const w = watched.get(message.key);
       if (w) drop(w);
       break;

@@ -58,7 +58,7 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
     config,
     store,
     heartbeats: {
-      watch: (key, lease, cell, maxStallMs) => thread.watch(key, lease, cell, maxStallMs),
+      watch: (lease, maxStallMs, confirmedUntil) => thread.watch(lease, maxStallMs, confirmedUntil),
       unwatch: (key, cell) => thread.unwatch(key, cell),
     },
     active,
