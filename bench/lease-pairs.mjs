@@ -68,15 +68,23 @@ const loadEnd = loadavg();
 
 console.log(`load average at the start ${loadStart.map(f2).join(' ')}, at the end ${loadEnd.map(f2).join(' ')}`);
 const names = ROWS.map(([n]) => n);
-console.log(`\n| workers | ${names.map((n) => `${n} cycles/s`).join(' | ')} | ${names.filter((n) => n !== 'graphile').map((n) => `${n} ÷ graphile`).join(' | ')} |`);
-console.log(`|---:|${names.map(() => '---:').join('|')}|${names.filter((n) => n !== 'graphile').map(() => '---:').join('|')}|`);
+console.log(
+  `\n| workers | ${names.map((n) => `${n} cycles/s`).join(' | ')} | ${names
+    .filter((n) => n !== 'graphile')
+    .map((n) => `${n} ÷ graphile`)
+    .join(' | ')} |`,
+);
+console.log(
+  `|---:|${names.map(() => '---:').join('|')}|${names
+    .filter((n) => n !== 'graphile')
+    .map(() => '---:')
+    .join('|')}|`,
+);
 for (const workers of workersList) {
   const row = results[workers];
   const cells = names.map((n) => median(row[n].map((s) => s.cps)).toFixed(0) + (row[n].some((s) => s.capped) ? '*' : ''));
   // Per-round ratios (each against the graphile row of the same round), then their median.
-  const ratios = skipGraphile
-    ? []
-    : names.filter((n) => n !== 'graphile').map((n) => f2(median(row[n].map((s, i) => s.cps / row.graphile[i].cps))));
+  const ratios = skipGraphile ? [] : names.filter((n) => n !== 'graphile').map((n) => f2(median(row[n].map((s, i) => s.cps / row.graphile[i].cps))));
   console.log(`| ${workers} | ${cells.join(' | ')} | ${ratios.join(' | ')} |`);
 }
 console.log(`\nCPU per cycle, ms, medians: client process / its database backends`);

@@ -3,7 +3,10 @@
  * connection, so a blocked handler thread (a tight loop, a stuck native call,
  * a long GC) cannot silence it. It extends a lease only while the handler's
  * thread shows it is alive (its `Pulse` moves): heartbeats prove that the
- * worker is making progress, not merely that a timer still fires.
+ * worker is making progress, not merely that a timer still fires. The
+ * runner publishes its leases in a shared slab (./slab.ts), which this thread
+ * reads on every deadline check, so a lease reaches it even while the
+ * handler's thread is blocked, and a job costs it no message.
  *
  * Outcomes, classified as DESIGN §6 asks:
  * - zero rows: the lease is lost (a newer owner, a cancel, or it expired);
@@ -110,12 +113,6 @@ function markUnknown(w: Watched): void {
   }
 }
 
-/**
- * Runs every few ms, whatever the extends are doing (one may hang on a lock
- * or a dead connection): ownership becomes unknown when less than one
- * heartbeat interval is confirmed, and at the conservative deadline the
- * lease is given up, since it may belong to someone else from then on.
- */
 /** The slabs the runner publishes its leases in (./slab.ts), each with the next slot to read. */
 const slabs: { slab: LeaseSlab; ownerId: string; next: number }[] = [];
 
@@ -145,6 +142,12 @@ function pickUp(): void {
   }
 }
 
+/**
+ * Runs every few ms, whatever the extends are doing (one may hang on a lock
+ * or a dead connection): ownership becomes unknown when less than one
+ * heartbeat interval is confirmed, and at the conservative deadline the
+ * lease is given up, since it may belong to someone else from then on.
+ */
 function checkDeadlines(): void {
   pickUp();
   stalledForMs();
