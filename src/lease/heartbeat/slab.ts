@@ -14,7 +14,7 @@
  */
 import { CELL_BYTES, LeaseCell } from './cell.js';
 
-/** Slots per slab: 192 KiB, one message to the thread per this many leases. */
+/** Slots per slab (160 KiB): one message to the thread per this many leases. */
 export const SLAB_SLOTS = 4096;
 /** Header: the count of published slots (int32), padded to 8. */
 const HEADER_BYTES = 8;
