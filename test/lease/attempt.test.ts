@@ -7,7 +7,8 @@
 import { afterEach, describe, expect, test, vi } from 'vitest';
 import { JobError, LeaseLostError } from '../../src/lease/errors.js';
 import type { LeaseEvent } from '../../src/lease/events.js';
-import { LeaseStatus } from '../../src/lease/heartbeat/cell.js';
+import { LeaseCell, LeaseStatus } from '../../src/lease/heartbeat/cell.js';
+import { leaseKey } from '../../src/lease/heartbeat/protocol.js';
 import { monotonicMs } from '../../src/lease/timing.js';
 import type { CompleteResult, FailResult, Lease } from '../../src/lease/types.js';
 import type { Attempt, AttemptContext } from '../../src/lease/runner/attempt-types.js';
@@ -72,7 +73,12 @@ function harness(run: Run, options: { maxRunMs?: number; complete?: () => Promis
       },
     },
     heartbeats: {
-      watch: (key) => void calls.push(`watch ${key}`),
+      watch: (l, _maxStallMs, confirmedUntil) => {
+        calls.push(`watch ${leaseKey(l)}`);
+        const cell = new LeaseCell();
+        cell.confirmedUntil = confirmedUntil;
+        return cell;
+      },
       unwatch: (key) => void calls.push(`unwatch ${key}`),
     },
     active: new Map<string, Attempt>(),

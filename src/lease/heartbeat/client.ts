@@ -1,8 +1,9 @@
 import { Worker } from 'node:worker_threads';
 import { LeaseError } from '../errors.js';
 import type { LeaseRef } from '../types.js';
-import type { LeaseCell } from './cell.js';
+import { LeaseStatus, type LeaseCell } from './cell.js';
 import type { FromThread, ThreadInit, ToThread } from './protocol.js';
+import { LeaseSlab } from './slab.js';
 
 export interface HeartbeatThreadOptions {
   /** Node flags for the thread; default: the process's own. */
@@ -21,6 +22,9 @@ const STOP_GRACE_MS = 5_000;
  */
 export class HeartbeatThread {
   readonly #worker: Worker;
+  /** Where new leases are published, and their owner. */
+  #slab: LeaseSlab | undefined;
+  #slabOwner = '';
   #stopping: Promise<void> | undefined;
   #exited = false;
 
@@ -60,14 +64,32 @@ export class HeartbeatThread {
     });
   }
 
-  watch(key: string, lease: LeaseRef, cell: LeaseCell, maxStallMs: number): void {
-    // Only the fields the extend statement needs cross the thread boundary.
-    const ref: LeaseRef = { id: lease.id, ownerId: lease.ownerId, fencingToken: lease.fencingToken, leaseMs: lease.leaseMs };
-    this.#post({ type: 'watch', key, lease: ref, cell: cell.buffer, maxStallMs });
+  /**
+   * Hands a lease to the thread and returns its cell, its confirmed end set
+   * to `confirmedUntil` (monotonic ms). Published in shared memory
+   * (./slab.ts) before this returns, without waking the thread: it picks the
+   * lease up on its next deadline check, a few ms later, even while this
+   * thread is blocked, and schedules the first beat from the claim.
+   */
+  watch(lease: LeaseRef, maxStallMs: number, confirmedUntil: number): LeaseCell {
+    if (this.#slab === undefined || this.#slab.full || this.#slabOwner !== lease.ownerId) {
+      this.#slab = new LeaseSlab();
+      this.#slabOwner = lease.ownerId;
+      this.#post({ type: 'slab', buffer: this.#slab.buffer, ownerId: lease.ownerId });
+    }
+    return this.#slab.publish(lease, maxStallMs, confirmedUntil);
   }
 
-  unwatch(key: string): void {
-    this.#post({ type: 'unwatch', key });
+  /**
+   * Stops extending a lease. A cell that has ended (released, lost or
+   * stalled: the runner ends it before it unwatches) needs no message: the
+   * thread drops an ended cell at its next deadline check or beat, whichever
+   * comes first, and never extends it. Only a live cell is unwatched by
+   * message, so a finished job costs the thread no wake-up.
+   */
+  unwatch(key: string, cell: LeaseCell): void {
+    const status = cell.status;
+    if (status === LeaseStatus.Ok || status === LeaseStatus.Unknown) this.#post({ type: 'unwatch', key });
   }
 
   /** Asks the thread to close its connection and exit; terminates it if it does not. Idempotent. */

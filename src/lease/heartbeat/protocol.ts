@@ -14,7 +14,9 @@ export interface ThreadInit {
 }
 
 export type ToThread =
-  | { type: 'watch'; key: string; lease: LeaseRef; cell: SharedArrayBuffer; maxStallMs: number }
+  /** A new lease slab (./slab.ts): the leases published in it are this owner's. Every earlier slab is complete. */
+  | { type: 'slab'; buffer: SharedArrayBuffer; ownerId: string }
+  /** Stop extending a lease whose cell is still live (an ended cell needs no message). */
   | { type: 'unwatch'; key: string }
   | { type: 'stop' };
 

@@ -3,7 +3,10 @@
  * connection, so a blocked handler thread (a tight loop, a stuck native call,
  * a long GC) cannot silence it. It extends a lease only while the handler's
  * thread shows it is alive (its `Pulse` moves): heartbeats prove that the
- * worker is making progress, not merely that a timer still fires.
+ * worker is making progress, not merely that a timer still fires. The
+ * runner publishes its leases in a shared slab (./slab.ts), which this thread
+ * reads on every deadline check, so a lease reaches it even while the
+ * handler's thread is blocked, and a job costs it no message.
  *
  * Outcomes, classified as DESIGN §6 asks:
  * - zero rows: the lease is lost (a newer owner, a cancel, or it expired);
@@ -16,8 +19,9 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { openJobStore } from '../open.js';
 import { monotonicMs, nextHeartbeatDelay } from '../timing.js';
 import type { JobStore, LeaseRef } from '../types.js';
-import { LeaseCell, LeaseStatus, Pulse } from './cell.js';
-import type { FromThread, ThreadInit, ToThread } from './protocol.js';
+import { LeaseStatus, Pulse, type LeaseCell } from './cell.js';
+import { leaseKey, type FromThread, type ThreadInit, type ToThread } from './protocol.js';
+import { LeaseSlab } from './slab.js';
 
 const init = workerData as ThreadInit;
 const port = parentPort!;
@@ -109,6 +113,35 @@ function markUnknown(w: Watched): void {
   }
 }
 
+/** The slabs the runner publishes its leases in (./slab.ts), each with the next slot to read. */
+const slabs: { slab: LeaseSlab; ownerId: string; next: number }[] = [];
+
+/** Starts watching the leases published since the last look. */
+function pickUp(): void {
+  for (const s of slabs) {
+    const published = s.slab.published();
+    for (; s.next < published; s.next++) {
+      const e = s.slab.read(s.next);
+      const status = e.cell.status;
+      // Ended before this thread saw it (a short job): nothing to extend.
+      if (status !== LeaseStatus.Ok && status !== LeaseStatus.Unknown) continue;
+      const w: Watched = {
+        key: leaseKey(e),
+        lease: { id: e.id, ownerId: s.ownerId, fencingToken: e.fencingToken, leaseMs: e.leaseMs },
+        cell: e.cell,
+        maxStallMs: e.maxStallMs,
+        failures: 0,
+        timer: undefined,
+      };
+      watched.set(w.key, w);
+      // The first beat one interval after the claim (the cell's confirmed end
+      // is the claim's send time plus the lease), as if told at the claim.
+      const sinceClaim = monotonicMs() - (e.cell.confirmedUntil - e.leaseMs);
+      schedule(w, Math.max(0, nextHeartbeatDelay(init.heartbeatMs, init.jitterMs, Math.random()) - sinceClaim));
+    }
+  }
+}
+
 /**
  * Runs every few ms, whatever the extends are doing (one may hang on a lock
  * or a dead connection): ownership becomes unknown when less than one
@@ -116,9 +149,18 @@ function markUnknown(w: Watched): void {
  * lease is given up, since it may belong to someone else from then on.
  */
 function checkDeadlines(): void {
+  pickUp();
   stalledForMs();
   const now = monotonicMs();
   for (const w of watched.values()) {
+    // Ended by the runner (released, or lost/stalled as seen from either
+    // side): nothing more to do for it. The runner unwatches an ended cell
+    // without a message (client.ts), so this is where its entry goes.
+    const status = w.cell.status;
+    if (status !== LeaseStatus.Ok && status !== LeaseStatus.Unknown) {
+      drop(w);
+      continue;
+    }
     const left = w.cell.confirmedUntil - now;
     if (left > init.heartbeatMs) continue;
     if (left > 0) {
@@ -138,29 +180,28 @@ try {
   process.exit(1);
 }
 
+let stopping = false;
 const watchdog = setInterval(checkDeadlines, Math.max(10, Math.min(50, init.heartbeatMs / 4)));
 
 port.on('message', (message: ToThread) => {
   switch (message.type) {
-    case 'watch': {
-      const w: Watched = {
-        key: message.key,
-        lease: message.lease,
-        cell: new LeaseCell(message.cell),
-        maxStallMs: message.maxStallMs,
-        failures: 0,
-        timer: undefined,
-      };
-      watched.set(w.key, w);
-      schedule(w, nextHeartbeatDelay(init.heartbeatMs, init.jitterMs, Math.random()));
+    case 'slab': {
+      if (stopping) break;
+      // Every earlier slab is complete now: take what is left in it, then only the new one grows.
+      pickUp();
+      slabs.length = 0;
+      slabs.push({ slab: new LeaseSlab(message.buffer), ownerId: message.ownerId, next: 0 });
+      pickUp();
       break;
     }
     case 'unwatch': {
+      pickUp();
       const w = watched.get(message.key);
       if (w) drop(w);
       break;
     }
     case 'stop': {
+      stopping = true;
       clearInterval(watchdog);
       for (const w of [...watched.values()]) drop(w);
       void store.close().finally(() => {

@@ -14,7 +14,11 @@ export interface Attempt {
   key: string;
   lease: Lease;
   cell: LeaseCell;
-  controller: AbortController;
+  /** Made on first use of the signal (./abort.ts); read `aborted` and `abortReason`, abort with `abortAttempt`. */
+  controller: AbortController | undefined;
+  /** The attempt was aborted (lease lost, stage timeout, stop); `abortReason` says why. */
+  aborted: boolean;
+  abortReason: unknown;
   /** The latest lease end the database confirmed. */
   leaseUntil: Date;
   /** Monotonic time of the last successful heartbeat (or the claim). */

@@ -17,13 +17,14 @@
  */
 import { LeaseError, LeaseLostError } from '../errors.js';
 import type { LeaseEvent } from '../events.js';
-import { LeaseCell, LeaseStatus, type LossCause } from '../heartbeat/cell.js';
+import { LeaseStatus, type LossCause } from '../heartbeat/cell.js';
 import { leaseKey, type FromThread } from '../heartbeat/protocol.js';
 import { sha256Json } from '../store-common.js';
 import { backoffMs, monotonicMs } from '../timing.js';
 import { startAttemptSpan } from '../tracing.js';
 import type { JobErrorInfo, Lease } from '../types.js';
 import type { Attempt, AttemptContext } from './attempt-types.js';
+import { abortAttempt } from './abort.js';
 import { classify } from './classify.js';
 import { fenceContext, jobContext } from './job-context.js';
 
@@ -45,11 +46,16 @@ export function startAttempt(outer: AttemptContext, lease: Lease, claimSentAt: n
   // The attempt's own events also tell its span how it ended.
   const ctx: AttemptContext = Object.create(outer, { emit: { value: (e: LeaseEvent) => (a.span.note(e), outer.emit(e)) } });
   const kind = ctx.config.kinds[lease.kind]!;
+  // Watched from here on, with its own cell. Conservative: the database's now
+  // was no earlier than when we sent the claim.
+  const cell = ctx.heartbeats.watch(lease, kind.maxStallMs, claimSentAt + lease.leaseMs);
   const a: Attempt = {
     key: leaseKey(lease),
     lease,
-    cell: new LeaseCell(),
-    controller: new AbortController(),
+    cell,
+    controller: undefined,
+    aborted: false,
+    abortReason: undefined,
     leaseUntil: lease.leaseUntil,
     lastOkAt: monotonicMs(),
     stageTimer: undefined,
@@ -58,8 +64,6 @@ export function startAttempt(outer: AttemptContext, lease: Lease, claimSentAt: n
     inFlight: new Set(),
     span: startAttemptSpan(lease, ctx.workerId, claimSentAt),
   };
-  // Conservative: the database's now was no earlier than when we sent the claim.
-  a.cell.confirmedUntil = claimSentAt + lease.leaseMs;
   ctx.active.set(a.key, a);
   ctx.emit({
     type: 'job_claimed',
@@ -69,7 +73,6 @@ export function startAttempt(outer: AttemptContext, lease: Lease, claimSentAt: n
     payloadSha256: lease.payloadSha256,
     previousOwnerId: lease.previousOwnerId,
   });
-  ctx.heartbeats.watch(a.key, lease, a.cell, kind.maxStallMs);
   a.stageTimer = setTimeout(() => void onStageTimeout(ctx, a, kind.maxRunMs), kind.maxRunMs);
   void runHandler(ctx, a).then((outcome) => settle(ctx, a, outcome));
   return a;
@@ -126,16 +129,18 @@ export function reportLoss(ctx: AttemptContext, a: Attempt): void {
   a.lossReported = true;
   const cause = a.cell.cause ?? 'zero_rows';
   ctx.emit({ type: 'heartbeat_lost', ...fields(ctx, a), cause });
-  a.controller.abort(new LeaseLostError(`job ${a.lease.id} (fence ${a.lease.fencingToken}): lease lost, ${LOSS_TEXT[cause]}`));
+  abortAttempt(a, new LeaseLostError(`job ${a.lease.id} (fence ${a.lease.fencingToken}): lease lost, ${LOSS_TEXT[cause]}`));
 }
 
 async function runHandler(ctx: AttemptContext, a: Attempt): Promise<Outcome> {
   const handler = ctx.config.handlers[a.lease.kind]!;
-  const fence = fenceContext(ctx, a, (cause) => {
-    a.cell.end(LeaseStatus.Lost, cause);
-    ctx.heartbeats.unwatch(a.key);
-    reportLoss(ctx, a);
-  });
+  // Built when the handler first uses a fenced action (./job-context.ts).
+  const fence = () =>
+    fenceContext(ctx, a, (cause) => {
+      a.cell.end(LeaseStatus.Lost, cause);
+      ctx.heartbeats.unwatch(a.key, a.cell);
+      reportLoss(ctx, a);
+    });
   try {
     return { ok: true, value: await a.span.run(async () => handler.run(jobContext(ctx, a, fence))) };
   } catch (error) {
@@ -151,10 +156,11 @@ function endAttempt(ctx: AttemptContext, a: Attempt): { lost: boolean } | undefi
   if (a.ended) return undefined;
   a.ended = true;
   clearTimeout(a.stageTimer);
-  ctx.heartbeats.unwatch(a.key);
   reportLoss(ctx, a);
   const lost = a.cell.status === LeaseStatus.Lost;
   a.cell.end(LeaseStatus.Released);
+  // After the cell ended: an ended cell is dropped by the thread itself, without a message.
+  ctx.heartbeats.unwatch(a.key, a.cell);
   return { lost };
 }
 
@@ -172,7 +178,7 @@ async function settle(ctx: AttemptContext, a: Attempt, outcome: Outcome): Promis
     // The attempt already ended (stage timeout, release, lost): a value
     // returned now is not stored, and we say so.
     if (outcome.ok) {
-      const reason = a.controller.signal.reason?.code === 'stage_timeout' ? 'stage_timeout' : 'lease_lost';
+      const reason = (a.abortReason as { code?: unknown } | undefined)?.code === 'stage_timeout' ? 'stage_timeout' : 'lease_lost';
       ctx.emit({ type: 'result_rejected', ...fields(ctx, a), reason });
     }
     return;
@@ -224,7 +230,7 @@ async function failAttempt(ctx: AttemptContext, a: Attempt, error: JobErrorInfo,
 async function onStageTimeout(ctx: AttemptContext, a: Attempt, maxRunMs: number): Promise<void> {
   const state = endAttempt(ctx, a);
   if (!state) return;
-  a.controller.abort(new LeaseError('stage_timeout', `job ${a.lease.id}: ran past maxRunMs (${maxRunMs} ms)`));
+  abortAttempt(a, new LeaseError('stage_timeout', `job ${a.lease.id}: ran past maxRunMs (${maxRunMs} ms)`));
   try {
     if (state.lost) {
       ctx.emit({ type: 'result_rejected', ...fields(ctx, a), reason: 'lease_lost' });
@@ -243,7 +249,7 @@ async function onStageTimeout(ctx: AttemptContext, a: Attempt, maxRunMs: number)
 export async function releaseAttempt(ctx: AttemptContext, a: Attempt): Promise<void> {
   const state = endAttempt(ctx, a);
   if (!state) return;
-  a.controller.abort(new LeaseError('worker_stopping', `job ${a.lease.id}: the worker is stopping`));
+  abortAttempt(a, new LeaseError('worker_stopping', `job ${a.lease.id}: the worker is stopping`));
   try {
     if (!state.lost) await ctx.store.release(a.lease);
   } catch {

@@ -31,7 +31,7 @@ export interface ClaimLaneContext {
 export interface ClaimLanes {
   /** Settles when every lane has stopped. */
   readonly done: Promise<void>;
-  /** Wakes the lanes that wait: a slot freed up, or the queue has work again. */
+  /** A slot freed up: wakes a lane that waits for one (every waiting lane while the queue is idle). */
   wake(): void;
   /** Stops claiming; a lease claimed meanwhile is given back. Resolves with `done`. */
   stop(): Promise<void>;
@@ -51,8 +51,20 @@ export function startClaimLanes(ctx: ClaimLaneContext): ClaimLanes {
   let claiming = 0;
   let idleQueue = false;
   const wakers = new Set<() => void>();
-  function wake(): void {
+  /** Wakes every waiting lane: the queue has work again, or the worker stops. */
+  function wakeAll(): void {
     for (const done of [...wakers]) done();
+  }
+  /**
+   * One slot freed up: one lane can claim for it. While the queue has work,
+   * every waiting lane waits for a slot, so waking the longest-waiting one
+   * is enough; waking them all made each finished job re-arm a timer for
+   * every other lane, all but one of which found no slot and waited again.
+   * While the queue is idle, all wake as before (lane 0 polls at once).
+   */
+  function wakeOne(): void {
+    if (idleQueue) return wakeAll();
+    for (const done of wakers) return done();
   }
   /** Waits up to `ms` (forever if undefined), or until a slot frees up, the queue has work again, or the worker stops. */
   function pause(ms: number | undefined): Promise<void> {
@@ -114,7 +126,7 @@ export function startClaimLanes(ctx: ClaimLaneContext): ClaimLanes {
         ctx.start(result.lease, sentAt);
         if (idleQueue) {
           idleQueue = false;
-          wake();
+          wakeAll();
         }
       } else if (result.failed.length === 0) {
         idleQueue = true;
@@ -129,10 +141,10 @@ export function startClaimLanes(ctx: ClaimLaneContext): ClaimLanes {
 
   return {
     done,
-    wake,
+    wake: wakeOne,
     stop() {
       stopping = true;
-      wake();
+      wakeAll();
       return done;
     },
   };

@@ -8,6 +8,7 @@ import { createFencedFetch, createStep, type FenceContext } from '../fenced-fetc
 import { LeaseStatus } from '../heartbeat/cell.js';
 import { fencedMcp } from '../mcp.js';
 import { canStartAction, monotonicMs } from '../timing.js';
+import { signalOf } from './abort.js';
 import type { Attempt, AttemptContext } from './attempt-types.js';
 import type { JobContext } from './types.js';
 
@@ -24,11 +25,13 @@ export function fenceContext(ctx: AttemptContext, a: Attempt, markLost: FenceCon
     fencingToken: a.lease.fencingToken,
     jobKey: a.lease.jobKey,
     fenceKey: a.lease.fenceKey,
-    signal: a.controller.signal,
+    get signal() {
+      return signalOf(a);
+    },
     leaseUntil: () => a.leaseUntil,
     assertCanStart() {
-      if (a.controller.signal.aborted) {
-        const reason = a.controller.signal.reason;
+      if (a.aborted) {
+        const reason = a.abortReason;
         throw reason instanceof Error ? reason : new LeaseLostError(`job ${a.lease.id}: the attempt has ended`);
       }
       const status = a.cell.status;
@@ -56,9 +59,12 @@ export function fenceContext(ctx: AttemptContext, a: Attempt, markLost: FenceCon
 
 /**
  * The handler's context: the payload validated against the kind's schema
- * first (throws a non-retryable `JobError` when it does not match).
+ * first (throws a non-retryable `JobError` when it does not match). The
+ * signal and the fenced actions are made when the handler first reads them
+ * (`fence` builds the attempt's fence context then): a handler that uses
+ * none of them costs none of them.
  */
-export function jobContext(ctx: AttemptContext, a: Attempt, fence: FenceContext): JobContext<unknown> {
+export function jobContext(ctx: AttemptContext, a: Attempt, fence: () => FenceContext): JobContext<unknown> {
   const { config } = ctx;
   const handler = config.handlers[a.lease.kind]!;
   let payload = a.lease.payload;
@@ -87,15 +93,29 @@ export function jobContext(ctx: AttemptContext, a: Attempt, fence: FenceContext)
       return a.leaseUntil;
     },
   };
+  let fenced: FenceContext | undefined;
+  const fenceOnce = () => (fenced ??= fence());
+  const signer = config.fenceSigner ? { fenceSigner: config.fenceSigner } : {};
+  let fencedFetch: JobContext<unknown>['fencedFetch'] | undefined;
+  let step: JobContext<unknown>['step'] | undefined;
+  let mcp: JobContext<unknown>['mcp'] | undefined;
   return {
     job,
-    signal: a.controller.signal,
-    fencedFetch: createFencedFetch(fence, {
-      ...(config.fetch ? { fetch: config.fetch } : {}),
-      ...(config.fenceHeaders ? { headers: config.fenceHeaders } : {}),
-      ...(config.fenceSigner ? { fenceSigner: config.fenceSigner } : {}),
-    }),
-    step: createStep(fence, config.fenceSigner ? { fenceSigner: config.fenceSigner } : {}),
-    mcp: (client) => fencedMcp(client, fence, config.fenceSigner ? { fenceSigner: config.fenceSigner } : {}),
+    get signal() {
+      return signalOf(a);
+    },
+    get fencedFetch() {
+      return (fencedFetch ??= createFencedFetch(fenceOnce(), {
+        ...(config.fetch ? { fetch: config.fetch } : {}),
+        ...(config.fenceHeaders ? { headers: config.fenceHeaders } : {}),
+        ...signer,
+      }));
+    },
+    get step() {
+      return (step ??= createStep(fenceOnce(), signer));
+    },
+    get mcp() {
+      return (mcp ??= (client) => fencedMcp(client, fenceOnce(), signer));
+    },
   };
 }

@@ -58,8 +58,8 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
     config,
     store,
     heartbeats: {
-      watch: (key, lease, cell, maxStallMs) => thread.watch(key, lease, cell, maxStallMs),
-      unwatch: (key) => thread.unwatch(key),
+      watch: (lease, maxStallMs, confirmedUntil) => thread.watch(lease, maxStallMs, confirmedUntil),
+      unwatch: (key, cell) => thread.unwatch(key, cell),
     },
     active,
     emit,
