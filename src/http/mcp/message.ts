@@ -296,7 +296,7 @@ function isId(v: unknown): v is string | number {
 
 /** No `method`, or a string one: a `method` of any other type (`["tools/call"]`, `null`, `{}`) makes the message no JSON-RPC Request. */
 function methodIsString(m: object): boolean {
-  return !Object.prototype.hasOwnProperty.call(m, 'method') || typeof (m as { method?: unknown }).method === 'string';
+  return !Object.hasOwn(m, 'method') || typeof (m as { method?: unknown }).method === 'string';
 }
 const METHOD_NOT_STRING =
   'the member "method" must be a string (JSON-RPC 2.0 §4); an upstream that looks methods up by key would read ["tools/call"] as "tools/call"';

@@ -13,7 +13,7 @@ import {
   type ReconcileOutcome,
   type ReconcileResult,
   type ReconcileTarget,
-} from '../pipeline/reconcile.js';
+} from '../pipeline/reconcile-rules.js';
 import { isObject } from './message.js';
 import { createdTask, readRpc, TERMINAL_TASK_STATUSES } from './tasks.js';
 
