@@ -95,6 +95,9 @@ async function retry(url: string, request: () => { method: string; params: Recor
   }
 }
 
+/** A gateway process answers its liveness check while it still opens its store: wait until it serves. */
+const ready = (gatewayUrl: string) => until(async () => (await fetch(`${gatewayUrl}/_fencegate/ready`).catch(() => null))?.ok === true, 'the gateway is ready');
+
 const toolCall = (name: string, args: Record<string, unknown>, key: string) => ({
   method: 'tools/call',
   params: { name, arguments: args, _meta: fenced(1, 'acct-1', key) },
@@ -318,6 +321,7 @@ const PATHS: Record<string, (mode: Mode, key: string) => Promise<Trial>> = {
       ],
     });
     cleanups.push(() => gw.close());
+    await ready(gw.url);
     let answer!: () => void;
     up.payGate = new Promise<void>((r) => (answer = r));
     const { client } = await agent(`${gw.url}/mcp`);
@@ -329,6 +333,7 @@ const PATHS: Record<string, (mode: Mode, key: string) => Promise<Trial>> = {
     up.payGate = null;
     const admittedBy = Date.now();
     await gw.restart();
+    await ready(gw.url);
     // The crashed attempt's lock (timeoutMs + lockMarginMs from its admission) is part of the fault.
     await sleep(Math.max(0, admittedBy + 1_200 - Date.now()));
     return finish(
