@@ -14,7 +14,10 @@ import { z } from 'zod';
  * - `create_ticket` — waits for `gate` (when set) before it answers;
  * - `polling_ticket` — closes its request's event stream at once (the
  *   server's `closeSSEStream`: the client is to come back with GET and
- *   `Last-Event-ID` after `retry`), then creates the ticket after `gate`.
+ *   `Last-Event-ID` after `retry`), then creates the ticket after `gate`;
+ * - `find_ticket` — the status tool (read-only): `{ found, n }` as
+ *   structuredContent, `found` when a ticket with that title exists (a
+ *   caller that puts its idempotency key in the title finds its call by key).
  * It records every HTTP request (method, headers, body).
  */
 export interface ResumableUpstream {
@@ -63,6 +66,10 @@ export async function startResumableUpstream(options: { retryMs?: number } = {})
       if (up.gate) await up.gate;
       up.tickets.push(title);
       return { content: [{ type: 'text', text: `T-${up.tickets.length}` }] };
+    });
+    server.registerTool('find_ticket', { description: 'Looks a ticket up by title', inputSchema: { title: z.string() } }, async ({ title }) => {
+      const n = up.tickets.filter((t) => t === title).length;
+      return { content: [{ type: 'text', text: n > 0 ? 'found' : 'no such ticket' }], structuredContent: { found: n > 0, n } };
     });
     return server;
   };
