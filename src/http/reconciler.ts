@@ -66,7 +66,8 @@ export interface PassBudget {
  * before the listing, is worth it, rather than at the next sweep.
  */
 export async function deadAttemptsDue(store: GatewayStore, routes: readonly RouteConfig[], now = Date.now()): Promise<boolean> {
-  const settling = routes.filter((r) => r.protocol === 'http' && (r.reconcile !== undefined || r.asyncReply !== undefined));
+  // Every route whose lost answers the pass settles: a status query (a path, or an mcp route's status tool) or a Location polled.
+  const settling = routes.filter((r) => r.reconcile !== undefined || (r.protocol === 'http' && r.asyncReply !== undefined));
   if (settling.length === 0) return false;
   let cursor: string | undefined;
   for (let page = 0; page < MAX_PAGES; page++) {
