@@ -204,6 +204,20 @@ describe('tasks/cancel is fenced', () => {
     expect(up.methods()).toContain('tasks/cancel');
   });
 
+  it('review: a stale holder cannot cancel the task by naming another entity (the fence is not bound to the task)', async () => {
+    const { up, url } = await setup();
+    const a = await agent(url);
+    const created = (await a.request(taskCall(5, 'acct-1', 'k-1'), Any)) as { task: { taskId: string } };
+    const cancel = (meta: Record<string, string>) => a.request({ method: 'tasks/cancel', params: { taskId: created.task.taskId, _meta: meta } }, Any);
+    // Holder 3 of acct-1 is stale (5 was accepted). It names an entity nobody uses, with fence 1.
+    const outcome = await cancel({ 'io.fencegate/fence': '1', 'io.fencegate/entity': 'unrelated-entity' }).then(
+      () => 'cancelled',
+      (err: { data?: { type?: string } }) => err.data?.type ?? 'error',
+    );
+    expect(up.methods()).not.toContain('tasks/cancel');
+    expect(outcome).not.toBe('cancelled');
+  });
+
   it('a tasks/cancel spelt another way is refused', async () => {
     const { up, url } = await setup();
     const res = await fetch(url, {
