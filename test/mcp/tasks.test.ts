@@ -204,7 +204,7 @@ describe('tasks/cancel is fenced', () => {
     expect(up.methods()).toContain('tasks/cancel');
   });
 
-  it('review: a stale holder cannot cancel the task by naming another entity (the fence is not bound to the task)', async () => {
+  it('a stale holder cannot cancel a followed task by naming another entity: the task is changed only under its own', async () => {
     const { up, url } = await setup();
     const a = await agent(url);
     const created = (await a.request(taskCall(5, 'acct-1', 'k-1'), Any)) as { task: { taskId: string } };

@@ -70,6 +70,16 @@ export function createMcpCodec(deps: {
   const annotations = new ToolAnnotations();
   /** The decided calls in flight (./resume.ts). */
   const calls = new InFlightCalls();
+  /**
+   * The entity of each task this process follows (route and task id → the
+   * entity its call named, as presented): a state-changing task method must
+   * name that entity, so that its fence is checked against the task's own
+   * (DESIGN §3.7 "Tasks"). Bounded, and forgotten when the follow ends; a
+   * task this process does not follow (another process's, or after a
+   * restart) is fenced by the entity the method names, as before.
+   */
+  const followedTasks = new Map<string, string | null>();
+  const MAX_FOLLOWED_TASKS = 10_000;
   /** Each route's `toolAccess`, compiled once (null: every tool allowed, every list as it came). */
   const accessOf = new WeakMap<RouteConfig, ToolAccess | null>();
   const toolAccess = (route: RouteConfig): ToolAccess | null => {
@@ -275,6 +285,8 @@ export function createMcpCodec(deps: {
     const extendLock = deps.extendLock ?? null;
     const key = base.key;
     const followed = performance.now();
+    const tracked = `${route.name}\u0000${task.taskId}`;
+    if (followedTasks.size < MAX_FOLLOWED_TASKS) followedTasks.set(tracked, x.trace.entity ?? null);
     return followTask({
       forwarder: deps.forwarder,
       route,
@@ -290,6 +302,7 @@ export function createMcpCodec(deps: {
       deadline: followed + route.taskTimeoutMs,
       ...(deps.closing !== undefined ? { signal: deps.closing } : {}),
     }).then((end) => {
+      followedTasks.delete(tracked);
       x.trace.upstream_ms = roundMs(performance.now() - x.upstreamStarted);
       if (end.kind === 'done')
         return { finish: { ...base, outcome: 'completed', response: end.response, retentionMs: route.retention }, decision: `task-${end.status}` };
@@ -346,10 +359,23 @@ export function createMcpCodec(deps: {
       if (message.kind === 'task-op') {
         // A task method that changes state: fenced as a call is, no key (./tasks.ts parseTaskOpCommand).
         hash();
+        const followedRoute = x.route!.name;
         const op = parseTaskOpCommand(x.route!, message, x.req.headers, { signedFences: deps.signedFences });
         x.route = op.route;
         const opState: McpState = { id: message.id, httpStatus: false, call: null, op: message };
         if (!op.ok) return { kind: 'refused', refusal: op.refusal, state: opState };
+        // A task this process follows is changed only under its own entity: else a stale holder
+        // could name a fresh entity, whose first fence is accepted, and cancel the task.
+        const owner = followedTasks.get(`${followedRoute}\u0000${message.taskId}`);
+        if (owner !== undefined && owner !== op.command.entity)
+          return {
+            kind: 'refused',
+            refusal: {
+              code: 'invalid-entity',
+              detail: `${message.method}: task ${message.taskId.slice(0, 64)} belongs to another entity than the one this message names`,
+            },
+            state: opState,
+          };
         return { kind: 'command', state: opState, command: op.command };
       }
 

@@ -71,7 +71,10 @@ export interface ReconcileDeps {
  */
 export function notBefore(route: RouteConfig & { reconcile: { settleTime: number } }): { settleMs: number; legacyBoundMs: number } {
   return {
-    settleMs: route.reconcile.settleTime,
+    // A long call's request stays open upstream for the whole `timeoutMs` after it is sent,
+    // while its lock end is only the last renewal plus `lockWindow` (a renewal that failed
+    // leaves it short): its attempt can be in flight until `timeoutMs` past that end.
+    settleMs: route.reconcile.settleTime + (route.longCall !== undefined ? route.timeoutMs : 0),
     legacyBoundMs: route.timeoutMs + route.lockMarginMs + (route.longCall?.lockWindow ?? 0) + route.reconcile.settleTime,
   };
 }

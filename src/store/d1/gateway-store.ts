@@ -1,19 +1,19 @@
 import { AuditDelegate } from '../audit-delegate.js';
 import { LocalNotifier } from '../notifier.js';
-import {
-  type AdmitInput,
-  type AttemptRef,
-  type AuditStore,
-  type ExtendLockInput,
-  type CommandInput,
-  type CommandQuery,
-  type FinishInput,
-  type GatewayStore,
-  type RejectionInput,
-  type ReconcileNote,
-  type RejectionQuery,
-  type StoredResponse,
-  type SweepOptions,
+import type {
+  AdmitInput,
+  AttemptRef,
+  AuditStore,
+  ExtendLockInput,
+  CommandInput,
+  CommandQuery,
+  FinishInput,
+  GatewayStore,
+  RejectionInput,
+  ReconcileNote,
+  RejectionQuery,
+  StoredResponse,
+  SweepOptions,
 } from '../types.js';
 import { createD1Audit } from './audit.js';
 import { admissionBatch, toAdmission, type DecisionRow } from './admission.js';

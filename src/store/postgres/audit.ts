@@ -61,12 +61,13 @@ export function createPostgresAudit(ctx: PgContext): AuditStore {
     // $7 settle_ms $8 legacy_ms (or both NULL): only once the database clock is settle_ms past the
     // attempt's own lock end, or, for a record written before attempt_until was kept, legacy_ms past
     // its admission (DESIGN §3.12), decided here on the row version the delete locked, never in
-    // TypeScript (G6).
+    // TypeScript (G6); and never a record that keeps (or kept) an interim answer (status set:
+    // the command was accepted upstream), as the SQLite dialect's quietEnough.
     release: `WITH done AS (
         DELETE FROM ${records} r
         WHERE r.scope = $1 AND r.key = $2 AND r.state = 'outcome_unknown' AND ($6::bigint IS NULL OR ${createdMs('r.created_at')} = $6::bigint)
-          AND ($7::bigint IS NULL OR coalesce(r.attempt_until + $7::bigint * interval '1 millisecond',
-            r.created_at + $8::bigint * interval '1 millisecond') <= clock_timestamp())
+          AND ($7::bigint IS NULL OR (r.status IS NULL AND coalesce(r.attempt_until + $7::bigint * interval '1 millisecond',
+            r.created_at + $8::bigint * interval '1 millisecond') <= clock_timestamp()))
         RETURNING r.scope, r.key, r.entity, r.fence, r.fingerprint
       ), logged AS (
         INSERT INTO ${t('operator_actions')} (at, action, scope, key, entity, fence, fingerprint, status, operator, note, request_id)

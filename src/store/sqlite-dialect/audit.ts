@@ -26,10 +26,14 @@ export const unknownRecord = (d: Spelling): string =>
  * (`attempt_until`), or, for a record written before that was kept,
  * `legacy_ms` past its admission (DESIGN §3.12: a reconciler's "not found" is
  * trusted only when the attempt can no longer be in flight nor be still
- * landing). Read in the write itself, never in TypeScript (G6).
+ * landing). Read in the write itself, never in TypeScript (G6). Never a
+ * record that keeps (or kept) an interim answer (`status` set while
+ * `outcome_unknown`: a 202 whose job may still run, an MCP task's handle):
+ * the command was accepted upstream, so no "not found" releases it, also
+ * once its interim answer is past its retention.
  */
 export const quietEnough = (d: Spelling): string =>
-  `(@settle_ms IS NULL OR coalesce(attempt_until + ${d.int('settle_ms')}, created_at + ${d.int('legacy_ms')}) <= ${NOW_MS})`;
+  `(@settle_ms IS NULL OR (status IS NULL AND coalesce(attempt_until + ${d.int('settle_ms')}, created_at + ${d.int('legacy_ms')}) <= ${NOW_MS}))`;
 
 export function auditStatements(d: Spelling) {
   return {

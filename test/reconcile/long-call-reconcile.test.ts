@@ -2,15 +2,16 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { overrideStore } from '../../src/store/override.js';
 import type { GatewayStore } from '../../src/store/types.js';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
-import { startProvider, type Provider } from '../reconcile/provider.js';
+import { startProvider, type Provider } from './provider.js';
 
-// Review finding: a long call (DESIGN §3.6) keeps its upstream request open
-// for the route's whole timeoutMs while its lock is only lockWindow, renewed.
-// When the renewals stop landing (store unreachable for a while, or the
-// gateway dies), the attempt's lock end (attempt_until) is the last renewal's,
-// and a reconcile "not found" is trusted settleTime after it (DESIGN §3.12)
-// although the request is still in flight at the upstream. The retry is then
-// sent a second time: two charges for one key.
+// A long call (DESIGN §3.6) keeps its upstream request open for the route's
+// whole timeoutMs while its lock is only lockWindow, renewed. When the
+// renewals stop landing (store unreachable for a while, or the gateway dies),
+// the attempt's lock end (attempt_until) is the last renewal's, and the
+// request may still be in flight at the upstream for up to timeoutMs after
+// it: a reconcile "not found" is trusted only settleTime plus timeoutMs past
+// that end (DESIGN §3.12). Counting from the lock end alone released the
+// record while the charge was still running: the retry was sent again.
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const open: { close(): Promise<unknown> }[] = [];
@@ -48,7 +49,7 @@ async function start(provider: Provider, wrap: (s: GatewayStore) => GatewayStore
   return g;
 }
 
-describe('review: long call + reconcile after a lost renewal', () => {
+describe('long call + reconcile after a lost renewal (DESIGN §3.12: the bound counts the whole timeoutMs)', () => {
   for (const renewalsFail of [true, false]) {
     it(`${renewalsFail ? 'renewals failing' : 'negative control, renewals landing'}: a retry while the first request is still at the upstream`, async () => {
       // The provider writes the charge 2.5 s after it got the POST, and answers at 3 s: a long operation.

@@ -3,12 +3,11 @@ import type { AddressInfo } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
 import { command, paymentsRoute, recordRows, startTestGateway } from '../helpers/gateway.js';
 
-// Review finding: on a route with both asyncReply and reconcile, the interim
-// 202 shields a pending command from the status query only while the interim
-// answer's time (asyncReply.maxAge, the record's expires_at) lasts. After it,
-// a retry's inline reconcile asks the status path, whose "not found" (the job
-// is still running) releases the record (the release statement does not look
-// at the kept interim) and the command is sent a second time.
+// On a route with both asyncReply and reconcile, a command accepted upstream
+// (an interim 202) is never released by a status query's "not found", also
+// once its interim answer is past its time (asyncReply.maxAge): the job may
+// still be running, and a release would send the command again (DESIGN
+// §3.12; the release statements skip a record that kept an interim answer).
 
 const closers: (() => Promise<void>)[] = [];
 afterEach(async () => {
@@ -40,7 +39,7 @@ async function upstream() {
   return up;
 }
 
-describe('review: asyncReply + reconcile once the interim answer expired', () => {
+describe('asyncReply + reconcile once the interim answer expired (never released: the command was accepted upstream)', () => {
   it('a job still running is never sent twice', async () => {
     const up = await upstream();
     const gw = await startTestGateway({
