@@ -183,9 +183,17 @@ export class InFlightCalls {
 const requestKey = (session: string, id: JsonRpcId) => `${session}\u0000${typeof id}\u0000${String(id)}`;
 const eventKey = (session: string, eventId: string) => `${session}\u0000${eventId}`;
 
-/** The session a request names (`Mcp-Session-Id`), or null. */
+/**
+ * What ties a request to the calls of its session (`Mcp-Session-Id`), or null
+ * without one: the session id within the route, the endpoint and the
+ * authenticated caller, so that a GET or a cancel on another route, endpoint
+ * or caller that names the same session and event ids is never tied to the
+ * call (its answer recorded under another's key, its cancel withheld).
+ */
 export function sessionOf(x: Exchange): string | null {
-  return x.req.headers.get('mcp-session-id');
+  const session = x.req.headers.get('mcp-session-id');
+  if (session === null) return null;
+  return `${x.route?.name ?? ''}\u0000${x.pathname}${x.search}\u0000${x.caller ?? ''}\u0000${session}`;
 }
 
 /**
