@@ -343,6 +343,11 @@ export const AsyncReplySchema = z.strictObject({
   maxAge: Duration.prefault('24h').pipe(z.number().min(1_000, 'must be at least 1s')),
   /** Polls the background reconciler runs at once for this route. */
   concurrency: z.number().int().min(1).max(64).default(4),
+  /**
+   * A status monitor that answers 200 while the job runs (`{"status": "InProgress"}`):
+   * a 2xx JSON answer whose value at `pointer` equals `equals` is still pending, not the outcome.
+   */
+  pending: ResultMarker.optional(),
 });
 
 /** What a route with `longCall` or `asyncReply` may not be (called from ConfigSchema's checks): the field and why, or null. */

@@ -186,6 +186,32 @@ describe('async replies: a 202 with a Location is an interim answer', () => {
     expect(up.commands).toBe(1);
   });
 
+  it('asyncReply.pending: a monitor that answers 200 with the job still running is not the outcome; its later 200 is', async () => {
+    const up = await asyncUpstream();
+    closers.push(() => up.close());
+    const running = () => ({ status: 200, headers: { 'content-type': 'application/json' }, body: JSON.stringify({ state: 'InProgress' }) });
+    const gw = await start(up, { asyncReply: { interval: '1h', maxInterval: '1h', pending: { pointer: '/state', equals: 'InProgress' } } });
+    expect((await send(gw, 'job-p')).status).toBe(202);
+    up.done.add(1);
+    up.final = running;
+    const res = await send(gw, 'job-p');
+    expect(res.status).toBe(202);
+    expect(recordRows(gw.sqlite, 'job-p').map((r) => r.state)).toEqual(['outcome_unknown']);
+    up.final = () => ({ status: 200, headers: { 'content-type': 'application/json' }, body: JSON.stringify({ state: 'Succeeded' }) });
+    const done = await send(gw, 'job-p');
+    expect(done.status).toBe(200);
+    expect(await done.json()).toEqual({ state: 'Succeeded' });
+    expect(up.commands).toBe(1);
+    // The control: without `pending`, the same "still running" 200 is taken as the outcome.
+    const plain = await start(up);
+    expect((await send(plain, 'job-q')).status).toBe(202);
+    up.done.add(2);
+    up.final = running;
+    const taken = await send(plain, 'job-q');
+    expect(taken.status).toBe(200);
+    expect(await taken.json()).toEqual({ state: 'InProgress' });
+  });
+
   it('never polls a Location on another host (SSRF): the record stays pending for an operator', async () => {
     const up = await asyncUpstream();
     const other = await bystander();

@@ -18,7 +18,7 @@ describe('the session a call is tied by', () => {
   it('ties the same session, route, endpoint and caller; nothing else', () => {
     const calls = new InFlightCalls();
     const watch = calls.open(sessionOf(exchange({})), 7, 60_000)!;
-    watch.saw({ raw: '', data: null, event: 'message', id: 'ev-1', retry: null } as Parameters<typeof watch.saw>[0]);
+    watch.saw({ raw: '', data: null, type: 'message', id: 'ev-1', retry: null } as unknown as Parameters<typeof watch.saw>[0]);
     expect(calls.tiedTo(sessionOf(exchange({})), 'ev-1')).toBe(watch);
     expect(calls.cancelled(sessionOf(exchange({})), 7)).toBe(watch);
     for (const other of [{ route: 'other' }, { path: '/mcp2' }, { caller: 'mallory' }, { caller: null }]) {

@@ -7,6 +7,7 @@ import { joinUrl } from '../upstream-request.js';
 import type { Admitted } from './admit.js';
 import type { Command } from './codec.js';
 import type { Exchange } from './exchange.js';
+import { tokensOf, valueAtPointer } from '../../core/json-pointer.js';
 import { RECONCILED_HEADER, RECONCILER } from './reconcile.js';
 
 // The async request-reply pattern on a plain route with `asyncReply`
@@ -151,6 +152,7 @@ export function createAsyncPoll(deps: AsyncPollDeps) {
     if (answer.kind !== 'response') return done(answer.kind === 'refused' ? 'error' : 'unknown');
     if (answer.status === 202) return done('pending', 202);
     if (answer.status < 200 || answer.status > 299) return done('unknown', answer.status);
+    if (stillPending(route.asyncReply.pending, answer.body)) return done('pending', answer.status);
     const keep = new Set(route.replayHeaders.map((h) => h.toLowerCase()));
     const headers: [string, string][] = answer.headers.filter(([n]) => keep.has(n.toLowerCase()) && n.toLowerCase() !== RECONCILED_HEADER);
     headers.push([RECONCILED_HEADER, 'true']);
@@ -208,4 +210,21 @@ export function createAsyncReplyStage(deps: { store: GatewayStore; poll: AsyncPo
     x.trace.reconcile = `async-${result}`;
     return result === 'final' ? admit(x, command) : admitted;
   };
+}
+
+/**
+ * Whether a 2xx answer of the status monitor says the job still runs
+ * (`asyncReply.pending`, a JSON pointer and the value it holds then): such
+ * an answer is not the outcome. An answer that is not JSON, or holds
+ * another value, is final.
+ */
+export function stillPending(pending: AsyncReplyConfig['pending'], body: Uint8Array): boolean {
+  if (pending === undefined) return false;
+  let doc: unknown;
+  try {
+    doc = JSON.parse(new TextDecoder().decode(body));
+  } catch {
+    return false;
+  }
+  return valueAtPointer(doc, tokensOf(pending.pointer)) === pending.equals;
 }
