@@ -3,7 +3,8 @@ import { ConfigError } from '../config/load.js';
 import type { GatewayStore, RecordInfo } from '../store/types.js';
 import { errorText, type Logger } from './logger.js';
 import { RECONCILE_AGES, type ReconcileAge, type ReconcilePassGauges } from './metrics.js';
-import type { ReconcileQuery, ReconcileResult } from './pipeline/reconcile.js';
+import type { ReconcileQuery } from './pipeline/reconcile.js';
+import type { ReconcileResult } from './pipeline/reconcile-rules.js';
 
 /**
  * The background reconciler (DESIGN §3.12): beside the sweeper, it lists the

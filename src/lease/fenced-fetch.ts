@@ -187,8 +187,8 @@ function resendable(body: RequestInit['body']): boolean {
   );
 }
 
-/** Sleeps `ms`, or rejects with the first of `signals` to abort. */
-function sleep(ms: number, signals: AbortSignal[]): Promise<void> {
+/** Sleeps `ms`, or rejects with the first of `signals` to abort (also ./mcp.ts's waits). */
+export function sleep(ms: number, signals: AbortSignal[]): Promise<void> {
   const signal = AbortSignal.any(signals);
   return new Promise((resolve, reject) => {
     if (signal.aborted) return reject(signal.reason);

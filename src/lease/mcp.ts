@@ -14,6 +14,7 @@ import {
   fenceValue,
   MAX_RECONCILE_WAIT_MS,
   MAX_RECONCILE_WAITS,
+  sleep,
   type FenceContext,
   type FenceOptions,
   type FenceRefusal,
@@ -112,23 +113,6 @@ export function mcpReconcilingHint(e: { code: number; data?: unknown }): { retry
   const after = d.retry_after;
   if (typeof after !== 'number' || !Number.isInteger(after) || after < 0 || after > 999_999_999) return undefined;
   return { retryAfterMs: after * 1000 };
-}
-
-/** Sleeps `ms`, or rejects with the first of `signals` to abort. */
-function sleep(ms: number, signals: AbortSignal[]): Promise<void> {
-  const signal = AbortSignal.any(signals);
-  return new Promise((resolve, reject) => {
-    if (signal.aborted) return reject(signal.reason);
-    const onAbort = () => {
-      clearTimeout(timer);
-      reject(signal.reason);
-    };
-    const timer = setTimeout(() => {
-      signal.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    signal.addEventListener('abort', onAbort, { once: true });
-  });
 }
 
 /**

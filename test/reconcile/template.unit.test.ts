@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
-import { notBefore, reconcilePath, trustedAt, type ReconcileTarget } from '../../src/http/pipeline/reconcile.js';
+import { reconcilePath } from '../../src/http/pipeline/reconcile.js';
+import { notBefore, trustedAt, type ReconcileTarget } from '../../src/http/pipeline/reconcile-rules.js';
 
 describe('reconcile.path substitution (DESIGN §3.12)', () => {
   it('percent-encodes every variable, so a key cannot change the path or the query', () => {

@@ -8,7 +8,7 @@ import type { Admitted } from './admit.js';
 import type { Command } from './codec.js';
 import type { Exchange } from './exchange.js';
 import { tokensOf, valueAtPointer } from '../../core/json-pointer.js';
-import { RECONCILED_HEADER, RECONCILER } from './reconcile.js';
+import { RECONCILED_HEADER, RECONCILER } from './reconcile-rules.js';
 
 // The async request-reply pattern on a plain route with `asyncReply`
 // (DESIGN §3.12 "Async replies"): a `202 Accepted` with a `Location` is an

@@ -27,19 +27,6 @@ import {
 // (../mcp/reconcile.ts), with its own reading of the answer. The store side
 // (resolveRecord with notBefore) and the re-admission are the same.
 
-export {
-  notBefore,
-  RECONCILE_RESULTS,
-  RECONCILED_HEADER,
-  RECONCILER,
-  type ReconcileDeps,
-  type ReconcileOutcome,
-  type ReconcileResult,
-  type ReconcileTarget,
-  reported,
-  trustedAt,
-} from './reconcile-rules.js';
-
 /** The template's path with each variable percent-encoded, or null when it names one the record lacks (or whose value is a dot segment). */
 export function reconcilePath(template: string, values: Record<string, string | null>): string | null {
   let missing = false;
