@@ -11,7 +11,7 @@ import {
   parseCommandQuery,
   type CommandJson,
 } from '../http/audit/commands.js';
-import { answerProblem, openAuditStore, write } from './cli-audit.js';
+import { answerProblem, eachNdjsonRow, openAuditStore, write } from './cli-audit.js';
 import { CliError, gatewayFetch, parseUrlFlag, reportError, UsageError } from './cli-errors.js';
 import { AUDIT_COMMANDS_HELP } from './cli-help.js';
 
@@ -73,21 +73,7 @@ export async function auditCommandsCommand(argv: string[]): Promise<number> {
     const res = await gatewayFetch(url, { headers: { accept: 'application/x-ndjson', ...(token ? { authorization: `Bearer ${token}` } : {}) } });
     if (!res.ok || res.body === null) throw new CliError(await answerProblem(res, token !== undefined && token !== ''));
     await write(header);
-    let n = 0;
-    let rest = '';
-    const decoder = new TextDecoder();
-    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-      rest += decoder.decode(chunk, { stream: true });
-      let nl: number;
-      while ((nl = rest.indexOf('\n')) >= 0 && n < max) {
-        const text = rest.slice(0, nl);
-        rest = rest.slice(nl + 1);
-        if (text === '') continue;
-        await write(line(JSON.parse(text) as CommandJson));
-        n++;
-      }
-      if (n >= max) break;
-    }
+    await eachNdjsonRow(res.body, max, (row) => write(line(row as CommandJson)));
     return 0;
   }
 

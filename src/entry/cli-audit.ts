@@ -82,21 +82,7 @@ export async function auditCommand(argv: string[]): Promise<number> {
     const res = await gatewayFetch(url, { headers: { accept: 'application/x-ndjson', ...(token ? { authorization: `Bearer ${token}` } : {}) } });
     if (!res.ok || res.body === null) throw new CliError(await answerProblem(res, token !== undefined && token !== ''));
     await write(header);
-    let n = 0;
-    let rest = '';
-    const decoder = new TextDecoder();
-    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-      rest += decoder.decode(chunk, { stream: true });
-      let nl: number;
-      while ((nl = rest.indexOf('\n')) >= 0 && n < max) {
-        const text = rest.slice(0, nl);
-        rest = rest.slice(nl + 1);
-        if (text === '') continue;
-        await write(line(JSON.parse(text) as RejectionJson));
-        n++;
-      }
-      if (n >= max) break;
-    }
+    await eachNdjsonRow(res.body, max, (row) => write(line(row as RejectionJson)));
     return 0;
   }
 
@@ -114,6 +100,29 @@ export async function auditCommand(argv: string[]): Promise<number> {
     await store.close();
   }
   return 0;
+}
+
+/**
+ * An NDJSON answer of the audit API, row by row, at most `max` rows, each
+ * handed to `each` in order: the `--url` exports of `fencegate audit` and
+ * `fencegate audit commands` (./cli-audit-commands.ts).
+ */
+export async function eachNdjsonRow(body: ReadableStream<Uint8Array>, max: number, each: (row: unknown) => Promise<void>): Promise<void> {
+  let n = 0;
+  let rest = '';
+  const decoder = new TextDecoder();
+  for await (const chunk of body as unknown as AsyncIterable<Uint8Array>) {
+    rest += decoder.decode(chunk, { stream: true });
+    let nl: number;
+    while ((nl = rest.indexOf('\n')) >= 0 && n < max) {
+      const text = rest.slice(0, nl);
+      rest = rest.slice(nl + 1);
+      if (text === '') continue;
+      await each(JSON.parse(text));
+      n++;
+    }
+    if (n >= max) break;
+  }
 }
 
 /** `fencegate token`. Returns the exit code. */
