@@ -9,7 +9,7 @@ import { rejectionJson } from './audit/format.js';
 import { latestHistory, recordJson, registerAuditRoutes } from './audit/routes.js';
 import { consoleResponse, type ConsoleMode } from './console/page.js';
 import { registerCommandRoutes } from './audit/commands.js';
-import { parseTime } from './audit/time.js';
+import { parseLogQuery } from './audit/time.js';
 
 export { rejectionJson };
 
@@ -157,27 +157,5 @@ export function createAdminApp(options: AdminOptions): Hono {
  * Returns the query, or a message naming the bad parameter.
  */
 export function parseRejectionQuery(params: URLSearchParams, now = Date.now()): RejectionQuery | string {
-  const q: RejectionQuery = { limit: 100 };
-  for (const name of ['entity', 'reason', 'caller', 'tool'] as const) {
-    const v = params.get(name);
-    if (v !== null && v !== '') q[name] = v;
-  }
-  for (const name of ['since', 'until'] as const) {
-    const v = params.get(name);
-    if (v === null || v === '') continue;
-    const d = parseTime(v, now);
-    if (d === null) return `${name}: expected an ISO 8601 time or a duration such as "2h"`;
-    q[name] = d;
-  }
-  const limit = params.get('limit');
-  if (limit !== null) {
-    if (!/^\d{1,4}$/.test(limit) || Number(limit) < 1 || Number(limit) > 1000) return 'limit: expected an integer from 1 to 1000';
-    q.limit = Number(limit);
-  }
-  const cursor = params.get('cursor');
-  if (cursor !== null && cursor !== '') {
-    if (!/^\d{1,19}$/.test(cursor)) return 'cursor: not a cursor from next_cursor';
-    q.cursor = cursor;
-  }
-  return q;
+  return parseLogQuery(params, ['entity', 'reason', 'caller', 'tool'], now);
 }

@@ -1,7 +1,7 @@
 import type { Hono } from 'hono';
 import type { Refusal } from '../../protocol/problem.js';
 import type { CommandQuery, CommandRow, GatewayStore } from '../../store/types.js';
-import { parseTime } from './time.js';
+import { parseLogQuery } from './time.js';
 import { EXPORT_MEDIA_TYPES, exportFormatOf, type ExportFormat } from './export.js';
 import { csvCell, ndjsonLine, pad } from './format.js';
 
@@ -88,29 +88,7 @@ export function commandTableLine(row: CommandJson): string {
  * (default 100); `cursor`. Returns the query, or a message naming the bad parameter.
  */
 export function parseCommandQuery(params: URLSearchParams, now = Date.now()): CommandQuery | string {
-  const q: CommandQuery = { limit: 100 };
-  for (const name of ['entity', 'key', 'route', 'caller'] as const) {
-    const v = params.get(name);
-    if (v !== null && v !== '') q[name] = v;
-  }
-  for (const name of ['since', 'until'] as const) {
-    const v = params.get(name);
-    if (v === null || v === '') continue;
-    const d = parseTime(v, now);
-    if (d === null) return `${name}: expected an ISO 8601 time or a duration such as "2h"`;
-    q[name] = d;
-  }
-  const limit = params.get('limit');
-  if (limit !== null) {
-    if (!/^\d{1,4}$/.test(limit) || Number(limit) < 1 || Number(limit) > 1000) return 'limit: expected an integer from 1 to 1000';
-    q.limit = Number(limit);
-  }
-  const cursor = params.get('cursor');
-  if (cursor !== null && cursor !== '') {
-    if (!/^\d{1,19}$/.test(cursor)) return 'cursor: not a cursor from next_cursor';
-    q.cursor = cursor;
-  }
-  return q;
+  return parseLogQuery(params, ['entity', 'key', 'route', 'caller'], now);
 }
 
 /** Rows per store round trip of an export. */
