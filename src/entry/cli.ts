@@ -14,7 +14,7 @@ import { auditCommandsCommand } from './cli-audit-commands.js';
 import { reportError, UsageError } from './cli-errors.js';
 import { CONFIG_HELP, HELP, MIGRATE_HELP, SERVE_HELP } from './cli-help.js';
 import { resolveUnknownCommand } from './cli-resolve.js';
-import { metricsGroup, relayWakeups, runPrimary, signalReady, workersFrom, workerSlot, WORKERS_ENV } from './cluster.js';
+import { groupDrained, metricsGroup, relayWakeups, runPrimary, signalReady, workersFrom, workerSlot, WORKERS_ENV } from './cluster.js';
 import { startGateway } from './node.js';
 
 async function main(argv: string[]): Promise<number> {
@@ -119,6 +119,7 @@ async function main(argv: string[]): Promise<number> {
       logger: log,
       ...(slot === null ? {} : { background: slot === 0 }),
       ...(group === null ? {} : { metricsGroup: group }),
+      ...(slot === null ? {} : { groupDrained }),
     });
     log.info('listening', {
       url: running.url,

@@ -62,12 +62,16 @@ export function workerSlot(): number | null {
 
 type ToPrimary =
   | { fg: 'ready' }
+  /** This worker's own drain is over: it keeps its listener open until the whole group's is. */
+  | { fg: 'drained' }
   | { fg: 'watch'; topic: string; on: boolean }
   | { fg: 'changed'; topic: string }
   | { fg: 'metrics'; id: number }
   | { fg: 'collected'; id: number; metrics: unknown[] | null };
 type ToWorker =
   | { fg: 'collect'; id: number }
+  /** Every worker has drained: close the listener and exit. */
+  | { fg: 'close' }
   | { fg: 'metrics-result'; id: number; text: string | null; error?: string }
   /** Whether a worker other than the receiver waits on `topic`. */
   | { fg: 'watched'; topic: string; on: boolean }
@@ -175,6 +179,33 @@ export function relayWakeups(): void {
   });
 }
 
+/**
+ * In a group, at the end of this worker's drain: resolves once every worker
+ * has drained (the primary says so), the primary is gone, or `deadline`
+ * (performance.now() ms) has passed; at once outside a group. Until then the
+ * worker keeps its listener open, so a probe the primary hands to it gets
+ * 503 `draining` rather than a reset while another worker still drains
+ * (docs/cli.md).
+ */
+export function groupDrained(deadline: number): Promise<void> {
+  if (workerSlot() === null || !process.connected) return Promise.resolve();
+  return new Promise<void>((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      process.off('message', onMessage);
+      process.off('disconnect', done);
+      resolve();
+    };
+    const onMessage = (m: unknown) => {
+      if (isMessage(m) && (m as ToWorker).fg === 'close') done();
+    };
+    const timer = setTimeout(done, Math.max(0, deadline - performance.now()));
+    process.on('message', onMessage);
+    process.once('disconnect', done);
+    send({ fg: 'drained' });
+  });
+}
+
 /** Tells the primary that this worker has started (its store is open and it answers): a start-up that fails before this is not retried. */
 export function signalReady(): void {
   if (workerSlot() !== null) send({ fg: 'ready' });
@@ -207,6 +238,8 @@ interface Slot {
   index: number;
   worker: Worker | null;
   ready: boolean;
+  /** Its drain is over (it waits, listening, for the group's). */
+  drained: boolean;
   startedAt: number;
   /** Consecutive quick deaths: the next restart waits restartDelayMs × 2^failures. */
   failures: number;
@@ -230,7 +263,22 @@ export function runPrimary(options: PrimaryOptions): Promise<number> {
     // interleave mid-line (a pipe keeps writes whole only up to 4 KiB).
     stdio: ['ignore', 'pipe', 'inherit', 'ipc'],
   });
-  const slots: Slot[] = Array.from({ length: workers }, (_, index) => ({ index, worker: null, ready: false, startedAt: 0, failures: 0, timer: null }));
+  const slots: Slot[] = Array.from({ length: workers }, (_, index) => ({
+    index,
+    worker: null,
+    ready: false,
+    drained: false,
+    startedAt: 0,
+    failures: 0,
+    timer: null,
+  }));
+  // Once every living worker has drained, each is told to close its listener and exit: until then
+  // a drained worker keeps answering probes 503 draining (./cluster.ts groupDrained).
+  const closeIfDrained = () => {
+    const living = slots.filter((s) => s.worker !== null);
+    if (stopping === null || living.length === 0 || !living.every((s) => s.drained)) return;
+    for (const s of living) if (s.worker!.isConnected()) s.worker!.send({ fg: 'close' } satisfies ToWorker);
+  };
   const byWorker = new Map<Worker, Slot>();
   const metrics = createAggregator(slots);
   const wakeups = createWakeupRelay();
@@ -255,6 +303,7 @@ export function runPrimary(options: PrimaryOptions): Promise<number> {
   const start = (slot: Slot) => {
     slot.timer = null;
     slot.ready = false;
+    slot.drained = false;
     slot.startedAt = performance.now();
     const worker = cluster.fork({ [SLOT_ENV]: String(slot.index) });
     slot.worker = worker;
@@ -274,6 +323,10 @@ export function runPrimary(options: PrimaryOptions): Promise<number> {
       else if (msg.fg === 'changed') wakeups.changed(worker, msg.topic);
       else if (msg.fg === 'metrics') void metrics.answer(worker, msg.id);
       else if (msg.fg === 'collected') metrics.collected(worker, msg.id, msg.metrics);
+      else if (msg.fg === 'drained') {
+        slot.drained = true;
+        closeIfDrained();
+      }
     });
     worker.once('exit', (code, signal) => {
       byWorker.delete(worker);
@@ -285,6 +338,7 @@ export function runPrimary(options: PrimaryOptions): Promise<number> {
         if (code !== 0) exitCode = 1;
         logger.info('worker-stopped', fields);
         if (slots.every((s) => s.worker === null)) finish(exitCode);
+        else closeIfDrained();
         return;
       }
       if (!slot.ready && !anyReady) {
@@ -490,12 +544,15 @@ function createAggregator(slots: Slot[]) {
   };
 }
 
+/** The one series the primary adds to a group's scrape (docs/metrics.md). */
+export const WORKERS_GAUGE = 'fencegate_workers';
+
 function workersGauge(answered: number, missing: number): string {
   return [
-    '# HELP fencegate_workers Worker processes of this serve --workers group: answered (their counts are in this scrape as of now) and late (counted as of their last answer).',
-    '# TYPE fencegate_workers gauge',
-    `fencegate_workers{state="answered"} ${answered}`,
-    `fencegate_workers{state="late"} ${missing}`,
+    `# HELP ${WORKERS_GAUGE} Worker processes of this serve --workers group: answered (their counts are in this scrape as of now) and late (counted as of their last answer).`,
+    `# TYPE ${WORKERS_GAUGE} gauge`,
+    `${WORKERS_GAUGE}{state="answered"} ${answered}`,
+    `${WORKERS_GAUGE}{state="late"} ${missing}`,
     '',
   ].join('\n');
 }

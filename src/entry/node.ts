@@ -65,6 +65,13 @@ export interface StartOptions {
   background?: boolean;
   /** In a `serve --workers` group: `/metrics` shows the whole group's series (./cluster.ts). */
   metricsGroup?: MetricsGroup;
+  /**
+   * In a `serve --workers` group: called at the end of this process's drain,
+   * before the listener closes; resolves once the whole group has drained
+   * (or by the drain's deadline, `performance.now()` ms), so that the
+   * listener answers probes until then (./cluster.ts groupDrained).
+   */
+  groupDrained?: (deadline: number) => Promise<void>;
 }
 
 /** What a reload refuses to change: the socket is bound and the store open once (docs/deploy.md §4). */
@@ -383,6 +390,7 @@ export async function startGateway(options: StartOptions): Promise<RunningGatewa
         // to the caller: cutting the connections now would truncate it
         // (the upstream call happened; the caller must get its answer).
         await written(responding, Math.min(SHUTDOWN_WRITE_MS, Math.max(deadline - performance.now(), 0)));
+        await options.groupDrained?.(deadline);
         const closed = new Promise<void>((resolve) => server.close(() => resolve()));
         server.closeAllConnections();
         await closed;

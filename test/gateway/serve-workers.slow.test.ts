@@ -167,11 +167,14 @@ describe('serve --workers 2: SIGTERM', () => {
       const draining = new Set<number>();
       while (draining.size < 2) draining.add((await g.next((l) => l.msg === 'shutting-down' && typeof l.worker === 'number')).worker);
       // Both workers drain; the socket stays open: probes on new connections get 503 draining from either.
-      for (let i = 0; i < 4; i++) {
+      // The worker with nothing in flight keeps its listener until the whole group has drained (a probe
+      // handed to it gets 503, never a reset): neither has stopped while the held request runs.
+      for (let i = 0; i < 12; i++) {
         const ready = await fetch(`${g.url}/_fencegate/ready`, { headers: { connection: 'close' } });
         expect(ready.status).toBe(503);
         expect(await ready.json()).toEqual({ status: 'draining' });
       }
+      expect(g.lines.filter((l) => l.msg === 'worker-stopped')).toEqual([]);
       gate.open();
       const res = await inflight;
       expect(res.status).toBe(201);
