@@ -137,29 +137,31 @@ describe.each(backends)('fence source: $name', (backend) => {
     expect(await fenceOf(source, 'q', 'g', holds)).toBe(2);
   });
 
-  test.skipIf(backend.skip || backend.name === 'redis')('sweep forgets the job ids whose latest fence is older than olderThanMs, and only those', async () => {
-    const { source, backdate } = await backend.open();
-    const DAY = 86_400_000;
-    for (const id of ['old', 'old', 'recent', 'renewed']) await fenceOf(source, 'q', id);
-    await backdate!('q', 'old', 3 * DAY);
-    await backdate!('q', 'recent', DAY / 2);
-    await backdate!('q', 'renewed', 3 * DAY);
-    // A later draw renews it: its latest fence is now.
-    expect(await fenceOf(source, 'q', 'renewed')).toBe(2);
-    // The control: an age beyond every row's deletes nothing.
-    expect(await source.sweep!({ olderThanMs: 4 * DAY })).toBe(0);
-    expect(await source.sweep!({ olderThanMs: 2 * DAY })).toBe(1);
-    expect(await fenceOf(source, 'q', 'old')).toBe(1);
-    expect(await fenceOf(source, 'q', 'recent')).toBe(2);
-    expect(await fenceOf(source, 'q', 'renewed')).toBe(3);
-    // In batches: at most `batch` rows per call.
-    for (const id of ['a', 'b', 'c']) {
-      await fenceOf(source, 'q', id);
-      await backdate!('q', id, 3 * DAY);
-    }
-    expect([await source.sweep!({ olderThanMs: 2 * DAY, batch: 2 }), await source.sweep!({ olderThanMs: 2 * DAY, batch: 2 })]).toEqual([2, 1]);
-    await expect(source.sweep!({ olderThanMs: 60_000 })).rejects.toMatchObject({ code: 'invalid_input' });
-  });
+  // SQL only (no test at all on Redis, whose keys expire by themselves: keyTtlMs, below).
+  if (backend.name !== 'redis')
+    test.skipIf(backend.skip)('sweep forgets the job ids whose latest fence is older than olderThanMs, and only those', async () => {
+      const { source, backdate } = await backend.open();
+      const DAY = 86_400_000;
+      for (const id of ['old', 'old', 'recent', 'renewed']) await fenceOf(source, 'q', id);
+      await backdate!('q', 'old', 3 * DAY);
+      await backdate!('q', 'recent', DAY / 2);
+      await backdate!('q', 'renewed', 3 * DAY);
+      // A later draw renews it: its latest fence is now.
+      expect(await fenceOf(source, 'q', 'renewed')).toBe(2);
+      // The control: an age beyond every row's deletes nothing.
+      expect(await source.sweep!({ olderThanMs: 4 * DAY })).toBe(0);
+      expect(await source.sweep!({ olderThanMs: 2 * DAY })).toBe(1);
+      expect(await fenceOf(source, 'q', 'old')).toBe(1);
+      expect(await fenceOf(source, 'q', 'recent')).toBe(2);
+      expect(await fenceOf(source, 'q', 'renewed')).toBe(3);
+      // In batches: at most `batch` rows per call.
+      for (const id of ['a', 'b', 'c']) {
+        await fenceOf(source, 'q', id);
+        await backdate!('q', id, 3 * DAY);
+      }
+      expect([await source.sweep!({ olderThanMs: 2 * DAY, batch: 2 }), await source.sweep!({ olderThanMs: 2 * DAY, batch: 2 })]).toEqual([2, 1]);
+      await expect(source.sweep!({ olderThanMs: 60_000 })).rejects.toMatchObject({ code: 'invalid_input' });
+    });
 
   test.skipIf(backend.skip)('a guard of another backend is refused', async () => {
     const { source } = await backend.open();
