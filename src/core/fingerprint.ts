@@ -1,3 +1,4 @@
+import * as nodeCrypto from 'node:crypto';
 import { createHash } from 'node:crypto';
 import { foldName } from './json-duplicates.js';
 
@@ -50,18 +51,22 @@ export function fingerprint(
   credentials: string | null = null,
 ): string {
   const fields = `${method}\0${pathAndQuery}\0${contentType}\0${bodySha256}`;
-  if (credentials !== null)
-    return createHash('sha256')
-      .update(`${fields}\0${entity ?? ''}\0cred:${credentials}`)
-      .digest('hex');
-  return createHash('sha256')
-    .update(entity === null ? fields : `${fields}\0${entity}`)
-    .digest('hex');
+  if (credentials !== null) return sha256Hex(`${fields}\0${entity ?? ''}\0cred:${credentials}`);
+  return sha256Hex(entity === null ? fields : `${fields}\0${entity}`);
 }
 
-/** sha256 of the body alone, hex: what the rejection log keeps instead of the body. */
-export function sha256Hex(body: Uint8Array): string {
-  return createHash('sha256').update(body).digest('hex');
+/**
+ * Node's one-shot digest (`crypto.hash`, Node 20.12 and later): the same
+ * bytes as createHash(...).update(...).digest('hex') without a Hash object
+ * per call, about half the cost for a request's small inputs, and two run
+ * per request (the body, the fingerprint). Where the runtime lacks it
+ * (Workers' node:crypto), the Hash object.
+ */
+const oneShot = (nodeCrypto as { hash?: (algorithm: string, data: string | Uint8Array, encoding: 'hex') => string }).hash;
+
+/** sha256 of the body alone (or of any text), hex: what the rejection log keeps instead of the body. */
+export function sha256Hex(data: Uint8Array | string): string {
+  return oneShot !== undefined ? oneShot('sha256', data, 'hex') : createHash('sha256').update(data).digest('hex');
 }
 
 /** What of the body a route's fingerprint covers (the route's `fingerprint` option). */
@@ -113,7 +118,7 @@ export function bodyDigest(mode: BodyFingerprint, body: Uint8Array, rawSha256: s
   } else {
     canonical = canon(without(doc, mode.ignore));
   }
-  return `json:${createHash('sha256').update(canonical).digest('hex')}`;
+  return `json:${sha256Hex(canonical)}`;
 }
 
 /**
