@@ -34,6 +34,20 @@ const time = (name, fn) => {
 const owner = (k) => `owner-${k}-0000-0000-0000-000000000000`;
 const body = Buffer.from('{"id":"ch_1","object":"charge"}');
 
+/** The command-log row a finish writes (DESIGN §4.1 `commands`), as the gateway fills it. */
+const command = (k, entity) => ({
+  route: 'payments',
+  scope: 'payments',
+  entity,
+  fence: BigInt(k),
+  idempotencyKey: `key-${k}`,
+  outcome: 'completed',
+  decision: 'forwarded',
+  status: 201,
+  upstreamMs: 0.42,
+  audit: { caller: null, method: 'POST', path: '/payments/charges', payloadSha256: 'f'.repeat(64), requestId: `req-${k}`, clientRequestId: null, tool: null },
+});
+
 function group(first, now) {
   // Admissions, as admitIn runs them: read the entity's row and the record,
   // decide (DESIGN §3.5, src/core/admission.ts), write what changed, the history row.
@@ -55,7 +69,7 @@ function group(first, now) {
     const state = time('admit: read entity + record', () => rows.read('payments', input.key, entity));
     const d = time('admit: decide (pure)', () => decide(state, input, now));
     time('admit: write entity + record', () => rows.apply('payments', input.key, entity, state, d.next));
-    time('admit: fence history', () => q.fenceHistory.run({ entity, fence: d.acceptedFence, now, caller: null, requestId: `req-${k}` }));
+    time('admit: fence history', () => q.fenceHistory.run(entity, d.acceptedFence, now, null, `req-${k}`));
   }
   time('COMMIT (WAL page writes)', () => db.exec('COMMIT'));
   // Finishes of the same requests, one group later (as after the upstream answered).
@@ -74,6 +88,7 @@ function group(first, now) {
     const state = time('finish: read entity + record', () => rows.read('payments', input.key, entity));
     const f = time('finish: finish (pure)', () => finish(state, input, now));
     time('finish: write record + slot', () => rows.apply('payments', input.key, entity, state, f.next));
+    time('finish: command log row', () => store.logCommand(command(k, entity), 'completed', now));
   }
   time('COMMIT (WAL page writes)', () => db.exec('COMMIT'));
 }

@@ -75,6 +75,11 @@ export interface RejectionText {
  * boundRejectionText({ entity: 'e', idempotencyKey: null, audit: { ...audit, path: '/x'.repeat(9000) } }).path
  * // → '/x/x…/x…[cut]' (2048 characters)
  */
+/** The caller and request id of `audit`, bounded as `boundRejectionText` bounds them: what a fence-history row keeps, on every admission that raises a fence. */
+export function boundAuditIds(a: AuditInfo): { caller: string | null; requestId: string } {
+  return { caller: cutNullable(a.caller, REJECTION_TEXT_LIMITS.caller), requestId: cutText(a.requestId, REJECTION_TEXT_LIMITS.requestId) };
+}
+
 export function boundRejectionText(r: { entity: string | null; idempotencyKey: string | null; audit: AuditInfo; detail?: string | null }): RejectionText {
   const L = REJECTION_TEXT_LIMITS;
   const a = r.audit;

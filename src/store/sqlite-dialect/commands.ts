@@ -42,6 +42,39 @@ export function commandParams(c: CommandInput): Record<string, unknown> {
   };
 }
 
+/**
+ * The same row with positional parameters, in COMMAND_COLUMNS order
+ * (`commandValues`): the better-sqlite3 store writes one per request and
+ * binds positional parameters faster than named ones (../sqlite/admission-rows.ts).
+ */
+export const INSERT_COMMAND_POSITIONAL = `INSERT INTO commands (${COMMAND_COLUMNS}) VALUES (${COMMAND_COLUMNS.split(',')
+  .map(() => '?')
+  .join(', ')})`;
+
+/** The values of INSERT_COMMAND_POSITIONAL: `now` (the transaction's database time), then the bounded row (`commandText`). */
+export function commandValues(c: CommandInput, outcome: CommandInput['outcome'], now: number): unknown[] {
+  const t = commandText(c);
+  return [
+    now,
+    t.route,
+    t.method,
+    t.path,
+    t.entity,
+    c.fence,
+    t.idempotencyKey,
+    t.scope,
+    t.caller,
+    t.tool,
+    outcome,
+    t.decision,
+    t.status,
+    t.upstreamMs,
+    t.requestId,
+    t.clientRequestId,
+    t.payloadSha256,
+  ];
+}
+
 /** A page, newest first (`ORDER BY commands.id`: a bare `id` would be the text alias). */
 export function commandsPage(d: Spelling, query: CommandQuery): { sql: string; params: Record<string, unknown> } {
   checkCommandCursor(query);

@@ -48,7 +48,8 @@ import { decide, extendLock, finish, releaseUnsent } from '../../core/admission.
 import { admissionRows, type AdmissionRows } from './admission-rows.js';
 import { sweepInBatches, sweepSteps } from '../sweep.js';
 import { finishedOutcome } from '../commands.js';
-import { commandParams, commandsPage, insertCommand, toCommand } from '../sqlite-dialect/commands.js';
+import { boundAuditIds } from '../bounds.js';
+import { commandsPage, commandValues, INSERT_COMMAND_POSITIONAL, toCommand } from '../sqlite-dialect/commands.js';
 
 export interface SqliteStoreOptions extends OpenSqliteOptions {
   /** Path of the database file (created if missing), or `:memory:`. */
@@ -250,9 +251,9 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
     if (d.acceptedFence !== null) {
       // The entity's fence history: one row per accepted fence value (a no-op
       // when it stayed equal), with the caller and request id bounded as in
-      // the rejection log (../bounds.ts), as the other stores write them.
-      const { caller, request_id } = rejectionParams({ entity, key, audit: input.audit });
-      this.q.fenceHistory.run({ entity, fence: d.acceptedFence, now, caller, request_id });
+      // the rejection log (../bounds.ts boundAuditIds), as the other stores write them.
+      const { caller, requestId } = boundAuditIds(input.audit);
+      this.q.fenceHistory.run(entity, d.acceptedFence, now, caller, requestId);
     }
     if (d.rejection !== null) this.reject({ ...d.rejection, entity, idempotencyKey: key, audit: input.audit }, now);
     return d.admission;
@@ -348,7 +349,7 @@ export class SqliteGatewayStore extends AuditDelegate implements GatewayStore {
 
   /** Every command-log row of this store is written here, its text bounded (../commands.ts). */
   private logCommand(c: CommandInput, outcome: CommandInput['outcome'], now: number): void {
-    this.q.insertCommand.run({ now, ...commandParams(c), c_outcome: outcome });
+    this.q.insertCommand.run(commandValues(c, outcome, now));
   }
 
   /** Every rejection row of this store is written here, its text bounded (../bounds.ts). */
@@ -368,9 +369,10 @@ function prepare(db: SqliteDatabase) {
     now: s(`SELECT ${NOW_MS} AS now`),
     entityInfo: s(ENTITY_INFO, true),
     insertRejection: s(insertRejection(SQLITE)),
-    insertCommand: s(insertCommand(SQLITE)),
+    insertCommand: s(INSERT_COMMAND_POSITIONAL),
     // @entity @fence @now @caller @request_id
-    fenceHistory: s(insertFenceHistory('VALUES (@entity, @fence, @now, @caller, @request_id)')),
+    // entity, fence, now, caller, request id: positional (bound faster than named; ./admission-rows.ts).
+    fenceHistory: s(insertFenceHistory('VALUES (?, ?, ?, ?, ?)')),
     recordsByKey: s(RECORDS_BY_KEY, true),
     interimOf: s(interimOf(SQLITE)),
     noteReconcile: s(noteReconcile(SQLITE)),
