@@ -11,6 +11,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { paymentsRoute, startGateway, startNode, throughput, waitReady } from './lib.mjs';
 import { option as opt } from './args.mjs';
+import { AUTH, bearer } from './auth-token.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const seconds = Number(opt('seconds', 8));
@@ -23,13 +24,14 @@ process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
 const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 });
 
-function fencegate(name, synchronous, nodeFlags) {
+function fencegate(name, synchronous, nodeFlags, config = {}) {
   const store = { sqlite: join(tmp, `${name}.db`), synchronous };
   return startGateway(join(dist, 'entry/cli.js'), {
     dir: tmp,
     name,
     store,
     routes: [paymentsRoute(upstream.url)],
+    config,
     stdoutFile: join(tmp, `${name}.log`),
     nodeFlags,
   });
@@ -40,6 +42,8 @@ const targets = {
   control: (nodeFlags) => startNode(join(here, 'servers/stateless-proxy.mjs'), { cpus: 0, env: { UPSTREAM: upstream.url }, nodeFlags }),
   'fg-normal': (nodeFlags) => fencegate('fg-normal', 'NORMAL', nodeFlags),
   'fg-full': (nodeFlags) => fencegate('fg-full', 'FULL', nodeFlags),
+  // fg-normal with caller auth: every request carries the bearer token.
+  'fg-auth': (nodeFlags) => fencegate('fg-auth', 'NORMAL', nodeFlags, { auth: AUTH }),
 };
 
 for (const name of only) {
@@ -48,9 +52,10 @@ for (const name of only) {
   const t0 = performance.now();
   const target = await targets[name](['--cpu-prof', '--cpu-prof-dir', dir, '--cpu-prof-interval', interval]);
   await waitReady(target.url);
-  await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-pw` });
+  const headers = name === 'fg-auth' ? { authorization: bearer } : undefined;
+  await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-pw`, headers });
   const from = (performance.now() - t0) / 1000;
-  const r = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-p` });
+  const r = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-p`, headers });
   const to = (performance.now() - t0) / 1000;
   await target.stop();
   // One profile per thread: the main thread's is numbered .0.001 (the

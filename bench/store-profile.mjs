@@ -6,10 +6,19 @@
 // rising fence for one of 1000 entities each request, serial mode.
 //
 //   npm run build && node bench/store-profile.mjs [--requests 20000] [--group 25] [--synchronous NORMAL]
+//     [--drop commands_key,commands_entity] [--skip command-log,fence-history] [--frames]
+//
+// --drop and --skip are diagnostics of what a request's store work is made
+// of, never settings: --drop removes the named indexes after the migrations
+// (what one B-tree written per request costs), --skip leaves out the
+// command-log row or the fence-history row (what each audit row costs).
+// --frames counts the WAL frames (pages written) per request instead of
+// letting the checkpointer restart the WAL: the pages a COMMIT writes are
+// what it costs.
 //
 // At FULL the COMMIT row would include the fsync, which the gateway does off
 // the event loop (backgroundSync), so the default here is NORMAL.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { decide, finish } from '../dist/core/admission.js';
@@ -19,11 +28,17 @@ import { option as opt } from './args.mjs';
 const requests = Number(opt('requests', 20000));
 const groupSize = Number(opt('group', 25));
 const synchronous = opt('synchronous', 'NORMAL');
+const drop = opt('drop', '').split(',').filter(Boolean);
+const skip = new Set(opt('skip', '').split(',').filter(Boolean));
+const frames = process.argv.includes('--frames');
 
 const dir = mkdtempSync(join(tmpdir(), 'fencegate-store-profile-'));
-const store = new SqliteGatewayStore({ path: join(dir, 'gateway.db'), synchronous, groupCommit: false });
+const store = new SqliteGatewayStore({ path: join(dir, 'gateway.db'), synchronous, groupCommit: false, ...(frames ? { backgroundCheckpoint: false } : {}) });
 // The store's own reads and writes (its private fields), exactly as admitIn / finishIn run them.
 const { q, rows, db } = store;
+for (const index of drop) db.exec(`DROP INDEX ${index}`);
+if (frames) db.pragma('wal_autocheckpoint = 0');
+const walBytes = () => (existsSync(join(dir, 'gateway.db-wal')) ? statSync(join(dir, 'gateway.db-wal')).size : 0);
 const spent = new Map();
 const time = (name, fn) => {
   const t0 = process.hrtime.bigint();
@@ -69,7 +84,7 @@ function group(first, now) {
     const state = time('admit: read entity + record', () => rows.read('payments', input.key, entity));
     const d = time('admit: decide (pure)', () => decide(state, input, now));
     time('admit: write entity + record', () => rows.apply('payments', input.key, entity, state, d.next));
-    time('admit: fence history', () => q.fenceHistory.run(entity, d.acceptedFence, now, null, `req-${k}`));
+    if (!skip.has('fence-history')) time('admit: fence history', () => q.fenceHistory.run(entity, d.acceptedFence, now, null, `req-${k}`));
   }
   time('COMMIT (WAL page writes)', () => db.exec('COMMIT'));
   // Finishes of the same requests, one group later (as after the upstream answered).
@@ -88,7 +103,7 @@ function group(first, now) {
     const state = time('finish: read entity + record', () => rows.read('payments', input.key, entity));
     const f = time('finish: finish (pure)', () => finish(state, input, now));
     time('finish: write record + slot', () => rows.apply('payments', input.key, entity, state, f.next));
-    time('finish: command log row', () => store.logCommand(command(k, entity), 'completed', now));
+    if (!skip.has('command-log')) time('finish: command log row', () => store.logCommand(command(k, entity), 'completed', now));
   }
   time('COMMIT (WAL page writes)', () => db.exec('COMMIT'));
 }
@@ -98,12 +113,18 @@ let k = 1;
 for (; k <= 2000; k += groupSize) group(k, now); // warm-up
 spent.clear();
 const t0 = process.hrtime.bigint();
+const wal0 = walBytes();
 for (let end = k + requests; k < end; k += groupSize) group(k, now);
 const wall = Number(process.hrtime.bigint() - t0) / 1000 / requests;
+// A WAL frame is a 24-byte header and one page.
+const framesPerRequest = (walBytes() - wal0) / (24 + Number(db.pragma('page_size', { simple: true }))) / requests;
 await store.close();
 rmSync(dir, { recursive: true, force: true });
 
-console.log(`SQLite store, ${synchronous}, ${requests} requests in groups of ${groupSize}: µs per request (admission + finish)`);
+const without = [...drop.map((i) => `index ${i}`), ...[...skip].map((r) => `the ${r} row`)];
+console.log(
+  `SQLite store, ${synchronous}, ${requests} requests in groups of ${groupSize}: µs per request (admission + finish)${without.length ? `, without ${without.join(', ')}` : ''}`,
+);
 console.log('| step | µs/request |');
 console.log('|---|---:|');
 let total = 0;
@@ -114,3 +135,4 @@ for (const [name, ns] of [...spent].sort((a, b) => Number(b[1] - a[1]))) {
 }
 console.log(`| **timed steps** | **${total.toFixed(1)}** |`);
 console.log(`| wall clock (with the loop) | ${wall.toFixed(1)} |`);
+if (frames) console.log(`WAL frames (pages written) per request: ${framesPerRequest.toFixed(2)}`);
