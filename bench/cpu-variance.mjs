@@ -19,7 +19,8 @@
 //   database that --prefill S seconds of load filled once at the start).
 //   Default: 'bare=bare,fg-normal=fg-normal'.
 // Options: --windows N (default 6), --seconds S per window (default 3),
-// --rounds N (default 2), --prefill S (default 60, only when a prefilled
+// --rounds N (default 2), --idle S (default 0: S seconds with no load
+// before the windows, the process's own CPU per second), --prefill S (default 60, only when a prefilled
 // variant is asked for), --trace-gc (adds --trace-gc to every variant).
 // Pinned as bench/http.mjs: the server on core 0, the upstream on core 1,
 // the load generator on the last core. Prints one markdown table per
@@ -43,6 +44,7 @@ const seconds = Number(opt('seconds', 3));
 const rounds = Number(opt('rounds', 2));
 const prefillSeconds = Number(opt('prefill', 60));
 const traceGc = flag('trace-gc');
+const idleSeconds = Number(opt('idle', 0));
 const variants = opt('variants', 'bare=bare,fg-normal=fg-normal')
   .split(',')
   .map((v) => {
@@ -169,6 +171,14 @@ for (let round = 1; round <= rounds; round++) {
     // Read between windows, the server idle (a thread just started or busy shows no wait channel).
     const worker = new Set();
     const rows = [];
+    if (idleSeconds > 0) {
+      // Before any load: what the process spends per second on its own (timers, the checkpoint worker's polls).
+      const i0 = threads(s.pid);
+      await new Promise((r) => setTimeout(r, idleSeconds * 1000));
+      const i1 = threads(s.pid);
+      const spent = [...i1.keys()].reduce((sum, tid) => sum + (i1.get(tid) - (i0.get(tid) ?? 0)), 0);
+      rows.idleMsPerS = spent / idleSeconds;
+    }
     for (let w = 1; w <= windows; w++) {
       const t0 = threads(s.pid);
       const b0 = box();
@@ -233,6 +243,7 @@ for (const v of variants) {
 for (const v of variants)
   results.get(v.name).forEach((rows, i) => {
     if (rows.shape) console.log(`${v.name} round ${i + 1}, database at the end: ${JSON.stringify(rows.shape)}`);
+    if (rows.idleMsPerS !== undefined) console.log(`${v.name} round ${i + 1}, idle before the load: ${rows.idleMsPerS.toFixed(1)} ms of CPU per second`);
   });
 const median = (xs) => {
   const v = [...xs].sort((a, b) => a - b);

@@ -55,7 +55,8 @@
 // as on a host of its own, the app tier the same for every target. Such a
 // run writes bench/results/http.pg-core.json.
 //
-// Options: --seconds N (default 10) per throughput run, --latency N (default
+// Options: --seconds N (default 10) per throughput run, --warmup N (default
+// 2) seconds of load before it, --latency N (default
 // 3000) sequential requests per latency run, --rounds N (default 3; targets
 // interleaved, median per target), --only a,b to pick targets, --base DIR
 // to add `base-normal`, `base-full` and `base-auth`: the same SQLite targets served by
@@ -102,6 +103,12 @@ const root = join(here, '..');
 const seconds = Number(opt('seconds', 10));
 const latencyRequests = Number(opt('latency', 3000));
 const rounds = Number(opt('rounds', 3));
+// --warmup S: seconds of load at 50 connections before each target's
+// measured run (JIT, pools, page cache). A time, not a number of requests:
+// on a busy box fewer requests fit in it and more of the JIT's work falls
+// into the measured run (docs/performance.md, "Why the same build's CPU per
+// request varies").
+const warmup = Number(opt('warmup', 2));
 const only = opt('only', null)?.split(',');
 const base = opt('base', null);
 const replicas = Number(opt('replicas', 1));
@@ -346,7 +353,7 @@ async function main() {
       for (const u of [target.url].flat()) await waitReady(u);
       // Warm-up: JIT, connection pools, SQLite page cache.
       const { headers } = target;
-      await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm-${round}`, headers });
+      if (warmup > 0) await throughput(target.url, { connections: 50, seconds: warmup, prefix: `${name}-warm-${round}`, headers });
       // The serving process's own CPU over the run (user + system, every
       // thread, from /proc), per request: what a request costs the server,
       // which the box's other load moves far less than its throughput.
@@ -447,6 +454,7 @@ async function main() {
     date: new Date().toISOString(),
     machine,
     seconds,
+    warmup,
     latencyRequests,
     rounds,
     loadavg: { start: loadAtStart, end: loadAtEnd },
@@ -461,7 +469,7 @@ async function main() {
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
   console.log(
-    `\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}${pgCore === null ? '' : `, PostgreSQL alone on core ${pgCore}`}), ${seconds}s per run, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`,
+    `\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}${pgCore === null ? '' : `, PostgreSQL alone on core ${pgCore}`}), ${seconds}s per run after ${warmup}s of warm-up, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`,
   );
   console.log(
     '| target | req/s @50 | × bare | × control | × pg-ceiling | CPU µs/req @50 | CPU × bare | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |',
