@@ -226,7 +226,8 @@ async function startWorkers(n) {
     if (n === 1 ? text.includes('fencegate_requests_total') : m !== null && Number(m[1]) === n) break;
     await new Promise((r) => setTimeout(r, 100));
   }
-  return { ...started, cpuMs: () => treeCpuMs(started.pid), primaryCpuMs: n > 1 ? () => cpuMsOf(started.pid) : null };
+  // No split by thread: the group is several processes.
+  return { ...started, cpuMs: () => treeCpuMs(started.pid), primaryCpuMs: n > 1 ? () => cpuMsOf(started.pid) : null, group: true };
 }
 
 const schemas = new Set();
@@ -360,7 +361,7 @@ async function main() {
       // The same split by thread (one process only): the main thread (the
       // event loop) and every other thread of it (GC helpers, the SQLite
       // checkpoint worker, libuv's pool).
-      const threadsOf = () => (target.pid !== undefined && !target.primaryCpuMs ? threadCpuMsOf(target.pid) : null);
+      const threadsOf = () => (target.pid !== undefined && !target.group ? threadCpuMsOf(target.pid) : null);
       const cpuBefore = target.cpuMs?.() ?? null;
       const primaryBefore = target.primaryCpuMs?.() ?? null;
       const threadsBefore = threadsOf();
