@@ -35,13 +35,28 @@
 // box the load around a run moves throughput far more than what a request
 // costs the server.
 //
+// Output, after the table of medians: the spread over the rounds (each
+// target's CPU µs/req and req/s @50 round by round, max/min of each, and
+// the CPU per request split into the server's main thread and its other
+// threads: GC helpers, the SQLite checkpoint worker, libuv's pool), then the
+// project's speed targets, each the median of its per-round ratios (or
+// differences) against its bound: met, not met, or not measured when a row
+// is not in the run. fg-full's latency bound counts one fsync of the disk
+// under the SQLite files, measured at the start of every round (median of
+// 50 fdatasync() after a 4 KiB overwrite). The load average at start and
+// end closes it. All of it is in the JSON result too (targets, fsync,
+// loadavg, and per row spread, cpu_main_us, cpu_other_us, rounds). Why the
+// same build's CPU per request moves between rounds: docs/performance.md,
+// "Why the same build's CPU per request varies".
+//
 // --pg-core N puts PostgreSQL on core N alone (every postgres process of the
 // machine is pinned there for the run and given its mask back after; needs
 // the right to do so) and everything else on the other cores: the database
 // as on a host of its own, the app tier the same for every target. Such a
 // run writes bench/results/http.pg-core.json.
 //
-// Options: --seconds N (default 10) per throughput run, --latency N (default
+// Options: --seconds N (default 10) per throughput run, --warmup N (default
+// 2) seconds of load before it, --latency N (default
 // 3000) sequential requests per latency run, --rounds N (default 3; targets
 // interleaved, median per target), --only a,b to pick targets, --base DIR
 // to add `base-normal`, `base-full` and `base-auth`: the same SQLite targets served by
@@ -53,11 +68,26 @@
 // `node --cpu-prof` (bench/profile-summary.mjs splits a profile by part;
 // bench/profile-http.mjs profiles the 50-connection run alone).
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, mkdirSync } from 'node:fs';
-import { constants, cpus, tmpdir } from 'node:os';
+import { constants, cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { cpuMsOf, latency, load, loadCpu, paymentsRoute, pinPostgres, pinned, placeLoad, startGateway, startNode, throughput, waitReady } from './lib.mjs';
+import {
+  cpuMsOf,
+  fsyncMedianUs,
+  latency,
+  load,
+  loadCpu,
+  paymentsRoute,
+  pinPostgres,
+  pinned,
+  placeLoad,
+  startGateway,
+  startNode,
+  threadCpuMsOf,
+  throughput,
+  waitReady,
+} from './lib.mjs';
 import { flag, option as opt } from './args.mjs';
 import { SignJWT } from 'jose';
 
@@ -73,6 +103,12 @@ const root = join(here, '..');
 const seconds = Number(opt('seconds', 10));
 const latencyRequests = Number(opt('latency', 3000));
 const rounds = Number(opt('rounds', 3));
+// --warmup S: seconds of load at 50 connections before each target's
+// measured run (JIT, pools, page cache). A time, not a number of requests:
+// on a busy box fewer requests fit in it and more of the JIT's work falls
+// into the measured run (docs/performance.md, "Why the same build's CPU per
+// request varies").
+const warmup = Number(opt('warmup', 2));
 const only = opt('only', null)?.split(',');
 const base = opt('base', null);
 const replicas = Number(opt('replicas', 1));
@@ -190,7 +226,8 @@ async function startWorkers(n) {
     if (n === 1 ? text.includes('fencegate_requests_total') : m !== null && Number(m[1]) === n) break;
     await new Promise((r) => setTimeout(r, 100));
   }
-  return { ...started, cpuMs: () => treeCpuMs(started.pid), primaryCpuMs: n > 1 ? () => cpuMsOf(started.pid) : null };
+  // No split by thread: the group is several processes.
+  return { ...started, cpuMs: () => treeCpuMs(started.pid), primaryCpuMs: n > 1 ? () => cpuMsOf(started.pid) : null, group: true };
 }
 
 const schemas = new Set();
@@ -299,7 +336,13 @@ async function main() {
   // Rounds interleave the targets, so that a load change on the box hits
   // every target alike; each target's row is the median of its rounds.
   const runs = new Map(targets.map(([name]) => [name, []]));
+  const loadAtStart = loadavg();
+  // One fsync of the disk under the SQLite files, measured in every round
+  // (nothing under test running): fg-full's latency bound is bare's plus it.
+  const fsyncs = [];
   for (let round = 1; round <= rounds; round++) {
+    fsyncs.push(fsyncMedianUs(tmp));
+    process.stderr.write(`round ${round}: fsync (fdatasync of a 4 KiB overwrite, median of 50) ${fsyncs[fsyncs.length - 1].toFixed(0)} µs\n`);
     for (const [name, start] of targets) {
       const target = await start();
       if (target.ceiling) {
@@ -311,16 +354,29 @@ async function main() {
       for (const u of [target.url].flat()) await waitReady(u);
       // Warm-up: JIT, connection pools, SQLite page cache.
       const { headers } = target;
-      await throughput(target.url, { connections: 50, seconds: 2, prefix: `${name}-warm-${round}`, headers });
+      if (warmup > 0) await throughput(target.url, { connections: 50, seconds: warmup, prefix: `${name}-warm-${round}`, headers });
       // The serving process's own CPU over the run (user + system, every
       // thread, from /proc), per request: what a request costs the server,
       // which the box's other load moves far less than its throughput.
+      // The same split by thread (one process only): the main thread (the
+      // event loop) and every other thread of it (GC helpers, the SQLite
+      // checkpoint worker, libuv's pool).
+      const threadsOf = () => (target.pid !== undefined && !target.group ? threadCpuMsOf(target.pid) : null);
       const cpuBefore = target.cpuMs?.() ?? null;
       const primaryBefore = target.primaryCpuMs?.() ?? null;
+      const threadsBefore = threadsOf();
       const t50 = await throughput(target.url, { connections: 50, seconds, prefix: `${name}-t50-${round}`, headers });
       const cpuAfter = target.cpuMs?.() ?? null;
       const primaryAfter = target.primaryCpuMs?.() ?? null;
+      const threadsAfter = threadsOf();
       const cpuUs = cpuBefore !== null && cpuAfter !== null && t50.total > 0 ? ((cpuAfter - cpuBefore) * 1000) / t50.total : null;
+      const perThread =
+        threadsBefore !== null && threadsAfter !== null && t50.total > 0
+          ? {
+              cpu_main_us: ((threadsAfter.main - threadsBefore.main) * 1000) / t50.total,
+              cpu_other_us: ((threadsAfter.other - threadsBefore.other) * 1000) / t50.total,
+            }
+          : {};
       // A serve --workers group: the primary's share of it (accepting connections, relaying log lines, summing /metrics).
       const primaryUs = primaryBefore !== null && primaryAfter !== null && t50.total > 0 ? ((primaryAfter - primaryBefore) * 1000) / t50.total : null;
       const l1 = await latency(target.url, { requests: latencyRequests, prefix: `${name}-l1-${round}`, headers });
@@ -334,17 +390,25 @@ async function main() {
         errors: t50.errors + l1.errors,
         statuses: t50.statuses,
         ...(primaryUs !== null ? { cpu_primary_us: primaryUs } : {}),
+        ...perThread,
       });
       await target.stop();
       process.stderr.write(
-        `round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, ${cpuUs === null ? '-' : cpuUs.toFixed(0)} µs CPU/req${primaryUs === null ? '' : ` (primary ${primaryUs.toFixed(0)})`}, p50@1 ${l1.p50.toFixed(3)} ms\n`,
+        `round ${round}: ${name} ${t50.rps.toFixed(0)} req/s, ${cpuUs === null ? '-' : cpuUs.toFixed(0)} µs CPU/req${primaryUs === null ? '' : ` (primary ${primaryUs.toFixed(0)})`}${perThread.cpu_main_us === undefined ? '' : ` (main thread ${perThread.cpu_main_us.toFixed(0)}, other threads ${perThread.cpu_other_us.toFixed(0)})`}, p50@1 ${l1.p50.toFixed(3)} ms\n`,
       );
     }
   }
   const median = (xs) => {
-    if (xs.some((x) => x === null)) return null;
+    if (xs.length === 0 || xs.some((x) => x === null || x === undefined)) return null;
     const v = [...xs].sort((a, b) => a - b);
     return v.length % 2 ? v[(v.length - 1) / 2] : (v[v.length / 2 - 1] + v[v.length / 2]) / 2;
+  };
+  /** min, max and max/min of the per-round values (null when one is missing). */
+  const spread = (xs) => {
+    if (xs.length === 0 || xs.some((x) => x === null || x === undefined)) return null;
+    const min = Math.min(...xs);
+    const max = Math.max(...xs);
+    return { min, max, max_over_min: min > 0 ? max / min : null };
   };
   const rows = [...runs].map(([name, rs]) => ({
     target: name,
@@ -356,6 +420,12 @@ async function main() {
     p99_1c: median(rs.map((r) => r.p99_1c)),
     errors: rs.reduce((n, r) => n + r.errors, 0),
     statuses: rs.map((r) => r.statuses),
+    cpu_main_us: median(rs.map((r) => r.cpu_main_us ?? null)),
+    cpu_other_us: median(rs.map((r) => r.cpu_other_us ?? null)),
+    // The spread over the rounds: the same build's CPU per request moves by
+    // a lot between rounds and runs (docs/performance.md, "Why the same
+    // build's CPU per request varies").
+    spread: { cpu_us: spread(rs.map((r) => r.cpu_us)), rps50: spread(rs.map((r) => r.rps50)) },
     rounds: rs,
   }));
   await upstream.stop();
@@ -377,8 +447,22 @@ async function main() {
     r.vs_pg_ceiling = ceiling && r.target.includes('postgres') ? median(mine.map((m, i) => m.rps50 / ceiling[i].rps50)) : null;
     r.added_p50_1c_ms = direct && mine[0].p50_1c !== null ? median(mine.map((m, i) => m.p50_1c - direct[i].p50_1c)) : null;
   }
+  const fsync = { median_us: median(fsyncs), rounds_us: fsyncs };
+  const goals = targetChecks(runs, fsyncs, median, spread);
+  const loadAtEnd = loadavg();
   const machine = { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, pinned, loadCpu: pinned ? loadCpu : null, pgCore, replicas };
-  const out = { date: new Date().toISOString(), machine, seconds, latencyRequests, rounds, rows };
+  const out = {
+    date: new Date().toISOString(),
+    machine,
+    seconds,
+    warmup,
+    latencyRequests,
+    rounds,
+    loadavg: { start: loadAtStart, end: loadAtEnd },
+    fsync,
+    targets: goals,
+    rows,
+  };
   mkdirSync(join(here, 'results'), { recursive: true });
   // A partial run (--only) or a comparison (--base) never replaces the committed full table.
   const written = only || base || workerCounts.length > 0 ? 'http.local.json' : pgCore !== null ? 'http.pg-core.json' : 'http.json';
@@ -386,7 +470,7 @@ async function main() {
 
   const fmt = (v, d = 2) => (v === null || v === undefined ? '-' : typeof v === 'number' ? v.toFixed(d) : String(v));
   console.log(
-    `\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}${pgCore === null ? '' : `, PostgreSQL alone on core ${pgCore}`}), ${seconds}s per run, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`,
+    `\nfencegate HTTP benchmark — ${machine.cpus} cores, ${machine.model}, node ${machine.node}, pinned=${pinned} (load on core ${machine.loadCpu ?? '-'}${pgCore === null ? '' : `, PostgreSQL alone on core ${pgCore}`}), ${seconds}s per run after ${warmup}s of warm-up, median of ${rounds} interleaved rounds (ratios and added latency: medians of the per-round ratios and differences)`,
   );
   console.log(
     '| target | req/s @50 | × bare | × control | × pg-ceiling | CPU µs/req @50 | CPU × bare | p50 @50 (ms) | p99 @50 (ms) | p50 @1 (ms) | p99 @1 (ms) | added p50 @1 vs direct (ms) | errors |',
@@ -398,6 +482,28 @@ async function main() {
       `| ${r.target} | ${fmt(r.rps50, 0)} | ${fmt(r.vs_bare)} | ${fmt(r.vs_control)} | ${fmt(r.vs_pg_ceiling)} | ${fmt(r.cpu_us, 0)} | ${fmt(r.cpu_vs_bare)} | ${fmt(r.p50_50c, 0)} | ${fmt(r.p99_50c, 0)} | ${fmt(r.p50_1c, 3)} | ${fmt(r.p99_1c, 3)} | ${fmt(r.added_p50_1c_ms, 3)} | ${r.errors} |`,
     );
   }
+  console.log(`\nSpread over the ${rounds} rounds (min–max, and max/min), and the CPU per request by thread (medians)`);
+  console.log('| target | CPU µs/req by round | CPU max/min | req/s @50 by round | req/s max/min | main thread µs/req | other threads µs/req |');
+  console.log('|---|---|---:|---|---:|---:|---:|');
+  const byRound = (rs, key, d) => rs.map((x) => fmt(x[key], d)).join(', ');
+  for (const r of rows) {
+    if (r.rps50 === null) continue;
+    console.log(
+      `| ${r.target} | ${byRound(r.rounds, 'cpu_us', 0)} | ${fmt(r.spread.cpu_us?.max_over_min)} | ${byRound(r.rounds, 'rps50', 0)} | ${fmt(r.spread.rps50?.max_over_min)} | ${fmt(r.cpu_main_us, 0)} | ${fmt(r.cpu_other_us, 0)} |`,
+    );
+  }
+  console.log(
+    `\nTargets (each a median of the per-round ratios or differences, both sides measured in the same round; fsync: ${fmt(fsync.median_us, 0)} µs, median of the rounds' medians, rounds ${fsyncs.map((f) => f.toFixed(0)).join(', ')})`,
+  );
+  console.log('| target | measured | rounds (min–max) | bound | |');
+  console.log('|---|---:|---:|---:|---|');
+  for (const g of goals) {
+    const d = g.unit === 'ms' ? 3 : 2;
+    const range = g.spread ? `${fmt(g.spread.min, d)}–${fmt(g.spread.max, d)}` : '-';
+    console.log(`| ${g.name} | ${fmt(g.value, d)} | ${range} | ${g.op} ${fmt(g.bound, d)}${g.unit === 'ms' ? ' ms' : ''} | ${g.status} |`);
+  }
+  const la = (l) => l.map((x) => x.toFixed(2)).join(' ');
+  console.log(`\n(load average at start ${la(loadAtStart)}, at end ${la(loadAtEnd)})`);
   console.log(
     "\n(CPU µs/req: the serving process's user + system CPU over the 50-connection run, every thread, read from /proc, divided by the requests answered; PostgreSQL's own CPU is not in it)",
   );
@@ -405,6 +511,57 @@ async function main() {
     '\n(pg-ceiling: two small write transactions per request straight to PostgreSQL, 50 at a time on a pool of 20, in pairs/s; × pg-ceiling: a PostgreSQL row against it)',
   );
   console.log(`\n(written to bench/results/${written}; p50/p99 @50 are autocannon's whole milliseconds, @1 are hrtime-precise)`);
+}
+
+/**
+ * The project's speed targets (docs/performance.md), each checked on the
+ * rounds of this run: a ratio (or a difference) of two targets measured in
+ * the same round, the median over the rounds against the bound. A target
+ * whose rows are not in the run is "not measured".
+ */
+function targetChecks(runs, fsyncs, median, spread) {
+  const ratio = (key) => (a, b) => (a[key] !== null && b[key] ? a[key] / b[key] : null);
+  const checks = [
+    { name: 'CPU/req @50: fg-normal ÷ bare', a: 'fg-normal', b: 'bare', per: ratio('cpu_us'), op: '≤', bound: 1.8 },
+    { name: 'CPU/req @50: fg-full ÷ bare', a: 'fg-full', b: 'bare', per: ratio('cpu_us'), op: '≤', bound: 2.0 },
+    { name: 'req/s @50: fg-normal ÷ bare', a: 'fg-normal', b: 'bare', per: ratio('rps50'), op: '≥', bound: 0.6 },
+    { name: 'req/s @50: fg-full ÷ bare', a: 'fg-full', b: 'bare', per: ratio('rps50'), op: '≥', bound: 0.5 },
+    { name: 'req/s @50: fg-postgres ÷ fg-normal', a: 'fg-postgres', b: 'fg-normal', per: ratio('rps50'), op: '≥', bound: 0.65 },
+    { name: 'req/s @50: fg-normal ÷ peer', a: 'fg-normal', b: 'peer', per: ratio('rps50'), op: '≥', bound: 3 },
+    { name: 'req/s @50: fg-postgres ÷ peer', a: 'fg-postgres', b: 'peer', per: ratio('rps50'), op: '≥', bound: 3 },
+    { name: 'req/s @50: fg-auth ÷ fg-normal', a: 'fg-auth', b: 'fg-normal', per: ratio('rps50'), op: '≥', bound: 0.9 },
+    { name: 'p50 @1 added over bare: fg-normal', a: 'fg-normal', b: 'bare', per: (a, b) => a.p50_1c - b.p50_1c, op: '≤', bound: 0.5, unit: 'ms' },
+    {
+      // fg-full syncs the disk once per commit: its bound is bare's plus one
+      // fsync of the same disk, measured in the same round.
+      name: 'p50 @1 added over bare, less one fsync: fg-full',
+      a: 'fg-full',
+      b: 'bare',
+      per: (a, b, round) => a.p50_1c - b.p50_1c - fsyncs[round] / 1000,
+      op: '≤',
+      bound: 0.5,
+      unit: 'ms',
+    },
+  ];
+  // Every fencegate target of the run (and the four of the targets, measured or not).
+  const fencegate = new Set(['fg-full', 'fg-normal', 'fg-auth', 'fg-postgres', ...[...runs.keys()].filter((n) => n.startsWith('fg-'))]);
+  for (const name of fencegate)
+    checks.push({
+      name: `p99/p50 @1: ${name} ÷ bare's`,
+      a: name,
+      b: 'bare',
+      per: (a, b) => (a.p50_1c && b.p50_1c && b.p99_1c ? a.p99_1c / a.p50_1c / (b.p99_1c / b.p50_1c) : null),
+      op: '≤',
+      bound: 1.5,
+    });
+  return checks.map(({ name, a, b, per, op, bound, unit = 'ratio' }) => {
+    const mine = runs.get(a);
+    const theirs = runs.get(b);
+    const values = mine && theirs ? mine.map((m, i) => per(m, theirs[i], i)) : [];
+    const value = median(values);
+    const status = value === null ? 'not measured' : (op === '≤' ? value <= bound : value >= bound) ? 'met' : 'not met';
+    return { name, value, op, bound, unit, status, spread: spread(values), rounds: values };
+  });
 }
 
 /** Drops the PostgreSQL targets' schemas: after the run, and after a failed one too. */

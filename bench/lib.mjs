@@ -3,7 +3,7 @@
 // sequential latency loop) run in a pinned process of its own.
 import { spawn, spawnSync } from 'node:child_process';
 import { createServer } from 'node:net';
-import { closeSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { closeSync, fdatasyncSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import { once } from 'node:events';
 import { cpus } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -73,6 +73,66 @@ export function cpuMsOf(pid) {
     return (Number(fields[11]) + Number(fields[12])) * TICK_MS;
   } catch {
     return null;
+  }
+}
+
+/**
+ * CPU of a process split by thread, in ms from /proc: its main thread (the
+ * event loop, whose tid is the pid) and the sum of every other thread (V8's
+ * GC and compiler helpers, libuv's pool, worker_threads such as the SQLite
+ * checkpoint worker). Node 20 names none of its threads, so the split goes
+ * no finer here. Null where /proc is not there. A thread that ended between
+ * two readings drops out of the later one: take both while the process runs.
+ */
+export function threadCpuMsOf(pid) {
+  let tasks;
+  try {
+    tasks = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return null;
+  }
+  let main = 0;
+  let other = 0;
+  for (const tid of tasks) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+      const fields = stat.slice(stat.lastIndexOf(') ') + 2).split(' ');
+      const ms = (Number(fields[11]) + Number(fields[12])) * TICK_MS;
+      if (tid === String(pid)) main += ms;
+      else other += ms;
+    } catch {
+      // ended meanwhile
+    }
+  }
+  return { main, other };
+}
+
+/**
+ * The median time (µs) of one fdatasync() after a small overwrite (4 KiB,
+ * at one of 16 offsets in turn, as SQLite's WAL is rewritten from its start
+ * after a checkpoint) of a file in `dir`: what one durable commit costs the
+ * disk under the benchmark's databases. `count` syncs after one untimed one;
+ * the file is removed after.
+ */
+export function fsyncMedianUs(dir, count = 50) {
+  const file = join(dir, `fsync-probe-${process.pid}`);
+  const fd = openSync(file, 'w');
+  const page = Buffer.alloc(4096, 7);
+  try {
+    writeSync(fd, Buffer.alloc(16 * 4096), 0, 16 * 4096, 0);
+    fdatasyncSync(fd);
+    const samples = [];
+    for (let i = 0; i < count; i++) {
+      writeSync(fd, page, 0, page.length, (i % 16) * 4096);
+      const t0 = process.hrtime.bigint();
+      fdatasyncSync(fd);
+      samples.push(Number(process.hrtime.bigint() - t0) / 1000);
+    }
+    samples.sort((a, b) => a - b);
+    return samples[Math.floor(samples.length / 2)];
+  } finally {
+    closeSync(fd);
+    rmSync(file, { force: true });
   }
 }
 
