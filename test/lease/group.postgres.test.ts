@@ -159,6 +159,76 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     expect(overwritten!.result).toEqual({ by: 'gw6 (stale)' });
   });
 
+  test('grouped completeAndClaim: each slot whose complete matched claims one job, the stale ones in the group claim nothing, all in one statement', async () => {
+    await seed('g-next', 12);
+    const mine = (await Promise.all(Array.from({ length: 6 }, () => store.claim({ workerId: 'gw9', kinds: ['g-next'] })))).map((r) => r.lease!);
+    // Two of them go to another owner (token 2).
+    const lostIds = [mine[1]!.id, mine[3]!.id];
+    await db.sql("UPDATE tool_jobs SET lease_until = now() - interval '1 hour' WHERE id = ANY ($1::bigint[])", [lostIds]);
+    const other = await Promise.all(lostIds.map(() => store.claim({ workerId: 'gw10', kinds: ['g-next'] })));
+    expect(other.map((r) => r.lease?.fencingToken)).toEqual([2, 2]);
+
+    const claim = { workerId: 'gw9', kinds: ['g-next'] };
+    const answers = await Promise.all(mine.map((l) => store.completeAndClaim!(l, { id: l.id }, claim)));
+    expect(answers.map((a) => a.complete.ok)).toEqual([true, false, true, false, true, true]);
+    expect(answers.map((a) => a.claim.lease !== null)).toEqual([true, false, true, false, true, true]);
+    const next = answers.flatMap((a) => (a.claim.lease ? [a.claim.lease] : []));
+    expect(new Set(next.map((l) => l.id)).size).toBe(4);
+    expect(next.every((l) => l.fencingToken === 1 && l.ownerId === 'gw9' && !mine.some((m) => m.id === l.id))).toBe(true);
+    const rows = await db.sql<{ state: string; n: string }>("SELECT state, count(*) AS n FROM tool_jobs WHERE kind = 'g-next' GROUP BY state ORDER BY state");
+    // 12 jobs: 4 succeeded, 2 running under gw10, 4 newly running under gw9, 2 left.
+    expect(rows).toEqual([
+      { state: 'queued', n: '2' },
+      { state: 'running', n: '6' },
+      { state: 'succeeded', n: '4' },
+    ]);
+    // The first call alone, the other five together: each statement claimed
+    // at the very now() it completed at.
+    const [statements] = await db.sql<{ completes: string; together: string }>(
+      `SELECT count(DISTINCT finished_at) AS completes,
+              count(*) FILTER (WHERE first_claimed_at IN (SELECT finished_at FROM tool_jobs WHERE kind = 'g-next' AND finished_at IS NOT NULL)
+                                 AND owner_id = 'gw9' AND state = 'running') AS together
+         FROM tool_jobs WHERE kind = 'g-next'`,
+    );
+    expect(Number(statements!.completes)).toBe(2);
+    expect(Number(statements!.together)).toBe(4);
+  });
+
+  test('negative controls of COMPLETE_CLAIM_MANY: without the ownership columns a stale lease completes; with a claim per lease instead of per completed one, it claims', async () => {
+    await seed('g-nc', 8);
+    const stale = async (text: string) => {
+      const { lease } = await store.claim({ workerId: 'gw11', kinds: ['g-nc'] });
+      await db.sql("UPDATE tool_jobs SET lease_until = now() - interval '1 hour' WHERE id = $1", [lease!.id]);
+      const taken = (await store.claim({ workerId: 'gw12', kinds: ['g-nc'] })).lease!;
+      expect(taken.id).toBe(lease!.id);
+      const rows = await db.sql<{ done: string[] | null; id: string | null }>(text, [
+        'gw11',
+        ['g-nc'],
+        60_000,
+        '{}',
+        [lease!.id],
+        ['gw11'],
+        [lease!.fencingToken],
+        [JSON.stringify('stale')],
+      ]);
+      return { completed: rows[0]!.done ?? [], claimed: rows.filter((r) => r.id !== null).length };
+    };
+    expect(await stale(q.COMPLETE_CLAIM_MANY)).toEqual({ completed: [], claimed: 0 });
+
+    const unconditional = q.COMPLETE_CLAIM_MANY.replace(
+      "AND j.owner_id = x.owner_id AND j.fencing_token = x.fencing_token\n  AND j.state = 'running' AND j.lease_until > clock_timestamp()",
+      '',
+    );
+    expect(unconditional).not.toBe(q.COMPLETE_CLAIM_MANY);
+    const overwrote = await stale(unconditional);
+    expect(overwrote.completed).toHaveLength(1);
+    expect(overwrote.claimed).toBe(1);
+
+    const perLease = q.COMPLETE_CLAIM_MANY.replaceAll('(SELECT count(*) FROM done)', 'cardinality($5::bigint[])');
+    expect(perLease).not.toBe(q.COMPLETE_CLAIM_MANY);
+    expect(await stale(perLease)).toEqual({ completed: [], claimed: 1 });
+  });
+
   test('the grouped claim’s generic plan reads the primary key for the picked ids only, never the whole table', async () => {
     // Once a prepared statement goes generic, LIMIT $5 is an unknown row
     // count; without the id array the planner hash-joined the picks against a
@@ -169,9 +239,9 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     await client.connect();
     try {
       await client.query('SET plan_cache_mode = force_generic_plan');
-      const seqScans = async (name: string, text: string) => {
-        await client.query(`PREPARE ${name}(text, text[], bigint, jsonb, int) AS ${text}`);
-        const { rows } = await client.query(`EXPLAIN (FORMAT JSON) EXECUTE ${name}('gw8', '{g-plan}', 1000, '{}', 8)`);
+      const seqScans = async (name: string, text: string, types = 'int', values = '8') => {
+        await client.query(`PREPARE ${name}(text, text[], bigint, jsonb, ${types}) AS ${text}`);
+        const { rows } = await client.query(`EXPLAIN (FORMAT JSON) EXECUTE ${name}('gw8', '{g-plan}', 1000, '{}', ${values})`);
         const nodes: { 'Node Type': string; 'Relation Name'?: string }[] = [];
         const walk = (n: { 'Node Type': string; 'Relation Name'?: string; Plans?: unknown[] }) => {
           nodes.push(n);
@@ -181,6 +251,10 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
         return nodes.filter((n) => n['Node Type'] === 'Seq Scan' && n['Relation Name'] === 'tool_jobs').length;
       };
       expect(await seqScans('claim_many', q.CLAIM_MANY)).toBe(0);
+      // The same for the claim inside COMPLETE_CLAIM_MANY, whose LIMIT is a subquery.
+      expect(
+        await seqScans('complete_claim_many', q.COMPLETE_CLAIM_MANY, 'bigint[], text[], bigint[], jsonb[]', "'{1,2}', '{gw8,gw8}', '{1,1}', '{1,2}'"),
+      ).toBe(0);
       // Negative control: the same statement without the id array.
       const unguarded = q.CLAIM_MANY.replace('\n  AND j.id = ANY (ARRAY(SELECT id FROM pick))', '');
       expect(unguarded).not.toBe(q.CLAIM_MANY);

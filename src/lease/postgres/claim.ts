@@ -15,7 +15,7 @@ const MAX_DEAD_PER_CLAIM = 50;
  * because some picked jobs were dead claim again, as a single claim does,
  * for at most MAX_DEAD_PER_CLAIM rounds.
  */
-async function claimFor(
+export async function claimFor(
   prepared: Prepared,
   workerId: string,
   params: unknown[],
@@ -44,25 +44,46 @@ async function claimFor(
 }
 
 /**
+ * A claim's checked inputs as the claim statements' $1–$4, and the key of
+ * its group: only claims with the same owner, kinds and leases share a
+ * statement.
+ */
+export function claimParams(store: JobStoreOptions, claim: ClaimOptions) {
+  const { workerId, kinds, lease } = claimRequest(store, claim);
+  const params: unknown[] = [workerId, kinds, lease.defaultMs, JSON.stringify(lease.byKind)];
+  return { workerId, lease, params, key: JSON.stringify(params) };
+}
+
+/** One statement group per key, dropped while idle. */
+export function groupsByKey<I, O>(make: (onIdle: () => void) => StatementGroup<I, O>): (key: string) => StatementGroup<I, O> {
+  const groups = new Map<string, StatementGroup<I, O>>();
+  return (key) => {
+    let group = groups.get(key);
+    if (!group) {
+      group = make(() => groups.delete(key));
+      groups.set(key, group);
+    }
+    return group;
+  };
+}
+
+/**
  * The store's claim(): concurrent calls with the same owner, kinds and
  * leases share a statement (./group.ts); a lone call goes out at once.
  */
 export function claimer(prepared: Prepared, store: JobStoreOptions): (claim: ClaimOptions) => Promise<ClaimResult> {
-  const groups = new Map<string, StatementGroup<undefined, ClaimResult>>();
-  return async (claim) => {
-    const { workerId, kinds, lease } = claimRequest(store, claim);
-    const params = [workerId, kinds, lease.defaultMs, JSON.stringify(lease.byKind)];
-    // Only claims with the same owner, kinds and leases share a statement.
-    const key = JSON.stringify(params);
-    let group = groups.get(key);
-    if (!group) {
-      group = new StatementGroup<undefined, ClaimResult>(
-        (callers) => claimFor(prepared, workerId, params, lease, callers.length),
+  type Claim = ReturnType<typeof claimParams>;
+  const group = groupsByKey<Claim, ClaimResult>(
+    (onIdle) =>
+      new StatementGroup(
+        // Every caller of a group has the same parameters: the first one's serve all.
+        (callers) => claimFor(prepared, callers[0]!.workerId, callers[0]!.params, callers[0]!.lease, callers.length),
         MAX_GROUP,
-        () => groups.delete(key),
-      );
-      groups.set(key, group);
-    }
-    return group.submit(undefined);
+        onIdle,
+      ),
+  );
+  return async (claim) => {
+    const c = claimParams(store, claim);
+    return group(c.key).submit(c);
   };
 }

@@ -4,6 +4,7 @@ import { checkStoreId, enqueuedBefore, enqueueParams, failParams, failResult, LE
 import type { JobState, JobStore, JobStoreOptions, StoreDescriptor } from '../types.js';
 import { claimer } from './claim.js';
 import { completer } from './complete.js';
+import { completeClaimer } from './complete-claim.js';
 import { owned, preparedOn } from './prepared.js';
 import * as q from './queries.js';
 import { rowToJob, type JobRow } from './rows.js';
@@ -46,8 +47,9 @@ async function readStoreId(pool: PoolLike): Promise<string> {
  * The job store on PostgreSQL. Every operation is one statement (its own
  * transaction), so the store needs no client of its own between calls and
  * works through any pool. Concurrent claim() calls (same owner, kinds and
- * leases) and concurrent complete() calls share a statement when they arrive
- * while one is in flight (./group.ts); a lone call goes out at once.
+ * leases), concurrent complete() calls and concurrent completeAndClaim()
+ * calls (same claim) share a statement when they arrive while one is in
+ * flight (./group.ts); a lone call goes out at once.
  *
  * @example
  * const store = await createPostgresJobStore({ connectionString: process.env.DATABASE_URL! });
@@ -97,6 +99,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
   const prepared = preparedOn(pool);
   const claim = claimer(prepared, options);
   const complete = completer(prepared);
+  const completeAndClaim = completeClaimer(prepared, options);
   let closed = false;
 
   return {
@@ -123,6 +126,8 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
     },
 
     complete,
+
+    completeAndClaim,
 
     async fail(lease, error, { retryable, backoffMs = 0 }) {
       const p = failParams(error, backoffMs);
