@@ -1,7 +1,8 @@
 /**
- * Grouped statements on one PostgreSQL store: claim() and complete() calls
- * that arrive while one of their kind is in flight go out together, as one
- * CLAIM_MANY or COMPLETE_MANY (src/lease/postgres/group.ts). They must keep
+ * Grouped statements on one PostgreSQL store: claim(), complete() and
+ * completeAndClaim() calls that arrive while one of their kind is in flight
+ * go out together, as one CLAIM_MANY, COMPLETE_MANY or COMPLETE_CLAIM_MANY
+ * (src/lease/postgres/group.ts). They must keep
  * every guarantee of the one-at-a-time statements: each job claimed once per
  * lease, dead jobs failed and reported once, rising tokens under a shared
  * fence key, and a result stored only for a lease still held.
@@ -194,6 +195,35 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     expect(Number(statements!.together)).toBe(4);
   });
 
+  test('plain claims and completeAndClaim calls of one claim share the group: one statement claims for both, never two claims in flight', async () => {
+    await seed('g-mix', 10);
+    const claim = { workerId: 'gw13', kinds: ['g-mix'] };
+    const mine = (await Promise.all(Array.from({ length: 3 }, () => store.claim(claim)))).map((r) => r.lease!);
+    await db.sql("UPDATE tool_jobs SET lease_until = now() - interval '1 hour' WHERE id = $1", [mine[1]!.id]);
+    expect((await store.claim({ workerId: 'gw14', kinds: ['g-mix'] })).lease?.id).toBe(mine[1]!.id);
+
+    const [alone, c0, plain1, c1, c2, plain2] = await Promise.all([
+      store.claim(claim),
+      store.completeAndClaim!(mine[0]!, 0, claim),
+      store.claim(claim),
+      store.completeAndClaim!(mine[1]!, 1, claim),
+      store.completeAndClaim!(mine[2]!, 2, claim),
+      store.claim(claim),
+    ]);
+    expect([c0!.complete.ok, c1!.complete.ok, c2!.complete.ok]).toEqual([true, false, true]);
+    expect(c1!.claim).toEqual({ lease: null, failed: [] });
+    const leases = [alone!.lease, c0!.claim.lease, plain1!.lease, c2!.claim.lease, plain2!.lease];
+    expect(leases.every((l) => l !== null && l.ownerId === 'gw13' && l.fencingToken === 1)).toBe(true);
+    expect(new Set(leases.map((l) => l!.id)).size).toBe(5);
+    // The first call alone; the other five in one statement, which completed two and claimed four.
+    const [together] = await db.sql<{ n: string }>(
+      `SELECT count(*) AS n FROM tool_jobs
+        WHERE kind = 'g-mix' AND state = 'running' AND owner_id = 'gw13'
+          AND first_claimed_at IN (SELECT finished_at FROM tool_jobs WHERE kind = 'g-mix' AND finished_at IS NOT NULL)`,
+    );
+    expect(Number(together!.n)).toBe(4);
+  });
+
   test('negative controls of COMPLETE_CLAIM_MANY: without the ownership columns a stale lease completes; with a claim per lease instead of per completed one, it claims', async () => {
     await seed('g-nc', 8);
     const stale = async (text: string) => {
@@ -210,6 +240,7 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
         ['gw11'],
         [lease!.fencingToken],
         [JSON.stringify('stale')],
+        0,
       ]);
       return { completed: rows[0]!.done ?? [], claimed: rows.filter((r) => r.id !== null).length };
     };
@@ -253,7 +284,7 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
       expect(await seqScans('claim_many', q.CLAIM_MANY)).toBe(0);
       // The same for the claim inside COMPLETE_CLAIM_MANY, whose LIMIT is a subquery.
       expect(
-        await seqScans('complete_claim_many', q.COMPLETE_CLAIM_MANY, 'bigint[], text[], bigint[], jsonb[]', "'{1,2}', '{gw8,gw8}', '{1,1}', '{1,2}'"),
+        await seqScans('complete_claim_many', q.COMPLETE_CLAIM_MANY, 'bigint[], text[], bigint[], jsonb[], int', "'{1,2}', '{gw8,gw8}', '{1,1}', '{1,2}', 1"),
       ).toBe(0);
       // Negative control: the same statement without the id array.
       const unguarded = q.CLAIM_MANY.replace('\n  AND j.id = ANY (ARRAY(SELECT id FROM pick))', '');

@@ -261,18 +261,20 @@ export const COMPLETE_MANY = `
 ${completeMany('$1', '$2', '$3', '$4')}`;
 
 /**
- * COMPLETE_MANY, then CLAIM_MANY for as many jobs as it completed, in one
- * statement: one round trip, one commit and one WAL flush where a worker's
- * finished slots would pay two (docs/bench-lease.md). $1–$4 as in CLAIM;
- * $5–$8 the leases and results, as COMPLETE_MANY's $1–$4.
+ * COMPLETE_MANY, then CLAIM_MANY for as many jobs as it completed plus $9,
+ * in one statement: one round trip, one commit and one WAL flush where a
+ * worker's finished slots would pay two (docs/bench-lease.md). $1–$4 as in
+ * CLAIM; $5–$8 the leases and results, as COMPLETE_MANY's $1–$4; $9 the
+ * plain claims of the group (./claim.ts), which need no complete.
  *
  * The claim is CLAIM_MANY's own text (claimManyPicks, claimManyUpdate), with
- * `LIMIT (SELECT count(*) FROM done)`: a lease whose complete was refused
- * (stale token, lost, expired) adds no claim, so a stale completer claims
- * nothing on its own behalf. Every sub-statement reads the snapshot of the
- * statement's start, so the picks see the just-completed jobs as running
- * under a live lease (`done` checked `lease_until > clock_timestamp()`),
- * which neither pick takes: a job is never completed and claimed in one go.
+ * `LIMIT (SELECT count(*) FROM done) + $9`: a lease whose complete was
+ * refused (stale token, lost, expired) adds no claim, so a stale completer
+ * claims nothing on its own behalf. Every sub-statement reads the snapshot
+ * of the statement's start, so the picks see the just-completed jobs as
+ * running under a live lease (`done` checked `lease_until >
+ * clock_timestamp()`), which neither pick takes: a job is never completed
+ * and claimed in one go.
  *
  * One row always: `done`, the ids completed, and the claimed job's columns,
  * NULL when nothing was claimed.
@@ -280,7 +282,7 @@ ${completeMany('$1', '$2', '$3', '$4')}`;
 export const COMPLETE_CLAIM_MANY = `
 WITH done AS (
 ${completeMany('$5', '$6', '$7', '$8')}
-), ${claimManyPicks('(SELECT count(*) FROM done)')}, claimed AS (
+), ${claimManyPicks('((SELECT count(*) FROM done) + $9::int)')}, claimed AS (
 ${claimManyUpdate}
 RETURNING ${columns('j.')}
 )
