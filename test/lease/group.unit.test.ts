@@ -7,21 +7,32 @@
 import { expect, test } from 'vitest';
 import { StatementGroup } from '../../src/lease/postgres/group.js';
 
-test('callers answered by a statement and calling again at once share the next one', async () => {
+/** The statements' sizes when four callers make five calls each, each as soon as the previous one is answered. */
+async function batchesOf(rejoins: ((input: number) => boolean) | undefined): Promise<number[]> {
   const batches: number[] = [];
-  const group = new StatementGroup(async (inputs: number[]) => {
-    batches.push(inputs.length);
-    await new Promise((resolve) => setTimeout(resolve, 5)); // the round trip
-    return inputs;
-  }, 100);
-  // Four callers, five calls each, each call made as soon as the previous one is answered.
+  const group = new StatementGroup(
+    async (inputs: number[]) => {
+      batches.push(inputs.length);
+      await new Promise((resolve) => setTimeout(resolve, 5)); // the round trip
+      return inputs;
+    },
+    100,
+    undefined,
+    rejoins,
+  );
   await Promise.all(
     Array.from({ length: 4 }, async (_, caller) => {
       for (let i = 0; i < 5; i++) expect(await group.submit(caller)).toBe(caller);
     }),
   );
-  // The first call alone; the other three wait for it, and the first caller's
-  // second call joins them; then all four go together. (Without the group's
-  // turn of the event loop after each answer: 1, 3, 1, 3, …, ten statements.)
-  expect(batches).toEqual([1, 4, 4, 4, 4, 3]);
+  return batches;
+}
+
+test('callers that call again once answered share the next statement when the group expects them to', async () => {
+  // The first call alone; the other three wait for it, and the first
+  // caller's second call joins them; then all four go together.
+  expect(await batchesOf(() => true)).toEqual([1, 4, 4, 4, 4, 3]);
+  // Control: a group that does not expect them. The callers split in two
+  // halves that take turns: twice the statements.
+  expect(await batchesOf(undefined)).toEqual([1, 3, 1, 3, 1, 3, 1, 3, 1, 3]);
 });

@@ -132,6 +132,8 @@ export function claimers(prepared: Prepared, store: JobStoreOptions) {
         (items: Item[]) => serve(prepared, items),
         MAX_GROUP,
         () => groups.delete(key),
+        // A runner slot whose complete claimed its next job comes back with its next complete.
+        (item) => item.complete !== undefined,
       );
       groups.set(key, group);
     }
