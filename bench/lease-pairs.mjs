@@ -55,6 +55,8 @@ for (let round = 0; round < rounds; round++) {
         server: r.serverCpuMs / r.completed,
         capped: r.capped,
         load: loadavg()[0],
+        // Statements on tool_jobs per completed job (fencegate rows; absent for a --base too old to count them).
+        statements: r.statements && Object.fromEntries(Object.entries(r.statements).map(([k, n]) => [k, n / r.completed])),
       };
       ((results[workers] ??= {})[name] ??= []).push(sample);
       process.stderr.write(
@@ -93,6 +95,20 @@ console.log(`|---:|${names.map(() => '---:').join('|')}|`);
 for (const workers of workersList) {
   const row = results[workers];
   console.log(`| ${workers} | ${names.map((n) => `${f2(median(row[n].map((s) => s.client)))} / ${f2(median(row[n].map((s) => s.server)))}`).join(' | ')} |`);
+}
+const counted = names.filter((n) => workersList.every((w) => results[w][n].every((s) => s.statements)));
+if (counted.length > 0) {
+  console.log(`\nStatements on tool_jobs per job, medians: all (claim + complete + complete-and-claim)`);
+  console.log(`| workers | ${counted.join(' | ')} |`);
+  console.log(`|---:|${counted.map(() => '---:').join('|')}|`);
+  const per = (row, key) => median(row.map((s) => (key ? s.statements[key] : Object.values(s.statements).reduce((a, b) => a + b, 0))));
+  for (const workers of workersList) {
+    const cells = counted.map((n) => {
+      const row = results[workers][n];
+      return `${per(row).toFixed(3)} (${per(row, 'claim').toFixed(3)} + ${per(row, 'complete').toFixed(3)} + ${per(row, 'completeAndClaim').toFixed(3)})`;
+    });
+    console.log(`| ${workers} | ${cells.join(' | ')} |`);
+  }
 }
 console.log(`\nper-round cycles/s:`);
 for (const workers of workersList) {

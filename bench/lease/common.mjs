@@ -144,3 +144,34 @@ export async function cpuProbe(appName) {
     },
   };
 }
+
+/**
+ * Counts the statements on `tool_jobs` this process sends through `pg` from
+ * `start()` on, by kind (the store's hot-path texts). The heartbeat thread
+ * has its own `pg` and is not counted; with no-op handlers it sends no beat.
+ */
+export function statementCounter() {
+  const counts = { claim: 0, complete: 0, completeAndClaim: 0, other: 0 };
+  let on = false;
+  const kind = (text) =>
+    text.includes('WITH done AS')
+      ? 'completeAndClaim'
+      : text.trimStart().startsWith('WITH expired AS')
+        ? 'claim'
+        : text.includes("SET state = 'succeeded'")
+          ? 'complete'
+          : 'other';
+  const query = pg.Client.prototype.query;
+  pg.Client.prototype.query = function (config, ...rest) {
+    const text = typeof config === 'string' ? config : (config?.text ?? '');
+    if (on && text.includes('tool_jobs')) counts[kind(text)]++;
+    return query.call(this, config, ...rest);
+  };
+  return {
+    start: () => (on = true),
+    stop() {
+      on = false;
+      return { ...counts };
+    },
+  };
+}

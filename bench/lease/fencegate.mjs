@@ -13,7 +13,20 @@
 import { performance } from 'node:perf_hooks';
 import { createPostgresJobStore, LeaseEvents, runWorker } from '../../dist/lease/index.js';
 import { sha256Json } from '../../dist/lease/store-common.js';
-import { admin, childConfig, cpuProbe, createSchema, dropSchema, newSchemaName, PG_URL, report, timedLoops, withAppName, withSearchPath } from './common.mjs';
+import {
+  admin,
+  childConfig,
+  cpuProbe,
+  statementCounter,
+  createSchema,
+  dropSchema,
+  newSchemaName,
+  PG_URL,
+  report,
+  timedLoops,
+  withAppName,
+  withSearchPath,
+} from './common.mjs';
 
 /** The payload every job carries (its hash is stored as enqueue would). */
 const PAYLOAD = {};
@@ -23,11 +36,15 @@ const schema = newSchemaName('fg_lease_bench');
 await createSchema(schema);
 const url = withAppName(withSearchPath(PG_URL, schema), schema);
 
+const statements = statementCounter();
 let out;
 try {
   const store = await createPostgresJobStore({ connectionString: url, ...(poolMax ? { poolMax } : {}) });
   const seedMs = await seed(queued, finished);
-  const probe = await cpuProbe(schema);
+  const cpu = await cpuProbe(schema);
+  statements.start();
+  // Statements are counted over the same span as the CPU.
+  const probe = { stop: async () => ({ ...(await cpu.stop()), statements: statements.stop() }) };
   const result = mode === 'runner' ? await runner(store, probe) : await raw(store, probe);
   await store.close();
   out = { system: 'fencegate', mode, workers, poolMax: poolMax ?? 4, queued, finished, seedMs, ...result };

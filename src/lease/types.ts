@@ -136,6 +136,12 @@ export interface LeaseLost {
 
 export type ExtendResult = { ok: true; leaseUntil: Date } | LeaseLost;
 export type CompleteResult = { ok: true } | LeaseLost;
+
+/** `completeAndClaim`'s answer: the complete's, and the claim's (nothing claimed when the complete was refused). */
+export interface CompleteAndClaimResult {
+  complete: CompleteResult;
+  claim: ClaimResult;
+}
 export type ReleaseResult = { ok: true } | LeaseLost;
 
 export interface FailOptions {
@@ -176,6 +182,15 @@ export interface JobStore {
   claim(options: ClaimOptions): Promise<ClaimResult>;
   extend(lease: LeaseRef): Promise<ExtendResult>;
   complete(lease: LeaseRef, result: unknown): Promise<CompleteResult>;
+  /**
+   * `complete(lease, result)` and then, only if that stored the result,
+   * `claim(claim)`, in one transaction: what a worker's slot does when its
+   * job succeeded and it wants the next one. The complete keeps its full
+   * ownership condition and the claim its rules; a refused complete claims
+   * nothing. Optional: the runner calls `complete` and `claim` on a store
+   * without it.
+   */
+  completeAndClaim?(lease: LeaseRef, result: unknown, claim: ClaimOptions): Promise<CompleteAndClaimResult>;
   fail(lease: LeaseRef, error: JobErrorInfo, options: FailOptions): Promise<FailResult>;
   /** Gives a running job back (queued, claimable now); the attempt still counts. */
   release(lease: LeaseRef): Promise<ReleaseResult>;

@@ -10,11 +10,12 @@ import type { LeaseEvent } from '../../src/lease/events.js';
 import { LeaseCell, LeaseStatus } from '../../src/lease/heartbeat/cell.js';
 import { leaseKey } from '../../src/lease/heartbeat/protocol.js';
 import { monotonicMs } from '../../src/lease/timing.js';
-import type { CompleteResult, FailResult, Lease } from '../../src/lease/types.js';
+import type { ClaimResult, CompleteAndClaimResult, CompleteResult, FailResult, Lease } from '../../src/lease/types.js';
 import type { Attempt, AttemptContext } from '../../src/lease/runner/attempt-types.js';
 import { onHeartbeatReport, releaseAttempt, startAttempt } from '../../src/lease/runner/attempt.js';
 import { classify } from '../../src/lease/runner/classify.js';
 import type { JobContext } from '../../src/lease/runner/types.js';
+import type { NextClaim } from '../../src/lease/runner/claim-lanes.js';
 
 const HOUR = 3_600_000;
 
@@ -42,7 +43,7 @@ function lease(overrides: Partial<Lease> = {}): Lease {
 type Run = (ctx: JobContext<unknown>) => unknown;
 
 /** A context of plain objects that records what the lifecycle did. */
-function harness(run: Run, options: { maxRunMs?: number; complete?: () => Promise<CompleteResult>; fail?: () => Promise<FailResult> } = {}) {
+function harness(run: Run, options: { maxRunMs?: number; complete?: () => Promise<CompleteResult>; fail?: () => Promise<FailResult>; next?: NextClaim } = {}) {
   const events: LeaseEvent[] = [];
   const calls: string[] = [];
   let onFreed: () => void = () => {};
@@ -84,6 +85,7 @@ function harness(run: Run, options: { maxRunMs?: number; complete?: () => Promis
     active: new Map<string, Attempt>(),
     emit: (event) => void events.push(event),
     freed: () => onFreed(),
+    nextClaim: () => options.next,
   };
   const types = () => events.map((e) => e.type);
   return { ctx, events, calls, freed, types };
@@ -119,6 +121,63 @@ describe('attempt lifecycle with plain objects', () => {
     expect(h.types()).toEqual(['job_claimed', 'result_committed']);
     expect(h.ctx.active.size).toBe(0);
     expect(a.cell.status).toBe(LeaseStatus.Released);
+  });
+
+  /** A next claim that answers `answer` and records what the attempt did with it; `taken` resolves on take. */
+  function nextClaim(calls: string[], answer: () => Promise<CompleteAndClaimResult>, refills: boolean) {
+    let onTaken: (claim: ClaimResult | undefined) => void = () => {};
+    const taken = new Promise<ClaimResult | undefined>((resolve) => (onTaken = resolve));
+    const next: NextClaim = {
+      send: async (_lease, result) => {
+        calls.push(`completeAndClaim ${JSON.stringify(result)}`);
+        return answer();
+      },
+      take: (claim) => {
+        calls.push(`take ${claim?.lease?.id ?? 'nothing'}`);
+        onTaken(claim);
+        return refills && claim?.lease != null;
+      },
+    };
+    return { next, taken };
+  }
+
+  test('while the queue has work, the commit and the next claim go in one call; the next job takes the slot, no lane is woken', async () => {
+    const calls: string[] = [];
+    const n = nextClaim(calls, async () => ({ complete: { ok: true }, claim: { lease: lease({ id: 8 }), failed: [] } }), true);
+    const h = harness(async () => 'done', { next: n.next });
+    let freed = false;
+    void h.freed.then(() => (freed = true));
+    const a = startAttempt(h.ctx, lease(), monotonicMs());
+    await n.taken;
+    await Promise.resolve();
+    expect(calls).toEqual(['completeAndClaim "done"', 'take 8']);
+    expect(h.calls.some((c) => c.startsWith('complete '))).toBe(false);
+    // The commit is reported before the next job's claim is handed over.
+    expect(h.types()).toEqual(['job_claimed', 'result_committed']);
+    expect(h.ctx.active.has(a.key)).toBe(false);
+    expect(freed).toBe(false);
+  });
+
+  test('the combined call refuses the commit: result_rejected, nothing to take, the slot goes back to the lanes', async () => {
+    const calls: string[] = [];
+    const n = nextClaim(calls, async () => ({ complete: { ok: false, reason: 'lease_lost' }, claim: { lease: null, failed: [] } }), true);
+    const h = harness(async () => 1, { next: n.next });
+    startAttempt(h.ctx, lease(), monotonicMs());
+    await h.freed;
+    expect(calls).toEqual(['completeAndClaim 1', 'take nothing']);
+    expect(h.calls.some((c) => c.startsWith('complete '))).toBe(false);
+    expect(h.events.at(-1)).toMatchObject({ type: 'result_rejected', reason: 'lease_lost' });
+  });
+
+  test('the combined call fails: store_error, the claim is taken as nothing, and the slot is freed', async () => {
+    const calls: string[] = [];
+    const n = nextClaim(calls, async () => Promise.reject(new Error('connection reset')), true);
+    const h = harness(async () => 1, { next: n.next });
+    startAttempt(h.ctx, lease(), monotonicMs());
+    await h.freed;
+    expect(await n.taken).toBeUndefined();
+    expect(h.events.at(-1)).toMatchObject({ type: 'result_rejected', reason: 'store_error', error: 'connection reset' });
+    expect(h.ctx.active.size).toBe(0);
   });
 
   test('the lease was lost while the handler ran: the value is never offered to the store', async () => {

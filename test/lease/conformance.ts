@@ -4,7 +4,7 @@
  * never by faking the database clock.
  */
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
-import type { Job, JobStore, Lease } from '../../src/lease/types.js';
+import type { ClaimOptions, Job, JobStore, Lease } from '../../src/lease/types.js';
 import type { TestDatabase, TestDatabaseFactory } from './helpers/stores.js';
 
 function must<T>(value: T | null | undefined): T {
@@ -201,6 +201,101 @@ export function jobStoreConformance(name: string, factory: TestDatabaseFactory):
       const res = await store.claim({ workerId: 'w1' });
       expect(res.lease?.id).toBe(live.job.id);
       expect(res.failed.map((f) => f.id)).toEqual([dead.job.id]);
+    });
+
+    /** The store's completeAndClaim (both backends have it). */
+    const completeAndClaim = (lease: Lease, result: unknown, claim: ClaimOptions) => must(store.completeAndClaim).call(store, lease, result, claim);
+
+    test('completeAndClaim stores the result and claims the next job by the claim’s rules: its kinds, its lease length, recovery first', async () => {
+      const { job: first } = await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {} });
+      const lease = await claimOne('w1');
+      const email = await store.enqueue({ kind: 'email', idempotencyKey: nextKey(), payload: {} });
+      const queued = await store.enqueue({ kind: 'short', idempotencyKey: nextKey(), payload: { n: 2 } });
+      const { job: expired } = await store.enqueue({ kind: 'short', idempotencyKey: nextKey(), payload: { n: 3 } });
+      await db.backdate('run_after', 60_000, expired.id); // older than `queued`: claimed by w2 first
+      const other = await claimOne('w2', { kinds: ['short'] });
+      expect(other.id).toBe(expired.id);
+      await db.expireLease(expired.id);
+
+      const res = await completeAndClaim(lease, { paid: true }, { workerId: 'w1', kinds: ['payment', 'short'] });
+      expect(res.complete).toEqual({ ok: true });
+      expect(res.claim.failed).toEqual([]);
+      // The expired job before the fresh one, with token+1 and w2 as its previous owner.
+      expect(res.claim.lease).toMatchObject({ id: expired.id, ownerId: 'w1', fencingToken: 2, attempt: 2, previousOwnerId: 'w2', leaseMs: 2_000 });
+      expect(must(await store.get(first.id))).toMatchObject({ state: 'succeeded', result: { paid: true } });
+      expectLeaseLength(db.dialect, must(await store.get(expired.id)), 2_000);
+      expect(must(await store.get(email.job.id)).state).toBe('queued');
+      expect(must(await store.get(queued.job.id)).state).toBe('queued');
+    });
+
+    test('completeAndClaim with nothing to claim completes and claims nothing; dead jobs on the way are failed and reported', async () => {
+      await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {} });
+      const a = await claimOne('w1');
+      expect(await completeAndClaim(a, 1, { workerId: 'w1' })).toEqual({ complete: { ok: true }, claim: { lease: null, failed: [] } });
+
+      await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {} });
+      const b = await claimOne('w1');
+      const dead = await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {}, deadlineMs: 60_000 });
+      await db.backdate('deadline_at', 120_000, dead.job.id);
+      const live = await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {} });
+      const res = await completeAndClaim(b, 2, { workerId: 'w1' });
+      expect(res.complete).toEqual({ ok: true });
+      expect(res.claim.lease?.id).toBe(live.job.id);
+      expect(res.claim.failed).toEqual([{ id: dead.job.id, kind: 'payment', fencingToken: 0, reason: 'deadline', previousOwnerId: null }]);
+    });
+
+    test('completeAndClaim: the next job of a shared custom fence key gets a token above the one just completed', async () => {
+      await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {}, fenceKey: 'invoice:90' });
+      const a = await claimOne('w1');
+      await db.expireLease(a.id);
+      const a2 = await claimOne('w2');
+      expect(a2.fencingToken).toBe(2);
+      await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {}, fenceKey: 'invoice:90' });
+      const res = await completeAndClaim(a2, 'done', { workerId: 'w2' });
+      expect(res.claim.lease).toMatchObject({ fenceKey: 'invoice:90', fencingToken: 3 });
+    });
+
+    test('completeAndClaim by a stale lease completes nothing and claims nothing, not even its own expired job', async () => {
+      // Taken over: another owner holds the job with token 2.
+      const { job } = await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {} });
+      const w1 = await claimOne('w1');
+      await db.expireLease(job.id);
+      const w2 = await claimOne('w2');
+      const waiting = await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {} });
+      expect(await completeAndClaim(w1, { paidBy: 'w1' }, { workerId: 'w1' })).toEqual({
+        complete: { ok: false, reason: 'lease_lost' },
+        claim: { lease: null, failed: [] },
+      });
+      expect(must(await store.get(job.id))).toMatchObject({ state: 'running', ownerId: 'w2', fencingToken: 2, result: null });
+      expect(must(await store.get(waiting.job.id))).toMatchObject({ state: 'queued', attempt: 0, ownerId: null });
+
+      // Expired, not yet taken over: the job itself would be claimable, but not by this call.
+      const own = await claimOne('w1', {});
+      expect(own.id).toBe(waiting.job.id);
+      await db.expireLease(own.id);
+      const another = await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {} });
+      expect(await completeAndClaim(own, 'late', { workerId: 'w1' })).toEqual({
+        complete: { ok: false, reason: 'lease_lost' },
+        claim: { lease: null, failed: [] },
+      });
+      expect(must(await store.get(own.id))).toMatchObject({ state: 'running', ownerId: 'w1', fencingToken: 1, result: null });
+      expect(must(await store.get(another.job.id))).toMatchObject({ state: 'queued', attempt: 0 });
+
+      // A wrong token on a live lease: the same.
+      await store.complete(w2, 'w2');
+      const live = await claimOne('w3');
+      expect(await completeAndClaim({ ...live, fencingToken: live.fencingToken + 1 }, 'forged', { workerId: 'w3' })).toEqual({
+        complete: { ok: false, reason: 'lease_lost' },
+        claim: { lease: null, failed: [] },
+      });
+      expect(must(await store.get(live.id))).toMatchObject({ state: 'running', result: null });
+    });
+
+    test('completeAndClaim with bad claim options throws before anything is completed', async () => {
+      await store.enqueue({ kind: 'payment', idempotencyKey: nextKey(), payload: {} });
+      const lease = await claimOne('w1');
+      await expect(completeAndClaim(lease, 'x', { workerId: 'w1', kinds: [] })).rejects.toThrow(/kinds/);
+      expect(must(await store.get(lease.id))).toMatchObject({ state: 'running', result: null });
     });
 
     test('fail(retryable) requeues after the backoff; the retry gets token+1 and attempt+1', async () => {

@@ -1,7 +1,8 @@
 /**
- * Grouped statements on one PostgreSQL store: claim() and complete() calls
- * that arrive while one of their kind is in flight go out together, as one
- * CLAIM_MANY or COMPLETE_MANY (src/lease/postgres/group.ts). They must keep
+ * Grouped statements on one PostgreSQL store: claim(), complete() and
+ * completeAndClaim() calls that arrive while one of their kind is in flight
+ * go out together, as one CLAIM_MANY, COMPLETE_MANY or COMPLETE_CLAIM_MANY
+ * (src/lease/postgres/group.ts). They must keep
  * every guarantee of the one-at-a-time statements: each job claimed once per
  * lease, dead jobs failed and reported once, rising tokens under a shared
  * fence key, and a result stored only for a lease still held.
@@ -159,6 +160,106 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     expect(overwritten!.result).toEqual({ by: 'gw6 (stale)' });
   });
 
+  test('grouped completeAndClaim: each slot whose complete matched claims one job, the stale ones in the group claim nothing, all in one statement', async () => {
+    await seed('g-next', 12);
+    const mine = (await Promise.all(Array.from({ length: 6 }, () => store.claim({ workerId: 'gw9', kinds: ['g-next'] })))).map((r) => r.lease!);
+    // Two of them go to another owner (token 2).
+    const lostIds = [mine[1]!.id, mine[3]!.id];
+    await db.sql("UPDATE tool_jobs SET lease_until = now() - interval '1 hour' WHERE id = ANY ($1::bigint[])", [lostIds]);
+    const other = await Promise.all(lostIds.map(() => store.claim({ workerId: 'gw10', kinds: ['g-next'] })));
+    expect(other.map((r) => r.lease?.fencingToken)).toEqual([2, 2]);
+
+    const claim = { workerId: 'gw9', kinds: ['g-next'] };
+    const answers = await Promise.all(mine.map((l) => store.completeAndClaim!(l, { id: l.id }, claim)));
+    expect(answers.map((a) => a.complete.ok)).toEqual([true, false, true, false, true, true]);
+    expect(answers.map((a) => a.claim.lease !== null)).toEqual([true, false, true, false, true, true]);
+    const next = answers.flatMap((a) => (a.claim.lease ? [a.claim.lease] : []));
+    expect(new Set(next.map((l) => l.id)).size).toBe(4);
+    expect(next.every((l) => l.fencingToken === 1 && l.ownerId === 'gw9' && !mine.some((m) => m.id === l.id))).toBe(true);
+    const rows = await db.sql<{ state: string; n: string }>("SELECT state, count(*) AS n FROM tool_jobs WHERE kind = 'g-next' GROUP BY state ORDER BY state");
+    // 12 jobs: 4 succeeded, 2 running under gw10, 4 newly running under gw9, 2 left.
+    expect(rows).toEqual([
+      { state: 'queued', n: '2' },
+      { state: 'running', n: '6' },
+      { state: 'succeeded', n: '4' },
+    ]);
+    // The first call alone, the other five together: each statement claimed
+    // at the very now() it completed at.
+    const [statements] = await db.sql<{ completes: string; together: string }>(
+      `SELECT count(DISTINCT finished_at) AS completes,
+              count(*) FILTER (WHERE first_claimed_at IN (SELECT finished_at FROM tool_jobs WHERE kind = 'g-next' AND finished_at IS NOT NULL)
+                                 AND owner_id = 'gw9' AND state = 'running') AS together
+         FROM tool_jobs WHERE kind = 'g-next'`,
+    );
+    expect(Number(statements!.completes)).toBe(2);
+    expect(Number(statements!.together)).toBe(4);
+  });
+
+  test('plain claims and completeAndClaim calls of one claim share the group: one statement claims for both, never two claims in flight', async () => {
+    await seed('g-mix', 10);
+    const claim = { workerId: 'gw13', kinds: ['g-mix'] };
+    const mine = (await Promise.all(Array.from({ length: 3 }, () => store.claim(claim)))).map((r) => r.lease!);
+    await db.sql("UPDATE tool_jobs SET lease_until = now() - interval '1 hour' WHERE id = $1", [mine[1]!.id]);
+    expect((await store.claim({ workerId: 'gw14', kinds: ['g-mix'] })).lease?.id).toBe(mine[1]!.id);
+
+    const [alone, c0, plain1, c1, c2, plain2] = await Promise.all([
+      store.claim(claim),
+      store.completeAndClaim!(mine[0]!, 0, claim),
+      store.claim(claim),
+      store.completeAndClaim!(mine[1]!, 1, claim),
+      store.completeAndClaim!(mine[2]!, 2, claim),
+      store.claim(claim),
+    ]);
+    expect([c0!.complete.ok, c1!.complete.ok, c2!.complete.ok]).toEqual([true, false, true]);
+    expect(c1!.claim).toEqual({ lease: null, failed: [] });
+    const leases = [alone!.lease, c0!.claim.lease, plain1!.lease, c2!.claim.lease, plain2!.lease];
+    expect(leases.every((l) => l !== null && l.ownerId === 'gw13' && l.fencingToken === 1)).toBe(true);
+    expect(new Set(leases.map((l) => l!.id)).size).toBe(5);
+    // The first call alone; the other five in one statement, which completed two and claimed four.
+    const [together] = await db.sql<{ n: string }>(
+      `SELECT count(*) AS n FROM tool_jobs
+        WHERE kind = 'g-mix' AND state = 'running' AND owner_id = 'gw13'
+          AND first_claimed_at IN (SELECT finished_at FROM tool_jobs WHERE kind = 'g-mix' AND finished_at IS NOT NULL)`,
+    );
+    expect(Number(together!.n)).toBe(4);
+  });
+
+  test('negative controls of COMPLETE_CLAIM_MANY: without the ownership columns a stale lease completes; with a claim per lease instead of per completed one, it claims', async () => {
+    await seed('g-nc', 8);
+    const stale = async (text: string) => {
+      const { lease } = await store.claim({ workerId: 'gw11', kinds: ['g-nc'] });
+      await db.sql("UPDATE tool_jobs SET lease_until = now() - interval '1 hour' WHERE id = $1", [lease!.id]);
+      const taken = (await store.claim({ workerId: 'gw12', kinds: ['g-nc'] })).lease!;
+      expect(taken.id).toBe(lease!.id);
+      const rows = await db.sql<{ done: string[] | null; id: string | null }>(text, [
+        'gw11',
+        ['g-nc'],
+        60_000,
+        '{}',
+        [lease!.id],
+        ['gw11'],
+        [lease!.fencingToken],
+        [JSON.stringify('stale')],
+        0,
+      ]);
+      return { completed: rows[0]!.done ?? [], claimed: rows.filter((r) => r.id !== null).length };
+    };
+    expect(await stale(q.COMPLETE_CLAIM_MANY)).toEqual({ completed: [], claimed: 0 });
+
+    const unconditional = q.COMPLETE_CLAIM_MANY.replace(
+      "AND j.owner_id = x.owner_id AND j.fencing_token = x.fencing_token\n  AND j.state = 'running' AND j.lease_until > clock_timestamp()",
+      '',
+    );
+    expect(unconditional).not.toBe(q.COMPLETE_CLAIM_MANY);
+    const overwrote = await stale(unconditional);
+    expect(overwrote.completed).toHaveLength(1);
+    expect(overwrote.claimed).toBe(1);
+
+    const perLease = q.COMPLETE_CLAIM_MANY.replaceAll('(SELECT count(*) FROM done)', 'cardinality($5::bigint[])');
+    expect(perLease).not.toBe(q.COMPLETE_CLAIM_MANY);
+    expect(await stale(perLease)).toEqual({ completed: [], claimed: 1 });
+  });
+
   test('the grouped claim’s generic plan reads the primary key for the picked ids only, never the whole table', async () => {
     // Once a prepared statement goes generic, LIMIT $5 is an unknown row
     // count; without the id array the planner hash-joined the picks against a
@@ -169,9 +270,9 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     await client.connect();
     try {
       await client.query('SET plan_cache_mode = force_generic_plan');
-      const seqScans = async (name: string, text: string) => {
-        await client.query(`PREPARE ${name}(text, text[], bigint, jsonb, int) AS ${text}`);
-        const { rows } = await client.query(`EXPLAIN (FORMAT JSON) EXECUTE ${name}('gw8', '{g-plan}', 1000, '{}', 8)`);
+      const seqScans = async (name: string, text: string, types = 'int', values = '8') => {
+        await client.query(`PREPARE ${name}(text, text[], bigint, jsonb, ${types}) AS ${text}`);
+        const { rows } = await client.query(`EXPLAIN (FORMAT JSON) EXECUTE ${name}('gw8', '{g-plan}', 1000, '{}', ${values})`);
         const nodes: { 'Node Type': string; 'Relation Name'?: string }[] = [];
         const walk = (n: { 'Node Type': string; 'Relation Name'?: string; Plans?: unknown[] }) => {
           nodes.push(n);
@@ -181,6 +282,10 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
         return nodes.filter((n) => n['Node Type'] === 'Seq Scan' && n['Relation Name'] === 'tool_jobs').length;
       };
       expect(await seqScans('claim_many', q.CLAIM_MANY)).toBe(0);
+      // The same for the claim inside COMPLETE_CLAIM_MANY, whose LIMIT is a subquery.
+      expect(
+        await seqScans('complete_claim_many', q.COMPLETE_CLAIM_MANY, 'bigint[], text[], bigint[], jsonb[], int', "'{1,2}', '{gw8,gw8}', '{1,1}', '{1,2}', 1"),
+      ).toBe(0);
       // Negative control: the same statement without the id array.
       const unguarded = q.CLAIM_MANY.replace('\n  AND j.id = ANY (ARRAY(SELECT id FROM pick))', '');
       expect(unguarded).not.toBe(q.CLAIM_MANY);

@@ -351,6 +351,116 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
       }
     });
 
+    /**
+     * The suite's store behind a wrapper that counts the calls the runner
+     * makes; `combined: false` hides completeAndClaim (a store without it).
+     * `hold` delays the answer of each completeAndClaim (after the database
+     * answered) until it resolves; `sent` is called when the answer is held.
+     */
+    function counting(options: { combined?: boolean; hold?: Promise<void>; sent?: () => void } = {}) {
+      const calls = { claim: 0, complete: 0, completeAndClaim: 0 };
+      const claimedTogether: number[] = [];
+      const wrapped: JobStore = {
+        ...store,
+        claim: (o) => (calls.claim++, store.claim(o)),
+        complete: (l, r) => (calls.complete++, store.complete(l, r)),
+        completeAndClaim: async (l, r, c) => {
+          calls.completeAndClaim++;
+          const both = await store.completeAndClaim!(l, r, c);
+          if (both.claim.lease) claimedTogether.push(both.claim.lease.id);
+          options.sent?.();
+          await options.hold;
+          return both;
+        },
+      };
+      if (options.combined === false) delete wrapped.completeAndClaim;
+      return { store: wrapped, calls, claimedTogether };
+    }
+
+    test('a slot whose job succeeded claims its next job in the same store call; a store without completeAndClaim gets complete and claim', async () => {
+      const run = async (combined: boolean) => {
+        const kind = unique('chain');
+        const jobs = [];
+        for (let i = 0; i < 5; i++) jobs.push((await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { i } })).job);
+        const c = counting({ combined });
+        const { worker } = await start({ store: c.store, concurrency: 1, handlers: { [kind]: ({ job }) => job.payload } });
+        for (const job of jobs) await worker.events.waitFor('result_committed', (e) => e.jobId === job.id);
+        await worker.stop();
+        for (const job of jobs) expect(await store.get(job.id)).toMatchObject({ state: 'succeeded', attempt: 1, fencingToken: 1 });
+        return c;
+      };
+      // One slot: the lane claims the first job; each commit claims the next (the last one's finds none).
+      const together = await run(true);
+      expect(together.calls).toMatchObject({ complete: 0, completeAndClaim: 5 });
+      expect(together.claimedTogether).toHaveLength(4);
+      // Negative control: without the combined operation, every job costs a complete and a claim.
+      const apart = await run(false);
+      expect(apart.calls).toMatchObject({ complete: 5, completeAndClaim: 0 });
+      expect(apart.calls.claim).toBeGreaterThanOrEqual(5);
+    });
+
+    test('a job claimed with the previous one’s complete is watched by the heartbeat thread like any other', async () => {
+      const kind = unique('chain-beat');
+      const first = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { slow: false } });
+      const second = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { slow: true } });
+      const finish = gate();
+      const c = counting();
+      const { worker, events } = await start({
+        ...BEATING,
+        store: c.store,
+        concurrency: 1,
+        handlers: { [kind]: async ({ job }) => ((job.payload as { slow: boolean }).slow ? (await finish.opened, 'slow') : 'quick') },
+      });
+      await worker.events.waitFor('job_claimed', (e) => e.jobId === second.job.id);
+      expect(c.claimedTogether).toEqual([second.job.id]);
+      await worker.events.waitFor('heartbeat_ok', (e) => e.jobId === second.job.id);
+      finish.open();
+      await worker.events.waitFor('result_committed', (e) => e.jobId === second.job.id);
+      expect(events.filter((e) => e.type === 'heartbeat_lost')).toEqual([]);
+      expect(await store.get(first.job.id)).toMatchObject({ state: 'succeeded', result: 'quick' });
+      expect(await store.get(second.job.id)).toMatchObject({ state: 'succeeded', attempt: 1, result: 'slow' });
+    });
+
+    test('stop() while a complete-and-claim is out: the job it claimed goes back before stop resolves, and never starts', async () => {
+      const kind = unique('chain-stop');
+      const first = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const second = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const hold = gate();
+      const sent = gate();
+      const c = counting({ hold: hold.opened, sent: sent.open });
+      const { worker, events } = await start({ store: c.store, concurrency: 1, handlers: { [kind]: () => 'ok' } });
+      await sent.opened;
+      // The database answered: the first job succeeded, the second is claimed by this worker.
+      expect(c.claimedTogether).toEqual([second.job.id]);
+      const stopped = worker.stop();
+      hold.open();
+      await stopped;
+      expect(await store.get(first.job.id)).toMatchObject({ state: 'succeeded' });
+      expect(await store.get(second.job.id)).toMatchObject({ state: 'queued', ownerId: null, attempt: 1 });
+      expect(events.some((e) => e.type === 'job_claimed' && e.jobId === second.job.id)).toBe(false);
+      expect(events.some((e) => e.type === 'result_committed' && e.jobId === first.job.id)).toBe(true);
+    });
+
+    test('a stopping worker completes alone: a slot that finishes after stop() claims nothing', async () => {
+      const kind = unique('chain-stopping');
+      const first = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const second = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+      const finish = gate();
+      const c = counting();
+      const { worker } = await start({
+        store: c.store,
+        concurrency: 1,
+        handlers: { [kind]: async () => (await finish.opened, 'ok') },
+      });
+      await worker.events.waitFor('job_claimed', (e) => e.jobId === first.job.id);
+      const stopped = worker.stop();
+      finish.open();
+      await stopped;
+      expect(c.calls).toMatchObject({ complete: 1, completeAndClaim: 0 });
+      expect(await store.get(first.job.id)).toMatchObject({ state: 'succeeded' });
+      expect(await store.get(second.job.id)).toMatchObject({ state: 'queued', attempt: 0 });
+    });
+
     test('a retryable failure is retried after the backoff with token+1; the result of the retry is committed', async () => {
       const kind = unique('retry');
       const { job } = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });

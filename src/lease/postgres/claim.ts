@@ -1,5 +1,5 @@
-import { claimRequest, failedFromJob, leaseFromJob, type leaseTable } from '../store-common.js';
-import type { ClaimOptions, ClaimResult, JobStoreOptions } from '../types.js';
+import { claimRequest, failedFromJob, LEASE_LOST, leaseFromJob, type leaseTable, toJson } from '../store-common.js';
+import type { ClaimOptions, ClaimResult, CompleteAndClaimResult, CompleteResult, JobStoreOptions, LeaseRef } from '../types.js';
 import { MAX_GROUP, StatementGroup } from './group.js';
 import type { Prepared } from './prepared.js';
 import * as q from './queries.js';
@@ -44,25 +44,108 @@ async function claimFor(
 }
 
 /**
- * The store's claim(): concurrent calls with the same owner, kinds and
- * leases share a statement (./group.ts); a lone call goes out at once.
+ * A claim's checked inputs as the claim statements' $1–$4, and the key of
+ * its group: only claims with the same owner, kinds and leases share a
+ * statement.
  */
-export function claimer(prepared: Prepared, store: JobStoreOptions): (claim: ClaimOptions) => Promise<ClaimResult> {
-  const groups = new Map<string, StatementGroup<undefined, ClaimResult>>();
-  return async (claim) => {
-    const { workerId, kinds, lease } = claimRequest(store, claim);
-    const params = [workerId, kinds, lease.defaultMs, JSON.stringify(lease.byKind)];
-    // Only claims with the same owner, kinds and leases share a statement.
-    const key = JSON.stringify(params);
+function claimParams(store: JobStoreOptions, claim: ClaimOptions) {
+  const { workerId, kinds, lease } = claimRequest(store, claim);
+  const params: unknown[] = [workerId, kinds, lease.defaultMs, JSON.stringify(lease.byKind)];
+  return { workerId, lease, params, key: JSON.stringify(params) };
+}
+
+type Claim = ReturnType<typeof claimParams>;
+/** A call of a claim group: a claim, or a complete whose claim runs only if it matched. */
+type Item = { claim: Claim; complete?: { lease: LeaseRef; json: string } };
+type Served = { complete?: CompleteResult; claim: ClaimResult };
+
+/**
+ * Serves the calls of a claim group in one statement: CLAIM or CLAIM_MANY
+ * when none of them completes, else COMPLETE_CLAIM_MANY, which claims for
+ * each plain claim and for each complete that matched (a stale lease claims
+ * nothing). Jobs found dead are reported once (to the first claimer); the
+ * claimers left without a lease because some picked jobs were dead claim
+ * again through claimFor, as a claim alone would.
+ */
+async function serve(prepared: Prepared, items: Item[]): Promise<Served[]> {
+  const { workerId, params, lease } = items[0]!.claim;
+  const completing = items.filter((i) => i.complete);
+  if (completing.length === 0) return (await claimFor(prepared, workerId, params, lease, items.length)).map((claim) => ({ claim }));
+  // A lease given twice in one group (never by the runner) goes one call at
+  // a time, so the second sees the first, as in ./complete.ts.
+  if (new Set(completing.map((i) => i.complete!.lease.id)).size < completing.length) {
+    const out: Served[] = [];
+    for (const item of items) out.push(...(await serve(prepared, [item])));
+    return out;
+  }
+  const { rows } = await prepared<JobRow & { done: string[] | null }>(q.COMPLETE_CLAIM_MANY, [
+    ...params,
+    completing.map((i) => i.complete!.lease.id),
+    completing.map((i) => i.complete!.lease.ownerId),
+    completing.map((i) => i.complete!.lease.fencingToken),
+    completing.map((i) => i.complete!.json),
+    items.length - completing.length,
+  ]);
+  const done = new Set((rows[0]?.done ?? []).map(Number));
+  const out = items.map((i): Served => {
+    const claim: ClaimResult = { lease: null, failed: [] };
+    if (!i.complete) return { claim };
+    return { complete: done.has(i.complete.lease.id) ? { ok: true } : LEASE_LOST, claim };
+  });
+  const claimers = out.filter((o) => o.complete?.ok !== false);
+  let given = 0;
+  let picked = 0;
+  for (const row of rows) {
+    if (row.id === null) continue; // the one row of a statement that claimed nothing
+    picked++;
+    const job = rowToJob(row);
+    if (job.state !== 'running') claimers[0]!.claim.failed.push(failedFromJob(job));
+    else claimers[given++]!.claim.lease = leaseFromJob(job, workerId, lease);
+  }
+  // Every pick was used and some were dead: more may be claimable.
+  const left = claimers.slice(given);
+  if (picked === claimers.length && left.length > 0) {
+    const again = await claimFor(prepared, workerId, params, lease, left.length);
+    left.forEach((o, i) => {
+      o.claim.lease = again[i]!.lease;
+      o.claim.failed.push(...again[i]!.failed);
+    });
+  }
+  return out;
+}
+
+/**
+ * The store's claim() and completeAndClaim(). Concurrent calls with the same
+ * owner, kinds and leases share a group (./group.ts): one statement in
+ * flight, the calls that arrive meanwhile together in the next one, so a
+ * worker's claims through one store never run at once, whichever call
+ * carries them, and its jobs sharing a custom fence key see each other's
+ * tokens. A lone call goes out at once.
+ */
+export function claimers(prepared: Prepared, store: JobStoreOptions) {
+  const groups = new Map<string, StatementGroup<Item, Served>>();
+  const submit = (item: Item) => {
+    const { key } = item.claim;
     let group = groups.get(key);
     if (!group) {
-      group = new StatementGroup<undefined, ClaimResult>(
-        (callers) => claimFor(prepared, workerId, params, lease, callers.length),
+      group = new StatementGroup(
+        (items: Item[]) => serve(prepared, items),
         MAX_GROUP,
         () => groups.delete(key),
+        // A runner slot whose complete claimed its next job comes back with its next complete.
+        (item) => item.complete !== undefined,
       );
       groups.set(key, group);
     }
-    return group.submit(undefined);
+    return group.submit(item);
+  };
+  return {
+    claim: async (claim: ClaimOptions): Promise<ClaimResult> => (await submit({ claim: claimParams(store, claim) })).claim,
+    async completeAndClaim(lease: LeaseRef, result: unknown, claim: ClaimOptions): Promise<CompleteAndClaimResult> {
+      // Checked before anything is sent: bad claim options throw, and nothing is completed.
+      const c = claimParams(store, claim);
+      const served = await submit({ claim: c, complete: { lease, json: toJson(result) } });
+      return { complete: served.complete!, claim: served.claim };
+    },
   };
 }

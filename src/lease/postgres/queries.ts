@@ -164,6 +164,39 @@ WHERE j.id = p.id
 RETURNING ${columns('j.')}`;
 
 /**
+ * CLAIM_MANY's CTEs (expired, ready, pick, ranked) for up to `limit` jobs,
+ * written once for CLAIM_MANY and COMPLETE_CLAIM_MANY: the same picks, locks
+ * and ranks, so the rules of a claim live in one place.
+ */
+function claimManyPicks(limit: string): string {
+  return `expired AS (
+  SELECT ${PICKED}, fence_key FROM tool_jobs
+   WHERE state = 'running' AND lease_until <= now() AND ${KIND_FILTER}
+   ORDER BY lease_until
+   LIMIT ${limit}
+   FOR UPDATE SKIP LOCKED
+), ready AS (
+  SELECT ${PICKED}, fence_key FROM tool_jobs
+   WHERE state = 'queued' AND run_after <= now() AND ${KIND_FILTER}
+   ORDER BY run_after, id
+   LIMIT ${limit}
+   FOR UPDATE SKIP LOCKED
+), pick AS (
+  SELECT id, owner_id AS previous_owner, kind, dead, fence_key, true AS was_running FROM expired
+  UNION ALL
+  SELECT id, NULL, kind, dead, fence_key, false FROM ready
+  LIMIT ${limit}
+), ranked AS (
+  SELECT pick.*, row_number() OVER (PARTITION BY fence_key ORDER BY id) AS nth FROM pick
+)`;
+}
+
+/** CLAIM_MANY's UPDATE of the ranked picks (its RETURNING follows). */
+const claimManyUpdate = `${claimUpdate('CASE WHEN j.fence_key IS NULL THEN 1 ELSE p.nth END')}FROM ranked p
+WHERE j.id = p.id
+  AND j.id = ANY (ARRAY(SELECT id FROM pick))`;
+
+/**
  * CLAIM for up to $5 callers at once (the store groups claim() calls that
  * arrive while one is in flight: docs/bench-lease.md). $1–$4 as in CLAIM.
  * The same picks, locks and ownership columns, row by row: expired running
@@ -184,29 +217,8 @@ RETURNING ${columns('j.')}`;
  * estimate (test/lease/group.postgres.test.ts checks the generic plan).
  */
 export const CLAIM_MANY = `
-WITH expired AS (
-  SELECT ${PICKED}, fence_key FROM tool_jobs
-   WHERE state = 'running' AND lease_until <= now() AND ${KIND_FILTER}
-   ORDER BY lease_until
-   LIMIT $5
-   FOR UPDATE SKIP LOCKED
-), ready AS (
-  SELECT ${PICKED}, fence_key FROM tool_jobs
-   WHERE state = 'queued' AND run_after <= now() AND ${KIND_FILTER}
-   ORDER BY run_after, id
-   LIMIT $5
-   FOR UPDATE SKIP LOCKED
-), pick AS (
-  SELECT id, owner_id AS previous_owner, kind, dead, fence_key, true AS was_running FROM expired
-  UNION ALL
-  SELECT id, NULL, kind, dead, fence_key, false FROM ready
-  LIMIT $5
-), ranked AS (
-  SELECT pick.*, row_number() OVER (PARTITION BY fence_key ORDER BY id) AS nth FROM pick
-)
-${claimUpdate('CASE WHEN j.fence_key IS NULL THEN 1 ELSE p.nth END')}FROM ranked p
-WHERE j.id = p.id
-  AND j.id = ANY (ARRAY(SELECT id FROM pick))
+WITH ${claimManyPicks('$5')}
+${claimManyUpdate}
 RETURNING ${columns('j.')}`;
 
 /** PostgreSQL's words for the statements of ../store-sql.ts; ownership params $1 id, $2 owner, $3 token. */
@@ -224,18 +236,57 @@ export const EXTEND = extendSql(WORDS, '$4');
 export const COMPLETE = completeSql(WORDS, '$4::jsonb');
 
 /**
- * COMPLETE for several leases in one statement (the store groups complete()
- * calls that arrive while one is in flight). $1 ids, $2 owners, $3 tokens,
- * $4 results (JSON texts), one element per lease, no id twice. Each row is
- * written only under the full ownership condition of COMPLETE; the ids
- * returned are the leases that were still held, the others are lost.
+ * COMPLETE for several leases in one statement, its arrays at the given
+ * placeholders: ids, owners, tokens, results (JSON texts), one element per
+ * lease, no id twice. Each row is written only under the full ownership
+ * condition of COMPLETE; the ids returned are the leases that were still
+ * held, the others are lost.
  */
-export const COMPLETE_MANY = `
-UPDATE tool_jobs j SET state = 'succeeded', result = x.result, finished_at = now(), lease_until = NULL
-FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::jsonb[]) AS x(id, owner_id, fencing_token, result)
+const completeMany = (
+  ids: string,
+  owners: string,
+  tokens: string,
+  results: string,
+) => `UPDATE tool_jobs j SET state = 'succeeded', result = x.result, finished_at = now(), lease_until = NULL
+FROM unnest(${ids}::bigint[], ${owners}::text[], ${tokens}::bigint[], ${results}::jsonb[]) AS x(id, owner_id, fencing_token, result)
 WHERE j.id = x.id AND j.owner_id = x.owner_id AND j.fencing_token = x.fencing_token
   AND j.state = 'running' AND j.lease_until > ${CLOCK}
 RETURNING j.id`;
+
+/**
+ * The store groups complete() calls that arrive while one is in flight:
+ * $1 ids, $2 owners, $3 tokens, $4 results (see completeMany).
+ */
+export const COMPLETE_MANY = `
+${completeMany('$1', '$2', '$3', '$4')}`;
+
+/**
+ * COMPLETE_MANY, then CLAIM_MANY for as many jobs as it completed plus $9,
+ * in one statement: one round trip, one commit and one WAL flush where a
+ * worker's finished slots would pay two (docs/bench-lease.md). $1–$4 as in
+ * CLAIM; $5–$8 the leases and results, as COMPLETE_MANY's $1–$4; $9 the
+ * plain claims of the group (./claim.ts), which need no complete.
+ *
+ * The claim is CLAIM_MANY's own text (claimManyPicks, claimManyUpdate), with
+ * `LIMIT (SELECT count(*) FROM done) + $9`: a lease whose complete was
+ * refused (stale token, lost, expired) adds no claim, so a stale completer
+ * claims nothing on its own behalf. Every sub-statement reads the snapshot
+ * of the statement's start, so the picks see the just-completed jobs as
+ * running under a live lease (`done` checked `lease_until >
+ * clock_timestamp()`), which neither pick takes: a job is never completed
+ * and claimed in one go.
+ *
+ * One row always: `done`, the ids completed, and the claimed job's columns,
+ * NULL when nothing was claimed.
+ */
+export const COMPLETE_CLAIM_MANY = `
+WITH done AS (
+${completeMany('$5', '$6', '$7', '$8')}
+), ${claimManyPicks('((SELECT count(*) FROM done) + $9::int)')}, claimed AS (
+${claimManyUpdate}
+RETURNING ${columns('j.')}
+)
+SELECT d.done, c.* FROM (SELECT array_agg(id) AS done FROM done) d LEFT JOIN claimed c ON true`;
 
 /**
  * $1 id, $2 owner, $3 token, $4 error (JSON text), $5 retryable, $6 backoff

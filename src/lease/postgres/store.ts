@@ -2,7 +2,7 @@ import { migrateLeasePostgres } from '../migrate.js';
 import type { PoolLike } from '../../db/postgres-types.js';
 import { checkStoreId, enqueuedBefore, enqueueParams, failParams, failResult, LEASE_LOST, normaliseEnqueue } from '../store-common.js';
 import type { JobState, JobStore, JobStoreOptions, StoreDescriptor } from '../types.js';
-import { claimer } from './claim.js';
+import { claimers } from './claim.js';
 import { completer } from './complete.js';
 import { owned, preparedOn } from './prepared.js';
 import * as q from './queries.js';
@@ -45,9 +45,10 @@ async function readStoreId(pool: PoolLike): Promise<string> {
 /**
  * The job store on PostgreSQL. Every operation is one statement (its own
  * transaction), so the store needs no client of its own between calls and
- * works through any pool. Concurrent claim() calls (same owner, kinds and
- * leases) and concurrent complete() calls share a statement when they arrive
- * while one is in flight (./group.ts); a lone call goes out at once.
+ * works through any pool. Concurrent claim() and completeAndClaim() calls
+ * (same owner, kinds and leases), and concurrent complete() calls, share a
+ * statement when they arrive while one is in flight (./group.ts); a lone
+ * call goes out at once.
  *
  * @example
  * const store = await createPostgresJobStore({ connectionString: process.env.DATABASE_URL! });
@@ -95,7 +96,7 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
       ? undefined
       : { postgres: options.connectionString, ...(options.pooler === undefined ? {} : { pooler: options.pooler }) };
   const prepared = preparedOn(pool);
-  const claim = claimer(prepared, options);
+  const { claim, completeAndClaim } = claimers(prepared, options);
   const complete = completer(prepared);
   let closed = false;
 
@@ -123,6 +124,8 @@ export async function createPostgresJobStore(options: PostgresJobStoreOptions): 
     },
 
     complete,
+
+    completeAndClaim,
 
     async fail(lease, error, { retryable, backoffMs = 0 }) {
       const p = failParams(error, backoffMs);

@@ -7,6 +7,7 @@ import type { HeartbeatThread } from '../heartbeat/client.js';
 import type { LeaseCell } from '../heartbeat/cell.js';
 import type { AttemptSpan } from '../tracing.js';
 import type { JobStore, Lease } from '../types.js';
+import type { NextClaim } from './claim-lanes.js';
 import type { WorkerConfig } from './options.js';
 
 /** One claimed attempt. */
@@ -45,6 +46,8 @@ export interface AttemptContext {
   /** The attempts holding a slot, by lease key: an attempt is in it from its claim until it is freed. */
   readonly active: Map<string, Attempt>;
   emit(event: LeaseEvent): void;
-  /** Called each time an attempt has left `active`: its slot is free. */
+  /** Called each time an attempt has left `active` and nothing took its slot: it is free. */
   freed(): void;
+  /** The claim of the next job for a slot whose job succeeded, to send with its complete (./claim-lanes.ts `next`). */
+  nextClaim(): NextClaim | undefined;
 }

@@ -22,7 +22,7 @@ import { leaseKey, type FromThread } from '../heartbeat/protocol.js';
 import { sha256Json } from '../store-common.js';
 import { backoffMs, monotonicMs } from '../timing.js';
 import { startAttemptSpan } from '../tracing.js';
-import type { JobErrorInfo, Lease } from '../types.js';
+import type { ClaimResult, JobErrorInfo, Lease } from '../types.js';
 import type { Attempt, AttemptContext } from './attempt-types.js';
 import { abortAttempt } from './abort.js';
 import { classify } from './classify.js';
@@ -164,10 +164,11 @@ function endAttempt(ctx: AttemptContext, a: Attempt): { lost: boolean } | undefi
   return { lost };
 }
 
-function free(ctx: AttemptContext, a: Attempt): void {
+/** The attempt leaves its slot; `refilled`: the next job's attempt already took it, so no lane is woken for it. */
+function free(ctx: AttemptContext, a: Attempt, refilled = false): void {
   a.span.end();
   ctx.active.delete(a.key);
-  ctx.freed();
+  if (!refilled) ctx.freed();
 }
 
 const errorText = (err: unknown) => (err instanceof Error ? err.message : String(err));
@@ -183,6 +184,7 @@ async function settle(ctx: AttemptContext, a: Attempt, outcome: Outcome): Promis
     }
     return;
   }
+  let refilled = false;
   try {
     // Zero rows was already seen (or the gateway refused our fence): never
     // commit. Otherwise the conditional statement decides, even when the
@@ -192,12 +194,24 @@ async function settle(ctx: AttemptContext, a: Attempt, outcome: Outcome): Promis
       return;
     }
     if (outcome.ok) {
-      const res = await ctx.store.complete(a.lease, outcome.value);
-      ctx.emit(
-        res.ok
-          ? { type: 'result_committed', ...fields(ctx, a), resultSha256: sha256Json(outcome.value) }
-          : { type: 'result_rejected', ...fields(ctx, a), reason: 'lease_lost' },
-      );
+      // While the queue has work, the slot's next claim goes in the same
+      // call (one statement instead of two); the complete's ownership
+      // condition is the same, and a refused complete claims nothing.
+      const next = ctx.nextClaim();
+      let claimed: ClaimResult | undefined;
+      try {
+        const res = next
+          ? await next.send(a.lease, outcome.value).then((both) => ((claimed = both.claim), both.complete))
+          : await ctx.store.complete(a.lease, outcome.value);
+        ctx.emit(
+          res.ok
+            ? { type: 'result_committed', ...fields(ctx, a), resultSha256: sha256Json(outcome.value) }
+            : { type: 'result_rejected', ...fields(ctx, a), reason: 'lease_lost' },
+        );
+      } finally {
+        // After the commit's event: the next job's attempt takes this slot.
+        refilled = next?.take(claimed) ?? false;
+      }
       return;
     }
     const { code, retryable, message } = classify(outcome.error);
@@ -207,7 +221,7 @@ async function settle(ctx: AttemptContext, a: Attempt, outcome: Outcome): Promis
     // lease will run out and the job be claimed again with a new token.
     ctx.emit({ type: 'result_rejected', ...fields(ctx, a), reason: 'store_error', error: errorText(err) });
   } finally {
-    free(ctx, a);
+    free(ctx, a, refilled);
   }
 }
 

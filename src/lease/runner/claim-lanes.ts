@@ -10,17 +10,24 @@
  * database is down), the worker goes idle: only lane 0 polls, every
  * `pollIntervalMs`, as the single loop did, and the first job it finds
  * wakes the other lanes.
+ *
+ * A slot whose job succeeded does not wait for a lane: while the queue has
+ * work, it sends its complete and the claim of its next job in one call
+ * (`next()`, the store's `completeAndClaim`), one statement instead of two.
+ * The claim is the lanes' own, and lands here (`take`), so the same rules
+ * apply: the lease starts as an attempt, or is given back if the worker
+ * stopped meanwhile.
  */
 import type { LeaseEvent } from '../events.js';
 import { monotonicMs } from '../timing.js';
-import type { JobStore, Lease } from '../types.js';
+import type { ClaimOptions, ClaimResult, CompleteAndClaimResult, JobStore, Lease, LeaseRef } from '../types.js';
 import type { WorkerConfig } from './options.js';
 
 /** What the lanes need from their worker. */
 export interface ClaimLaneContext {
   readonly workerId: string;
   readonly config: Pick<WorkerConfig, 'concurrency' | 'pollIntervalMs' | 'leaseMs' | 'kinds' | 'handlers'>;
-  readonly store: Pick<JobStore, 'claim' | 'release'>;
+  readonly store: Pick<JobStore, 'claim' | 'release' | 'completeAndClaim'>;
   /** How many attempts hold a slot now. */
   activeCount(): number;
   /** A claimed lease becomes an attempt; `claimSentAt` is the monotonic time the claim was sent. */
@@ -33,8 +40,27 @@ export interface ClaimLanes {
   readonly done: Promise<void>;
   /** A slot freed up: wakes a lane that waits for one (every waiting lane while the queue is idle). */
   wake(): void;
-  /** Stops claiming; a lease claimed meanwhile is given back. Resolves with `done`. */
+  /** Stops claiming; a lease claimed meanwhile is given back. Resolves with `done` and once every `next()` was taken. */
   stop(): Promise<void>;
+  /**
+   * For a slot whose job succeeded, before it completes: the claim of its
+   * next job, to send with the complete. Undefined when the slot would not
+   * claim now: the worker is stopping, the queue is idle (lane 0 polls
+   * alone), or the store has no `completeAndClaim`.
+   */
+  next(): NextClaim | undefined;
+}
+
+/** The claim of a slot's next job, sent with its complete. */
+export interface NextClaim {
+  /** Completes `lease` and, if that matched, claims with the lanes' own options, in one call of the store. */
+  send(lease: LeaseRef, result: unknown): Promise<CompleteAndClaimResult>;
+  /**
+   * Call exactly once, after `send` settled (undefined: it failed). Reports
+   * dead jobs, starts the claimed lease as an attempt, or gives it back if
+   * the worker is stopping. True if an attempt started: the slot is taken again.
+   */
+  take(claim: ClaimResult | undefined): boolean;
 }
 
 /**
@@ -47,8 +73,12 @@ export function startClaimLanes(ctx: ClaimLaneContext): ClaimLanes {
   const kinds = Object.keys(config.handlers);
   const leaseMsByKind = Object.fromEntries(Object.entries(config.kinds).map(([kind, k]) => [kind, k.leaseMs]));
 
+  const claimOptions: ClaimOptions = { workerId, kinds, leaseMs: config.leaseMs, leaseMsByKind };
+
   let stopping = false;
   let claiming = 0;
+  /** next() claims not yet taken (or given back): stop() waits for them. */
+  const handing = new Set<Promise<void>>();
   let idleQueue = false;
   const wakers = new Set<() => void>();
   /** Wakes every waiting lane: the queue has work again, or the worker stops. */
@@ -79,6 +109,62 @@ export function startClaimLanes(ctx: ClaimLaneContext): ClaimLanes {
     });
   }
 
+  function reportFailed(failed: ClaimResult['failed']): void {
+    for (const f of failed) {
+      ctx.emit({
+        type: 'job_failed',
+        at: new Date(),
+        workerId,
+        jobId: f.id,
+        kind: f.kind,
+        fencingToken: f.fencingToken,
+        reason: f.reason,
+        errorCode: f.reason,
+        terminal: true,
+      });
+    }
+  }
+
+  function next(): NextClaim | undefined {
+    if (stopping || idleQueue || !store.completeAndClaim) return undefined;
+    let sentAt = 0;
+    let taken = false;
+    let settled!: () => void;
+    const handed = new Promise<void>((resolve) => (settled = resolve));
+    handing.add(handed);
+    const finish = () => {
+      handing.delete(handed);
+      settled();
+    };
+    return {
+      send(lease, result) {
+        sentAt = monotonicMs();
+        return store.completeAndClaim!(lease, result, claimOptions);
+      },
+      take(claim) {
+        if (taken) return false;
+        taken = true;
+        const lease = claim?.lease ?? null;
+        // stop() began while the call was out: the job goes back, as a lane's would.
+        const giveBack = lease !== null && stopping;
+        try {
+          if (claim) reportFailed(claim.failed);
+          if (lease && !giveBack) ctx.start(lease, sentAt);
+        } finally {
+          if (giveBack) {
+            void store
+              .release(lease)
+              .catch(() => {})
+              .then(finish);
+          } else {
+            finish();
+          }
+        }
+        return lease !== null && !giveBack;
+      },
+    };
+  }
+
   async function claimLane(lane: number): Promise<void> {
     while (!stopping) {
       if (ctx.activeCount() + claiming >= config.concurrency) {
@@ -94,7 +180,7 @@ export function startClaimLanes(ctx: ClaimLaneContext): ClaimLanes {
       let result;
       claiming++;
       try {
-        result = await store.claim({ workerId, kinds, leaseMs: config.leaseMs, leaseMsByKind });
+        result = await store.claim(claimOptions);
       } catch {
         result = undefined;
       }
@@ -105,19 +191,7 @@ export function startClaimLanes(ctx: ClaimLaneContext): ClaimLanes {
         await pause(config.pollIntervalMs);
         continue;
       }
-      for (const f of result.failed) {
-        ctx.emit({
-          type: 'job_failed',
-          at: new Date(),
-          workerId,
-          jobId: f.id,
-          kind: f.kind,
-          fencingToken: f.fencingToken,
-          reason: f.reason,
-          errorCode: f.reason,
-          terminal: true,
-        });
-      }
+      reportFailed(result.failed);
       if (result.lease) {
         if (stopping) {
           await store.release(result.lease).catch(() => {});
@@ -145,7 +219,8 @@ export function startClaimLanes(ctx: ClaimLaneContext): ClaimLanes {
     stop() {
       stopping = true;
       wakeAll();
-      return done;
+      return Promise.all([done, ...handing]).then(() => undefined);
     },
+    next,
   };
 }

@@ -67,6 +67,7 @@ export async function runWorker(options: RunWorkerOptions): Promise<LeaseWorker>
       if (active.size === 0) for (const resolve of idleWaiters.splice(0)) resolve();
       lanes.wake();
     },
+    nextClaim: () => lanes.next(),
   };
 
   // The handler thread's pulse: if this interval stops firing, the event loop

@@ -13,7 +13,7 @@ import {
   normaliseEnqueue,
   toJson,
 } from '../store-common.js';
-import type { ClaimFailedJob, Job, JobErrorInfo, JobState, JobStore, JobStoreOptions, LeaseRef, StoreDescriptor } from '../types.js';
+import type { ClaimFailedJob, ClaimOptions, ClaimResult, Job, JobErrorInfo, JobState, JobStore, JobStoreOptions, LeaseRef, StoreDescriptor } from '../types.js';
 import * as q from './queries.js';
 
 export type SqliteJobStoreOptions = JobStoreOptions &
@@ -140,6 +140,34 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
   const immediate = <T>(fn: () => T): T => db.transaction(fn).immediate();
 
   const owned = (lease: LeaseRef) => ({ id: lease.id, owner: lease.ownerId, token: lease.fencingToken });
+
+  /** A claim's checked inputs, as CLAIM's parameters. */
+  const claimParams = (claim: ClaimOptions) => {
+    const { workerId, kinds, lease } = claimRequest(options, claim);
+    const params = {
+      owner: workerId,
+      kinds: kinds === null ? null : JSON.stringify(kinds),
+      lease_default_ms: lease.defaultMs,
+      lease_by_kind: JSON.stringify(lease.byKind),
+    };
+    return { workerId, lease, params };
+  };
+
+  /** The claim, inside the caller's transaction: dead jobs are failed on the way, the first live one is handed out. */
+  const claimIn = ({ workerId, lease, params }: ReturnType<typeof claimParams>): ClaimResult => {
+    const failed: ClaimFailedJob[] = [];
+    for (let i = 0; i < MAX_DEAD_PER_CLAIM; i++) {
+      const row = stmt.claim.get(params) as JobRow | undefined;
+      if (!row) return { lease: null, failed };
+      const job = rowToJob(row);
+      if (job.state !== 'running') {
+        failed.push(failedFromJob(job));
+        continue;
+      }
+      return { lease: leaseFromJob(job, workerId, lease), failed };
+    }
+    return { lease: null, failed };
+  };
   let closed = false;
 
   return {
@@ -157,30 +185,8 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
     },
 
     async claim(claim) {
-      const { workerId, kinds, lease } = claimRequest(options, claim);
-      const params = {
-        owner: workerId,
-        kinds: kinds === null ? null : JSON.stringify(kinds),
-        lease_default_ms: lease.defaultMs,
-        lease_by_kind: JSON.stringify(lease.byKind),
-      };
-      return immediate(() => {
-        const failed: ClaimFailedJob[] = [];
-        for (let i = 0; i < MAX_DEAD_PER_CLAIM; i++) {
-          const row = stmt.claim.get(params) as JobRow | undefined;
-          if (!row) return { lease: null, failed };
-          const job = rowToJob(row);
-          if (job.state !== 'running') {
-            failed.push(failedFromJob(job));
-            continue;
-          }
-          return {
-            lease: leaseFromJob(job, workerId, lease),
-            failed,
-          };
-        }
-        return { lease: null, failed };
-      });
+      const c = claimParams(claim);
+      return immediate(() => claimIn(c));
     },
 
     async extend(lease) {
@@ -191,6 +197,16 @@ export function createSqliteJobStore(options: SqliteJobStoreOptions): JobStore {
     async complete(lease, result) {
       const row = immediate(() => stmt.complete.get({ ...owned(lease), result: toJson(result) }));
       return row ? { ok: true } : LEASE_LOST;
+    },
+
+    // The same two statements as complete() and claim(), in one transaction;
+    // the claim runs only if the complete matched.
+    async completeAndClaim(lease, result, claim) {
+      const c = claimParams(claim);
+      return immediate(() => {
+        if (!stmt.complete.get({ ...owned(lease), result: toJson(result) })) return { complete: LEASE_LOST, claim: { lease: null, failed: [] } };
+        return { complete: { ok: true as const }, claim: claimIn(c) };
+      });
     },
 
     async fail(lease, error: JobErrorInfo, { retryable, backoffMs = 0 }) {
