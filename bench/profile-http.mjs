@@ -24,13 +24,13 @@ process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
 const upstream = await startNode(join(here, 'servers/upstream.mjs'), { cpus: 1 });
 
-function fencegate(name, synchronous, nodeFlags, config = {}) {
+function fencegate(name, synchronous, nodeFlags, config = {}, route = {}) {
   const store = { sqlite: join(tmp, `${name}.db`), synchronous };
   return startGateway(join(dist, 'entry/cli.js'), {
     dir: tmp,
     name,
     store,
-    routes: [paymentsRoute(upstream.url)],
+    routes: [paymentsRoute(upstream.url, route)],
     config,
     stdoutFile: join(tmp, `${name}.log`),
     nodeFlags,
@@ -44,6 +44,8 @@ const targets = {
   'fg-full': (nodeFlags) => fencegate('fg-full', 'FULL', nodeFlags),
   // fg-normal with caller auth: every request carries the bearer token.
   'fg-auth': (nodeFlags) => fencegate('fg-auth', 'NORMAL', nodeFlags, { auth: AUTH }),
+  // fencegate with fencing, idempotency and serial mode off: its HTTP path with no decision that touches a row.
+  'fg-nostore': (nodeFlags) => fencegate('fg-nostore', 'NORMAL', nodeFlags, {}, { fence: 'off', idempotency: 'off', mode: 'concurrent' }),
 };
 
 for (const name of only) {
