@@ -101,7 +101,7 @@ interface Child {
  * metric's value map is made once, by prom-client itself (an `inc` of 0, a
  * `zero`), and from then on counted in place, as prom-client's own code
  * counts it after the hash; prom-client renders, resets and aggregates it as
- * before. test/metrics/prom-fast-path.unit.test.ts holds the result to
+ * before, and a reset or a removal from outside is seen on the next call. test/metrics/prom-fast-path.unit.test.ts holds the result to
  * prom-client's own calls, series for series, so an upgrade that changes
  * that value map fails there, not in production.
  */
@@ -113,32 +113,49 @@ function childOf(spec: MetricSpec, metric: any, values: readonly string[]): Chil
     const g = metric.labels(labels);
     return { inc: (by) => g.inc(by), set: (v) => g.set(v), observe: () => {} };
   }
+  // The entry, and the map and key it was found under: prom-client replaces
+  // the map on a reset (`registry.resetMetrics()`, an embedder's own) and
+  // deletes the key on `remove`; then the entry is made again, as
+  // prom-client's own next call would make it.
+  let map: Record<string, any> = {};
+  let key = '';
+  let entry: any = null;
+  const bind = () => {
+    if (spec.type === 'counter') key = values.length === 0 ? metric.inc(0).labelHash : metric.inc(labels, 0).labelHash;
+    else {
+      metric.zero(labels);
+      key = Object.keys(metric.hashMap).find((k) => metric.hashMap[k].labels === labels)!;
+    }
+    map = metric.hashMap;
+    entry = map[key];
+  };
+  const live = () => {
+    if (metric.hashMap !== map || map[key] !== entry) bind();
+    return entry;
+  };
+  bind();
   if (spec.type === 'counter') {
-    const entry = metric.hashMap[values.length === 0 ? metric.inc(0).labelHash : metric.inc(labels, 0).labelHash];
     return {
       inc(by) {
         if (!(by >= 0) || !Number.isFinite(by)) return void metric.inc(labels, by); // prom-client's own refusal
-        entry.value += by;
+        live().value += by;
       },
       set: () => {},
       observe: () => {},
     };
   }
-  metric.zero(labels);
-  const entry = (Object.values(metric.hashMap) as { labels: unknown; bucketValues: Record<string, number>; sum: number; count: number }[]).find(
-    (e) => e.labels === labels,
-  )!;
   const bounds: number[] = metric.upperBounds;
   return {
     inc: () => {},
     set: () => {},
     observe(value) {
       if (!Number.isFinite(value)) return void metric.observe(labels, value); // prom-client's own refusal
-      entry.sum += value;
-      entry.count += 1;
+      const e = live();
+      e.sum += value;
+      e.count += 1;
       for (let i = 0; i < bounds.length; i++) {
         if (value <= bounds[i]!) {
-          entry.bucketValues[bounds[i]!]! += 1;
+          e.bucketValues[bounds[i]!]! += 1;
           return;
         }
       }

@@ -63,6 +63,38 @@ describe('the Node metrics backend counts as prom-client does', () => {
     expect(text[0]).not.toBe(text[1]);
   });
 
+  it.each([
+    ['a registry reset', (r: Registry) => r.resetMetrics()],
+    ['a removal of the series', (r: Registry) => (r.getSingleMetric(SPECS.total.name) as any).remove('r')],
+  ] as const)('counts again after %s, as prom-client does', async (_what, disturb) => {
+    const spec = SPECS.total;
+    const ours = createPromBackend({ processMetrics: false });
+    const series = ours.metric(spec);
+    const theirs = new Registry();
+    const plain = new Histogram({ name: spec.name, help: spec.help, labelNames: [...spec.labels], buckets: [...spec.buckets!], registers: [theirs] });
+    for (const [s, r] of [
+      [(v: number) => series.observe(['r'], v), ours.registry],
+      [(v: number) => plain.observe({ route: 'r' }, v), theirs],
+    ] as const) {
+      s(0.003);
+      disturb(r);
+      s(0.2);
+      s(0.2);
+    }
+    const text = await ours.registry.metrics();
+    expect(text).toBe(await theirs.metrics());
+    expect(text).toContain(`${spec.name}_count{route="r"} 2`);
+  });
+
+  it('a counter counts again after a registry reset', async () => {
+    const ours = createPromBackend({ processMetrics: false });
+    const series = ours.metric(SPECS.requests);
+    series.inc(['r', 'accepted']);
+    ours.registry.resetMetrics();
+    series.inc(['r', 'accepted'], 5);
+    expect(await ours.registry.metrics()).toContain(`${SPECS.requests.name}{route="r",outcome="accepted"} 5`);
+  });
+
   it('refuses what prom-client refuses', () => {
     const series = createPromBackend({ processMetrics: false }).metric(SPECS.requests);
     expect(() => series.inc(['r', 'accepted'], -1)).toThrow();
