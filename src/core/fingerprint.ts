@@ -1,5 +1,4 @@
 import * as nodeCrypto from 'node:crypto';
-import { createHash } from 'node:crypto';
 import { foldName } from './json-duplicates.js';
 
 /**
@@ -66,7 +65,7 @@ const oneShot = (nodeCrypto as { hash?: (algorithm: string, data: string | Uint8
 
 /** sha256 of the body alone (or of any text), hex: what the rejection log keeps instead of the body. */
 export function sha256Hex(data: Uint8Array | string): string {
-  return oneShot !== undefined ? oneShot('sha256', data, 'hex') : createHash('sha256').update(data).digest('hex');
+  return oneShot !== undefined ? oneShot('sha256', data, 'hex') : nodeCrypto.createHash('sha256').update(data).digest('hex');
 }
 
 /** What of the body a route's fingerprint covers (the route's `fingerprint` option). */

@@ -69,28 +69,29 @@ export interface RejectionText {
   detail: string | null;
 }
 
+/** The caller and request id of `audit`, bounded as in a rejection row: what a fence-history row keeps, on every admission that raises a fence. */
+export function boundAuditIds(a: AuditInfo): { caller: string | null; requestId: string } {
+  return { caller: cutNullable(a.caller, REJECTION_TEXT_LIMITS.caller), requestId: cutText(a.requestId, REJECTION_TEXT_LIMITS.requestId) };
+}
+
 /**
  * The bounded text of a rejection row, from what the store was handed.
  * @example
  * boundRejectionText({ entity: 'e', idempotencyKey: null, audit: { ...audit, path: '/x'.repeat(9000) } }).path
  * // → '/x/x…/x…[cut]' (2048 characters)
  */
-/** The caller and request id of `audit`, bounded as `boundRejectionText` bounds them: what a fence-history row keeps, on every admission that raises a fence. */
-export function boundAuditIds(a: AuditInfo): { caller: string | null; requestId: string } {
-  return { caller: cutNullable(a.caller, REJECTION_TEXT_LIMITS.caller), requestId: cutText(a.requestId, REJECTION_TEXT_LIMITS.requestId) };
-}
-
 export function boundRejectionText(r: { entity: string | null; idempotencyKey: string | null; audit: AuditInfo; detail?: string | null }): RejectionText {
   const L = REJECTION_TEXT_LIMITS;
   const a = r.audit;
+  const { caller, requestId } = boundAuditIds(a);
   return {
     entity: cutNullable(r.entity, L.entity),
     idempotencyKey: cutNullable(r.idempotencyKey, L.idempotencyKey),
-    caller: cutNullable(a.caller, L.caller),
+    caller,
     method: cutText(a.method, L.method),
     path: cutText(a.path, L.path),
     payloadSha256: a.payloadSha256 === '' ? null : cutText(a.payloadSha256, L.payloadSha256),
-    requestId: cutText(a.requestId, L.requestId),
+    requestId,
     // `?? null`: an AuditInfo built by code that predates the field.
     clientRequestId: cutNullable(a.clientRequestId ?? null, L.clientRequestId),
     tool: cutNullable(a.tool ?? null, L.tool),

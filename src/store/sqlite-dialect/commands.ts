@@ -43,36 +43,22 @@ export function commandParams(c: CommandInput): Record<string, unknown> {
 }
 
 /**
- * The same row with positional parameters, in COMMAND_COLUMNS order
- * (`commandValues`): the better-sqlite3 store writes one per request and
- * binds positional parameters faster than named ones (../sqlite/admission-rows.ts).
+ * The same row with positional parameters (`commandValues`): the
+ * better-sqlite3 store writes one per request and binds positional
+ * parameters faster than named ones (../sqlite/admission-rows.ts). Made from
+ * `insertCommand` itself, each `@name` a `?` in the same place, so the
+ * row's columns and values are written down once.
  */
-export const INSERT_COMMAND_POSITIONAL = `INSERT INTO commands (${COMMAND_COLUMNS}) VALUES (${COMMAND_COLUMNS.split(',')
-  .map(() => '?')
-  .join(', ')})`;
+const NAMED_ROW = insertCommand({ now: '@now', int: (name) => `@${name}` });
+const ROW_PARAMS = [...NAMED_ROW.matchAll(/@(\w+)/g)].map((m) => m[1]!);
+export const INSERT_COMMAND_POSITIONAL = NAMED_ROW.replace(/@\w+/g, '?');
 
-/** The values of INSERT_COMMAND_POSITIONAL: `now` (the transaction's database time), then the bounded row (`commandText`). */
+/** The values of INSERT_COMMAND_POSITIONAL: `now` (the transaction's database time), then the bounded row (`commandParams`). */
 export function commandValues(c: CommandInput, outcome: CommandInput['outcome'], now: number): unknown[] {
-  const t = commandText(c);
-  return [
-    now,
-    t.route,
-    t.method,
-    t.path,
-    t.entity,
-    c.fence,
-    t.idempotencyKey,
-    t.scope,
-    t.caller,
-    t.tool,
-    outcome,
-    t.decision,
-    t.status,
-    t.upstreamMs,
-    t.requestId,
-    t.clientRequestId,
-    t.payloadSha256,
-  ];
+  const params: Record<string, unknown> = commandParams(c);
+  params.now = now;
+  params.c_outcome = outcome;
+  return ROW_PARAMS.map((name) => params[name]);
 }
 
 /** A page, newest first (`ORDER BY commands.id`: a bare `id` would be the text alias). */
