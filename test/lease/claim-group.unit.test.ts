@@ -101,7 +101,7 @@ test('control: a first statement that fails (nothing committed) rejects every ca
 });
 
 async function plainClaimsThenFollowUp(firstFails: boolean) {
-  const { sent, release, c } = fake((statement, nth) => {
+  const { sent, release, c } = fake((_statement, nth) => {
     if (nth === 2 && !firstFails) return [row(20, 'failed'), row(21, 'running')];
     throw new Error('connection reset');
   });

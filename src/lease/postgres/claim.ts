@@ -1,6 +1,6 @@
 import { claimRequest, failedFromJob, LEASE_LOST, leaseFromJob, type leaseTable, toJson } from '../store-common.js';
 import type { ClaimOptions, ClaimResult, CompleteAndClaimResult, CompleteResult, JobStoreOptions, LeaseRef } from '../types.js';
-import { MAX_GROUP, StatementGroup } from './group.js';
+import { MAX_GROUP, RunAlone, StatementGroup } from './group.js';
 import type { Prepared } from './prepared.js';
 import * as q from './queries.js';
 import { rowToJob, type JobRow } from './rows.js';
@@ -84,13 +84,9 @@ async function serve(prepared: Prepared, items: Item[]): Promise<Served[]> {
   const { workerId, params, lease } = items[0]!.claim;
   const completing = items.filter((i) => i.complete);
   if (completing.length === 0) return (await claimFor(prepared, workerId, params, lease, items.length)).map((claim) => ({ claim }));
-  // A lease given twice in one group (never by the runner) goes one call at
-  // a time, so the second sees the first, as in ./complete.ts.
-  if (new Set(completing.map((i) => i.complete!.lease.id)).size < completing.length) {
-    const out: Served[] = [];
-    for (const item of items) out.push(...(await serve(prepared, [item])));
-    return out;
-  }
+  // A lease given twice in one group (never by the runner): the group goes
+  // one call at a time, so the second sees the first, as in ./complete.ts.
+  if (new Set(completing.map((i) => i.complete!.lease.id)).size < completing.length) throw new RunAlone();
   const { rows } = await prepared<JobRow & { done: string[] | null }>(q.COMPLETE_CLAIM_MANY, [
     ...params,
     completing.map((i) => i.complete!.lease.id),
