@@ -118,7 +118,11 @@ async function serve(prepared: Prepared, items: Item[]): Promise<Served[]> {
   // instead of failing the group. One round only: the group's completes
   // wait for it with their heartbeats already stopped (../runner/attempt.ts,
   // endAttempt), so their leases run down meanwhile (DESIGN §6.3); a claimer
-  // left without a lease claims again through its lane.
+  // left without a lease claims again through its lane. Chosen over keeping
+  // the heartbeat until the complete settles: a heartbeat after the commit
+  // matches no row and would report the lease lost. (A plain claim already
+  // in flight ahead of them may still take its dead-job rounds, each one
+  // short statement.)
   const left = claimers.slice(given);
   if (picked === claimers.length && left.length > 0) {
     let again: ClaimResult[] = [];
