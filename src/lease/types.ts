@@ -184,11 +184,15 @@ export interface JobStore {
   complete(lease: LeaseRef, result: unknown): Promise<CompleteResult>;
   /**
    * `complete(lease, result)` and then, only if that stored the result,
-   * `claim(claim)`, in one transaction: what a worker's slot does when its
-   * job succeeded and it wants the next one. The complete keeps its full
-   * ownership condition and the claim its rules; a refused complete claims
-   * nothing. Optional: the runner calls `complete` and `claim` on a store
-   * without it.
+   * `claim(claim)`: what a worker's slot does when its job succeeded and it
+   * wants the next one. The complete keeps its full ownership condition and
+   * the claim its rules; a refused complete claims nothing. The complete and
+   * the claim's first pick commit in one transaction; on PostgreSQL, when
+   * the job that pick found was dead (failed, and reported in
+   * `claim.failed`), one more claim follows in a transaction of its own,
+   * and if that fails the answer keeps the committed complete with
+   * `claim.lease` null. Optional: the runner calls `complete` and `claim` on
+   * a store without it.
    */
   completeAndClaim?(lease: LeaseRef, result: unknown, claim: ClaimOptions): Promise<CompleteAndClaimResult>;
   fail(lease: LeaseRef, error: JobErrorInfo, options: FailOptions): Promise<FailResult>;

@@ -224,6 +224,32 @@ describe.skipIf(!POSTGRES_URL)('grouped claims and completes on one PostgreSQL s
     expect(Number(together!.n)).toBe(4);
   });
 
+  test('a result jsonb refuses fails only its own call: the neighbours in its group (a complete, a claim) go again alone and succeed', async () => {
+    await seed('g-poison', 8);
+    const claim = { workerId: 'gw15', kinds: ['g-poison'] };
+    const [a, b, c] = (await Promise.all(Array.from({ length: 3 }, () => store.claim(claim)))).map((r) => r.lease!);
+    // The first call alone; the next three share one statement, which fails as a whole.
+    const settled = await Promise.allSettled([
+      store.claim(claim),
+      store.completeAndClaim!(a!, { s: 'bad\u0000' }, claim),
+      store.completeAndClaim!(b!, { s: 'good' }, claim),
+      store.claim(claim),
+    ]);
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'rejected', 'fulfilled', 'fulfilled']);
+    expect((settled[1] as PromiseRejectedResult).reason).toMatchObject({ code: '22P05' });
+    const neighbour = (settled[2] as PromiseFulfilledResult<Awaited<ReturnType<NonNullable<JobStore['completeAndClaim']>>>>).value;
+    expect(neighbour.complete).toEqual({ ok: true });
+    expect(neighbour.claim.lease).not.toBeNull();
+    expect((settled[3] as PromiseFulfilledResult<Awaited<ReturnType<JobStore['claim']>>>).value.lease).not.toBeNull();
+    expect((await store.get(a!.id))?.state).toBe('running');
+    expect((await store.get(b!.id))?.state).toBe('succeeded');
+    // The same through complete()'s own group.
+    const completes = await Promise.allSettled([store.complete(c!, 'first'), store.complete(a!, { s: 'bad\u0000' }), store.complete(c!, 'again')]);
+    expect(completes.map((s) => s.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
+    expect((await store.get(c!.id))?.result).toBe('first');
+    expect((await store.get(a!.id))?.state).toBe('running');
+  });
+
   test('negative controls of COMPLETE_CLAIM_MANY: without the ownership columns a stale lease completes; with a claim per lease instead of per completed one, it claims', async () => {
     await seed('g-nc', 8);
     const stale = async (text: string) => {

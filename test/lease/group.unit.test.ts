@@ -36,3 +36,34 @@ test('callers that call again once answered share the next statement when the gr
   // halves that take turns: twice the statements.
   expect(await batchesOf(undefined)).toEqual([1, 3, 1, 3, 1, 3, 1, 3, 1, 3]);
 });
+
+/** Three calls in one group (after a first lone one) whose statement fails when it holds the input 2, with `fault`. */
+async function poisoned(fault: () => Error) {
+  const statements: number[][] = [];
+  const group = new StatementGroup(async (inputs: number[]) => {
+    statements.push(inputs);
+    if (inputs.includes(2)) throw fault();
+    return inputs;
+  }, 100);
+  const settled = await Promise.allSettled([0, 1, 2, 3].map((i) => group.submit(i)));
+  return { statements, settled: settled.map((s) => s.status) };
+}
+
+test('a statement that fails for one element’s data goes again one call at a time: only that call fails', async () => {
+  const dataFault = () => Object.assign(new Error('unsupported Unicode escape sequence'), { code: '22P05' });
+  expect(await poisoned(dataFault)).toEqual({
+    statements: [[0], [1, 2, 3], [1], [2], [3]],
+    settled: ['fulfilled', 'fulfilled', 'rejected', 'fulfilled'],
+  });
+  // Nothing sent (the driver could not serialise a value): the same.
+  expect((await poisoned(() => new RangeError('Invalid string length'))).settled).toEqual(['fulfilled', 'fulfilled', 'rejected', 'fulfilled']);
+});
+
+test('control: a statement that fails as a round trip (connection lost, timeout) rejects every call of its group, once', async () => {
+  expect(await poisoned(() => new Error('Connection terminated unexpectedly'))).toEqual({
+    statements: [[0], [1, 2, 3]],
+    settled: ['fulfilled', 'rejected', 'rejected', 'rejected'],
+  });
+  const timeout = () => Object.assign(new Error('canceling statement due to statement timeout'), { code: '57014' });
+  expect((await poisoned(timeout)).statements).toEqual([[0], [1, 2, 3]]);
+});

@@ -356,8 +356,11 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
      * makes; `combined: false` hides completeAndClaim (a store without it).
      * `hold` delays the answer of each completeAndClaim (after the database
      * answered) until it resolves; `sent` is called when the answer is held.
+     * For the negative controls: `hide` keeps the lease a completeAndClaim
+     * claimed from the runner (so it never starts), `noRelease` makes
+     * release() answer ok without giving the job back.
      */
-    function counting(options: { combined?: boolean; hold?: Promise<void>; sent?: () => void } = {}) {
+    function counting(options: { combined?: boolean; hold?: Promise<void>; sent?: () => void; hide?: boolean; noRelease?: boolean } = {}) {
       const calls = { claim: 0, complete: 0, completeAndClaim: 0 };
       const claimedTogether: number[] = [];
       const wrapped: JobStore = {
@@ -370,8 +373,9 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
           if (both.claim.lease) claimedTogether.push(both.claim.lease.id);
           options.sent?.();
           await options.hold;
-          return both;
+          return options.hide ? { ...both, claim: { ...both.claim, lease: null } } : both;
         },
+        release: async (l) => (options.noRelease ? { ok: true } : store.release(l)),
       };
       if (options.combined === false) delete wrapped.completeAndClaim;
       return { store: wrapped, calls, claimedTogether };
@@ -400,45 +404,69 @@ export function runnerSuite(name: string, factory: TestDatabaseFactory, scope: '
     });
 
     test('a job claimed with the previous one’s complete is watched by the heartbeat thread like any other', async () => {
-      const kind = unique('chain-beat');
-      const first = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { slow: false } });
-      const second = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { slow: true } });
-      const finish = gate();
-      const c = counting();
-      const { worker, events } = await start({
-        ...BEATING,
-        store: c.store,
-        concurrency: 1,
-        handlers: { [kind]: async ({ job }) => ((job.payload as { slow: boolean }).slow ? (await finish.opened, 'slow') : 'quick') },
-      });
-      await worker.events.waitFor('job_claimed', (e) => e.jobId === second.job.id);
-      expect(c.claimedTogether).toEqual([second.job.id]);
-      await worker.events.waitFor('heartbeat_ok', (e) => e.jobId === second.job.id);
-      finish.open();
-      await worker.events.waitFor('result_committed', (e) => e.jobId === second.job.id);
-      expect(events.filter((e) => e.type === 'heartbeat_lost')).toEqual([]);
-      expect(await store.get(first.job.id)).toMatchObject({ state: 'succeeded', result: 'quick' });
-      expect(await store.get(second.job.id)).toMatchObject({ state: 'succeeded', attempt: 1, result: 'slow' });
+      const run = async (hide: boolean) => {
+        const kind = unique('chain-beat');
+        const first = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { slow: false } });
+        const second = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { slow: true } });
+        const finish = gate();
+        const c = counting({ hide });
+        const { worker, events } = await start({
+          ...BEATING,
+          store: c.store,
+          concurrency: 1,
+          handlers: { [kind]: async ({ job }) => ((job.payload as { slow: boolean }).slow ? (await finish.opened, 'slow') : 'quick') },
+        });
+        await worker.events.waitFor('result_committed', (e) => e.jobId === first.job.id);
+        expect(c.claimedTogether).toEqual([second.job.id]);
+        if (hide) {
+          // The slot is free: the lane claims a witness, claimed after the
+          // second job. Once the witness has had two heartbeats, the thread
+          // has beaten for every lease it was given since.
+          const witness = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: { slow: true } });
+          for (let i = 0; i < 2; i++) await worker.events.waitFor('heartbeat_ok', (e) => e.jobId === witness.job.id);
+          finish.open();
+          await worker.events.waitFor('result_committed', (e) => e.jobId === witness.job.id);
+        } else {
+          await worker.events.waitFor('heartbeat_ok', (e) => e.jobId === second.job.id);
+          finish.open();
+          await worker.events.waitFor('result_committed', (e) => e.jobId === second.job.id);
+          expect(await store.get(second.job.id)).toMatchObject({ state: 'succeeded', attempt: 1, result: 'slow' });
+        }
+        expect(events.filter((e) => e.type === 'heartbeat_lost')).toEqual([]);
+        expect(await store.get(first.job.id)).toMatchObject({ state: 'succeeded', result: 'quick' });
+        // Token 1: the lease claimed with the first job's complete (not a
+        // later claim of the job, once a hidden lease ran out).
+        return events.filter((e) => e.type === 'heartbeat_ok' && e.jobId === second.job.id && e.fencingToken === 1).length;
+      };
+      expect(await run(false)).toBeGreaterThan(0);
+      // Negative control: the same claim kept from the runner (never started)
+      // has no heartbeat, however many a job claimed after it had.
+      expect(await run(true)).toBe(0);
     });
 
     test('stop() while a complete-and-claim is out: the job it claimed goes back before stop resolves, and never starts', async () => {
-      const kind = unique('chain-stop');
-      const first = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
-      const second = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
-      const hold = gate();
-      const sent = gate();
-      const c = counting({ hold: hold.opened, sent: sent.open });
-      const { worker, events } = await start({ store: c.store, concurrency: 1, handlers: { [kind]: () => 'ok' } });
-      await sent.opened;
-      // The database answered: the first job succeeded, the second is claimed by this worker.
-      expect(c.claimedTogether).toEqual([second.job.id]);
-      const stopped = worker.stop();
-      hold.open();
-      await stopped;
-      expect(await store.get(first.job.id)).toMatchObject({ state: 'succeeded' });
-      expect(await store.get(second.job.id)).toMatchObject({ state: 'queued', ownerId: null, attempt: 1 });
-      expect(events.some((e) => e.type === 'job_claimed' && e.jobId === second.job.id)).toBe(false);
-      expect(events.some((e) => e.type === 'result_committed' && e.jobId === first.job.id)).toBe(true);
+      const run = async (noRelease: boolean) => {
+        const kind = unique('chain-stop');
+        const first = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+        const second = await store.enqueue({ kind, idempotencyKey: unique('k'), payload: {} });
+        const hold = gate();
+        const sent = gate();
+        const c = counting({ hold: hold.opened, sent: sent.open, noRelease });
+        const { worker, events } = await start({ store: c.store, concurrency: 1, handlers: { [kind]: () => 'ok' } });
+        await sent.opened;
+        // The database answered: the first job succeeded, the second is claimed by this worker.
+        expect(c.claimedTogether).toEqual([second.job.id]);
+        const stopped = worker.stop();
+        hold.open();
+        await stopped;
+        expect(await store.get(first.job.id)).toMatchObject({ state: 'succeeded' });
+        expect(events.some((e) => e.type === 'job_claimed' && e.jobId === second.job.id)).toBe(false);
+        expect(events.some((e) => e.type === 'result_committed' && e.jobId === first.job.id)).toBe(true);
+        return store.get(second.job.id);
+      };
+      expect(await run(false)).toMatchObject({ state: 'queued', ownerId: null, attempt: 1 });
+      // Negative control: a release that gives nothing back leaves it running, as the check would see.
+      expect(await run(true)).toMatchObject({ state: 'running', attempt: 1 });
     });
 
     test('a stopping worker completes alone: a slot that finishes after stop() claims nothing', async () => {

@@ -1,6 +1,6 @@
 import { claimRequest, failedFromJob, LEASE_LOST, leaseFromJob, type leaseTable, toJson } from '../store-common.js';
 import type { ClaimOptions, ClaimResult, CompleteAndClaimResult, CompleteResult, JobStoreOptions, LeaseRef } from '../types.js';
-import { MAX_GROUP, StatementGroup } from './group.js';
+import { MAX_GROUP, RunAlone, StatementGroup } from './group.js';
 import type { Prepared } from './prepared.js';
 import * as q from './queries.js';
 import { rowToJob, type JobRow } from './rows.js';
@@ -13,7 +13,13 @@ const MAX_DEAD_PER_CLAIM = 50;
  * one CLAIM when alone, else CLAIM_MANY for all of them. Jobs found dead
  * are reported once (to the first caller); callers left without a lease
  * because some picked jobs were dead claim again, as a single claim does,
- * for at most MAX_DEAD_PER_CLAIM rounds.
+ * for at most `rounds` rounds.
+ *
+ * Only the first round's failure throws. Each round commits on its own:
+ * once one has, the leases it claimed and the dead jobs it finalised must
+ * reach their callers (a lease nobody hears of stays running, with no
+ * heartbeat, until it runs out), so a later round that fails ends the
+ * rounds, and those still waiting get no lease, as when nothing was left.
  */
 async function claimFor(
   prepared: Prepared,
@@ -21,12 +27,19 @@ async function claimFor(
   params: unknown[],
   lease: ReturnType<typeof leaseTable>,
   callers: number,
+  rounds = MAX_DEAD_PER_CLAIM,
 ): Promise<ClaimResult[]> {
   const results: ClaimResult[] = Array.from({ length: callers }, () => ({ lease: null, failed: [] }));
   let waiting = results;
-  for (let round = 0; round < MAX_DEAD_PER_CLAIM && waiting.length > 0; round++) {
+  for (let round = 0; round < rounds && waiting.length > 0; round++) {
     const want = waiting.length;
-    const { rows } = want === 1 ? await prepared<JobRow>(q.CLAIM, params) : await prepared<JobRow>(q.CLAIM_MANY, [...params, want]);
+    let rows: JobRow[];
+    try {
+      ({ rows } = want === 1 ? await prepared<JobRow>(q.CLAIM, params) : await prepared<JobRow>(q.CLAIM_MANY, [...params, want]));
+    } catch (err) {
+      if (round === 0) throw err;
+      break;
+    }
     let given = 0;
     for (const row of rows) {
       const job = rowToJob(row);
@@ -71,13 +84,9 @@ async function serve(prepared: Prepared, items: Item[]): Promise<Served[]> {
   const { workerId, params, lease } = items[0]!.claim;
   const completing = items.filter((i) => i.complete);
   if (completing.length === 0) return (await claimFor(prepared, workerId, params, lease, items.length)).map((claim) => ({ claim }));
-  // A lease given twice in one group (never by the runner) goes one call at
-  // a time, so the second sees the first, as in ./complete.ts.
-  if (new Set(completing.map((i) => i.complete!.lease.id)).size < completing.length) {
-    const out: Served[] = [];
-    for (const item of items) out.push(...(await serve(prepared, [item])));
-    return out;
-  }
+  // A lease given twice in one group (never by the runner): the group goes
+  // one call at a time, so the second sees the first, as in ./complete.ts.
+  if (new Set(completing.map((i) => i.complete!.lease.id)).size < completing.length) throw new RunAlone();
   const { rows } = await prepared<JobRow & { done: string[] | null }>(q.COMPLETE_CLAIM_MANY, [
     ...params,
     completing.map((i) => i.complete!.lease.id),
@@ -102,13 +111,29 @@ async function serve(prepared: Prepared, items: Item[]): Promise<Served[]> {
     if (job.state !== 'running') claimers[0]!.claim.failed.push(failedFromJob(job));
     else claimers[given++]!.claim.lease = leaseFromJob(job, workerId, lease);
   }
-  // Every pick was used and some were dead: more may be claimable.
+  // Every pick was used and some were dead: more may be claimable. The
+  // statement above has committed: its completes and leases must reach
+  // their callers whatever the follow-up does, so a follow-up that fails
+  // leaves those waiting on it without a lease (as when nothing was left)
+  // instead of failing the group. One round only: the group's completes
+  // wait for it with their heartbeats already stopped (../runner/attempt.ts,
+  // endAttempt), so their leases run down meanwhile (DESIGN §6.3); a claimer
+  // left without a lease claims again through its lane. Chosen over keeping
+  // the heartbeat until the complete settles: a heartbeat after the commit
+  // matches no row and would report the lease lost. (A plain claim already
+  // in flight ahead of them may still take its dead-job rounds, each one
+  // short statement.)
   const left = claimers.slice(given);
   if (picked === claimers.length && left.length > 0) {
-    const again = await claimFor(prepared, workerId, params, lease, left.length);
-    left.forEach((o, i) => {
-      o.claim.lease = again[i]!.lease;
-      o.claim.failed.push(...again[i]!.failed);
+    let again: ClaimResult[] = [];
+    try {
+      again = await claimFor(prepared, workerId, params, lease, left.length, 1);
+    } catch {
+      // Committed above; the follow-up claimed nothing.
+    }
+    again.forEach((r, i) => {
+      left[i]!.claim.lease = r.lease;
+      left[i]!.claim.failed.push(...r.failed);
     });
   }
   return out;

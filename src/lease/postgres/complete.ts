@@ -1,6 +1,6 @@
 import { LEASE_LOST, toJson } from '../store-common.js';
 import type { CompleteResult, LeaseRef } from '../types.js';
-import { MAX_GROUP, StatementGroup } from './group.js';
+import { MAX_GROUP, RunAlone, StatementGroup } from './group.js';
 import { owned, type Prepared } from './prepared.js';
 import * as q from './queries.js';
 
@@ -10,18 +10,16 @@ type Item = { lease: LeaseRef; json: string };
  * Completes concurrent complete() calls: one COMPLETE when alone, else
  * COMPLETE_MANY; each lease is ok only if its own row matched the full
  * ownership condition. A lease given twice in one group (never by the
- * runner) goes one statement at a time, so the second sees the first.
+ * runner) makes the group go one statement at a time (`RunAlone`), so the
+ * second sees the first.
  */
 async function completeFor(prepared: Prepared, items: Item[]): Promise<CompleteResult[]> {
   const one = async ({ lease, json }: Item): Promise<CompleteResult> => {
     const { rows } = await prepared(q.COMPLETE, [...owned(lease), json]);
     return rows.length === 1 ? { ok: true } : LEASE_LOST;
   };
-  if (items.length === 1 || new Set(items.map((i) => i.lease.id)).size < items.length) {
-    const out: CompleteResult[] = [];
-    for (const item of items) out.push(await one(item));
-    return out;
-  }
+  if (items.length === 1) return [await one(items[0]!)];
+  if (new Set(items.map((i) => i.lease.id)).size < items.length) throw new RunAlone();
   const { rows } = await prepared<{ id: string }>(q.COMPLETE_MANY, [
     items.map((i) => i.lease.id),
     items.map((i) => i.lease.ownerId),

@@ -5,9 +5,10 @@
  * the event loop) wait for it and then go out together, as one statement
  * (one round trip, one commit, one WAL flush) for up to `max` of them. So
  * a lone worker sends the same single statements as before, and many
- * concurrent slots pay a fraction of a statement each. On the 2-core bench box at 16 workers, server CPU per
- * claim + complete fell from ~0.9 to ~0.3 ms, and the store used 2
- * connections instead of 10 (docs/bench-lease.md).
+ * concurrent slots pay a fraction of a statement each. On the 2-core bench
+ * box at 16 workers, server CPU per claim + complete fell from ~0.9 to
+ * ~0.3 ms, and the store used 2 connections instead of 10
+ * (docs/bench-lease.md).
  *
  * One statement in flight per group. Two in flight gave 12–20% more jobs/s
  * at 16 workers while the box ran at load 8, but 10–15% fewer at load 5, and
@@ -16,9 +17,43 @@
  * once (its completeAndClaim calls share the claims' group, ./claim.ts),
  * so its jobs sharing a custom fence key see each other's tokens.
  *
- * A statement that fails rejects every call in its group: each of them
- * would have been that fault on its own.
+ * A grouped statement that fails because of one element's data (a result
+ * jsonb refuses, a value the driver cannot send: `elementFault`) rolled
+ * back whole, so its calls go again one at a time, still one statement in
+ * flight, and only the faulty one fails: otherwise a neighbour's refused
+ * complete would leave its job running, to run again. Any other failure
+ * (the connection lost, the database stopped, a timeout) rejects every call
+ * in the group: each of them would have been that fault on its own, and
+ * going again alone would pay it once per call.
  */
+
+/**
+ * Thrown by a group's `run` before it sends anything, when its inputs must
+ * go one statement at a time (the same lease twice: the second must see the
+ * first's commit).
+ */
+export class RunAlone extends Error {
+  constructor() {
+    super('these calls go one statement at a time');
+    this.name = 'RunAlone';
+  }
+}
+
+/**
+ * A failure caused by one element, not by the round trip: nothing was sent
+ * (`RunAlone`, or a RangeError or TypeError without a SQLSTATE, thrown by
+ * the driver's serialisation), or the server refused the statement for its
+ * data: SQLSTATE class 22 (data exception, e.g. "\u0000" in jsonb), 23
+ * (integrity constraint) or 54 (program limit exceeded, e.g. a value too
+ * large). Either way the statement did not commit.
+ */
+export function elementFault(err: unknown): boolean {
+  if (err instanceof RunAlone) return true;
+  if ((err instanceof RangeError || err instanceof TypeError) && !('code' in err)) return true;
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && /^(22|23|54)/.test(code);
+}
+
 /** The most calls one grouped statement serves. */
 export const MAX_GROUP = 100;
 
@@ -57,7 +92,17 @@ export class StatementGroup<I, O> {
         const outputs = await this.#run(group.map((g) => g.input));
         group.forEach((g, i) => g.resolve(outputs[i] as O));
       } catch (err) {
-        for (const g of group) g.reject(err);
+        if (group.length > 1 && elementFault(err)) {
+          for (const g of group) {
+            try {
+              g.resolve((await this.#run([g.input]))[0] as O);
+            } catch (alone) {
+              g.reject(alone);
+            }
+          }
+        } else {
+          for (const g of group) g.reject(err);
+        }
       }
       // Callers that call this group again once answered (a worker slot
       // whose complete claimed its next job, and whose job is quick) do so

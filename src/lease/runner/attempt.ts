@@ -201,7 +201,7 @@ async function settle(ctx: AttemptContext, a: Attempt, outcome: Outcome): Promis
       let claimed: ClaimResult | undefined;
       try {
         const res = next
-          ? await next.send(a.lease, outcome.value).then((both) => ((claimed = both.claim), both.complete))
+          ? await next.send(a.lease, outcome.value).then((both) => ((claimed = both.complete.ok ? both.claim : undefined), both.complete))
           : await ctx.store.complete(a.lease, outcome.value);
         ctx.emit(
           res.ok

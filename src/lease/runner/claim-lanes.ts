@@ -56,7 +56,8 @@ export interface NextClaim {
   /** Completes `lease` and, if that matched, claims with the lanes' own options, in one call of the store. */
   send(lease: LeaseRef, result: unknown): Promise<CompleteAndClaimResult>;
   /**
-   * Call exactly once, after `send` settled (undefined: it failed). Reports
+   * Call exactly once, after `send` settled (undefined: it failed, or its
+   * complete was refused, so it claimed nothing). Reports
    * dead jobs, starts the claimed lease as an attempt, or gives it back if
    * the worker is stopping. True if an attempt started: the slot is taken again.
    */
@@ -147,6 +148,10 @@ export function startClaimLanes(ctx: ClaimLaneContext): ClaimLanes {
         const lease = claim?.lease ?? null;
         // stop() began while the call was out: the job goes back, as a lane's would.
         const giveBack = lease !== null && stopping;
+        // Found nothing (no lease, no dead job): the queue is drained, as
+        // after a lane's empty claim; so the slots freed now wake lane 0 to
+        // poll alone instead of one empty claim each.
+        if (claim && lease === null && claim.failed.length === 0) idleQueue = true;
         try {
           if (claim) reportFailed(claim.failed);
           if (lease && !giveBack) ctx.start(lease, sentAt);
