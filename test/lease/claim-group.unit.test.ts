@@ -127,3 +127,32 @@ test('control: claims alone whose first round fails reject', async () => {
   expect(sent).toEqual(['CLAIM', 'CLAIM_MANY']);
   expect(settled.map((s) => s.status)).toEqual(['rejected', 'rejected']);
 });
+
+test('a group with a complete claims again for its dead picks once, not round after round (its completes wait on it)', async () => {
+  // Every claim statement after the combined one finds only dead jobs, as many as it asks for.
+  const { sent, release, c } = fake((statement, nth) => {
+    if (statement === 'COMPLETE_CLAIM_MANY')
+      return [
+        { ...row(11, 'failed'), done: ['1'] },
+        { ...row(12, 'failed'), done: ['1'] },
+      ];
+    return statement === 'CLAIM_MANY' ? [row(100 + nth, 'failed'), row(200 + nth, 'failed')] : [row(100 + nth, 'failed')];
+  });
+  const first = c.claim({ workerId: 'w' });
+  const both = c.completeAndClaim(lease1, 'ok', { workerId: 'w' });
+  const plain = c.claim({ workerId: 'w' });
+  release();
+  await first;
+  const [b, p] = await Promise.all([both, plain]);
+  expect(b.complete).toEqual({ ok: true });
+  expect(b.claim.lease).toBeNull();
+  expect(p.lease).toBeNull();
+  expect(sent).toEqual(['CLAIM', 'COMPLETE_CLAIM_MANY', 'CLAIM_MANY']);
+  // Control: a plain claim group takes its dead-job rounds until a live job or the cap.
+  const plainOnly = fake((statement, nth) => (statement === 'CLAIM_MANY' ? [row(100 + nth, 'failed'), row(200 + nth, 'failed')] : [row(100 + nth, 'failed')]));
+  const lone = plainOnly.c.claim({ workerId: 'w' });
+  const later = plainOnly.c.claim({ workerId: 'w' });
+  plainOnly.release();
+  await Promise.all([lone, later]);
+  expect(plainOnly.sent.length).toBeGreaterThan(3);
+});

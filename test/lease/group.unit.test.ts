@@ -5,7 +5,7 @@
  * statement together, instead of half of them waiting for the one after.
  */
 import { expect, test } from 'vitest';
-import { StatementGroup } from '../../src/lease/postgres/group.js';
+import { firstStatement, StatementGroup } from '../../src/lease/postgres/group.js';
 
 /** The statements' sizes when four callers make five calls each, each as soon as the previous one is answered. */
 async function batchesOf(rejoins: ((input: number) => boolean) | undefined): Promise<number[]> {
@@ -37,33 +37,55 @@ test('callers that call again once answered share the next statement when the gr
   expect(await batchesOf(undefined)).toEqual([1, 3, 1, 3, 1, 3, 1, 3, 1, 3]);
 });
 
-/** Three calls in one group (after a first lone one) whose statement fails when it holds the input 2, with `fault`. */
-async function poisoned(fault: () => Error) {
+/**
+ * Three calls in one group (after a first lone one) whose statement fails
+ * when it holds the input 2, with `fault`: as the statement itself
+ * (`firstStatement`, as the stores send their first statement) or, with
+ * `afterCommit`, after the statement committed (reading its rows).
+ */
+async function poisoned(fault: () => Error, afterCommit = false) {
   const statements: number[][] = [];
   const group = new StatementGroup(async (inputs: number[]) => {
-    statements.push(inputs);
-    if (inputs.includes(2)) throw fault();
-    return inputs;
+    const rows = await firstStatement(async () => {
+      statements.push(inputs);
+      if (!afterCommit && inputs.includes(2)) throw fault();
+      return inputs;
+    });
+    if (afterCommit && inputs.includes(2)) throw fault();
+    return rows;
   }, 100);
   const settled = await Promise.allSettled([0, 1, 2, 3].map((i) => group.submit(i)));
-  return { statements, settled: settled.map((s) => s.status) };
+  return { statements, settled: settled.map((s) => s.status), reasons: settled.map((s) => (s.status === 'rejected' ? s.reason : null)) };
 }
 
 test('a statement that fails for one element’s data goes again one call at a time: only that call fails', async () => {
   const dataFault = () => Object.assign(new Error('unsupported Unicode escape sequence'), { code: '22P05' });
-  expect(await poisoned(dataFault)).toEqual({
+  const run = await poisoned(dataFault);
+  expect({ statements: run.statements, settled: run.settled }).toEqual({
     statements: [[0], [1, 2, 3], [1], [2], [3]],
     settled: ['fulfilled', 'fulfilled', 'rejected', 'fulfilled'],
   });
-  // Nothing sent (the driver could not serialise a value): the same.
-  expect((await poisoned(() => new RangeError('Invalid string length'))).settled).toEqual(['fulfilled', 'fulfilled', 'rejected', 'fulfilled']);
+  // The faulty call is told the server's own error.
+  expect((run.reasons[2] as { code?: string }).code).toBe('22P05');
+});
+
+test('control: a fault after the statement committed never sends the calls again (a complete or a claim made twice)', async () => {
+  const dataFault = () => Object.assign(new Error('unsupported Unicode escape sequence'), { code: '22P05' });
+  for (const fault of [dataFault, () => new RangeError('not a safe integer'), () => new TypeError("Cannot set properties of undefined (setting 'lease')")]) {
+    const run = await poisoned(fault, true);
+    expect(run.statements).toEqual([[0], [1, 2, 3]]);
+    expect(run.settled).toEqual(['fulfilled', 'rejected', 'rejected', 'rejected']);
+  }
 });
 
 test('control: a statement that fails as a round trip (connection lost, timeout) rejects every call of its group, once', async () => {
-  expect(await poisoned(() => new Error('Connection terminated unexpectedly'))).toEqual({
+  const lost = await poisoned(() => new Error('Connection terminated unexpectedly'));
+  expect({ statements: lost.statements, settled: lost.settled }).toEqual({
     statements: [[0], [1, 2, 3]],
     settled: ['fulfilled', 'rejected', 'rejected', 'rejected'],
   });
+  // A driver error without a SQLSTATE (a value it could not serialise) is not taken for a refused statement either.
+  expect((await poisoned(() => new RangeError('Invalid string length'))).statements).toEqual([[0], [1, 2, 3]]);
   const timeout = () => Object.assign(new Error('canceling statement due to statement timeout'), { code: '57014' });
   expect((await poisoned(timeout)).statements).toEqual([[0], [1, 2, 3]]);
 });

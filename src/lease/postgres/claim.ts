@@ -1,6 +1,6 @@
 import { claimRequest, failedFromJob, LEASE_LOST, leaseFromJob, type leaseTable, toJson } from '../store-common.js';
 import type { ClaimOptions, ClaimResult, CompleteAndClaimResult, CompleteResult, JobStoreOptions, LeaseRef } from '../types.js';
-import { MAX_GROUP, RunAlone, StatementGroup } from './group.js';
+import { firstStatement, MAX_GROUP, RunAlone, StatementGroup } from './group.js';
 import type { Prepared } from './prepared.js';
 import * as q from './queries.js';
 import { rowToJob, type JobRow } from './rows.js';
@@ -35,7 +35,8 @@ async function claimFor(
     const want = waiting.length;
     let rows: JobRow[];
     try {
-      ({ rows } = want === 1 ? await prepared<JobRow>(q.CLAIM, params) : await prepared<JobRow>(q.CLAIM_MANY, [...params, want]));
+      const send = () => (want === 1 ? prepared<JobRow>(q.CLAIM, params) : prepared<JobRow>(q.CLAIM_MANY, [...params, want]));
+      ({ rows } = round === 0 ? await firstStatement(send) : await send());
     } catch (err) {
       if (round === 0) throw err;
       break;
@@ -87,19 +88,21 @@ async function serve(prepared: Prepared, items: Item[]): Promise<Served[]> {
   // A lease given twice in one group (never by the runner): the group goes
   // one call at a time, so the second sees the first, as in ./complete.ts.
   if (new Set(completing.map((i) => i.complete!.lease.id)).size < completing.length) throw new RunAlone();
-  const { rows } = await prepared<JobRow & { done: string[] | null }>(q.COMPLETE_CLAIM_MANY, [
-    ...params,
-    completing.map((i) => i.complete!.lease.id),
-    completing.map((i) => i.complete!.lease.ownerId),
-    completing.map((i) => i.complete!.lease.fencingToken),
-    completing.map((i) => i.complete!.json),
-    items.length - completing.length,
-  ]);
+  const { rows } = await firstStatement(() =>
+    prepared<JobRow & { done: string[] | null }>(q.COMPLETE_CLAIM_MANY, [
+      ...params,
+      completing.map((i) => i.complete!.lease.id),
+      completing.map((i) => i.complete!.lease.ownerId),
+      completing.map((i) => i.complete!.lease.fencingToken),
+      completing.map((i) => i.complete!.json),
+      items.length - completing.length,
+    ]),
+  );
   const done = new Set((rows[0]?.done ?? []).map(Number));
   const out = items.map((i): Served => {
     const claim: ClaimResult = { lease: null, failed: [] };
     if (!i.complete) return { claim };
-    return { complete: done.has(i.complete.lease.id) ? { ok: true } : LEASE_LOST, claim };
+    return { complete: done.has(Number(i.complete.lease.id)) ? { ok: true } : LEASE_LOST, claim };
   });
   const claimers = out.filter((o) => o.complete?.ok !== false);
   let given = 0;

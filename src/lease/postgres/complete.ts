@@ -1,6 +1,6 @@
 import { LEASE_LOST, toJson } from '../store-common.js';
 import type { CompleteResult, LeaseRef } from '../types.js';
-import { MAX_GROUP, RunAlone, StatementGroup } from './group.js';
+import { firstStatement, MAX_GROUP, RunAlone, StatementGroup } from './group.js';
 import { owned, type Prepared } from './prepared.js';
 import * as q from './queries.js';
 
@@ -20,14 +20,16 @@ async function completeFor(prepared: Prepared, items: Item[]): Promise<CompleteR
   };
   if (items.length === 1) return [await one(items[0]!)];
   if (new Set(items.map((i) => i.lease.id)).size < items.length) throw new RunAlone();
-  const { rows } = await prepared<{ id: string }>(q.COMPLETE_MANY, [
-    items.map((i) => i.lease.id),
-    items.map((i) => i.lease.ownerId),
-    items.map((i) => i.lease.fencingToken),
-    items.map((i) => i.json),
-  ]);
+  const { rows } = await firstStatement(() =>
+    prepared<{ id: string }>(q.COMPLETE_MANY, [
+      items.map((i) => i.lease.id),
+      items.map((i) => i.lease.ownerId),
+      items.map((i) => i.lease.fencingToken),
+      items.map((i) => i.json),
+    ]),
+  );
   const done = new Set(rows.map((r) => Number(r.id)));
-  return items.map((i) => (done.has(i.lease.id) ? { ok: true } : LEASE_LOST));
+  return items.map((i) => (done.has(Number(i.lease.id)) ? { ok: true } : LEASE_LOST));
 }
 
 /** The store's complete(): calls that arrive while one is in flight share a statement (./group.ts). */

@@ -17,9 +17,9 @@
  * once (its completeAndClaim calls share the claims' group, ./claim.ts),
  * so its jobs sharing a custom fence key see each other's tokens.
  *
- * A grouped statement that fails because of one element's data (a result
- * jsonb refuses, a value the driver cannot send: `elementFault`) rolled
- * back whole, so its calls go again one at a time, still one statement in
+ * A grouped statement that the server refused for one element's data (a
+ * result jsonb refuses: `firstStatement`) rolled back whole, so its calls
+ * go again one at a time, still one statement in
  * flight, and only the faulty one fails: otherwise a neighbour's refused
  * complete would leave its job running, to run again. Any other failure
  * (the connection lost, the database stopped, a timeout) rejects every call
@@ -28,30 +28,41 @@
  */
 
 /**
- * Thrown by a group's `run` before it sends anything, when its inputs must
- * go one statement at a time (the same lease twice: the second must see the
- * first's commit).
+ * Thrown by a group's `run` when its calls must go again one statement at a
+ * time, and only when nothing of the group was committed: before it sends
+ * anything (the same lease twice: the second must see the first's commit),
+ * or by `firstStatement` when the server refused the group's first
+ * statement for its data (`cause`, the server's error).
  */
 export class RunAlone extends Error {
-  constructor() {
-    super('these calls go one statement at a time');
+  constructor(cause?: unknown) {
+    super('these calls go one statement at a time', cause === undefined ? undefined : { cause });
     this.name = 'RunAlone';
   }
 }
 
 /**
- * A failure caused by one element, not by the round trip: nothing was sent
- * (`RunAlone`, or a RangeError or TypeError without a SQLSTATE, thrown by
- * the driver's serialisation), or the server refused the statement for its
- * data: SQLSTATE class 22 (data exception, e.g. "\u0000" in jsonb), 23
- * (integrity constraint) or 54 (program limit exceeded, e.g. a value too
- * large). Either way the statement did not commit.
+ * A group's first statement: refused by the server for one element's data
+ * (SQLSTATE class 22, a data exception such as "\u0000" in jsonb; 23, an
+ * integrity constraint; 54, a program limit such as a value too large), it
+ * rolled back whole and nothing was committed, so the calls may go again
+ * one at a time (`RunAlone`). Only here: after a statement has committed,
+ * any fault (a row the client cannot read, a bug) must not make the group
+ * send its calls again, or a complete or a claim would be made twice.
  */
-export function elementFault(err: unknown): boolean {
-  if (err instanceof RunAlone) return true;
-  if ((err instanceof RangeError || err instanceof TypeError) && !('code' in err)) return true;
-  const code = (err as { code?: unknown } | null)?.code;
-  return typeof code === 'string' && /^(22|23|54)/.test(code);
+export async function firstStatement<T>(send: () => Promise<T>): Promise<T> {
+  try {
+    return await send();
+  } catch (err) {
+    const code = (err as { code?: unknown } | null)?.code;
+    if (typeof code === 'string' && /^(22|23|54)/.test(code)) throw new RunAlone(err);
+    throw err;
+  }
+}
+
+/** What a caller is told of a failure: the server's own error for a data fault. */
+function unwrap(err: unknown): unknown {
+  return err instanceof RunAlone && err.cause !== undefined ? err.cause : err;
 }
 
 /** The most calls one grouped statement serves. */
@@ -92,16 +103,16 @@ export class StatementGroup<I, O> {
         const outputs = await this.#run(group.map((g) => g.input));
         group.forEach((g, i) => g.resolve(outputs[i] as O));
       } catch (err) {
-        if (group.length > 1 && elementFault(err)) {
+        if (group.length > 1 && err instanceof RunAlone) {
           for (const g of group) {
             try {
               g.resolve((await this.#run([g.input]))[0] as O);
             } catch (alone) {
-              g.reject(alone);
+              g.reject(unwrap(alone));
             }
           }
         } else {
-          for (const g of group) g.reject(err);
+          for (const g of group) g.reject(unwrap(err));
         }
       }
       // Callers that call this group again once answered (a worker slot
