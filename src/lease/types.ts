@@ -188,8 +188,9 @@ export interface JobStore {
    * wants the next one. The complete keeps its full ownership condition and
    * the claim its rules; a refused complete claims nothing. The complete and
    * the claim's first pick commit in one transaction; on PostgreSQL, when
-   * the job that pick found was dead (failed, and reported in
-   * `claim.failed`), one more claim follows in a transaction of its own,
+   * the job that pick found was dead (failed, and reported in the
+   * `failed` of one claim of the statement, not always this call's), one
+   * more claim follows in a transaction of its own,
    * and if that fails the answer keeps the committed complete with
    * `claim.lease` null. Optional: the runner calls `complete` and `claim` on
    * a store without it.
