@@ -10,7 +10,7 @@ import { tempDir } from '../helpers/temp.js';
 import { freePort } from '../helpers/upstream.js';
 import { fenced, mcpRoute, startCutProxy, startMcpGateway } from '../mcp/harness.js';
 import { startResumableUpstream, type ResumableUpstream } from '../mcp/resumable-upstream.js';
-import { startTaskUpstream } from '../mcp/task-upstream.js';
+import { paymentRoute, startTaskUpstream } from '../mcp/task-upstream.js';
 import { startGatewayProc } from './toolkit/gateway-proc.js';
 
 // The MCP fault campaign (docs/faults.md "MCP calls under faults"): for each
@@ -142,17 +142,22 @@ async function finish(path: string, mode: Mode, key: string, gatewayUrl: string,
   return { path, mode, key, executions: executions(), state, retry: r, stateAfterRetry: await adminState(gatewayUrl, key) } satisfies Trial;
 }
 
+/** `finish` for the ticket paths: the retry calls `tool` again with the key as the title; executions are the tickets made with it. */
+function finishTicket(path: string, mode: Mode, key: string, gatewayUrl: string, tool: string, up: { tickets: readonly string[] }) {
+  return finish(
+    path,
+    mode,
+    key,
+    gatewayUrl,
+    () => toolCall(tool, { title: key }, key),
+    () => up.tickets.filter((t) => t === key).length,
+  );
+}
+
 async function taskPath(path: string, mode: Mode, key: string, endSession: boolean): Promise<Trial> {
   const up = await startTaskUpstream({ json: true });
   cleanups.push(() => up.close());
-  const gw = await startMcpGateway([
-    mcpRoute(up.url, {
-      tools: { get_payment: { readOnly: true }, '*': { readOnly: false } },
-      timeoutMs: 300,
-      lockMarginMs: 100,
-      ...(mode === 'after' ? { reconcile: reconcileOf('get_payment', 'ref') } : {}),
-    }),
-  ]);
+  const gw = await startMcpGateway([paymentRoute(up.url, mode === 'after' ? { reconcile: reconcileOf('get_payment', 'ref') } : {})]);
   cleanups.push(() => gw.close());
   const request = () => ({ method: 'tools/call', params: { name: 'charge', arguments: { amount: 3 }, task: {}, _meta: fenced(1, 'acct-1', key) } });
   const first = await agent(`${gw.url}/mcp`);
@@ -184,14 +189,7 @@ const PATHS: Record<string, (mode: Mode, key: string) => Promise<Trial>> = {
     await until(() => up.resumes().length > 0, 'a resuming GET');
     open();
     await result;
-    return finish(
-      '1',
-      mode,
-      key,
-      gw.url,
-      () => toolCall('create_ticket', { title: key }, key),
-      () => up.tickets.filter((t) => t === key).length,
-    );
+    return finishTicket('1', mode, key, gw.url, 'create_ticket', up);
   },
 
   /** 2. The server closes the call's stream with a retry hint (SSE polling). */
@@ -204,14 +202,7 @@ const PATHS: Record<string, (mode: Mode, key: string) => Promise<Trial>> = {
     await until(() => up.resumes().length > 0, 'a resuming GET');
     open();
     await result;
-    return finish(
-      '2',
-      mode,
-      key,
-      gw.url,
-      () => toolCall('polling_ticket', { title: key }, key),
-      () => up.tickets.filter((t) => t === key).length,
-    );
+    return finishTicket('2', mode, key, gw.url, 'polling_ticket', up);
   },
 
   /** 3. The SDK's own timeout: it rejects and sends notifications/cancelled; the server answers later. */
@@ -223,28 +214,14 @@ const PATHS: Record<string, (mode: Mode, key: string) => Promise<Trial>> = {
     await until(() => gw.decisions().some((d) => d.decision === 'cancel-withheld'), 'the withheld cancel');
     open();
     await until(() => up.tickets.includes(key), 'the late execution');
-    return finish(
-      '3',
-      mode,
-      key,
-      gw.url,
-      () => toolCall('create_ticket', { title: key }, key),
-      () => up.tickets.filter((t) => t === key).length,
-    );
+    return finishTicket('3', mode, key, gw.url, 'create_ticket', up);
   },
 
   /** 4. The route's timeoutMs passes after the server performed the call, before it answers. */
   async 'route timeout (answer after timeoutMs)'(mode, key) {
     const up = await startTaskUpstream({ json: true });
     cleanups.push(() => up.close());
-    const gw = await startMcpGateway([
-      mcpRoute(up.url, {
-        tools: { get_payment: { readOnly: true }, '*': { readOnly: false } },
-        timeoutMs: 300,
-        lockMarginMs: 100,
-        ...(mode === 'after' ? { reconcile: reconcileOf('get_payment', 'ref') } : {}),
-      }),
-    ]);
+    const gw = await startMcpGateway([paymentRoute(up.url, mode === 'after' ? { reconcile: reconcileOf('get_payment', 'ref') } : {})]);
     cleanups.push(() => gw.close());
     let answer!: () => void;
     up.payGate = new Promise<void>((r) => (answer = r));
@@ -279,12 +256,7 @@ const PATHS: Record<string, (mode: Mode, key: string) => Promise<Trial>> = {
     const server = await start(true);
     const upstream = `http://127.0.0.1:${port}`;
     const gw = await startMcpGateway([
-      mcpRoute(upstream, {
-        tools: { get_payment: { readOnly: true }, '*': { readOnly: false } },
-        timeoutMs: 5_000,
-        lockMarginMs: 200,
-        ...(mode === 'after' ? { reconcile: reconcileOf('get_payment', 'ref') } : {}),
-      }),
+      paymentRoute(upstream, { timeoutMs: 5_000, lockMarginMs: 200, ...(mode === 'after' ? { reconcile: reconcileOf('get_payment', 'ref') } : {}) }),
     ]);
     cleanups.push(() => gw.close());
     const { client } = await agent(`${gw.url}/mcp`);
@@ -311,14 +283,7 @@ const PATHS: Record<string, (mode: Mode, key: string) => Promise<Trial>> = {
     const gw = await startGatewayProc({
       store: { sqlite: join(tmp.dir, 'gateway.db') },
       dir: tmp.dir,
-      routes: [
-        mcpRoute(up.url, {
-          tools: { get_payment: { readOnly: true }, '*': { readOnly: false } },
-          timeoutMs: 1_000,
-          lockMarginMs: 200,
-          ...(mode === 'after' ? { reconcile: reconcileOf('get_payment', 'ref') } : {}),
-        }),
-      ],
+      routes: [paymentRoute(up.url, { timeoutMs: 1_000, lockMarginMs: 200, ...(mode === 'after' ? { reconcile: reconcileOf('get_payment', 'ref') } : {}) })],
     });
     cleanups.push(() => gw.close());
     await ready(gw.url);
@@ -418,14 +383,7 @@ describe('negative controls', { timeout: 60_000 }, () => {
   it('a status tool that lags behind its writes, with settleTime 0: the retry runs the call again', async () => {
     const up = await startTaskUpstream({ json: true });
     cleanups.push(() => up.close());
-    const gw = await startMcpGateway([
-      mcpRoute(up.url, {
-        tools: { get_payment: { readOnly: true }, '*': { readOnly: false } },
-        timeoutMs: 300,
-        lockMarginMs: 100,
-        reconcile: reconcileOf('get_payment', 'ref', '0ms'),
-      }),
-    ]);
+    const gw = await startMcpGateway([paymentRoute(up.url, { reconcile: reconcileOf('get_payment', 'ref', '0ms') })]);
     cleanups.push(() => gw.close());
     up.payGate = new Promise(() => {});
     up.lagging = true;

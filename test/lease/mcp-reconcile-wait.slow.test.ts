@@ -13,8 +13,8 @@ import { afterEach, describe, expect, test } from 'vitest';
 import { RECONCILED_META } from '../../src/http/mcp/reconcile.js';
 import { fencedMcp, MCP_RECONCILED_META, McpRefusalError } from '../../src/lease/mcp.js';
 import { until } from '../helpers/gateway.js';
-import { mcpRoute, startMcpGateway, type McpGateway } from '../mcp/harness.js';
-import { startTaskUpstream, type TaskUpstream } from '../mcp/task-upstream.js';
+import { startMcpGateway, type McpGateway } from '../mcp/harness.js';
+import { PAYMENT_RECONCILE, paymentRoute, startTaskUpstream, type TaskUpstream } from '../mcp/task-upstream.js';
 import { fenceContext } from './helpers/fence-context.js';
 
 const cleanups: (() => Promise<void>)[] = [];
@@ -22,25 +22,12 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-const RECONCILE = {
-  tool: 'get_payment',
-  arguments: { ref: '{key}' },
-  notFound: { pointer: '/structuredContent/found', equals: false },
-  interval: '200ms',
-  settleTime: '30s',
-};
+const RECONCILE = { ...PAYMENT_RECONCILE, settleTime: '30s' };
 
 async function setup(reconcile: boolean): Promise<{ up: TaskUpstream; gw: McpGateway; client: Client }> {
   const up = await startTaskUpstream({ json: true });
   cleanups.push(() => up.close());
-  const gw = await startMcpGateway([
-    mcpRoute(up.url, {
-      tools: { get_payment: { readOnly: true }, '*': { readOnly: false } },
-      timeoutMs: 300,
-      lockMarginMs: 100,
-      ...(reconcile ? { reconcile: RECONCILE } : {}),
-    }),
-  ]);
+  const gw = await startMcpGateway([paymentRoute(up.url, reconcile ? { reconcile: RECONCILE } : {})]);
   cleanups.push(() => gw.close());
   const client = new Client({ name: 'agent', version: '1.0.0' });
   client.onerror = () => {};

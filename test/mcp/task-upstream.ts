@@ -5,6 +5,7 @@ import { InMemoryTaskMessageQueue, InMemoryTaskStore } from '@modelcontextprotoc
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { z } from 'zod';
+import { mcpRoute } from './harness.js';
 
 /**
  * A real MCP server (the SDK's McpServer, stateful Streamable HTTP) with
@@ -164,3 +165,20 @@ export async function startTaskUpstream(options: { json: boolean; stateless?: bo
   };
   return up;
 }
+
+/**
+ * An mcp route to a task upstream with `get_payment` read-only (the status
+ * tool) and every other tool writing, with a short deadline (300 ms, a
+ * 100 ms lock margin); `overrides` replace any of it.
+ */
+export function paymentRoute(upstream: string, overrides: Record<string, unknown> = {}): ReturnType<typeof mcpRoute> {
+  return mcpRoute(upstream, { tools: { get_payment: { readOnly: true }, '*': { readOnly: false } }, timeoutMs: 300, lockMarginMs: 100, ...overrides });
+}
+
+/** `get_payment` as a route's MCP status query (DESIGN §3.12): the key is the ref, `found: false` is "not found". */
+export const PAYMENT_RECONCILE = {
+  tool: 'get_payment',
+  arguments: { ref: '{key}' },
+  notFound: { pointer: '/structuredContent/found', equals: false },
+  interval: '200ms',
+};

@@ -8,7 +8,7 @@ import { delegate } from '../helpers/delegate.js';
 import { z } from 'zod';
 import { until } from '../helpers/gateway.js';
 import { connectClient, fenced, mcpRoute, startMcpGateway, type McpGateway } from '../mcp/harness.js';
-import { startTaskUpstream, type TaskUpstream } from '../mcp/task-upstream.js';
+import { PAYMENT_RECONCILE, paymentRoute, startTaskUpstream, type TaskUpstream } from '../mcp/task-upstream.js';
 
 // An mcp route's `reconcile` (DESIGN §3.12, docs/mcp.md): a status tool of
 // the real SDK server (`get_payment`), asked by the lost call's key. A call
@@ -23,24 +23,10 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-const RECONCILE = {
-  tool: 'get_payment',
-  arguments: { ref: '{key}' },
-  notFound: { pointer: '/structuredContent/found', equals: false },
-  interval: '200ms',
-};
-
 async function setup(settleTime: string): Promise<{ up: TaskUpstream; gw: McpGateway; url: string }> {
   const up = await startTaskUpstream({ json: true });
   cleanups.push(() => up.close());
-  const gw = await startMcpGateway([
-    mcpRoute(up.url, {
-      tools: { get_payment: { readOnly: true }, '*': { readOnly: false } },
-      timeoutMs: 300,
-      lockMarginMs: 100,
-      reconcile: { ...RECONCILE, settleTime },
-    }),
-  ]);
+  const gw = await startMcpGateway([paymentRoute(up.url, { reconcile: { ...PAYMENT_RECONCILE, settleTime } })]);
   cleanups.push(() => gw.close());
   return { up, gw, url: `${gw.url}/mcp` };
 }
@@ -150,17 +136,9 @@ describe('a task call recorded unknown with its handle', () => {
     const up = await startTaskUpstream({ json: true, stateless: true });
     cleanups.push(() => up.close());
     // The store outlives the gateway (it closes mid-follow), so the reconciler can be run on it after.
-    const gw = await startMcpGateway(
-      [
-        mcpRoute(up.url, {
-          tools: { get_payment: { readOnly: true }, '*': { readOnly: false } },
-          timeoutMs: 300,
-          lockMarginMs: 100,
-          reconcile: { ...RECONCILE, settleTime: '0ms' },
-        }),
-      ],
-      { wrapStore: (s) => delegate(s, { close: async () => {} }) },
-    );
+    const gw = await startMcpGateway([paymentRoute(up.url, { reconcile: { ...PAYMENT_RECONCILE, settleTime: '0ms' } })], {
+      wrapStore: (s) => delegate(s, { close: async () => {} }),
+    });
     cleanups.push(() => gw.close());
     const c = await connectClient(`${gw.url}/mcp`);
     cleanups.push(() => c.close());
@@ -205,7 +183,7 @@ describe('a task call recorded unknown with its handle', () => {
 describe('the status tool result rule', () => {
   const rc = parseConfig({
     store: { sqlite: ':memory:' },
-    routes: [mcpRoute('http://127.0.0.1:9', { reconcile: { ...RECONCILE, found: { pointer: '/structuredContent/found', equals: true } } })],
+    routes: [mcpRoute('http://127.0.0.1:9', { reconcile: { ...PAYMENT_RECONCILE, found: { pointer: '/structuredContent/found', equals: true } } })],
   }).routes[0]!.reconcile as Parameters<typeof readStatusResult>[0];
   it('notFound marker → not-found; structured, not an error and the found marker → found; anything else unknown', () => {
     expect(readStatusResult(rc, { content: [], structuredContent: { found: false } })).toBe('not-found');
@@ -227,8 +205,8 @@ describe('a bad mcp reconcile stops start-up with one line', () => {
     throw new Error('accepted');
   };
   it.each([
-    [{ ...RECONCILE, arguments: { ref: 'fixed' } }, /^routes\[0\]\.reconcile\.arguments: names no \{key\}/],
-    [{ ...RECONCILE, arguments: { ref: '{key}-{request_id}' } }, /^routes\[0\]\.reconcile\.arguments: unknown variable \{request_id\}/],
+    [{ ...PAYMENT_RECONCILE, arguments: { ref: 'fixed' } }, /^routes\[0\]\.reconcile\.arguments: names no \{key\}/],
+    [{ ...PAYMENT_RECONCILE, arguments: { ref: '{key}-{request_id}' } }, /^routes\[0\]\.reconcile\.arguments: unknown variable \{request_id\}/],
     [{ tool: 'get_payment', arguments: { ref: '{key}' } }, /^routes\[0\]\.reconcile\.notFound: required$/],
     [{ path: '/status/{key}' }, /^routes\[0\]\.reconcile: an mcp route asks a status tool/],
   ])('%j', (reconcile, message) => {
@@ -237,7 +215,7 @@ describe('a bad mcp reconcile stops start-up with one line', () => {
     expect(line.split('\n')).toHaveLength(1);
   });
   it('a status tool on a plain route', () => {
-    expect(refusal({ name: 'p', match: { path: '/p' }, upstream: 'http://127.0.0.1:9', reconcile: RECONCILE })).toMatch(
+    expect(refusal({ name: 'p', match: { path: '/p' }, upstream: 'http://127.0.0.1:9', reconcile: PAYMENT_RECONCILE })).toMatch(
       /^routes\[0\]\.reconcile: a status tool \("tool"\) is for an mcp route/,
     );
   });
